@@ -1,0 +1,235 @@
+"""Tiled Flash Attention (FA1 and FA2 forward, FA2 backward) with every stage under a numerics policy.
+
+Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]. The Python loop runs over key blocks
+only; each step updates all query rows at once (a row's result depends on the key tiling, not on
+block_q, which sets FP8 block scales and which rows a causal tile touches). Suffixes: _r rows of a
+step, _j the current key block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.masks import check_mask, check_qkv, first_row_needing, tile_bias
+from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.numerics import Policy, parse_policy
+
+ALGORITHMS = ("fa1", "fa2")
+KEY_ORDERS = ("forward", "reverse", "shuffle")
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlashConfig:
+    """Everything but the tensors. `key_order`: forward, reverse, shuffle (seeded by order_seed) or an
+    explicit permutation of key-block indices. `exp2`: scores in log2 units with log2(e) folded into
+    the scale, as FA2 kernels compute them."""
+
+    policy: Policy
+    block_q: int = 128
+    block_k: int = 128
+    algorithm: str = "fa2"
+    causal: bool = False
+    mask: torch.Tensor | None = None
+    scale: float | None = None
+    key_order: str | tuple[int, ...] = "forward"
+    order_seed: int = 0
+    exp2: bool = False
+    hadamard_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        if isinstance(self.key_order, str) and self.key_order not in KEY_ORDERS:
+            raise ValueError(f"unknown key_order {self.key_order!r}; expected one of "
+                             f"{', '.join(KEY_ORDERS)} or a permutation of block indices")
+
+    def blocks(self, lk: int) -> list[tuple[int, int]]:
+        """Key blocks (start, stop) in processing order."""
+        spans = [(c0, min(lk, c0 + self.block_k)) for c0 in range(0, lk, self.block_k)]
+        order = self.key_order
+        if order == "forward":
+            return spans
+        if order == "reverse":
+            return spans[::-1]
+        if order == "shuffle":
+            g = torch.Generator().manual_seed(self.order_seed)
+            return [spans[i] for i in torch.randperm(len(spans), generator=g).tolist()]
+        idx = list(order)
+        if sorted(idx) != list(range(len(spans))):
+            raise ValueError(f"key_order {tuple(idx)} is not a permutation of range({len(spans)})")
+        return [spans[i] for i in idx]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tiles:
+    """One step's key block and the query rows it touches."""
+
+    c0: int
+    c1: int
+    r0: int
+
+
+def _steps(cfg: FlashConfig, lq: int, lk: int) -> list[_Tiles]:
+    out = []
+    for c0, c1 in cfg.blocks(lk):
+        r0 = first_row_needing(c0, lq, lk) if cfg.causal else 0
+        if r0 < lq:
+            out.append(_Tiles(c0, c1, r0))
+    return out
+
+
+def _scores(q_r, k_j, t: _Tiles, lq: int, lk: int, cfg: FlashConfig, pol: Policy, sc: float):
+    """rnd_score(sc * q_r k_j^T) plus the tile's mask, [B, H, Lq - r0, c1 - c0]."""
+    s = rnd(mm(q_r, k_j.transpose(-1, -2), pol).mul_(sc), pol, "score")
+    bias = tile_bias((t.r0, lq), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
+    if bias is not None:
+        s = s + (bias * LOG2E if cfg.exp2 else bias)
+    return s
+
+
+def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
+    """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
+    the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2)."""
+    b, h, lq, _ = q.shape
+    lk, dv = k.shape[-2], v.shape[-1]
+    work = q.dtype
+    sc = resolve_scale(cfg.scale, q.shape[-1]) * (LOG2E if cfg.exp2 else 1.0)
+    exp = torch.exp2 if cfg.exp2 else torch.exp
+    o = torch.zeros(b, h, lq, dv, dtype=work)
+    m = torch.full((b, h, lq, 1), -math.inf, dtype=work)
+    l = torch.zeros(b, h, lq, 1, dtype=work)
+    step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
+    for t in _steps(cfg, lq, lk):
+        s = _scores(q[..., t.r0 :, :], k[..., t.c0 : t.c1, :], t, lq, lk, cfg, pol, sc)
+        o_r, m_r, l_r = step(s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :],
+                             l[..., t.r0 :, :], pol, exp)
+        o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :] = o_r, m_r, l_r
+    dead = l == 0
+    if cfg.algorithm == "fa2":
+        o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
+    log = torch.log2 if cfg.exp2 else torch.log
+    lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
+    return o, rnd(o, pol, "output"), lse
+
+
+def _fa2_step(s, v_j, o, m, l, pol: Policy, exp):
+    """Rescale the unnormalised accumulator; P~ stays in the working dtype until the P·V product."""
+    m_new = rnd(torch.maximum(m, s.amax(dim=-1, keepdim=True)), pol, "stats")
+    ms = safe_max(m_new)
+    alpha = rnd(exp(m - ms), pol, "stats")
+    p = exp(s.sub_(ms))
+    l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
+    pv = rnd(mm(rnd(p, pol, "p"), v_j, pol), pol, "accum")
+    o = rnd(rnd(alpha * o, pol, "accum") + pv, pol, "accum")
+    return o, m_new, l
+
+
+def _fa1_step(s, v_j, o, m, l, pol: Policy, exp):
+    """FlashAttention-1 Algorithm 1: the output is kept normalised after every key block."""
+    mt = s.amax(dim=-1, keepdim=True)
+    pt = rnd(exp(s.sub_(safe_max(mt))), pol, "p")
+    lt = rnd(pt.sum(dim=-1, keepdim=True), pol, "stats")
+    m_new = rnd(torch.maximum(m, mt), pol, "stats")
+    ms = safe_max(m_new)
+    a = rnd(exp(m - ms), pol, "stats")
+    bt = rnd(exp(mt - ms), pol, "stats")
+    l_new = rnd(a * l + bt * lt, pol, "stats")
+    pv = rnd(mm(pt, v_j, pol), pol, "accum")
+    num = rnd(rnd(l * a, pol, "stats") * o + bt * pv, pol, "accum")
+    o = rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum")
+    return o, m_new, l_new
+
+
+def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
+    """FA2 backward: recompute P from the saved LSE; delta = rowsum(dO * O); dS = P * (dP - delta)."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    s_nat = resolve_scale(cfg.scale, q.shape[-1])
+    sc = s_nat * (LOG2E if cfg.exp2 else 1.0)
+    exp = torch.exp2 if cfg.exp2 else torch.exp
+    do = rnd(dout.to(q.dtype), pol, "grad_input")
+    delta = rnd((do * rnd(out_hi, pol, "delta")).sum(dim=-1, keepdim=True), pol, "grad_score")
+    lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for t in _steps(cfg, lq, lk):
+        q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
+        k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
+        p = exp(_scores(q_r, k_j, t, lq, lk, cfg, pol, sc).sub_(lse_safe[..., t.r0 :, :]))
+        dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol,
+                                      "grad_accum")
+        dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
+        ds = rnd(rnd(p * (dp - delta[..., t.r0 :, :]), pol, "grad_score"), pol, "grad_p")
+        dq_r = rnd(mm(ds, k_j, pol) * s_nat, pol, "grad_accum")
+        dq[..., t.r0 :, :] = rnd(dq[..., t.r0 :, :] + dq_r, pol, "grad_accum")
+        dk[..., t.c0 : t.c1, :] = rnd(mm(ds.transpose(-1, -2), q_r, pol) * s_nat, pol, "grad_accum")
+    return tuple(rnd(g, pol, "grad_output") for g in (dq, dk, dv))
+
+
+class _FlashFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cfg: FlashConfig):
+        pol = cfg.policy
+        qr, kr, vr, rot = round_inputs(q.detach(), k.detach(), v.detach(), pol, block_q=cfg.block_q,
+                                       block_k=cfg.block_k, hadamard_seed=cfg.hadamard_seed)
+        out_hi, out, lse = _forward(qr, kr, vr, cfg, pol)
+        ctx.save_for_backward(qr, kr, vr, out_hi, lse)
+        ctx.cfg, ctx.rot, ctx.dtypes = cfg, rot, (q.dtype, k.dtype, v.dtype)
+        ctx.mark_non_differentiable(lse)
+        return out, lse.squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        qr, kr, vr, out_hi, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(qr, kr, vr, out_hi, lse, dout, ctx.cfg, ctx.cfg.policy)
+        if ctx.rot is not None:  # Q' = Q M, K' = K M, so dQ = dQ' M^T (straight through the rounding)
+            rot_t = ctx.rot.T.to(dq.dtype)
+            dq, dk = dq @ rot_t, dk @ rot_t
+        dq, dk, dv = (g.to(dt) for g, dt in zip((dq, dk, dv), ctx.dtypes, strict=True))
+        return dq, dk, dv, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    policy: Policy | str = "bf16-mixed",
+    block_q: int = 128,
+    block_k: int = 128,
+    algorithm: str = "fa2",
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    key_order: str | Sequence[int] = "forward",
+    order_seed: int = 0,
+    exp2: bool = False,
+    hadamard_seed: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Tiled online-softmax attention under `policy`, differentiable through the FA2 backward.
+
+    q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] -> out [B, H, Lq, Dv] in the policy's working
+    dtype (and with `return_lse` the log-sum-exp [B, H, Lq], natural log unless exp2). Causal masks
+    are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked rows give 0. Memory
+    O(Lq * block_k). See FlashConfig for the options."""
+    pol = parse_policy(policy)
+    check_qkv(q, k, v)
+    check_mask(mask, q.shape[-2], k.shape[-2])
+    order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
+    cfg = FlashConfig(policy=pol, block_q=block_q, block_k=block_k, algorithm=algorithm, causal=causal,
+                      mask=mask, scale=scale, key_order=order, order_seed=order_seed, exp2=exp2,
+                      hadamard_seed=hadamard_seed)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        out, lse = _FlashFunction.apply(q, k, v, cfg)
+    if return_lse:
+        return out, (lse / LOG2E if exp2 else lse)
+    return out

@@ -1,0 +1,67 @@
+"""Input quantisation of FlashAttention-3's FP8 path: per-tensor or per-block scales, Hadamard rotation."""
+
+from __future__ import annotations
+
+import torch
+
+from flashcheck.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
+
+
+def hadamard_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The Sylvester Hadamard matrix H [d, d] (entries +-1), d a power of two."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"Hadamard incoherent processing needs a power-of-two head dim; got {d}")
+    h = torch.ones(1, 1, dtype=dtype)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def incoherence_matrix(d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """M = diag(random +-1) H / sqrt(d) [d, d]: orthogonal, so (Q M)(K M)^T = Q K^T exactly."""
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (d,), generator=g).to(dtype) * 2 - 1
+    return signs.unsqueeze(-1) * hadamard_matrix(d, dtype) / d**0.5
+
+
+def quantize_blocks(x: torch.Tensor, fmt: Format, block: int) -> torch.Tensor:
+    """Round x [B, H, L, D] to fmt with one scale per block of `block` rows x D (ragged last block)."""
+    b, h, n, d = x.shape
+    pad = (-n) % block
+    xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    xb = xp.reshape(b, h, -1, block, d)
+    out = quantize_scaled(xb, fmt, amax_scale(xb, fmt, dims=(-2, -1)))
+    return out.reshape(b, h, -1, d)[:, :, :n]
+
+
+def round_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    policy: Policy,
+    *,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    hadamard_seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Q, K, V as the kernel holds them (policy.input, in the working dtype), and the rotation used.
+
+    FP8 inputs are scaled per tensor, or per block of block_q (Q) / block_k (K, V) rows when
+    policy.fp8_scaling == "block". With policy.hadamard, Q and K are rotated by M first (see
+    incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T."""
+    work = policy.work_dtype
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    rot = None
+    if policy.hadamard:
+        rot = incoherence_matrix(q.shape[-1], hadamard_seed)
+        q, k = q @ rot, k @ rot
+    fmt = policy.input
+    if fmt not in FP8_FORMATS:
+        return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt), rot
+    if policy.fp8_scaling == "block":
+        if block_q is None or block_k is None:
+            raise ValueError("fp8_scaling='block' needs tiles: use the flash kernel (block_q, block_k)")
+        out = [quantize_blocks(t, fmt, blk) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
+    else:
+        out = [quantize_scaled(t, fmt, amax_scale(t, fmt)) for t in (q, k, v)]
+    return out[0].to(work), out[1].to(work), out[2].to(work), rot

@@ -1,0 +1,63 @@
+"""Attention masks shared by every kernel: causal (bottom-right aligned) and user masks, by tile."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Validate [B, H, Lq, D], [B, H, Lk, D], [B, H, Lk, Dv]."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+def check_mask(mask: torch.Tensor | None, lq: int, lk: int) -> None:
+    if mask is None:
+        return
+    if mask.dim() < 2 or mask.shape[-2] not in (1, lq) or mask.shape[-1] not in (1, lk):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to [..., {lq}, {lk}]")
+
+
+def causal_offset(lq: int, lk: int) -> int:
+    """Query i sees key j iff j <= i + offset (bottom-right alignment, as flash-attn does)."""
+    return lk - lq
+
+
+def first_row_needing(k0: int, lq: int, lk: int) -> int:
+    """First query row that sees any key at index >= k0 under the causal mask."""
+    return min(lq, max(0, k0 - causal_offset(lq, lk)))
+
+
+def tile_bias(
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    lq: int,
+    lk: int,
+    *,
+    causal: bool,
+    mask: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """Additive bias (0 / -inf, or the user's float mask) for the score tile rows x cols, or None.
+
+    Returned shape broadcasts to [B, H, r1 - r0, c1 - c0]."""
+    r0, r1 = rows
+    c0, c1 = cols
+    bias = None
+    if causal:
+        i = torch.arange(r0, r1).unsqueeze(-1)
+        j = torch.arange(c0, c1).unsqueeze(0)
+        keep = j <= i + causal_offset(lq, lk)
+        if not bool(keep.all()):
+            bias = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        m = mask
+        m = m[..., r0:r1, :] if m.shape[-2] != 1 else m
+        m = m[..., :, c0:c1] if m.shape[-1] != 1 else m
+        m = torch.zeros(m.shape, dtype=dtype).masked_fill(~m, float("-inf")) if m.dtype == torch.bool \
+            else m.to(dtype)
+        bias = m if bias is None else bias + m
+    return bias

@@ -1,0 +1,36 @@
+"""The two primitives every simulated kernel is written in: round to a stage, multiply at a precision."""
+
+from __future__ import annotations
+
+import torch
+
+from flashcheck.numerics import Format, Policy, round_to
+
+
+def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
+    """x rounded to the format of `stage` under policy (a no-op when the stage is the working dtype)."""
+    return round_to(x, policy.stage(stage))
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, policy: Policy) -> torch.Tensor:
+    """a @ b formed and summed in policy.matmul precision, returned in a's dtype.
+
+    Operands are already rounded to their stages, so an fp32 product of bf16/fp16/fp8 values is exact
+    and only the sum rounds, as on tensor cores with an fp32 accumulator."""
+    if policy.matmul == Format.FP32 and a.dtype == torch.float64:
+        return torch.matmul(a.to(torch.float32), b.to(torch.float32)).to(torch.float64)
+    return torch.matmul(a, b)
+
+
+def safe_max(m: torch.Tensor) -> torch.Tensor:
+    """m with -inf replaced by 0, so exp(x - m) of a fully masked row is exp(-inf) = 0, never NaN."""
+    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+
+
+def resolve_scale(scale: float | None, head_dim: int) -> float:
+    if scale is None:
+        return head_dim**-0.5
+    scale = float(scale)
+    if not scale > 0:
+        raise ValueError(f"scale={scale} must be a positive number")
+    return scale

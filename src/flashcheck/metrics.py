@@ -1,0 +1,108 @@
+"""Error metrics between an output and a reference: pure functions of two tensors, computed in fp64."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashcheck.numerics import Format, spacing
+
+
+def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    return a.detach().to(torch.float64), b.detach().to(torch.float64)
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| (nan if any difference is nan)."""
+    a, b = _pair(a, b)
+    d = (a - b).abs()
+    if d.numel() == 0:
+        return 0.0
+    return float("nan") if torch.isnan(d).any() else float(d.max())
+
+
+def mean_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    """mean |a - b|."""
+    a, b = _pair(a, b)
+    return float((a - b).abs().mean()) if a.numel() else 0.0
+
+
+def std_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Standard deviation of the signed difference a - b."""
+    a, b = _pair(a, b)
+    return float((a - b).std(unbiased=False)) if a.numel() else 0.0
+
+
+def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """sqrt(mean((a - b)^2))."""
+    a, b = _pair(a, b)
+    return float(torch.sqrt(((a - b) ** 2).mean())) if a.numel() else 0.0
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b||_2 / ||b||_2 with b the reference (inf when b is zero and a is not)."""
+    a, b = _pair(a, b)
+    num, den = torch.linalg.vector_norm(a - b), torch.linalg.vector_norm(b)
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return float(num / den)
+
+
+def max_ulp(a: torch.Tensor, b: torch.Tensor, fmt: Format | str = Format.FP32) -> float:
+    """max |a - b| in units of the last place of `fmt` at the reference b's magnitude."""
+    a, b = _pair(a, b)
+    if a.numel() == 0:
+        return 0.0
+    d = (a - b).abs() / spacing(b, fmt)
+    return float("nan") if torch.isnan(d).any() else float(d.max())
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor, dim: int | None = None) -> float | torch.Tensor:
+    """Cosine similarity of the flattened tensors, or per slice along `dim` (a tensor) when given."""
+    a, b = _pair(a, b)
+    if dim is not None:
+        return torch.nn.functional.cosine_similarity(a, b, dim=dim, eps=1e-300)
+    na, nb = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(torch.dot(a.flatten(), b.flatten()) / (na * nb))
+
+
+def wasserstein1(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Exact 1-D Wasserstein-1 distance between the value distributions of a and b (any sizes).
+
+    Equal sizes: mean |sort(a) - sort(b)|. Otherwise the integral of |F_a - F_b| over the merged
+    support, as scipy.stats.wasserstein_distance computes it."""
+    x = a.detach().to(torch.float64).flatten()
+    y = b.detach().to(torch.float64).flatten()
+    if x.numel() == 0 or y.numel() == 0:
+        raise ValueError("wasserstein1 needs two non-empty tensors")
+    xs, _ = torch.sort(x)
+    ys, _ = torch.sort(y)
+    if xs.numel() == ys.numel():
+        return float((xs - ys).abs().mean())
+    allv, _ = torch.sort(torch.cat([xs, ys]))
+    deltas = allv[1:] - allv[:-1]
+    fx = torch.searchsorted(xs, allv[:-1], right=True).to(torch.float64) / xs.numel()
+    fy = torch.searchsorted(ys, allv[:-1], right=True).to(torch.float64) / ys.numel()
+    return float(((fx - fy).abs() * deltas).sum())
+
+
+ERROR_METRICS = {"max_abs": max_abs, "mean_abs": mean_abs, "rmse": rmse, "rel_l2": rel_l2}
+
+
+def error_summary(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """The four headline errors of `out` against `ref`: max_abs, mean_abs, rmse, rel_l2."""
+    return {name: fn(out, ref) for name, fn in ERROR_METRICS.items()}
+
+
+def ratio(num: dict[str, float], den: dict[str, float]) -> dict[str, float]:
+    """Element-wise num / den of two metric dicts (inf where den is 0 and num is not; 1 where both 0)."""
+    out = {}
+    for key, n in num.items():
+        d = den[key]
+        out[key] = (1.0 if n == 0 else math.inf) if d == 0 else n / d
+    return out

@@ -1,0 +1,310 @@
+"""Number formats, rounding, and numerics policies (which format each attention stage computes in)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+
+class Format(StrEnum):
+    """A floating-point number format a stage can store its values in."""
+
+    FP64 = "fp64"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8_E4M3 = "fp8-e4m3"
+    FP8_E5M2 = "fp8-e5m2"
+
+
+@dataclass(frozen=True, slots=True)
+class FormatInfo:
+    """Properties of a format. `precision` counts the implicit bit; `min_exp` is frexp's exponent of
+    the smallest normal number (so it equals 2**(min_exp - 1))."""
+
+    dtype: torch.dtype
+    precision: int
+    min_exp: int
+    max: float
+    bits: int
+
+
+_INFO: dict[Format, FormatInfo] = {
+    Format.FP64: FormatInfo(torch.float64, 53, -1021, torch.finfo(torch.float64).max, 64),
+    Format.FP32: FormatInfo(torch.float32, 24, -125, torch.finfo(torch.float32).max, 32),
+    Format.BF16: FormatInfo(torch.bfloat16, 8, -125, torch.finfo(torch.bfloat16).max, 16),
+    Format.FP16: FormatInfo(torch.float16, 11, -13, 65504.0, 16),
+    Format.FP8_E4M3: FormatInfo(torch.float8_e4m3fn, 4, -5, 448.0, 8),
+    Format.FP8_E5M2: FormatInfo(torch.float8_e5m2, 3, -13, 57344.0, 8),
+}
+
+FP8_FORMATS = frozenset({Format.FP8_E4M3, Format.FP8_E5M2})
+
+
+def parse_format(name: str | Format) -> Format:
+    """Return the Format called `name` (e.g. "bf16", "fp8-e4m3"); ValueError names the allowed ones."""
+    if isinstance(name, Format):
+        return name
+    aliases = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
+               "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+               "e4m3": "fp8-e4m3", "e5m2": "fp8-e5m2"}
+    key = aliases.get(str(name).lower(), str(name).lower())
+    try:
+        return Format(key)
+    except ValueError:
+        valid = ", ".join(f.value for f in Format)
+        raise ValueError(f"unknown number format {name!r}; expected one of {valid}") from None
+
+
+def info(fmt: Format | str) -> FormatInfo:
+    return _INFO[parse_format(fmt)]
+
+
+def format_of_dtype(dtype: torch.dtype) -> Format:
+    for fmt, fi in _INFO.items():
+        if fi.dtype == dtype:
+            return fmt
+    raise ValueError(f"dtype {dtype} has no flashcheck format; expected one of {[f.value for f in Format]}")
+
+
+def is_wider_or_equal(a: Format, b: Format) -> bool:
+    """True when every value of format `b` is exactly representable in format `a`."""
+    fa, fb = _INFO[a], _INFO[b]
+    return fa.precision >= fb.precision and fa.min_exp <= fb.min_exp and fa.max >= fb.max
+
+
+def spacing(x: torch.Tensor, fmt: Format | str) -> torch.Tensor:
+    """The gap between adjacent values of `fmt` at the magnitude of each element of x (its ULP).
+
+    Subnormal range included; returned in float64, same shape as x."""
+    fi = info(fmt)
+    x64 = x.detach().to(torch.float64)
+    _, exp = torch.frexp(x64)
+    exp = torch.clamp(exp, min=fi.min_exp)
+    return torch.ldexp(torch.ones_like(x64), (exp - fi.precision).to(torch.float64))
+
+
+def round_to(
+    x: torch.Tensor,
+    fmt: Format | str,
+    *,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Round x to the nearest value of `fmt` (round-to-nearest-even by a cast), returned in x's dtype.
+
+    fp8 saturates at +-max (as FA3's conversions do); other formats overflow to inf. With
+    `stochastic`, round up with probability equal to the distance from the value below (unbiased).
+    Gradients pass straight through the rounding (the cast's own backward)."""
+    fmt = parse_format(fmt)
+    fi = _INFO[fmt]
+    if fmt in FP8_FORMATS:
+        x = torch.clamp(x, -fi.max, fi.max)
+    if stochastic:
+        return _round_stochastic(x, fmt, generator)
+    if fi.dtype == x.dtype:
+        return x
+    if fmt == Format.FP64 or (fmt == Format.FP32 and x.dtype in (torch.float16, torch.bfloat16)):
+        raise ValueError(f"cannot round a {x.dtype} tensor to the wider format {fmt.value}")
+    return x.to(fi.dtype).to(x.dtype)
+
+
+def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator | None) -> torch.Tensor:
+    fi = _INFO[fmt]
+    x64 = x.detach().to(torch.float64)
+    ulp = spacing(x64, fmt)
+    low = torch.floor(x64 / ulp) * ulp
+    frac = (x64 - low) / ulp
+    u = torch.rand(x64.shape, generator=generator, dtype=torch.float64, device=x64.device)
+    out = torch.where(u < frac, low + ulp, low)
+    out = torch.where(torch.isfinite(x64), out, x64)
+    if fmt in FP8_FORMATS:
+        out = torch.clamp(out, -fi.max, fi.max)
+    else:
+        out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
+    # straight-through: value of `out`, gradient of identity
+    return x + (out.to(x.dtype) - x).detach()
+
+
+def quantize_scaled(x: torch.Tensor, fmt: Format | str, scale: torch.Tensor) -> torch.Tensor:
+    """Quantise x / scale to fmt and scale back (dequantised value in x's dtype). `scale` broadcasts."""
+    return round_to(x / scale, fmt) * scale
+
+
+def amax_scale(x: torch.Tensor, fmt: Format | str, dims: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Scale so that amax(|x|) over `dims` (all dims if None) maps to fmt's largest value (1 where 0)."""
+    fi = info(fmt)
+    a = x.detach().abs()
+    a = a.amax() if dims is None else a.amax(dim=dims, keepdim=True)
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    return torch.where(a > 0, a / fi.max, torch.ones_like(a))
+
+
+STAGES = ("input", "score", "stats", "p", "accum", "output")
+GRAD_STAGES = ("grad_input", "delta", "grad_score", "grad_p", "grad_accum", "grad_output")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """The number format of every stage of attention (see ALGORITHMS in the docs).
+
+    Forward stages: `input` (Q, K, V), `score` (S = scale * Q K^T as stored), `stats` (running max m,
+    sum l and the rescale factors exp(m_old - m_new)), `p` (P before the P·V product), `accum` (the
+    output accumulator), `output`. Backward stages default to their forward counterparts: `grad_input`
+    (dO), `delta` (the O used in delta = rowsum(dO * O)), `grad_score` (dP and dS), `grad_p` (P and dS
+    before their products), `grad_accum` (dQ, dK, dV accumulators), `grad_output` (dq, dk, dv).
+    `matmul` is the precision products are formed and summed in before their result is rounded."""
+
+    name: str = "custom"
+    input: Format = Format.FP64
+    score: Format = Format.FP64
+    stats: Format = Format.FP64
+    p: Format = Format.FP64
+    accum: Format = Format.FP64
+    output: Format = Format.FP64
+    matmul: Format = Format.FP64
+    grad_input: Format | None = None
+    delta: Format | None = None
+    grad_score: Format | None = None
+    grad_p: Format | None = None
+    grad_accum: Format | None = None
+    grad_output: Format | None = None
+    fp8_scaling: str = "tensor"
+    hadamard: bool = False
+
+    def __post_init__(self) -> None:
+        for field in (*STAGES, "matmul", *GRAD_STAGES):
+            value = getattr(self, field)
+            if value is not None:
+                object.__setattr__(self, field, parse_format(value))
+        if self.matmul not in (Format.FP32, Format.FP64):
+            raise ValueError(f"matmul precision {self.matmul.value!r} not supported; expected fp32 or fp64")
+        if self.fp8_scaling not in ("tensor", "block"):
+            raise ValueError(f"unknown fp8_scaling {self.fp8_scaling!r}; expected one of tensor, block")
+        defaults = {"grad_input": self.input, "delta": self.output, "grad_score": self.score,
+                    "grad_p": self.p, "grad_accum": self.accum, "grad_output": self.input}
+        for field, default in defaults.items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, default)
+
+    def stage(self, name: str) -> Format:
+        return getattr(self, name)
+
+    def formats(self) -> dict[str, str]:
+        return {f: getattr(self, f).value for f in (*STAGES, "matmul", *GRAD_STAGES)}
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, **self.formats(), "fp8_scaling": self.fp8_scaling,
+                "hadamard": self.hadamard}
+
+    @property
+    def work_dtype(self) -> torch.dtype:
+        """fp64 when any stage needs it, else fp32: every narrower value is exact in the working dtype."""
+        every = [getattr(self, f) for f in (*STAGES, "matmul", *GRAD_STAGES)]
+        return torch.float64 if Format.FP64 in every else torch.float32
+
+    def replace(self, **changes: object) -> Policy:
+        """A copy with some fields changed (backward stages re-derive from forward ones unless given)."""
+        base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for f in GRAD_STAGES:
+            if f not in changes and _is_default_grad(self, f):
+                base[f] = None
+        base.update(changes)
+        if "name" not in changes:
+            base["name"] = "custom"
+        return Policy(**base)
+
+
+def _is_default_grad(policy: Policy, field: str) -> bool:
+    source = {"grad_input": "input", "delta": "output", "grad_score": "score",
+              "grad_p": "p", "grad_accum": "accum", "grad_output": "input"}[field]
+    return getattr(policy, field) == getattr(policy, source)
+
+
+def uniform_policy(fmt: Format | str) -> Policy:
+    """Every stage in fmt (the seed paper's setting). Products are summed in fp32 (fp64 for fp64)."""
+    fmt = parse_format(fmt)
+    mm = Format.FP64 if fmt == Format.FP64 else Format.FP32
+    return Policy(name=fmt.value, input=fmt, score=fmt, stats=fmt, p=fmt, accum=fmt, output=fmt,
+                  matmul=mm)
+
+
+def mixed_policy(fmt: Format | str) -> Policy:
+    """Inputs, P and output in fmt, every other stage in fp32 (what FA2 kernels do)."""
+    fmt = parse_format(fmt)
+    wide = Format.FP64 if fmt == Format.FP64 else Format.FP32
+    return Policy(name=f"{fmt.value}-mixed", input=fmt, score=wide, stats=wide, p=fmt, accum=wide,
+                  output=fmt, matmul=wide)
+
+
+def _fa3_fp8(block: bool, hadamard: bool, name: str) -> Policy:
+    return Policy(name=name, input=Format.FP8_E4M3, score=Format.FP32, stats=Format.FP32,
+                  p=Format.FP8_E4M3, accum=Format.FP32, output=Format.FP16, matmul=Format.FP32,
+                  fp8_scaling="block" if block else "tensor", hadamard=hadamard)
+
+
+# Named policies from FlashAttention-3 (arXiv 2407.08608, section 4.3).
+NAMED_POLICIES: dict[str, Policy] = {
+    "fa3-fp8": _fa3_fp8(True, True, "fa3-fp8"),
+    "fa3-fp8-no-block": _fa3_fp8(False, True, "fa3-fp8-no-block"),
+    "fa3-fp8-no-hadamard": _fa3_fp8(True, False, "fa3-fp8-no-hadamard"),
+    "baseline-fp8": Policy(name="baseline-fp8", input=Format.FP8_E4M3, score=Format.FP32,
+                           stats=Format.FP16, p=Format.FP8_E4M3, accum=Format.FP32, output=Format.FP16,
+                           matmul=Format.FP32, fp8_scaling="tensor"),
+}
+
+
+def policy_names() -> list[str]:
+    names = [f.value for f in Format] + [f"{f.value}-mixed" for f in Format]
+    return names + list(NAMED_POLICIES)
+
+
+def parse_policy(spec: str | Policy) -> Policy:
+    """A policy from its name (`FMT`, `FMT-mixed`, a named policy) or from keywords.
+
+    Keyword form: `bf16-mixed,p=fp32` (a base name then overrides) or `input=bf16,score=fp32,...`
+    (unnamed stages default to fp64). Keys: the stage names, matmul, fp8_scaling, hadamard."""
+    if isinstance(spec, Policy):
+        return spec
+    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"empty numerics policy {spec!r}; expected one of {', '.join(policy_names())}")
+    base = Policy(name="custom")
+    if "=" not in parts[0]:
+        base = _named_policy(parts.pop(0))
+    if not parts:
+        return base
+    changes: dict[str, object] = {}
+    allowed = (*STAGES, "matmul", *GRAD_STAGES, "fp8_scaling", "hadamard")
+    for part in parts:
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in allowed:
+            raise ValueError(f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in "
+                             f"{', '.join(allowed)}")
+        if key == "hadamard":
+            changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
+        elif key == "fp8_scaling":
+            changes[key] = value.strip()
+        else:
+            changes[key] = parse_format(value.strip())
+    policy = base.replace(**changes)
+    return dataclasses.replace(policy, name=str(spec))
+
+
+def _named_policy(name: str) -> Policy:
+    key = name.strip().lower()
+    if key in NAMED_POLICIES:
+        return NAMED_POLICIES[key]
+    mixed = key.endswith("-mixed")
+    fmt_name = key[: -len("-mixed")] if mixed else key
+    try:
+        fmt = parse_format(fmt_name)
+    except ValueError:
+        raise ValueError(f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} "
+                         "or KEY=VALUE terms") from None
+    return mixed_policy(fmt) if mixed else uniform_policy(fmt)
