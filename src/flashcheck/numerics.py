@@ -95,38 +95,71 @@ def round_to(
     stochastic: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Round x to the nearest value of `fmt` (round-to-nearest-even by a cast), returned in x's dtype.
+    """Round x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
     fp8 saturates at +-max (as FA3's conversions do); other formats overflow to inf. With
     `stochastic`, round up with probability equal to the distance from the value below (unbiased).
-    Gradients pass straight through the rounding (the cast's own backward)."""
+    Under autograd the gradient is rounded to the same format (as a cast's backward does), except
+    for fp8, whose gradient passes straight through."""
     fmt = parse_format(fmt)
-    fi = _INFO[fmt]
-    if fmt in FP8_FORMATS:
-        x = torch.clamp(x, -fi.max, fi.max)
     if stochastic:
         return _round_stochastic(x, fmt, generator)
-    if fi.dtype == x.dtype:
+    if _INFO[fmt].dtype == x.dtype:
         return x
     if fmt == Format.FP64 or (fmt == Format.FP32 and x.dtype in (torch.float16, torch.bfloat16)):
         raise ValueError(f"cannot round a {x.dtype} tensor to the wider format {fmt.value}")
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Round.apply(x, fmt)
+    return _round_value(x, fmt)
+
+
+def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    fi = _INFO[fmt]
+    if fmt in FP8_FORMATS:
+        x = torch.clamp(x, -fi.max, fi.max)
+    if x.dtype == torch.float64 and fi.precision < 24:
+        # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
+        # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
+        return _round_exact(x, fmt)
     return x.to(fi.dtype).to(x.dtype)
 
 
+def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """Round-to-nearest-even of float64 x to fmt by scaling to integers: exact for precision <= 53."""
+    fi = _INFO[fmt]
+    ulp = spacing(x, fmt)
+    out = torch.round(x / ulp) * ulp  # torch.round rounds half to even
+    out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
+    return torch.where(torch.isfinite(x), out, x)
+
+
+class _Round(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fmt: Format) -> torch.Tensor:
+        ctx.fmt = fmt
+        return _round_value(x, fmt)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.fmt in FP8_FORMATS:
+            return grad, None
+        return _round_value(grad, ctx.fmt), None
+
+
 def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator | None) -> torch.Tensor:
+    """Round up with probability (x - low) / ulp; value of the rounding, gradient straight through."""
     fi = _INFO[fmt]
     x64 = x.detach().to(torch.float64)
+    if fmt in FP8_FORMATS:
+        x64 = torch.clamp(x64, -fi.max, fi.max)
     ulp = spacing(x64, fmt)
     low = torch.floor(x64 / ulp) * ulp
     frac = (x64 - low) / ulp
     u = torch.rand(x64.shape, generator=generator, dtype=torch.float64, device=x64.device)
     out = torch.where(u < frac, low + ulp, low)
     out = torch.where(torch.isfinite(x64), out, x64)
-    if fmt in FP8_FORMATS:
-        out = torch.clamp(out, -fi.max, fi.max)
-    else:
+    if fmt not in FP8_FORMATS:
         out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
-    # straight-through: value of `out`, gradient of identity
     return x + (out.to(x.dtype) - x).detach()
 
 
