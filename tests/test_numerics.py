@@ -28,7 +28,9 @@ def fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3fn: bool) -> torch.Te
                 continue  # NaN
             if not e4m3fn and e == 2**exp_bits - 1:
                 continue  # inf / NaN (e5m2 is IEEE-like)
-            val = (m / 2**man_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2**man_bits) * 2.0 ** (e - bias)
+            val = (
+                (m / 2**man_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2**man_bits) * 2.0 ** (e - bias)
+            )
             vals += [val, -val]
     return torch.tensor(sorted(set(vals)), dtype=torch.float64)
 
@@ -44,8 +46,8 @@ def nearest_even(x: torch.Tensor, table: torch.Tensor, man_bits: int) -> torch.T
         if len(opts) == 1:
             out[i] = opts[0]
             continue
-        mant = [int(round(abs(float(o)) / float(spacing(o.reshape(1), _fmt(man_bits))[0]))) for o in opts]
-        out[i] = opts[[j for j, mm in enumerate(mant) if mm % 2 == 0][0]]
+        mant = [round(abs(float(o)) / float(spacing(o.reshape(1), _fmt(man_bits))[0])) for o in opts]
+        out[i] = opts[next(j for j, mm in enumerate(mant) if mm % 2 == 0)]
     return out
 
 
@@ -54,15 +56,22 @@ def _fmt(man_bits: int) -> Format:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("fmt,exp_bits,man_bits,bias,fn", [
-    (Format.FP8_E4M3, 4, 3, 7, True), (Format.FP8_E5M2, 5, 2, 15, False)])
+@pytest.mark.parametrize(
+    "fmt,exp_bits,man_bits,bias,fn", [(Format.FP8_E4M3, 4, 3, 7, True), (Format.FP8_E5M2, 5, 2, 15, False)]
+)
 def test_fp8_rounding_matches_exhaustive_table(fmt, exp_bits, man_bits, bias, fn, dtype, gen):
     table = fp8_table(exp_bits, man_bits, bias, fn)
     assert float(table.max()) == info(fmt).max
     inrange = table[table.abs() <= info(fmt).max]
     mids = (inrange[1:] + inrange[:-1]) / 2  # exact ties
-    x = torch.cat([torch.randn(400, generator=gen, dtype=torch.float64) * 30, mids, inrange,
-                   torch.rand(200, generator=gen, dtype=torch.float64) * 0.02])
+    x = torch.cat(
+        [
+            torch.randn(400, generator=gen, dtype=torch.float64) * 30,
+            mids,
+            inrange,
+            torch.rand(200, generator=gen, dtype=torch.float64) * 0.02,
+        ]
+    )
     x = x[x.abs() <= info(fmt).max].to(dtype).double()
     assert torch.equal(round_to(x.to(dtype), fmt).double(), nearest_even(x, table, man_bits))
 
@@ -163,9 +172,16 @@ def test_policy_names_and_overrides():
     assert parse_policy("fp64").work_dtype == torch.float64
 
 
-@pytest.mark.parametrize("spec,match", [("bogus", "unknown numerics policy"), ("bf16,foo=fp32", "bad policy"),
-                                        ("bf16,p=fp4", "unknown number format"), ("", "empty"),
-                                        ("bf16,fp8_scaling=row", "fp8_scaling")])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("bogus", "unknown numerics policy"),
+        ("bf16,foo=fp32", "bad policy"),
+        ("bf16,p=fp4", "unknown number format"),
+        ("", "empty"),
+        ("bf16,fp8_scaling=row", "fp8_scaling"),
+    ],
+)
 def test_policy_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_policy(spec)

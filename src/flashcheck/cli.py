@@ -8,8 +8,12 @@ from enum import StrEnum
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Is Flash Attention stable? Measure attention numerics against an exact FP64 reference.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Is Flash Attention stable? Measure attention numerics against an exact FP64 reference.",
+)
 
 
 class Kernel(StrEnum):
@@ -52,8 +56,11 @@ def _positive(name: str):
 @app.command()
 def compare(
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel."),
-    numerics: str = typer.Option("bf16-mixed", help="Candidate policy: FMT, FMT-mixed, a named policy, "
-                                 "or KEY=VALUE terms (e.g. 'bf16-mixed,p=fp32')."),
+    numerics: str = typer.Option(
+        "bf16-mixed",
+        help="Candidate policy: FMT, FMT-mixed, a named policy, "
+        "or KEY=VALUE terms (e.g. 'bf16-mixed,p=fp32').",
+    ),
     baseline_numerics: str = typer.Option(None, help="Policy of the standard baseline (default: same)."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_positive("--block-q"), help="Query block size Br."),
@@ -73,12 +80,23 @@ def compare(
     from flashcheck.compare import CompareConfig, run_compare
 
     try:
-        cfg = CompareConfig(kernel=kernel.value, numerics=numerics, baseline_numerics=baseline_numerics,
-                            algorithm=algorithm.value, block_q=block_q, block_k=block_k, batch=batch,
-                            heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal,
-                            distribution=distribution.value,
-                            fp8_scaling=fp8_scaling.value if fp8_scaling else None, hadamard=hadamard,
-                            seed=seed)
+        cfg = CompareConfig(
+            kernel=kernel.value,
+            numerics=numerics,
+            baseline_numerics=baseline_numerics,
+            algorithm=algorithm.value,
+            block_q=block_q,
+            block_k=block_k,
+            batch=batch,
+            heads=heads,
+            seq_len=seq_len,
+            head_dim=head_dim,
+            causal=causal,
+            distribution=distribution.value,
+            fp8_scaling=fp8_scaling.value if fp8_scaling else None,
+            hadamard=hadamard,
+            seed=seed,
+        )
         result = run_compare(cfg)
     except ValueError as exc:
         _fail_usage(str(exc))
@@ -94,16 +112,23 @@ def _print_compare(result) -> None:
     from rich.table import Table
 
     cfg = result.config
-    title = (f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
-             f"B={cfg.batch} H={cfg.heads} L={cfg.seq_len} D={cfg.head_dim} "
-             f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
-             f"{cfg.distribution} seed={cfg.seed}")
+    title = (
+        f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
+        f"B={cfg.batch} H={cfg.heads} L={cfg.seq_len} D={cfg.head_dim} "
+        f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
+        f"{cfg.distribution} seed={cfg.seed}"
+    )
     table = Table(title=escape(title), title_justify="left")
     for col in ("metric (vs FP64)", "candidate", "baseline", "ratio", "candidate vs FP64 of rounded inputs"):
         table.add_column(col, justify="right")
     for key, value in result.candidate.items():
-        table.add_row(key, f"{value:.3e}", f"{result.baseline[key]:.3e}", f"{result.ratio[key]:.3f}",
-                      f"{result.candidate_rounded[key]:.3e}")
+        table.add_row(
+            key,
+            f"{value:.3e}",
+            f"{result.baseline[key]:.3e}",
+            f"{result.ratio[key]:.3f}",
+            f"{result.candidate_rounded[key]:.3e}",
+        )
     Console().print(table)
 
 

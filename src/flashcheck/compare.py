@@ -57,8 +57,14 @@ class CompareConfig:
         return parse_policy(self.baseline_numerics or self.numerics)
 
     def input_spec(self) -> InputSpec:
-        return InputSpec(batch=self.batch, heads=self.heads, seq_len=self.seq_len, head_dim=self.head_dim,
-                         distribution=self.distribution, seed=self.seed)
+        return InputSpec(
+            batch=self.batch,
+            heads=self.heads,
+            seq_len=self.seq_len,
+            head_dim=self.head_dim,
+            distribution=self.distribution,
+            seed=self.seed,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +85,13 @@ class CompareResult:
         cfg = dataclasses.asdict(self.config)
         cfg["candidate_policy"] = self.config.candidate_policy().to_dict()
         cfg["baseline_policy"] = self.config.baseline_policy().to_dict()
-        return {"config": cfg, "candidate": self.candidate, "baseline": self.baseline, "ratio": self.ratio,
-                "vs_rounded_inputs": {"candidate": self.candidate_rounded}}
+        return {
+            "config": cfg,
+            "candidate": self.candidate,
+            "baseline": self.baseline,
+            "ratio": self.ratio,
+            "vs_rounded_inputs": {"candidate": self.candidate_rounded},
+        }
 
 
 def run_candidate(q, k, v, cfg: CompareConfig) -> torch.Tensor:
@@ -88,8 +99,16 @@ def run_candidate(q, k, v, cfg: CompareConfig) -> torch.Tensor:
     pol = cfg.candidate_policy()
     if cfg.kernel == "standard":
         return standard_attention(q, k, v, policy=pol, causal=cfg.causal)
-    return flash_attention(q, k, v, policy=pol, block_q=cfg.block_q, block_k=cfg.block_k,
-                           algorithm=cfg.algorithm, causal=cfg.causal)
+    return flash_attention(
+        q,
+        k,
+        v,
+        policy=pol,
+        block_q=cfg.block_q,
+        block_k=cfg.block_k,
+        algorithm=cfg.algorithm,
+        causal=cfg.causal,
+    )
 
 
 def run_compare(cfg: CompareConfig) -> CompareResult:
@@ -100,5 +119,6 @@ def run_compare(cfg: CompareConfig) -> CompareResult:
     base = standard_attention(q, k, v, policy=cfg.baseline_policy(), causal=cfg.causal)
     qr, kr, vr, _ = round_inputs(q, k, v, cfg.candidate_policy(), block_q=cfg.block_q, block_k=cfg.block_k)
     ref_rounded = reference_attention(qr, kr, vr, causal=cfg.causal)
-    return CompareResult(cfg, error_summary(cand, ref), error_summary(base, ref),
-                         error_summary(cand, ref_rounded))
+    return CompareResult(
+        cfg, error_summary(cand, ref), error_summary(base, ref), error_summary(cand, ref_rounded)
+    )

@@ -49,9 +49,17 @@ def parse_format(name: str | Format) -> Format:
     """Return the Format called `name` (e.g. "bf16", "fp8-e4m3"); ValueError names the allowed ones."""
     if isinstance(name, Format):
         return name
-    aliases = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
-               "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-               "e4m3": "fp8-e4m3", "e5m2": "fp8-e5m2"}
+    aliases = {
+        "float64": "fp64",
+        "double": "fp64",
+        "float32": "fp32",
+        "float": "fp32",
+        "bfloat16": "bf16",
+        "float16": "fp16",
+        "half": "fp16",
+        "e4m3": "fp8-e4m3",
+        "e5m2": "fp8-e5m2",
+    }
     key = aliases.get(str(name).lower(), str(name).lower())
     try:
         return Format(key)
@@ -218,8 +226,14 @@ class Policy:
             raise ValueError(f"matmul precision {self.matmul.value!r} not supported; expected fp32 or fp64")
         if self.fp8_scaling not in ("tensor", "block"):
             raise ValueError(f"unknown fp8_scaling {self.fp8_scaling!r}; expected one of tensor, block")
-        defaults = {"grad_input": self.input, "delta": self.output, "grad_score": self.score,
-                    "grad_p": self.p, "grad_accum": self.accum, "grad_output": self.input}
+        defaults = {
+            "grad_input": self.input,
+            "delta": self.output,
+            "grad_score": self.score,
+            "grad_p": self.p,
+            "grad_accum": self.accum,
+            "grad_output": self.input,
+        }
         for field, default in defaults.items():
             if getattr(self, field) is None:
                 object.__setattr__(self, field, default)
@@ -231,8 +245,12 @@ class Policy:
         return {f: getattr(self, f).value for f in (*STAGES, "matmul", *GRAD_STAGES)}
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, **self.formats(), "fp8_scaling": self.fp8_scaling,
-                "hadamard": self.hadamard}
+        return {
+            "name": self.name,
+            **self.formats(),
+            "fp8_scaling": self.fp8_scaling,
+            "hadamard": self.hadamard,
+        }
 
     @property
     def work_dtype(self) -> torch.dtype:
@@ -253,8 +271,14 @@ class Policy:
 
 
 def _is_default_grad(policy: Policy, field: str) -> bool:
-    source = {"grad_input": "input", "delta": "output", "grad_score": "score",
-              "grad_p": "p", "grad_accum": "accum", "grad_output": "input"}[field]
+    source = {
+        "grad_input": "input",
+        "delta": "output",
+        "grad_score": "score",
+        "grad_p": "p",
+        "grad_accum": "accum",
+        "grad_output": "input",
+    }[field]
     return getattr(policy, field) == getattr(policy, source)
 
 
@@ -262,22 +286,38 @@ def uniform_policy(fmt: Format | str) -> Policy:
     """Every stage in fmt (the seed paper's setting). Products are summed in fp32 (fp64 for fp64)."""
     fmt = parse_format(fmt)
     mm = Format.FP64 if fmt == Format.FP64 else Format.FP32
-    return Policy(name=fmt.value, input=fmt, score=fmt, stats=fmt, p=fmt, accum=fmt, output=fmt,
-                  matmul=mm)
+    return Policy(name=fmt.value, input=fmt, score=fmt, stats=fmt, p=fmt, accum=fmt, output=fmt, matmul=mm)
 
 
 def mixed_policy(fmt: Format | str) -> Policy:
     """Inputs, P and output in fmt, every other stage in fp32 (what FA2 kernels do)."""
     fmt = parse_format(fmt)
     wide = Format.FP64 if fmt == Format.FP64 else Format.FP32
-    return Policy(name=f"{fmt.value}-mixed", input=fmt, score=wide, stats=wide, p=fmt, accum=wide,
-                  output=fmt, matmul=wide)
+    return Policy(
+        name=f"{fmt.value}-mixed",
+        input=fmt,
+        score=wide,
+        stats=wide,
+        p=fmt,
+        accum=wide,
+        output=fmt,
+        matmul=wide,
+    )
 
 
 def _fa3_fp8(block: bool, hadamard: bool, name: str) -> Policy:
-    return Policy(name=name, input=Format.FP8_E4M3, score=Format.FP32, stats=Format.FP32,
-                  p=Format.FP8_E4M3, accum=Format.FP32, output=Format.FP16, matmul=Format.FP32,
-                  fp8_scaling="block" if block else "tensor", hadamard=hadamard)
+    return Policy(
+        name=name,
+        input=Format.FP8_E4M3,
+        score=Format.FP32,
+        stats=Format.FP32,
+        p=Format.FP8_E4M3,
+        accum=Format.FP32,
+        output=Format.FP16,
+        matmul=Format.FP32,
+        fp8_scaling="block" if block else "tensor",
+        hadamard=hadamard,
+    )
 
 
 # Named policies from FlashAttention-3 (arXiv 2407.08608, section 4.3).
@@ -285,9 +325,17 @@ NAMED_POLICIES: dict[str, Policy] = {
     "fa3-fp8": _fa3_fp8(True, True, "fa3-fp8"),
     "fa3-fp8-no-block": _fa3_fp8(False, True, "fa3-fp8-no-block"),
     "fa3-fp8-no-hadamard": _fa3_fp8(True, False, "fa3-fp8-no-hadamard"),
-    "baseline-fp8": Policy(name="baseline-fp8", input=Format.FP8_E4M3, score=Format.FP32,
-                           stats=Format.FP16, p=Format.FP8_E4M3, accum=Format.FP32, output=Format.FP16,
-                           matmul=Format.FP32, fp8_scaling="tensor"),
+    "baseline-fp8": Policy(
+        name="baseline-fp8",
+        input=Format.FP8_E4M3,
+        score=Format.FP32,
+        stats=Format.FP16,
+        p=Format.FP8_E4M3,
+        accum=Format.FP32,
+        output=Format.FP16,
+        matmul=Format.FP32,
+        fp8_scaling="tensor",
+    ),
 }
 
 
@@ -317,8 +365,9 @@ def parse_policy(spec: str | Policy) -> Policy:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in allowed:
-            raise ValueError(f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in "
-                             f"{', '.join(allowed)}")
+            raise ValueError(
+                f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in {', '.join(allowed)}"
+            )
         if key == "hadamard":
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
         elif key == "fp8_scaling":
@@ -338,6 +387,8 @@ def _named_policy(name: str) -> Policy:
     try:
         fmt = parse_format(fmt_name)
     except ValueError:
-        raise ValueError(f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} "
-                         "or KEY=VALUE terms") from None
+        raise ValueError(
+            f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} "
+            "or KEY=VALUE terms"
+        ) from None
     return mixed_policy(fmt) if mixed else uniform_policy(fmt)

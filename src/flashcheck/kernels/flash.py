@@ -50,8 +50,10 @@ class FlashConfig:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if isinstance(self.key_order, str) and self.key_order not in KEY_ORDERS:
-            raise ValueError(f"unknown key_order {self.key_order!r}; expected one of "
-                             f"{', '.join(KEY_ORDERS)} or a permutation of block indices")
+            raise ValueError(
+                f"unknown key_order {self.key_order!r}; expected one of "
+                f"{', '.join(KEY_ORDERS)} or a permutation of block indices"
+            )
 
     def blocks(self, lk: int) -> list[tuple[int, int]]:
         """Key blocks (start, stop) in processing order."""
@@ -111,8 +113,9 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     for t in _steps(cfg, lq, lk):
         s = _scores(q[..., t.r0 :, :], k[..., t.c0 : t.c1, :], t, lq, lk, cfg, pol, sc)
-        o_r, m_r, l_r = step(s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :],
-                             l[..., t.r0 :, :], pol, exp)
+        o_r, m_r, l_r = step(
+            s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :], pol, exp
+        )
         o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :] = o_r, m_r, l_r
     dead = l == 0
     if cfg.algorithm == "fa2":
@@ -164,8 +167,9 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
         p = exp(_scores(q_r, k_j, t, lq, lk, cfg, pol, sc).sub_(lse_safe[..., t.r0 :, :]))
-        dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol,
-                                      "grad_accum")
+        dv[..., t.c0 : t.c1, :] = rnd(
+            mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum"
+        )
         dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
         ds = rnd(rnd(p * (dp - delta[..., t.r0 :, :]), pol, "grad_score"), pol, "grad_p")
         dq_r = rnd(mm(ds, k_j, pol) * s_nat, pol, "grad_accum")
@@ -178,8 +182,15 @@ class _FlashFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cfg: FlashConfig):
         pol = cfg.policy
-        qr, kr, vr, rot = round_inputs(q.detach(), k.detach(), v.detach(), pol, block_q=cfg.block_q,
-                                       block_k=cfg.block_k, hadamard_seed=cfg.hadamard_seed)
+        qr, kr, vr, rot = round_inputs(
+            q.detach(),
+            k.detach(),
+            v.detach(),
+            pol,
+            block_q=cfg.block_q,
+            block_k=cfg.block_k,
+            hadamard_seed=cfg.hadamard_seed,
+        )
         out_hi, out, lse = _forward(qr, kr, vr, cfg, pol)
         ctx.save_for_backward(qr, kr, vr, out_hi, lse)
         ctx.cfg, ctx.rot, ctx.dtypes = cfg, rot, (q.dtype, k.dtype, v.dtype)
@@ -225,9 +236,19 @@ def flash_attention(
     check_qkv(q, k, v)
     check_mask(mask, q.shape[-2], k.shape[-2])
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
-    cfg = FlashConfig(policy=pol, block_q=block_q, block_k=block_k, algorithm=algorithm, causal=causal,
-                      mask=mask, scale=scale, key_order=order, order_seed=order_seed, exp2=exp2,
-                      hadamard_seed=hadamard_seed)
+    cfg = FlashConfig(
+        policy=pol,
+        block_q=block_q,
+        block_k=block_k,
+        algorithm=algorithm,
+        causal=causal,
+        mask=mask,
+        scale=scale,
+        key_order=order,
+        order_seed=order_seed,
+        exp2=exp2,
+        hadamard_seed=hadamard_seed,
+    )
     with torch.autocast(device_type=q.device.type, enabled=False):
         out, lse = _FlashFunction.apply(q, k, v, cfg)
     if return_lse:

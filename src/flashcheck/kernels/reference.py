@@ -45,7 +45,10 @@ def reference_attention(
             dead = denom == 0
             p = e / torch.where(dead, torch.ones_like(denom), denom)
             outs.append(torch.matmul(p, v64))
-            lses.append(torch.where(dead, torch.full_like(denom, float("-inf")),
-                                    m_safe + torch.log(denom)).squeeze(-1))
+            lses.append(
+                torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(
+                    -1
+                )
+            )
     out = torch.cat(outs, dim=-2)
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
