@@ -29,26 +29,30 @@ def reference_attention(
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive integer")
     s = d**-0.5 if scale is None else float(scale)
+    rows = _chunk_rows(chunk, q.shape[0] * q.shape[1] * lk)
+    inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     outs, lses = [], []
     with torch.autocast(device_type=q.device.type, enabled=False):
         q64, k64, v64 = q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)
-        for r0 in range(0, lq, chunk):
-            r1 = min(lq, r0 + chunk)
-            scores = torch.matmul(q64[..., r0:r1, :], k64.transpose(-1, -2)) * s
+        for r0 in range(0, lq, rows):
+            r1 = min(lq, r0 + rows)
+            scores = torch.matmul(q64[..., r0:r1, :], k64.transpose(-1, -2))
+            scores = scores.mul_(s) if inplace else scores * s
             bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
             if bias is not None:
-                scores = scores + bias
-            m = scores.amax(dim=-1, keepdim=True)
+                scores = scores.add_(bias) if inplace else scores + bias
+            m = scores.detach().amax(dim=-1, keepdim=True)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            e = torch.exp(scores - m_safe)
+            e = scores.sub_(m_safe).exp_() if inplace else torch.exp(scores - m_safe)
             denom = e.sum(dim=-1, keepdim=True)
             dead = denom == 0
-            p = e / torch.where(dead, torch.ones_like(denom), denom)
-            outs.append(torch.matmul(p, v64))
-            lses.append(
-                torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(
-                    -1
-                )
-            )
+            outs.append(torch.matmul(e, v64) / torch.where(dead, torch.ones_like(denom), denom))
+            lses.append(torch.where(dead, torch.full_like(denom, float("-inf")),
+                                    m_safe + torch.log(denom)).squeeze(-1))
     out = torch.cat(outs, dim=-2)
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
+
+
+def _chunk_rows(chunk: int, row_elems: int, max_bytes: int = 256 * 2**20) -> int:
+    """Query rows per chunk: at most `chunk`, and few enough that one fp64 score block fits max_bytes."""
+    return max(1, min(chunk, max_bytes // (8 * row_elems)))
