@@ -23,7 +23,8 @@ from flashcheck.inputs import InputSpec, make_qkv, make_grad
 from flashcheck.kernels import flash_attention, reference_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-impl, L, dtype, backward, repeats = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
+impl, L, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+backward, repeats = sys.argv[4] == "1", int(sys.argv[5])
 dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}[dtype]
 q, k, v = (t.to(dt) for t in make_qkv(InputSpec(batch=1, heads=8, seq_len=L, head_dim=64)))
 do = make_grad(q.shape, 0).to(dt)
@@ -56,8 +57,11 @@ print(json.dumps({"seconds": min(times), "peak_mb": peak, "increment_mb": peak -
 
 def measure(impl: str, seq_len: int, dtype: str, backward: bool = False) -> dict[str, float]:
     repeats = 3 if seq_len <= 2048 else 1
-    proc = subprocess.run([sys.executable, "-c", CHILD, impl, str(seq_len), dtype, str(int(backward)),
-                           str(repeats)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, impl, str(seq_len), dtype, str(int(backward)), str(repeats)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1]}
     return json.loads(proc.stdout)
@@ -70,21 +74,34 @@ def main() -> None:
     lengths = [2048] if args.quick else [2048, 8192]
     rows = []
     for L in lengths:
-        res = {name: measure(*spec) for name, spec in {
-            "flash-sim bf16-mixed": ("flash-sim", L, "fp32"),
-            "sdpa-math fp32": ("sdpa-math", L, "fp32"),
-            "sdpa-flash fp32": ("sdpa-flash", L, "fp32"),
-            "sdpa-flash bf16": ("sdpa-flash", L, "bf16"),
-        }.items()}
+        res = {
+            name: measure(*spec)
+            for name, spec in {
+                "flash-sim bf16-mixed": ("flash-sim", L, "fp32"),
+                "sdpa-math fp32": ("sdpa-math", L, "fp32"),
+                "sdpa-flash fp32": ("sdpa-flash", L, "fp32"),
+                "sdpa-flash bf16": ("sdpa-flash", L, "bf16"),
+            }.items()
+        }
         rows.append((f"forward L={L}", res, "sdpa-math fp32", "sdpa-flash fp32"))
-    bwd = {"flash-sim bf16-mixed": measure("flash-sim", 2048, "fp32", True),
-           "sdpa-math fp32": measure("sdpa-math", 2048, "fp32", True)}
+    bwd = {
+        "flash-sim bf16-mixed": measure("flash-sim", 2048, "fp32", True),
+        "sdpa-math fp32": measure("sdpa-math", 2048, "fp32", True),
+    }
     rows.append(("fwd+bwd L=2048", bwd, "sdpa-math fp32", None))
     if not args.quick:
-        rows.append(("forward L=16384", {"flash-sim bf16-mixed": measure("flash-sim", 16384, "fp32"),
-                                         "reference fp64": measure("reference", 16384, "fp64"),
-                                         "sdpa-flash fp32": measure("sdpa-flash", 16384, "fp32")},
-                     None, "sdpa-flash fp32"))
+        rows.append(
+            (
+                "forward L=16384",
+                {
+                    "flash-sim bf16-mixed": measure("flash-sim", 16384, "fp32"),
+                    "reference fp64": measure("reference", 16384, "fp64"),
+                    "sdpa-flash fp32": measure("sdpa-flash", 16384, "fp32"),
+                },
+                None,
+                "sdpa-flash fp32",
+            )
+        )
     for title, res, peer_a, peer_b in rows:
         print(f"\n{title}")
         print(f"  {'impl':<22}{'seconds':>10}{'peak MB':>10}{'+MB':>9}")
