@@ -1,0 +1,1 @@
+"""`flashcheck study`: sweeps that reproduce the published studies, durable records, and the report."""

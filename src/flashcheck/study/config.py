@@ -1,0 +1,281 @@
+"""Study configurations: sweeps (grids of cases), the presets, and custom sweeps from TOML."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flashcheck.compare import KERNELS
+from flashcheck.inputs import DISTRIBUTIONS
+from flashcheck.kernels.flash import ALGORITHMS
+from flashcheck.numerics import parse_policy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep:
+    """One question: a grid over methods x seq_lens x head_dims x blocks x distributions x seeds.
+
+    methods: "kernel:policy" (kernel flash or standard). With `baseline`, every flash method gets the
+    standard kernel under the same policy beside it (the paper's Baseline). blocks: (Br, Bc) pairs.
+    metric: the headline metric of this question's figure (max_abs, mean_abs, std, rmse, rel_l2)."""
+
+    question: str
+    methods: tuple[str, ...]
+    seq_lens: tuple[int, ...] = (1024,)
+    head_dims: tuple[int, ...] = (64,)
+    blocks: tuple[tuple[int, int], ...] = ((128, 128),)
+    distributions: tuple[str, ...] = ("normal",)
+    seeds: tuple[int, ...] = (0,)
+    algorithm: str = "fa1"
+    batch: int = 1
+    heads: int = 4
+    causal: bool = False
+    baseline: bool = True
+    metric: str = "max_abs"
+
+    def __post_init__(self) -> None:
+        where = f"sweep {self.question!r}"
+        if not self.question or not isinstance(self.question, str):
+            raise ValueError(f"question={self.question!r} must be a non-empty string")
+        if not self.methods:
+            raise ValueError(f"{where}: methods is empty; give 'kernel:policy' strings")
+        for m in self.methods:
+            kernel, sep, policy = str(m).partition(":")
+            if not sep or kernel not in KERNELS:
+                raise ValueError(
+                    f"{where}: method {m!r} must be 'kernel:policy' with kernel in {', '.join(KERNELS)}"
+                )
+            parse_policy(policy)
+        for name in ("seq_lens", "head_dims", "seeds"):
+            vals = getattr(self, name)
+            if not vals or not all(isinstance(x, int) and x >= (0 if name == "seeds" else 1) for x in vals):
+                raise ValueError(
+                    f"{where}: {name}={list(vals)!r} must be a non-empty list of "
+                    f"{'non-negative' if name == 'seeds' else 'positive'} integers"
+                )
+        if not self.blocks or not all(
+            len(b) == 2 and all(isinstance(x, int) and x >= 1 for x in b) for b in self.blocks
+        ):
+            raise ValueError(
+                f"{where}: blocks={[list(b) for b in self.blocks]!r} must be [Br, Bc] pairs "
+                "of positive integers"
+            )
+        bad = [d for d in self.distributions if d not in DISTRIBUTIONS]
+        if bad or not self.distributions:
+            raise ValueError(f"{where}: distributions {bad or []!r} not allowed; expected {DISTRIBUTIONS}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"{where}: algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}"
+            )
+        if self.metric not in ("max_abs", "mean_abs", "std", "rmse", "rel_l2"):
+            raise ValueError(
+                f"{where}: metric={self.metric!r}; expected max_abs, mean_abs, std, rmse, rel_l2"
+            )
+        for name in ("batch", "heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a positive integer")
+
+    def all_methods(self) -> tuple[str, ...]:
+        out = list(self.methods)
+        if self.baseline:
+            for m in self.methods:
+                kernel, _, policy = m.partition(":")
+                if kernel == "flash" and f"standard:{policy}" not in out:
+                    out.append(f"standard:{policy}")
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StudyConfig:
+    """A named list of sweeps."""
+
+    name: str
+    sweeps: tuple[Sweep, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "sweeps": [dataclasses.asdict(s) for s in self.sweeps]}
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> StudyConfig:
+        allowed = {"name", "sweeps"}
+        unknown = set(data) - allowed
+        if unknown:
+            raise ValueError(
+                f"unknown field {sorted(unknown)[0]!r} in {source}; expected one of "
+                f"{', '.join(sorted(allowed))}"
+            )
+        sweeps = data.get("sweeps") or []
+        if not isinstance(sweeps, list) or not sweeps:
+            raise ValueError(f"{source}: 'sweeps' must be a non-empty list of tables ([[sweeps]])")
+        return cls(
+            name=str(data.get("name", Path(source).stem)),
+            sweeps=tuple(_sweep_from_dict(s, i, source) for i, s in enumerate(sweeps, 1)),
+        )
+
+
+def _sweep_from_dict(data: dict, index: int, source: str) -> Sweep:
+    fields = {f.name for f in dataclasses.fields(Sweep)}
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: sweep {index} must be a table")
+    unknown = set(data) - fields
+    if unknown:
+        raise ValueError(
+            f"unknown field {sorted(unknown)[0]!r} in sweep {index} of {source}; expected one "
+            f"of {', '.join(sorted(fields))}"
+        )
+    if "question" not in data or "methods" not in data:
+        raise ValueError(f"sweep {index} of {source} needs 'question' and 'methods'")
+    kwargs = dict(data)
+    for name in ("methods", "seq_lens", "head_dims", "distributions", "seeds"):
+        if name in kwargs:
+            value = kwargs[name]
+            kwargs[name] = tuple(value) if isinstance(value, list) else (value,)
+    if "blocks" in kwargs:
+        blocks = kwargs["blocks"]
+        if not isinstance(blocks, list) or not all(isinstance(b, list) for b in blocks):
+            raise ValueError(f"sweep {index} of {source}: blocks={blocks!r} must be a list of [Br, Bc]")
+        kwargs["blocks"] = tuple(tuple(b) for b in blocks)
+    try:
+        return Sweep(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"sweep {index} of {source}: {exc}") from None
+
+
+def load_config(path: str | Path) -> StudyConfig:
+    """A custom sweep from a TOML file: top-level `name` and `[[sweeps]]` tables of Sweep's fields."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    return StudyConfig.from_dict(data, str(p))
+
+
+# --- presets ---------------------------------------------------------------------------------------
+
+FORMATS = ("bf16", "fp16", "fp32", "fp64")
+FA3_METHODS = (
+    "standard:fp16",
+    "flash:fp16-mixed",
+    "standard:baseline-fp8",
+    "flash:fa3-fp8",
+    "flash:fa3-fp8-no-block",
+    "flash:fa3-fp8-no-hadamard",
+)
+# FlashAttention-3 (arXiv 2407.08608) Table 3, RMSE against an FP64 reference with outlier inputs.
+FA3_PAPER_RMSE = {
+    "standard:fp16": 3.2e-4,
+    "flash:fp16-mixed": 1.9e-4,
+    "standard:baseline-fp8": 2.4e-2,
+    "flash:fa3-fp8": 9.1e-3,
+    "flash:fa3-fp8-no-block": 9.3e-3,
+    "flash:fa3-fp8-no-hadamard": 2.4e-2,
+}
+
+
+def _paper_sweeps(
+    lengths: tuple[int, ...], fixed_len: int, areas: tuple[int, ...], heads: int, seeds: tuple[int, ...]
+) -> list[Sweep]:
+    """arXiv 2405.02803's microbenchmark, each question under the uniform and the -mixed policy."""
+    both = ("flash:bf16", "flash:bf16-mixed")
+    common = {"heads": heads, "seeds": seeds, "algorithm": "fa1"}
+    return [
+        Sweep(
+            question="formats",
+            methods=tuple(f"flash:{f}{m}" for f in FORMATS for m in ("", "-mixed")),
+            seq_lens=(fixed_len,),
+            blocks=((16, 16),),
+            **common,
+        ),
+        Sweep(question="seq_len", methods=both, seq_lens=lengths, blocks=((16, 16),), **common),
+        Sweep(
+            question="block_area",
+            methods=both,
+            seq_lens=(fixed_len,),
+            blocks=tuple((a, a) for a in areas),
+            **common,
+        ),
+        Sweep(question="swapped", methods=both, seq_lens=(fixed_len,), blocks=((16, 64), (64, 16)), **common),
+        Sweep(
+            question="square",
+            methods=both,
+            seq_lens=(fixed_len,),
+            blocks=((32, 32), (16, 64), (64, 16)),
+            **common,
+        ),
+    ]
+
+
+def _fa3_sweep(
+    lengths: tuple[int, ...], head_dims: tuple[int, ...], heads: int, seeds: tuple[int, ...]
+) -> Sweep:
+    return Sweep(
+        question="fa3",
+        methods=FA3_METHODS,
+        seq_lens=lengths,
+        head_dims=head_dims,
+        blocks=((128, 128),),
+        distributions=("outliers",),
+        seeds=seeds,
+        algorithm="fa2",
+        heads=heads,
+        baseline=False,
+        metric="rmse",
+    )
+
+
+def paper() -> StudyConfig:
+    """The seed paper's microbenchmark (arXiv 2405.02803), lengths 512..8192."""
+    return StudyConfig(
+        name="paper",
+        sweeps=tuple(_paper_sweeps((512, 1024, 2048, 4096, 8192), 4096, (8, 16, 32, 64, 128), 8, (0, 1, 2))),
+    )
+
+
+def fa3() -> StudyConfig:
+    """FlashAttention-3's Table 3 at head dims 64 and 128 and several lengths."""
+    return StudyConfig(name="fa3", sweeps=(_fa3_sweep((1024, 2048, 4096), (64, 128), 8, (0, 1, 2)),))
+
+
+def quick() -> StudyConfig:
+    """A subset of paper and fa3 that finishes in minutes on 2 cores."""
+    return StudyConfig(
+        name="quick",
+        sweeps=(
+            *_paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 4, (0, 1)),
+            _fa3_sweep((1024, 2048), (64, 128), 4, (0, 1)),
+        ),
+    )
+
+
+def full() -> StudyConfig:
+    """Everything, lengths up to 16k, five seeds (hours)."""
+    return StudyConfig(
+        name="full",
+        sweeps=(
+            *_paper_sweeps(
+                (512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)
+            ),
+            _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
+        ),
+    )
+
+
+def tiny() -> StudyConfig:
+    """Seconds: every question at toy sizes (for tests and smoke checks)."""
+    sweeps = _paper_sweeps((64, 128), 128, (8, 32), 2, (0,))
+    return StudyConfig(name="tiny", sweeps=(*sweeps, _fa3_sweep((128,), (32,), 2, (0,))))
+
+
+PRESETS = {"quick": quick, "paper": paper, "fa3": fa3, "full": full, "tiny": tiny}
+
+
+def preset(name: str) -> StudyConfig:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}") from None

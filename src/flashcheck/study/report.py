@@ -1,0 +1,467 @@
+"""The study report, built from stored records only: findings, figures, report.md/html, summary.json."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashcheck.study.cases import CaseRecord, expand_sweep
+from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
+from flashcheck.study.store import ResultStore, write_atomic
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One point of a sweep: a method at one setting, over seeds (mean and std of metric and ratio)."""
+
+    method: str
+    seq_len: int
+    head_dim: int
+    block: tuple[int, int]
+    distribution: str
+    mean: float
+    std: float
+    ratio: float | None
+    ratio_std: float | None
+    n: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.block[0]}x{self.block[1]}" if self.block != (0, 0) else "-"
+
+
+def _stats(xs: list[float]) -> tuple[float, float]:
+    return (statistics.fmean(xs), statistics.pstdev(xs)) if xs else (float("nan"), float("nan"))
+
+
+def sweep_points(sw: Sweep, records: dict[str, CaseRecord]) -> list[Point]:
+    """Aggregate a sweep's ok records over seeds; flash points carry the ratio to standard (same policy)."""
+    by_key: dict[tuple, list[CaseRecord]] = {}
+    standard: dict[tuple, CaseRecord] = {}
+    for c in expand_sweep(sw):
+        rec = records.get(c.case_id)
+        if rec is None or rec.status != "ok":
+            continue
+        if c.kernel == "standard":
+            standard[(c.policy, c.input_key)] = rec
+        by_key.setdefault(
+            (c.method, c.seq_len, c.head_dim, (c.block_q, c.block_k), c.distribution), []
+        ).append(rec)
+    points = []
+    for (method, length, d, block, dist), recs in by_key.items():
+        vals = [r.errors[sw.metric] for r in recs]
+        ratios = [
+            r.errors[sw.metric] / standard[(r.case.policy, r.case.input_key)].errors[sw.metric]
+            for r in recs
+            if r.case.kernel == "flash"
+            and (r.case.policy, r.case.input_key) in standard
+            and standard[(r.case.policy, r.case.input_key)].errors[sw.metric] > 0
+        ]
+        mean, std = _stats(vals)
+        rmean, rstd = _stats(ratios) if ratios else (None, None)
+        points.append(Point(method, length, d, block, dist, mean, std, rmean, rstd, len(recs)))
+    return points
+
+
+def _find(points: list[Point], method: str, **where) -> list[Point]:
+    return [p for p in points if p.method == method and all(getattr(p, k) == v for k, v in where.items())]
+
+
+def _finding(fid: str, claim: str, measured: str, holds: bool | None, paper: str | None = None) -> dict:
+    return {"id": fid, "claim": claim, "measured": measured, "holds": holds, "paper": paper}
+
+
+def findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
+    """The verdicts: the seed paper's five findings and FA3's two, from whatever the study measured."""
+    sweeps = {sw.question: sw for sw in config.sweeps}
+    pts = {q: sweep_points(sw, records) for q, sw in sweeps.items()}
+    out = []
+    nm = "not measured in this study"
+
+    sl = [p for p in pts.get("seq_len", []) if p.method == "flash:bf16" and p.ratio is not None]
+    sl.sort(key=lambda p: p.seq_len)
+    if sl:
+        top = sl[-1]
+        mixed = _find(pts["seq_len"], "flash:bf16-mixed", seq_len=top.seq_len)
+        mtxt = f"; bf16-mixed {mixed[0].ratio:.2f}x" if mixed and mixed[0].ratio is not None else ""
+        out.append(
+            _finding(
+                "flash_vs_baseline_bf16",
+                "At BF16, Flash Attention deviates more than Baseline (max|O - O_fp64|)",
+                f"{top.ratio:.2f}x at L={top.seq_len}, tiles {top.label}, uniform bf16{mtxt}",
+                top.ratio > 1,
+                "about 10x",
+            )
+        )
+        out.append(
+            _finding(
+                "grows_with_seq_len",
+                "The Flash/Baseline ratio grows with sequence length",
+                f"{sl[0].ratio:.2f}x at L={sl[0].seq_len} -> {top.ratio:.2f}x at L={top.seq_len}",
+                top.ratio > sl[0].ratio if len(sl) > 1 else None,
+                "grows",
+            )
+        )
+    else:
+        out += [
+            _finding("flash_vs_baseline_bf16", "At BF16 Flash deviates more than Baseline", nm, None),
+            _finding("grows_with_seq_len", "The ratio grows with sequence length", nm, None),
+        ]
+
+    ba = [p for p in pts.get("block_area", []) if p.method == "flash:bf16" and p.ratio is not None]
+    ba.sort(key=lambda p: p.block[0] * p.block[1])
+    out.append(
+        _finding(
+            "shrinks_with_block_area",
+            "Larger tiles give less deviation",
+            f"{ba[0].ratio:.2f}x at {ba[0].label} -> {ba[-1].ratio:.2f}x at {ba[-1].label}" if ba else nm,
+            ba[0].ratio > ba[-1].ratio if len(ba) > 1 else None,
+            "shrinks",
+        )
+    )
+
+    sw = {p.block: p for p in pts.get("swapped", []) if p.method == "flash:bf16" and p.ratio is not None}
+    if len(sw) == 2:
+        p1, p2 = sorted(sw.values(), key=lambda p: p.block[0] > p.block[1])  # Br < Bc first, then swapped
+        out.append(
+            _finding(
+                "swapped_blocks",
+                "Swapping Br x Bc to Bc x Br (fewer keys per tile) deviates more",
+                f"{p1.ratio:.2f}x at {p1.label} vs {p2.ratio:.2f}x swapped to {p2.label}",
+                p2.ratio > p1.ratio,
+                "more",
+            )
+        )
+    else:
+        out.append(_finding("swapped_blocks", "Swapping the block dimensions deviates more", nm, None))
+
+    sq = [p for p in pts.get("square", []) if p.method == "flash:bf16" and p.ratio is not None]
+    square = [p for p in sq if p.block[0] == p.block[1]]
+    rect = [p for p in sq if p.block[0] != p.block[1]]
+    if square and rect:
+        lo, hi = min(p.ratio for p in rect), max(p.ratio for p in rect)
+        s = square[0]
+        out.append(
+            _finding(
+                "square_tiles",
+                "Square tiles change nothing beyond their area: a square tile's ratio "
+                "lies within those of the rectangles of the same area",
+                f"{s.ratio:.2f}x at {s.label}; rectangles {lo:.2f}x-{hi:.2f}x "
+                f"({', '.join(f'{p.label} {p.ratio:.2f}x' for p in rect)})",
+                lo * 0.9 <= s.ratio <= hi * 1.1,
+                "no change",
+            )
+        )
+    else:
+        out.append(_finding("square_tiles", "Square tiles change nothing", nm, None))
+    out += _fa3_findings(pts.get("fa3", []))
+    return out
+
+
+def _fa3_mean(points: list[Point], method: str) -> float | None:
+    vals = [p.mean for p in points if p.method == method]
+    return statistics.fmean(vals) if vals else None
+
+
+def _fa3_findings(points: list[Point]) -> list[dict]:
+    pairs = [
+        (
+            "fa3_fp16",
+            "FA2 FP16 (fp32 softmax) has lower RMSE than Baseline FP16 (fp16 softmax)",
+            "flash:fp16-mixed",
+            "standard:fp16",
+        ),
+        (
+            "fa3_fp8",
+            "FA3 FP8 (block quantisation + Hadamard) has lower RMSE than Baseline FP8 (per tensor)",
+            "flash:fa3-fp8",
+            "standard:baseline-fp8",
+        ),
+    ]
+    out = []
+    for fid, claim, cand, base in pairs:
+        a, b = _fa3_mean(points, cand), _fa3_mean(points, base)
+        paper = f"{FA3_PAPER_RMSE[cand]:.1e} vs {FA3_PAPER_RMSE[base]:.1e}"
+        if a is None or b is None:
+            out.append(_finding(fid, claim, "not measured in this study", None, paper))
+        else:
+            out.append(_finding(fid, claim, f"{a:.2e} vs {b:.2e} ({b / a:.2f}x lower)", a < b, paper))
+    return out
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+
+def _x_axis(sw: Sweep) -> str:
+    if len(sw.seq_lens) > 1:
+        return "seq_len"
+    if len(sw.blocks) > 1:
+        return "block"
+    if len(sw.head_dims) > 1:
+        return "head_dim"
+    return "policy"
+
+
+def draw_figures(config: StudyConfig, records: dict[str, CaseRecord], folder: Path) -> dict[str, Path]:
+    """One PNG per question; {} when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for sw in config.sweeps:
+        points = sweep_points(sw, records)
+        if not points:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        if sw.question == "fa3":
+            _draw_fa3(axes, points, sw)
+        else:
+            _draw_sweep(axes, points, sw)
+        fig.suptitle(
+            f"{sw.question}: {sw.metric} vs FP64 ({sw.distributions[0]} inputs, {len(sw.seeds)} seed(s))"
+        )
+        fig.tight_layout()
+        path = folder / f"{sw.question}.png"
+        tmp = path.with_suffix(".tmp.png")
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(path)
+        paths[sw.question] = path
+    return paths
+
+
+def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
+    x = _x_axis(sw)
+    methods = list(dict.fromkeys(p.method for p in points))
+    if x == "policy":
+        policies = list(dict.fromkeys(p.method.split(":", 1)[1] for p in points))
+        for i, kernel in enumerate(("flash", "standard")):
+            ys = [
+                next((p.mean for p in points if p.method == f"{kernel}:{pol}"), float("nan"))
+                for pol in policies
+            ]
+            axes[0].bar([j + 0.4 * i for j in range(len(policies))], ys, width=0.4, label=kernel)
+        rs = [
+            next((p.ratio for p in points if p.method == f"flash:{pol}"), None) or float("nan")
+            for pol in policies
+        ]
+        axes[1].bar(range(len(policies)), rs, color="tab:red")
+        for ax in axes:
+            ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right")
+    else:
+        for m in methods:
+            ps = [p for p in points if p.method == m]
+            ps.sort(key=lambda p: _xval(p, x))
+            xs = [_xval(p, x) for p in ps]
+            axes[0].errorbar(
+                xs, [p.mean for p in ps], yerr=[p.std for p in ps], marker="o", label=m, capsize=3
+            )
+            if m.startswith("flash:"):
+                axes[1].errorbar(
+                    xs, [p.ratio for p in ps], yerr=[p.ratio_std for p in ps], marker="o", label=m, capsize=3
+                )
+        for ax in axes:
+            ax.set_xscale("log", base=2)
+            if x == "block":
+                labels = sorted(
+                    {(p.block, p.label) for p in points if p.block != (0, 0)}, key=lambda t: t[0][0] * t[0][1]
+                )
+                ax.set_xticks([b[0] * b[1] for b, _ in labels], [lab for _, lab in labels], rotation=30)
+            ax.set_xlabel(
+                {"seq_len": "sequence length", "block": "tile Br x Bc (by area)", "head_dim": "head dim"}[x]
+            )
+        _standard_lines(axes[0], points, x)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(sw.metric)
+    axes[0].legend(fontsize=7)
+    axes[1].axhline(1.0, color="gray", lw=0.8)
+    axes[1].set_ylabel("Flash / Baseline")
+    axes[1].legend(fontsize=7) if axes[1].get_legend_handles_labels()[0] else None
+
+
+def _standard_lines(ax, points: list[Point], x: str) -> None:
+    if x != "block":
+        return
+    for p in points:
+        if p.method.startswith("standard:"):
+            ax.axhline(p.mean, ls="--", lw=0.8, color="gray")
+
+
+def _xval(p: Point, x: str) -> float:
+    return {"seq_len": p.seq_len, "head_dim": p.head_dim, "block": p.block[0] * p.block[1]}[x]
+
+
+def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
+    methods = list(sw.methods)
+    ours = [_fa3_mean(points, m) or float("nan") for m in methods]
+    paper = [FA3_PAPER_RMSE.get(m, float("nan")) for m in methods]
+    idx = range(len(methods))
+    axes[0].bar([i - 0.2 for i in idx], ours, width=0.4, label="flashcheck (mean over L, D, seeds)")
+    axes[0].bar([i + 0.2 for i in idx], paper, width=0.4, label="FA3 paper, Table 3")
+    axes[0].set_yscale("log")
+    axes[0].set_xticks(list(idx), methods, rotation=30, ha="right", fontsize=7)
+    axes[0].set_ylabel("RMSE")
+    axes[0].legend(fontsize=7)
+    for m in methods:
+        ps = sorted((p for p in points if p.method == m), key=lambda p: (p.head_dim, p.seq_len))
+        for d in sorted({p.head_dim for p in ps}):
+            pd = [p for p in ps if p.head_dim == d]
+            axes[1].plot([p.seq_len for p in pd], [p.mean for p in pd], marker="o", label=f"{m} D={d}")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("sequence length")
+    axes[1].set_ylabel("RMSE")
+    axes[1].legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left")
+
+
+# --- documents ------------------------------------------------------------------------------------
+
+
+def _verdict(holds: bool | None) -> str:
+    return {True: "holds", False: "does not hold", None: "not measured"}[holds]
+
+
+def _tables(
+    config: StudyConfig, records: dict[str, CaseRecord]
+) -> list[tuple[str, list[str], list[list[str]]]]:
+    out = []
+    for sw in config.sweeps:
+        rows = []
+        for p in sorted(sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block)):
+            ratio = "" if p.ratio is None else f"{p.ratio:.2f} ± {p.ratio_std:.2f}"
+            paper = (
+                f"{FA3_PAPER_RMSE[p.method]:.1e}"
+                if sw.question == "fa3" and p.method in FA3_PAPER_RMSE
+                else ""
+            )
+            rows.append(
+                [
+                    p.method,
+                    str(p.seq_len),
+                    str(p.head_dim),
+                    p.label,
+                    f"{p.mean:.3e} ± {p.std:.1e}",
+                    ratio,
+                    paper,
+                ]
+            )
+        out.append(
+            (
+                sw.question,
+                ["method", "L", "D", "tiles", f"{sw.metric} (mean ± std)", "Flash/Baseline", "paper"],
+                rows,
+            )
+        )
+    return out
+
+
+def build_report(folder: str | Path) -> dict:
+    """Rebuild figures, report.md, report.html and summary.json in `folder` from its stored records."""
+    folder = Path(folder)
+    cfg_path = folder / "study.json"
+    if not cfg_path.exists():
+        raise ValueError(
+            f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --out` first"
+        )
+    config = StudyConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
+    records = ResultStore(folder).load()
+    ok = {k: r for k, r in records.items() if r.status == "ok"}
+    failed = [r for r in records.values() if r.status != "ok"]
+    found = findings(config, ok)
+    figures = draw_figures(config, ok, folder / "figures")
+    runs = (
+        [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+        if (folder / "runs.jsonl").exists()
+        else []
+    )
+    env = next(iter(records.values())).env if records else {}
+    summary = {
+        "study": config.name,
+        "findings": found,
+        "cases": len(records),
+        "failed": len(failed),
+        "failures": [
+            {"case_id": r.case_id, "method": r.case.method, "error": (r.error or "")[:500]}
+            for r in failed[:20]
+        ],
+        "runs": runs,
+        "environment": env,
+        "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
+    }
+    tables = _tables(config, ok)
+    write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(folder / "report.md", _markdown(summary, tables, figures, folder))
+    write_atomic(folder / "report.html", _html(summary, tables, figures))
+    return summary
+
+
+def _markdown(summary: dict, tables, figures: dict[str, Path], folder: Path) -> str:
+    lines = [f"# flashcheck study `{summary['study']}`: is Flash Attention stable?", "", "## Verdicts", ""]
+    for f in summary["findings"]:
+        paper = f" (paper: {f['paper']})" if f.get("paper") else ""
+        lines.append(
+            f"- **{f['id']}** — {_verdict(f['holds'])}: {f['claim']}. Measured: {f['measured']}{paper}."
+        )
+    if not figures:
+        lines += ["", "_No figures: matplotlib is not installed (pip install 'flashcheck[plots]')._"]
+    lines += [
+        "",
+        f"{summary['cases']} cases, {summary['failed']} failed. Errors are against an FP64 reference; "
+        "Flash/Baseline is the ratio to standard attention under the same policy on the same inputs, "
+        "mean ± std over seeds.",
+        "",
+    ]
+    for question, header, rows in tables:
+        lines += [f"## {question}", ""]
+        if question in figures:
+            lines += [f"![{question}]({figures[question].relative_to(folder)})", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines.append("")
+    env = summary.get("environment", {})
+    lines += ["## Environment", "", ", ".join(f"{k} {v}" for k, v in env.items()), ""]
+    return "\n".join(lines)
+
+
+def _html(summary: dict, tables, figures: dict[str, Path]) -> str:
+    esc = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>flashcheck study</title><style>"
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
+        ".holds{color:#070}.fails{color:#b00}.none{color:#777}img{max-width:100%}</style></head><body>",
+        f"<h1>flashcheck study <code>{esc(summary['study'])}</code>: is Flash Attention stable?</h1>",
+        "<h2>Verdicts</h2><ul>",
+    ]
+    for f in summary["findings"]:
+        cls = {True: "holds", False: "fails", None: "none"}[f["holds"]]
+        paper = f" <i>(paper: {esc(f['paper'])})</i>" if f.get("paper") else ""
+        parts.append(
+            f"<li><b>{esc(f['id'])}</b> — <span class='{cls}'>{_verdict(f['holds'])}</span>: "
+            f"{esc(f['claim'])}. Measured: {esc(f['measured'])}{paper}.</li>"
+        )
+    parts.append(
+        f"</ul><p>{summary['cases']} cases, {summary['failed']} failed. Errors against an FP64 "
+        "reference; Flash/Baseline = ratio to standard attention under the same policy.</p>"
+    )
+    for question, header, rows in tables:
+        parts.append(f"<h2>{esc(question)}</h2>")
+        if question in figures:
+            data = base64.b64encode(figures[question].read_bytes()).decode()
+            parts.append(f"<img alt='{esc(question)}' src='data:image/png;base64,{data}'>")
+        parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
+    env = summary.get("environment", {})
+    parts.append("<h2>Environment</h2><p>" + esc(", ".join(f"{k} {v}" for k, v in env.items())) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

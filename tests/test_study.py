@@ -1,0 +1,262 @@
+"""`flashcheck study`: tiny preset end to end, resume after SIGKILL, corrupt lines, executors, bad configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flashcheck.cli import app
+from flashcheck.study.cases import expand, group_by_inputs
+from flashcheck.study.config import PRESETS, StudyConfig, Sweep, load_config, preset
+from flashcheck.study.report import build_report
+from flashcheck.study.runner import run_study
+from flashcheck.study.store import ResultStore
+
+runner = CliRunner()
+FINDING_IDS = {
+    "flash_vs_baseline_bf16",
+    "grows_with_seq_len",
+    "shrinks_with_block_area",
+    "swapped_blocks",
+    "square_tiles",
+    "fa3_fp16",
+    "fa3_fp8",
+}
+
+SMALL = StudyConfig(
+    name="small",
+    sweeps=(
+        Sweep(
+            question="seq_len",
+            methods=("flash:bf16",),
+            seq_lens=(32, 64),
+            blocks=((8, 8),),
+            heads=1,
+            seeds=(0, 1),
+        ),
+        Sweep(
+            question="fa3",
+            methods=("standard:fp16", "flash:fp16-mixed"),
+            seq_lens=(32,),
+            head_dims=(16,),
+            distributions=("outliers",),
+            heads=1,
+            baseline=False,
+            metric="rmse",
+        ),
+    ),
+)
+
+
+def errors_by_case(folder: Path) -> dict[str, dict]:
+    return {k: r.errors for k, r in ResultStore(folder).load().items()}
+
+
+def test_tiny_preset_end_to_end(tmp_path):
+    out = tmp_path / "study"
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert {f["id"] for f in summary["findings"]} >= FINDING_IDS
+    assert all(set(f) >= {"id", "claim", "measured", "holds"} for f in summary["findings"])
+    assert summary["failed"] == 0 and summary["cases"] == len(expand(preset("tiny")))
+    for name in ("report.md", "report.html", "records.jsonl"):
+        assert (out / name).stat().st_size > 0
+    figs = sorted(p.name for p in (out / "figures").glob("*.png"))
+    assert figs == sorted(f"{s.question}.png" for s in preset("tiny").sweeps)
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(figs)
+    assert html.index("Verdicts") < html.index("<img")
+    md = (out / "report.md").read_text()
+    assert "9.1e-03" in md  # the FA3 paper's values beside ours
+    stats = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
+    assert stats["reference_computations"] < stats["cases_computed"]
+    # report rebuilds from records without recomputing
+    (out / "report.md").unlink()
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 0 and (out / "report.md").exists()
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+
+
+def test_rerun_computes_nothing(tmp_path):
+    first = run_study(SMALL, tmp_path, workers=1, quiet=True)
+    again = run_study(SMALL, tmp_path, workers=1, quiet=True)
+    assert first["cases_computed"] == len(expand(SMALL)) and again["cases_computed"] == 0
+
+
+def test_deterministic_across_worker_counts(tmp_path):
+    run_study(SMALL, tmp_path / "w1", workers=1, quiet=True)
+    run_study(SMALL, tmp_path / "w2", workers=2, quiet=True)
+    assert errors_by_case(tmp_path / "w1") == errors_by_case(tmp_path / "w2")
+
+
+def test_corrupt_last_line_is_dropped_and_recomputed(tmp_path):
+    run_study(SMALL, tmp_path, workers=1, quiet=True)
+    store = tmp_path / "records.jsonl"
+    lines = store.read_text().splitlines()
+    store.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # half-written
+    with pytest.warns(UserWarning, match="dropped 1"):
+        assert len(ResultStore(tmp_path).load()) == len(lines) - 1
+    stats = run_study(SMALL, tmp_path, workers=1, quiet=True)
+    assert stats["cases_computed"] == 1
+    assert len(ResultStore(tmp_path).load()) == len(lines)
+
+
+def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
+        "seq_lens = [256, 512]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
+    )
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashcheck.cli",
+        "study",
+        "--config",
+        str(cfg),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    store = out / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its pool worker, mid-sweep
+    proc.wait()
+    before = ResultStore(out).load()
+    total = len(expand(load_config(cfg)))
+    assert 3 <= len(before) < total
+    subprocess.run(cmd, check=True)
+    after = ResultStore(out).load()
+    assert len(after) == total
+    assert all(after[k].to_json() == rec.to_json() for k, rec in before.items())  # kept, not redone
+    lines = store.read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["case_id"] for line in lines}) == total
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert runs[-1]["cases_computed"] == total - len(before)
+
+
+def test_failed_case_is_recorded_and_sweep_goes_on(tmp_path):
+    cfg = StudyConfig(
+        name="fail",
+        sweeps=(
+            Sweep(
+                question="fa3",
+                methods=("flash:fa3-fp8", "flash:bf16"),
+                seq_lens=(16,),
+                head_dims=(12,),
+                heads=1,
+                baseline=False,
+            ),
+        ),
+    )
+    run_study(cfg, tmp_path, workers=1, quiet=True)
+    recs = ResultStore(tmp_path).load().values()
+    status = {r.case.policy: r.status for r in recs}
+    assert status == {"fa3-fp8": "failed", "bf16": "ok"}
+    assert "power-of-two" in next(r.error for r in recs if r.status == "failed")
+    assert build_report(tmp_path)["failed"] == 1
+
+
+def test_reference_reuse_groups_cases_by_inputs():
+    cases = expand(preset("quick"))
+    groups = group_by_inputs(cases)
+    assert len(groups) < len(cases) / 5
+    assert all(len({c.input_key for c in g}) == 1 for g in groups)
+
+
+def test_presets_are_valid_and_quick_is_a_subset_of_paper_questions():
+    for name in PRESETS:
+        assert expand(preset(name))
+    questions = {s.question for s in preset("quick").sweeps}
+    assert questions == {"formats", "seq_len", "block_area", "swapped", "square", "fa3"}
+
+
+@pytest.mark.parametrize(
+    "toml,needle",
+    [
+        (
+            'name = "x"\n[[sweeps]]\nquestion = "a"\nmethods = ["flash:bf16"]\nbogus = 1\n',
+            "unknown field 'bogus'",
+        ),
+        ('name = "x"\n[[sweeps]]\nquestion = "a"\nmethods = ["flash:bf17"]\n', "bf17"),
+        ('name = "x"\n[[sweeps]]\nquestion = "a"\nmethods = ["flash:bf16"]\nseq_lens = [0]\n', "seq_lens"),
+        ('name = "x"\n[[sweeps]]\nquestion = "a"\nmethods = ["gpu:bf16"]\n', "kernel"),
+        ('name = "x"\ncolour = "red"\n', "unknown field 'colour'"),
+        ("this is = not toml [", "not valid TOML"),
+    ],
+)
+def test_bad_configs_exit_2(tmp_path, toml, needle):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    res = runner.invoke(app, ["study", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet"])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+
+
+def test_bad_cli_values_exit_2(tmp_path):
+    for args, needle in (
+        (["--preset", "huge"], "huge"),
+        (["--workers", "0"], "workers"),
+        (["--config", str(tmp_path / "missing.toml")], "does not exist"),
+        (["--executor", "slurm"], "slurm"),
+    ):
+        res = runner.invoke(app, ["study", "--out", str(tmp_path / "o"), "--quiet", *args])
+        assert res.exit_code == 2 and needle in res.output, res.output
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_exits_2_as_user(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(ro / "x"), "--quiet"])
+    assert res.exit_code == 2 and "not writable" in res.output
+
+
+def test_unwritable_out_exits_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(blocker / "sub"), "--quiet"])
+    assert res.exit_code == 2 and "not writable" in res.output
+
+
+def test_other_study_in_out_exits_2(tmp_path):
+    run_study(SMALL, tmp_path, workers=1, quiet=True)
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(tmp_path), "--quiet"])
+    assert res.exit_code == 2 and "another study" in res.output
+
+
+def test_report_of_empty_folder_exits_2(tmp_path):
+    res = runner.invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code == 2 and "no study" in res.output
+
+
+@pytest.mark.slow
+def test_ray_gives_the_same_records_as_the_pool(tmp_path):
+    pytest.importorskip("ray")
+    # Ray's socket paths must stay under 107 characters: a short temp folder, removed afterwards
+    short = Path(tempfile.mkdtemp(prefix="fcray", dir="/tmp"))
+    os.environ["FLASHCHECK_RAY_TMP"] = str(short)
+    try:
+        run_study(SMALL, tmp_path / "pool", workers=2, quiet=True)
+        stats = run_study(SMALL, tmp_path / "ray", workers=2, executor="ray", quiet=True)
+    finally:
+        os.environ.pop("FLASHCHECK_RAY_TMP")
+        shutil.rmtree(short, ignore_errors=True)
+    assert stats["executor"] == "ray" and stats["cases_computed"] == len(expand(SMALL))
+    assert errors_by_case(tmp_path / "pool") == errors_by_case(tmp_path / "ray")
