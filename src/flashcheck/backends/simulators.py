@@ -1,0 +1,92 @@
+"""The simulators behind the backend signature: `sim-standard` and `sim-flash` under any policy or preset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashcheck.backends.base import Backend
+from flashcheck.kernels import flash_attention, standard_attention
+from flashcheck.kernels.presets import resolve
+
+
+@dataclass
+class SimBackend(Backend):
+    """A simulator: inputs arrive in float64 and the policy rounds them. `policy` (a name) or `preset`
+    (a kernel preset, at format `fmt`) choose the numerics; block sizes apply without a preset."""
+
+    kernel: str = "flash"
+    policy: str = "bf16-mixed"
+    preset: str | None = None
+    fmt: str = "bf16"
+    block_q: int = 128
+    block_k: int = 128
+    algorithm: str = "fa2"
+
+    def configured(
+        self,
+        *,
+        policy: str | None = None,
+        preset: str | None = None,
+        fmt: str | None = None,
+        block_q: int | None = None,
+        block_k: int | None = None,
+        algorithm: str | None = None,
+    ) -> SimBackend:
+        """A copy with these options set."""
+        import dataclasses
+
+        changes = {
+            k: v
+            for k, v in {
+                "policy": policy,
+                "preset": preset,
+                "fmt": fmt,
+                "block_q": block_q,
+                "block_k": block_k,
+                "algorithm": algorithm,
+            }.items()
+            if v is not None
+        }
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        if self.kernel == "standard":
+            return f"{self.name}[{self.policy}]"
+        if self.preset:
+            return f"{self.name}[{self.preset}@{self.fmt}]"
+        return f"{self.name}[{self.policy}, {self.block_q}x{self.block_k} {self.algorithm}]"
+
+    def forward(self, q, k, v, *, causal=False, scale=None, mask=None):
+        if self.kernel == "standard":
+            return standard_attention(q, k, v, policy=self.policy, causal=causal, scale=scale, mask=mask)
+        if self.preset:
+            kw = resolve(self.preset, self.fmt, q.shape[-2], k.shape[-2], q.shape[-1], causal)
+        else:
+            kw = {
+                "policy": self.policy,
+                "block_q": self.block_q,
+                "block_k": self.block_k,
+                "algorithm": self.algorithm,
+            }
+        return flash_attention(q, k, v, causal=causal, scale=scale, mask=mask, **kw)
+
+
+def simulator_backends() -> list[Backend]:
+    sims = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+    return [
+        SimBackend(
+            "sim-standard",
+            "flashcheck standard attention under a policy",
+            ops=("aten::exp",),
+            dtypes=sims,
+            kernel="standard",
+        ),
+        SimBackend(
+            "sim-flash",
+            "flashcheck tiled flash attention under a policy or kernel preset",
+            ops=("_FlashFunction",),
+            dtypes=sims,
+        ),
+    ]

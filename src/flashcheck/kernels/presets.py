@@ -1,0 +1,101 @@
+"""Kernel presets: the flash simulator configured as a real kernel (tiles, algorithm, policy at a dtype)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flashcheck.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
+
+
+@dataclass(frozen=True, slots=True)
+class KernelPreset:
+    """`tiles(lq, lk, d, causal) -> (block_q, block_k)`; `policy(fmt)` the kernel's own policy at dtype fmt."""
+
+    name: str
+    description: str
+    tiles: Callable[[int, int, int, bool], tuple[int, int]]
+    policy: Callable[[Format], Policy]
+    algorithm: str = "fa2"
+    exp2: bool = False
+
+
+def _cpu_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
+    # aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: q split 32/64/256 by q_len, kv split 512
+    return (32 if lq < 192 else 64 if lq < 768 else 256), 512
+
+
+def _fa2_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
+    # flash-attn 2 forward on sm80 without dropout: 128 x 128 up to head dim 64, then 128 x 64
+    return (128, 128) if d <= 64 else (128, 64)
+
+
+def _fa3_fp8_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
+    # flash-attn 3 hopper/tile_size.h, 1-byte elements
+    if d <= 64:
+        return 192, 160
+    if d <= 96:
+        return 192, 128
+    if d <= 128:
+        return 128, 224
+    return (128, 160) if d <= 192 else (128, 128)
+
+
+def _fp8_policy(fmt: Format) -> Policy:
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"preset fa3-fp8 runs fp8 inputs; got {fmt.value} (use fp8-e4m3)")
+    base = NAMED_POLICIES["fa3-fp8"]
+    return base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, name=f"fa3-fp8@{fmt.value}")
+
+
+def _named_mixed(tag: str) -> Callable[[Format], Policy]:
+    def make(fmt: Format) -> Policy:
+        return mixed_policy(fmt).replace(name=f"{tag}@{fmt.value}")
+
+    return make
+
+
+KERNEL_PRESETS: dict[str, KernelPreset] = {
+    "torch-cpu-flash": KernelPreset(
+        "torch-cpu-flash",
+        "PyTorch's CPU flash kernel: fp32 accumulation, P rounded to the input dtype before P·V",
+        _cpu_tiles,
+        _named_mixed("torch-cpu-flash"),
+    ),
+    "fa2-gpu": KernelPreset(
+        "fa2-gpu",
+        "flash-attn 2 on A100: exp2 with log2(e) folded into the scale, fp32 statistics and accumulator",
+        _fa2_tiles,
+        _named_mixed("fa2-gpu"),
+        exp2=True,
+    ),
+    "fa3-fp8": KernelPreset(
+        "fa3-fp8",
+        "flash-attn 3 FP8 on H100: e4m3 block scales, Hadamard, P in e4m3",
+        _fa3_fp8_tiles,
+        _fp8_policy,
+        exp2=True,
+    ),
+}
+
+
+def kernel_preset(name: str) -> KernelPreset:
+    try:
+        return KERNEL_PRESETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown kernel preset {name!r}; expected one of {', '.join(KERNEL_PRESETS)}"
+        ) from None
+
+
+def resolve(name: str, fmt: Format | str, lq: int, lk: int, d: int, causal: bool) -> dict:
+    """Keyword arguments of flash_attention for preset `name` at dtype fmt and this shape."""
+    pre = kernel_preset(name)
+    bq, bk = pre.tiles(lq, lk, d, causal)
+    return {
+        "policy": pre.policy(parse_format(fmt)),
+        "block_q": bq,
+        "block_k": bk,
+        "algorithm": pre.algorithm,
+        "exp2": pre.exp2,
+    }
