@@ -88,9 +88,7 @@ def test_delta_in_fp32_changes_only_gradients():
     q, k, v = make_qkv(InputSpec(batch=1, heads=2, seq_len=64, head_dim=16, distribution="tied", seed=0))
     do = make_grad(q.shape, 0)
     o1, g1 = grads(lambda q, k, v: flash_attention(q, k, v, policy="bf16-mixed", block_k=16), q, k, v, do)
-    o2, g2 = grads(
-        lambda q, k, v: flash_attention(q, k, v, policy="bf16-mixed,delta=fp32", block_k=16), q, k, v, do
-    )
+    o2, g2 = grads(lambda q, k, v: flash_attention(q, k, v, policy="bf16-mixed,delta=fp32", block_k=16), q, k, v, do)
     assert torch.equal(o1, o2)
     assert torch.equal(g1[2], g2[2])  # dV does not use delta
     assert not torch.equal(g1[0], g2[0])

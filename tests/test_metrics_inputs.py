@@ -62,9 +62,7 @@ def test_wasserstein_matches_scipy(gen):
     for n, m in ((100, 100), (37, 211), (1, 5)):
         x = torch.randn(n, generator=gen, dtype=torch.float64) * 2 + 1
         y = torch.rand(m, generator=gen, dtype=torch.float64) * 3
-        assert wasserstein1(x, y) == pytest.approx(
-            scipy.stats.wasserstein_distance(x.numpy(), y.numpy()), rel=1e-12
-        )
+        assert wasserstein1(x, y) == pytest.approx(scipy.stats.wasserstein_distance(x.numpy(), y.numpy()), rel=1e-12)
 
 
 def test_metric_shape_mismatch():
@@ -80,9 +78,7 @@ def test_inputs_seeded_and_shaped(dist):
     assert q.dtype == torch.float64
     q2, k2, v2 = make_qkv(spec)
     assert torch.equal(q, q2) and torch.equal(k, k2) and torch.equal(v, v2)
-    q3, *_ = make_qkv(
-        InputSpec(batch=2, heads=3, seq_len=40, seq_len_k=24, head_dim=16, distribution=dist, seed=6)
-    )
+    q3, *_ = make_qkv(InputSpec(batch=2, heads=3, seq_len=40, seq_len_k=24, head_dim=16, distribution=dist, seed=6))
     assert not torch.equal(q, q3)
     assert torch.equal(make_grad(q.shape, 1), make_grad(q.shape, 1))
 

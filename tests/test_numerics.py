@@ -28,9 +28,7 @@ def fp8_table(exp_bits: int, man_bits: int, bias: int, e4m3fn: bool) -> torch.Te
                 continue  # NaN
             if not e4m3fn and e == 2**exp_bits - 1:
                 continue  # inf / NaN (e5m2 is IEEE-like)
-            val = (
-                (m / 2**man_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2**man_bits) * 2.0 ** (e - bias)
-            )
+            val = (m / 2**man_bits) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2**man_bits) * 2.0 ** (e - bias)
             vals += [val, -val]
     return torch.tensor(sorted(set(vals)), dtype=torch.float64)
 

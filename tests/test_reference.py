@@ -32,9 +32,7 @@ def mp_attention(q, k, v, scale, keep):
     return out
 
 
-@pytest.mark.parametrize(
-    "lq,lk,d,causal", [(3, 3, 2, False), (4, 6, 3, True), (5, 3, 4, True), (2, 5, 4, False)]
-)
+@pytest.mark.parametrize("lq,lk,d,causal", [(3, 3, 2, False), (4, 6, 3, True), (5, 3, 4, True), (2, 5, 4, False)])
 def test_reference_matches_mpmath(lq, lk, d, causal, gen):
     q = torch.randn(1, 1, lq, d, generator=gen, dtype=torch.float64) * 3
     k = torch.randn(1, 1, lk, d, generator=gen, dtype=torch.float64) * 3

@@ -70,9 +70,7 @@ def _baseline(case: BackendCase, fmt, q, k, v, grad: bool):
     """The same-precision baseline: eager PyTorch in the dtype, or sim-standard under a policy."""
     if case.baseline_numerics or fmt in FP8_FORMATS:
         pol = case.baseline_numerics or "baseline-fp8"
-        return f"sim-standard[{pol}]", lambda a, b, c: standard_attention(
-            a, b, c, policy=pol, causal=case.causal
-        )
+        return f"sim-standard[{pol}]", lambda a, b, c: standard_attention(a, b, c, policy=pol, causal=case.causal)
     dtype = info(fmt).dtype
     return f"eager[{fmt.value}]", lambda a, b, c: eager_attention(
         a.to(dtype), b.to(dtype), c.to(dtype), causal=case.causal
@@ -94,9 +92,7 @@ def run_backend_case(case: BackendCase) -> dict:
     """The comparison as a JSON-able object (status skipped with a reason where the backend cannot run)."""
     fmt = parse_format(case.numerics)
     backend = _backend(case)
-    head = {
-        "config": {**dataclasses.asdict(case), "label": getattr(backend, "label", lambda: backend.name)()}
-    }
+    head = {"config": {**dataclasses.asdict(case), "label": getattr(backend, "label", lambda: backend.name)()}}
     dtype = info(fmt).dtype if not isinstance(backend, SimBackend) else None
     avail = backend.available(dtype)
     if not avail.ok:

@@ -56,8 +56,7 @@ class BudgetResult:
         lines = [f"{'check':<10}{'value':>12}{'bound':>12}{'value/bound':>13}  verdict"]
         for c in self.checks:
             lines.append(
-                f"{c.name:<10}{c.value:>12.3e}{c.bound:>12.3e}{c.margin:>13.2f}  "
-                f"{'ok' if c.passed else 'FAIL'}"
+                f"{c.name:<10}{c.value:>12.3e}{c.bound:>12.3e}{c.margin:>13.2f}  {'ok' if c.passed else 'FAIL'}"
             )
         lines.append(
             f"k={self.k:g}, floor={self.floor:.2e}, baseline max error {self.baseline_max:.3e}, "
@@ -71,9 +70,7 @@ class BudgetResult:
             "k": self.k,
             "floor": self.floor,
             "share_over": self.share_over,
-            "checks": [
-                {"name": c.name, "value": c.value, "bound": c.bound, "passed": c.passed} for c in self.checks
-            ],
+            "checks": [{"name": c.name, "value": c.value, "bound": c.bound, "passed": c.passed} for c in self.checks],
         }
 
 
@@ -100,9 +97,7 @@ def check_budget(
     ref| + floor / 2; no NaN/Inf in out where ref is finite. `dtype` (default out's) sets the floor."""
     o, r, b = (t.detach().to(torch.float64).cpu() for t in (out, ref, baseline))
     if not (o.shape == r.shape == b.shape):
-        raise ValueError(
-            f"shapes differ: out {tuple(o.shape)}, ref {tuple(r.shape)}, baseline {tuple(b.shape)}"
-        )
+        raise ValueError(f"shapes differ: out {tuple(o.shape)}, ref {tuple(r.shape)}, baseline {tuple(b.shape)}")
     fl = rounding_floor(r, dtype or out.dtype) if floor is None else float(floor)
     finite = torch.isfinite(r)
     bad = int((~torch.isfinite(o) & finite).sum())

@@ -59,18 +59,15 @@ def _positive(name: str):
 def compare(
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
     numerics: str = typer.Option(
-        "bf16-mixed",
-        help="Candidate policy: FMT, FMT-mixed, a named policy, or KEY=VALUE terms (e.g. 'bf16-mixed,p=fp32'). "
-        "With --backend: the input format(s), comma-separated (e.g. bf16,fp16).",
+        None,
+        help="Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
+        "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16).",
     ),
     baseline_numerics: str = typer.Option(
         None,
-        help="Policy of the standard baseline (default: same; with "
-        "--backend: plain PyTorch in the same dtype).",
+        help="Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype).",
     ),
-    backend: str = typer.Option(
-        None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."
-    ),
+    backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
     preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_positive("--block-q"), help="Query block size Br."),
@@ -105,7 +102,7 @@ def compare(
 
             cfg = CompareConfig(
                 kernel=kernel.value,
-                numerics=numerics,
+                numerics=numerics or "bf16-mixed",
                 baseline_numerics=baseline_numerics,
                 algorithm=algorithm.value,
                 block_q=block_q,
@@ -144,7 +141,7 @@ def compare(
                     determinism=runs if determinism else 0,
                 )
                 for name in backend.split(",")
-                for fmt in numerics.split(",")
+                for fmt in (numerics or "bf16").split(",")
                 for n in lengths
             ]
             results = [run_backend_case(c) for c in cases]
@@ -187,9 +184,7 @@ def _print_backends(results: list[dict]) -> None:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 170)
-    table = Table(
-        title="errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)"
-    )
+    table = Table(title="errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
     for col in (
         "backend",
         "fmt",
@@ -211,14 +206,10 @@ def _print_backends(results: list[dict]) -> None:
             continue
         ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
         ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
-        grads = " ".join(
-            f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items()
-        )
+        grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
         det = r.get("determinism")
         if det:
-            grads += (
-                f" det:{'ok' if det['forward_identical'] and det.get('backward_identical', True) else 'NO'}"
-            )
+            grads += f" det:{'ok' if det['forward_identical'] and det.get('backward_identical', True) else 'NO'}"
             grads += f" batch:{'ok' if det['batch_invariant'] else 'NO'}"
         table.add_row(
             escape(c["label"]),
@@ -465,15 +456,11 @@ class Executor(StrEnum):
 @app.command()
 def study(
     preset: str = typer.Option("quick", help="quick | paper | fa3 | full | tiny."),
-    config: str = typer.Option(
-        None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."
-    ),
+    config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
     workers: int = typer.Option(None, help="Processes (default: the core count)."),
     executor: Executor = typer.Option(Executor.local, help="local process pool or ray."),
-    ray_address: str = typer.Option(
-        None, help="Address of a running Ray cluster (default: start a local one)."
-    ),
+    ray_address: str = typer.Option(None, help="Address of a running Ray cluster (default: start a local one)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Reproduce the published studies; resumable (run the same command again to continue)."""
@@ -486,9 +473,7 @@ def study(
         if workers is not None and workers < 1:
             raise ValueError(f"--workers {workers} is not allowed; it must be a positive integer")
         cfg = load_config(config) if config else get_preset(preset)
-        stats = run_study(
-            cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet
-        )
+        stats = run_study(cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet)
         summary = build_report(out)
     except ValueError as exc:
         _fail_usage(str(exc))
@@ -519,9 +504,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str) -> None:
             f"{stats['reference_computations']} FP64 references, {stats['seconds']:.1f} s"
         )
     for f in summary["findings"]:
-        mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[dim]not measured[/]"}[
-            f["holds"]
-        ]
+        mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[dim]not measured[/]"}[f["holds"]]
         console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
     console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
 

@@ -119,6 +119,4 @@ def run_compare(cfg: CompareConfig) -> CompareResult:
     base = standard_attention(q, k, v, policy=cfg.baseline_policy(), causal=cfg.causal)
     qr, kr, vr, _ = round_inputs(q, k, v, cfg.candidate_policy(), block_q=cfg.block_q, block_k=cfg.block_k)
     ref_rounded = reference_attention(qr, kr, vr, causal=cfg.causal)
-    return CompareResult(
-        cfg, error_summary(cand, ref), error_summary(base, ref), error_summary(cand, ref_rounded)
-    )
+    return CompareResult(cfg, error_summary(cand, ref), error_summary(base, ref), error_summary(cand, ref_rounded))

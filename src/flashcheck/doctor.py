@@ -24,9 +24,7 @@ def _flash_attn_wheel() -> dict:
     if not cuda:
         problems.append(f"torch {torch.__version__} is a CPU build: flash-attn needs a CUDA build of torch")
     if platform.machine() not in ("x86_64", "AMD64"):
-        problems.append(
-            f"release wheels are built for x86_64; this is {platform.machine()} (build from source)"
-        )
+        problems.append(f"release wheels are built for x86_64; this is {platform.machine()} (build from source)")
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
         if cap < (8, 0):
@@ -51,9 +49,7 @@ def _sdpa_choice(shape: tuple[int, int, int, int], dtype: torch.dtype, causal: b
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q = torch.randn(shape, dtype=dtype, device=dev)
     try:
-        ops = attention_ops(
-            lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=causal)
-        )
+        ops = attention_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=causal))
     except RuntimeError as exc:
         return {"device": dev, "error": str(exc).splitlines()[0]}
     chosen = [o for o in ops if o != "aten::scaled_dot_product_attention"]

@@ -96,9 +96,7 @@ def draw(attr: Attribution, path) -> None:
         width=0.4,
         label="stage alone in low precision",
     )
-    ax.bar(
-        [x + 0.2 for x in xs], [attr.raised[s] for s in STAGES], width=0.4, label="stage alone raised to FP64"
-    )
+    ax.bar([x + 0.2 for x in xs], [attr.raised[s] for s in STAGES], width=0.4, label="stage alone raised to FP64")
     ax.axhline(attr.full, color="k", ls="--", lw=1, label=f"full policy {attr.policy.name}")
     ax.set_xticks(list(xs), [f"{s}\n({attr.policy.stage(s).value})" for s in STAGES])
     ax.set_yscale("symlog", linthresh=max(attr.full * 1e-3, 1e-300))

@@ -33,9 +33,7 @@ class InputSpec:
         if self.seq_len_k is not None and self.seq_len_k < 1:
             raise ValueError(f"seq_len_k={self.seq_len_k} must be a positive integer")
         if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(
-                f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}"
-            )
+            raise ValueError(f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}")
 
     @property
     def lk(self) -> int:

@@ -388,7 +388,6 @@ def _named_policy(name: str) -> Policy:
         fmt = parse_format(fmt_name)
     except ValueError:
         raise ValueError(
-            f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} "
-            "or KEY=VALUE terms"
+            f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} or KEY=VALUE terms"
         ) from None
     return mixed_policy(fmt) if mixed else uniform_policy(fmt)

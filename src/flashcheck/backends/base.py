@@ -40,9 +40,7 @@ class Backend:
             return Availability(False, f"needs an NVIDIA GPU: {why}")
         if dtype is not None and dtype not in self.dtypes:
             allowed = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
-            return Availability(
-                False, f"dtype {str(dtype).replace('torch.', '')} not supported; allowed {allowed}"
-            )
+            return Availability(False, f"dtype {str(dtype).replace('torch.', '')} not supported; allowed {allowed}")
         return self._available()
 
     def _available(self) -> Availability:

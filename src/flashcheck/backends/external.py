@@ -28,9 +28,7 @@ class FlashAttnBackend(Backend):
     def _available(self) -> Availability:
         cap = cuda_capability()
         if cap is not None and cap < self.min_arch:
-            return Availability(
-                False, f"GPU sm{cap[0]}{cap[1]} too old; needs sm{self.min_arch[0]}{self.min_arch[1]}+"
-            )
+            return Availability(False, f"GPU sm{cap[0]}{cap[1]} too old; needs sm{self.min_arch[0]}{self.min_arch[1]}+")
         if _module(self.module) is None:
             pkg = "flash-attn" if self.module == "flash_attn" else "flash-attn 3 (hopper/ build)"
             return Availability(False, f"{pkg} is not installed or fails to import (see `flashcheck doctor`)")
@@ -95,9 +93,7 @@ class FlexBackend(Backend):
             def causal_mask(b, h, i, j):
                 return j <= i + offset
 
-            block_mask = flex.create_block_mask(
-                causal_mask, None, None, q.shape[-2], k.shape[-2], device=str(q.device)
-            )
+            block_mask = flex.create_block_mask(causal_mask, None, None, q.shape[-2], k.shape[-2], device=str(q.device))
         import warnings
 
         with warnings.catch_warnings():

@@ -20,9 +20,7 @@ def attention_ops(fn: Callable[[], object], expected: tuple[str, ...] = ()) -> l
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     names = {evt.key for evt in prof.key_averages()}
-    return sorted(
-        n for n in names if any(w in n.lower() for w in ATTENTION_WORDS) or any(e in n for e in expected)
-    )
+    return sorted(n for n in names if any(w in n.lower() for w in ATTENTION_WORDS) or any(e in n for e in expected))
 
 
 def proves(ops: list[str], expected: tuple[str, ...]) -> bool | None:

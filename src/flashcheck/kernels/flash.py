@@ -167,9 +167,7 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
         p = exp(_scores(q_r, k_j, t, lq, lk, cfg, pol, sc).sub_(lse_safe[..., t.r0 :, :]))
-        dv[..., t.c0 : t.c1, :] = rnd(
-            mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum"
-        )
+        dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum")
         dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
         ds = rnd(rnd(p * (dp - delta[..., t.r0 :, :]), pol, "grad_score"), pol, "grad_p")
         dq_r = rnd(mm(ds, k_j, pol) * s_nat, pol, "grad_accum")

@@ -8,9 +8,7 @@ import torch
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Validate [B, H, Lq, D], [B, H, Lk, D], [B, H, Lk, Dv]."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-D [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+        raise ValueError(f"q, k, v must be 4-D [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
@@ -58,10 +56,6 @@ def tile_bias(
         m = mask
         m = m[..., r0:r1, :] if m.shape[-2] != 1 else m
         m = m[..., :, c0:c1] if m.shape[-1] != 1 else m
-        m = (
-            torch.zeros(m.shape, dtype=dtype).masked_fill(~m, float("-inf"))
-            if m.dtype == torch.bool
-            else m.to(dtype)
-        )
+        m = torch.zeros(m.shape, dtype=dtype).masked_fill(~m, float("-inf")) if m.dtype == torch.bool else m.to(dtype)
         bias = m if bias is None else bias + m
     return bias

@@ -83,9 +83,7 @@ def kernel_preset(name: str) -> KernelPreset:
     try:
         return KERNEL_PRESETS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown kernel preset {name!r}; expected one of {', '.join(KERNEL_PRESETS)}"
-        ) from None
+        raise ValueError(f"unknown kernel preset {name!r}; expected one of {', '.join(KERNEL_PRESETS)}") from None
 
 
 def resolve(name: str, fmt: Format | str, lq: int, lk: int, d: int, causal: bool) -> dict:

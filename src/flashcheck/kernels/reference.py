@@ -47,11 +47,7 @@ def reference_attention(
             denom = e.sum(dim=-1, keepdim=True)
             dead = denom == 0
             outs.append(torch.matmul(e, v64) / torch.where(dead, torch.ones_like(denom), denom))
-            lses.append(
-                torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(
-                    -1
-                )
-            )
+            lses.append(torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(-1))
     out = torch.cat(outs, dim=-2)
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
 

@@ -187,9 +187,7 @@ def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int
             if key is None:
                 rounded_refs[None] = ref
             elif key not in rounded_refs:
-                qr, kr, vr, _ = round_inputs(
-                    q, k, v, pol, block_q=c.block_q or None, block_k=c.block_k or None
-                )
+                qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=c.block_q or None, block_k=c.block_k or None)
                 rounded_refs[key] = reference_attention(qr, kr, vr, causal=c.causal)
             errors = {name: fn(out, ref) for name, fn in METRICS.items()}
             errors_r = {name: fn(out, rounded_refs[key]) for name, fn in METRICS.items()}

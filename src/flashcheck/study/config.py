@@ -44,9 +44,7 @@ class Sweep:
         for m in self.methods:
             kernel, sep, policy = str(m).partition(":")
             if not sep or kernel not in KERNELS:
-                raise ValueError(
-                    f"{where}: method {m!r} must be 'kernel:policy' with kernel in {', '.join(KERNELS)}"
-                )
+                raise ValueError(f"{where}: method {m!r} must be 'kernel:policy' with kernel in {', '.join(KERNELS)}")
             parse_policy(policy)
         for name in ("seq_lens", "head_dims", "seeds"):
             vals = getattr(self, name)
@@ -59,20 +57,15 @@ class Sweep:
             len(b) == 2 and all(isinstance(x, int) and x >= 1 for x in b) for b in self.blocks
         ):
             raise ValueError(
-                f"{where}: blocks={[list(b) for b in self.blocks]!r} must be [Br, Bc] pairs "
-                "of positive integers"
+                f"{where}: blocks={[list(b) for b in self.blocks]!r} must be [Br, Bc] pairs of positive integers"
             )
         bad = [d for d in self.distributions if d not in DISTRIBUTIONS]
         if bad or not self.distributions:
             raise ValueError(f"{where}: distributions {bad or []!r} not allowed; expected {DISTRIBUTIONS}")
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"{where}: algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}"
-            )
+            raise ValueError(f"{where}: algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.metric not in ("max_abs", "mean_abs", "std", "rmse", "rel_l2"):
-            raise ValueError(
-                f"{where}: metric={self.metric!r}; expected max_abs, mean_abs, std, rmse, rel_l2"
-            )
+            raise ValueError(f"{where}: metric={self.metric!r}; expected max_abs, mean_abs, std, rmse, rel_l2")
         for name in ("batch", "heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a positive integer")
@@ -103,8 +96,7 @@ class StudyConfig:
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(
-                f"unknown field {sorted(unknown)[0]!r} in {source}; expected one of "
-                f"{', '.join(sorted(allowed))}"
+                f"unknown field {sorted(unknown)[0]!r} in {source}; expected one of {', '.join(sorted(allowed))}"
             )
         sweeps = data.get("sweeps") or []
         if not isinstance(sweeps, list) or not sweeps:
@@ -210,9 +202,7 @@ def _paper_sweeps(
     ]
 
 
-def _fa3_sweep(
-    lengths: tuple[int, ...], head_dims: tuple[int, ...], heads: int, seeds: tuple[int, ...]
-) -> Sweep:
+def _fa3_sweep(lengths: tuple[int, ...], head_dims: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -> Sweep:
     return Sweep(
         question="fa3",
         methods=FA3_METHODS,
@@ -257,9 +247,7 @@ def full() -> StudyConfig:
     return StudyConfig(
         name="full",
         sweeps=(
-            *_paper_sweeps(
-                (512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)
-            ),
+            *_paper_sweeps((512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)),
             _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
         ),
     )

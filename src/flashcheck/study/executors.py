@@ -47,9 +47,7 @@ def run_local(groups: list[list[Case]], workers: int, on_record: Callable[[CaseR
             on_record(CaseRecord.from_dict(json.loads(line)))
             block = False
 
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(q,)
-    ) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
         pending = {pool.submit(_pool_task, g): g for g in groups}
         while pending:
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)

@@ -48,9 +48,7 @@ def sweep_points(sw: Sweep, records: dict[str, CaseRecord]) -> list[Point]:
             continue
         if c.kernel == "standard":
             standard[(c.policy, c.input_key)] = rec
-        by_key.setdefault(
-            (c.method, c.seq_len, c.head_dim, (c.block_q, c.block_k), c.distribution), []
-        ).append(rec)
+        by_key.setdefault((c.method, c.seq_len, c.head_dim, (c.block_q, c.block_k), c.distribution), []).append(rec)
     points = []
     for (method, length, d, block, dist), recs in by_key.items():
         vals = [r.errors[sw.metric] for r in recs]
@@ -226,9 +224,7 @@ def draw_figures(config: StudyConfig, records: dict[str, CaseRecord], folder: Pa
             _draw_fa3(axes, points, sw)
         else:
             _draw_sweep(axes, points, sw)
-        fig.suptitle(
-            f"{sw.question}: {sw.metric} vs FP64 ({sw.distributions[0]} inputs, {len(sw.seeds)} seed(s))"
-        )
+        fig.suptitle(f"{sw.question}: {sw.metric} vs FP64 ({sw.distributions[0]} inputs, {len(sw.seeds)} seed(s))")
         fig.tight_layout()
         path = folder / f"{sw.question}.png"
         tmp = path.with_suffix(".tmp.png")
@@ -245,15 +241,9 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
     if x == "policy":
         policies = list(dict.fromkeys(p.method.split(":", 1)[1] for p in points))
         for i, kernel in enumerate(("flash", "standard")):
-            ys = [
-                next((p.mean for p in points if p.method == f"{kernel}:{pol}"), float("nan"))
-                for pol in policies
-            ]
+            ys = [next((p.mean for p in points if p.method == f"{kernel}:{pol}"), float("nan")) for pol in policies]
             axes[0].bar([j + 0.4 * i for j in range(len(policies))], ys, width=0.4, label=kernel)
-        rs = [
-            next((p.ratio for p in points if p.method == f"flash:{pol}"), None) or float("nan")
-            for pol in policies
-        ]
+        rs = [next((p.ratio for p in points if p.method == f"flash:{pol}"), None) or float("nan") for pol in policies]
         axes[1].bar(range(len(policies)), rs, color="tab:red")
         for ax in axes:
             ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right")
@@ -262,9 +252,7 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
             ps = [p for p in points if p.method == m]
             ps.sort(key=lambda p: _xval(p, x))
             xs = [_xval(p, x) for p in ps]
-            axes[0].errorbar(
-                xs, [p.mean for p in ps], yerr=[p.std for p in ps], marker="o", label=m, capsize=3
-            )
+            axes[0].errorbar(xs, [p.mean for p in ps], yerr=[p.std for p in ps], marker="o", label=m, capsize=3)
             if m.startswith("flash:"):
                 axes[1].errorbar(
                     xs, [p.ratio for p in ps], yerr=[p.ratio_std for p in ps], marker="o", label=m, capsize=3
@@ -276,9 +264,7 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
                     {(p.block, p.label) for p in points if p.block != (0, 0)}, key=lambda t: t[0][0] * t[0][1]
                 )
                 ax.set_xticks([b[0] * b[1] for b, _ in labels], [lab for _, lab in labels], rotation=30)
-            ax.set_xlabel(
-                {"seq_len": "sequence length", "block": "tile Br x Bc (by area)", "head_dim": "head dim"}[x]
-            )
+            ax.set_xlabel({"seq_len": "sequence length", "block": "tile Br x Bc (by area)", "head_dim": "head dim"}[x])
         _standard_lines(axes[0], points, x)
     axes[0].set_yscale("log")
     axes[0].set_ylabel(sw.metric)
@@ -330,19 +316,13 @@ def _verdict(holds: bool | None) -> str:
     return {True: "holds", False: "does not hold", None: "not measured"}[holds]
 
 
-def _tables(
-    config: StudyConfig, records: dict[str, CaseRecord]
-) -> list[tuple[str, list[str], list[list[str]]]]:
+def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[str, list[str], list[list[str]]]]:
     out = []
     for sw in config.sweeps:
         rows = []
         for p in sorted(sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block)):
             ratio = "" if p.ratio is None else f"{p.ratio:.2f} ± {p.ratio_std:.2f}"
-            paper = (
-                f"{FA3_PAPER_RMSE[p.method]:.1e}"
-                if sw.question == "fa3" and p.method in FA3_PAPER_RMSE
-                else ""
-            )
+            paper = f"{FA3_PAPER_RMSE[p.method]:.1e}" if sw.question == "fa3" and p.method in FA3_PAPER_RMSE else ""
             rows.append(
                 [
                     p.method,
@@ -369,9 +349,7 @@ def build_report(folder: str | Path) -> dict:
     folder = Path(folder)
     cfg_path = folder / "study.json"
     if not cfg_path.exists():
-        raise ValueError(
-            f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --out` first"
-        )
+        raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --out` first")
     config = StudyConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
@@ -390,8 +368,7 @@ def build_report(folder: str | Path) -> dict:
         "cases": len(records),
         "failed": len(failed),
         "failures": [
-            {"case_id": r.case_id, "method": r.case.method, "error": (r.error or "")[:500]}
-            for r in failed[:20]
+            {"case_id": r.case_id, "method": r.case.method, "error": (r.error or "")[:500]} for r in failed[:20]
         ],
         "runs": runs,
         "environment": env,
@@ -408,9 +385,7 @@ def _markdown(summary: dict, tables, figures: dict[str, Path], folder: Path) -> 
     lines = [f"# flashcheck study `{summary['study']}`: is Flash Attention stable?", "", "## Verdicts", ""]
     for f in summary["findings"]:
         paper = f" (paper: {f['paper']})" if f.get("paper") else ""
-        lines.append(
-            f"- **{f['id']}** — {_verdict(f['holds'])}: {f['claim']}. Measured: {f['measured']}{paper}."
-        )
+        lines.append(f"- **{f['id']}** — {_verdict(f['holds'])}: {f['claim']}. Measured: {f['measured']}{paper}.")
     if not figures:
         lines += ["", "_No figures: matplotlib is not installed (pip install 'flashcheck[plots]')._"]
     lines += [
