@@ -106,3 +106,19 @@ def ratio(num: dict[str, float], den: dict[str, float]) -> dict[str, float]:
         d = den[key]
         out[key] = (1.0 if n == 0 else math.inf) if d == 0 else n / d
     return out
+
+
+def wasserstein1_weighted(xa: torch.Tensor, wa: torch.Tensor, xb: torch.Tensor, wb: torch.Tensor) -> float:
+    """Exact W1 between two weighted discrete distributions (atoms x with weights w, each normalised)."""
+    xa, wa, xb, wb = (t.detach().to(torch.float64).flatten() for t in (xa, wa, xb, wb))
+    if xa.numel() == 0 or xb.numel() == 0:
+        raise ValueError("wasserstein1_weighted needs two non-empty distributions")
+    oa, ob = torch.argsort(xa), torch.argsort(xb)
+    xa, wa, xb, wb = xa[oa], wa[oa] / wa.sum(), xb[ob], wb[ob] / wb.sum()
+    allv, _ = torch.sort(torch.cat([xa, xb]))
+    ca, cb = torch.cumsum(wa, 0), torch.cumsum(wb, 0)
+    ia = torch.searchsorted(xa, allv[:-1], right=True)
+    ib = torch.searchsorted(xb, allv[:-1], right=True)
+    fa = torch.where(ia > 0, ca[(ia - 1).clamp(min=0)], torch.zeros_like(allv[:-1]))
+    fb = torch.where(ib > 0, cb[(ib - 1).clamp(min=0)], torch.zeros_like(allv[:-1]))
+    return float(((fa - fb).abs() * (allv[1:] - allv[:-1])).sum())

@@ -41,8 +41,11 @@ class FlashConfig:
     order_seed: int = 0
     exp2: bool = False
     hadamard_seed: int = 0
+    tie_beta: float | None = None
 
     def __post_init__(self) -> None:
+        if self.tie_beta is not None and (self.algorithm != "fa2" or not self.tie_beta > 1):
+            raise ValueError(f"tie_beta={self.tie_beta!r} needs algorithm fa2 and a value > 1")
         for name in ("block_q", "block_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -125,9 +128,16 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
     return o, rnd(o, pol, "output"), lse
 
 
-def _fa2_step(s, v_j, o, m, l, pol: Policy, exp):
-    """Rescale the unnormalised accumulator; P~ stays in the working dtype until the P·V product."""
-    m_new = rnd(torch.maximum(m, s.amax(dim=-1, keepdim=True)), pol, "stats")
+def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, tie_beta: float | None = None):
+    """Rescale the unnormalised accumulator; P~ stays in the working dtype until the P·V product.
+
+    With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
+    (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged."""
+    mt = s.amax(dim=-1, keepdim=True)
+    if tie_beta is not None:
+        tied = (s == mt).sum(dim=-1, keepdim=True) >= 2
+        mt = torch.where(tied, torch.where(mt > 0, tie_beta * mt, torch.zeros_like(mt)), mt)
+    m_new = rnd(torch.maximum(m, mt), pol, "stats")
     ms = safe_max(m_new)
     alpha = rnd(exp(m - ms), pol, "stats")
     p = exp(s.sub_(ms))
@@ -222,6 +232,7 @@ def flash_attention(
     order_seed: int = 0,
     exp2: bool = False,
     hadamard_seed: int = 0,
+    tie_beta: float | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Tiled online-softmax attention under `policy`, differentiable through the FA2 backward.

@@ -1,0 +1,292 @@
+"""Training drift: W1 against closed forms and scipy; checkpoint formats; train-study determinism, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from typer.testing import CliRunner
+
+from flashcheck.cli import app
+from flashcheck.metrics import wasserstein1_weighted
+from flashcheck.training.checkpoints import CheckpointError, open_checkpoint, save_safetensors, series
+from flashcheck.training.drift import compare_checkpoints, compare_series, layer_of, slope
+from flashcheck.training.model import GPTConfig
+from flashcheck.training.record import record_weights
+from flashcheck.training.train import RunConfig, saved_steps, train
+
+runner = CliRunner()
+TINY = GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32)
+
+
+def state(seed: int, shift: float = 0.0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "blocks.0.w": torch.randn(300, generator=g) + shift,
+        "blocks.1.w": torch.randn(40, 5, generator=g) + shift,
+        "head.weight": torch.randn(7, generator=g) + shift,
+    }
+
+
+def test_w1_closed_forms_through_drift(tmp_path):
+    a = state(0)
+    save_safetensors(a, tmp_path / "a.safetensors")
+    save_safetensors({k: v + 0.25 for k, v in a.items()}, tmp_path / "b.safetensors")
+    perm = {
+        k: v.flatten()[torch.randperm(v.numel(), generator=torch.Generator().manual_seed(1))].reshape(v.shape)
+        for k, v in a.items()
+    }
+    save_safetensors(perm, tmp_path / "p.safetensors")
+    shifted = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    assert shifted.wasserstein == pytest.approx(0.25, abs=1e-6) and shifted.max_abs == pytest.approx(0.25, abs=1e-6)
+    assert all(v["wasserstein"] == pytest.approx(0.25, abs=1e-6) for v in shifted.per_tensor.values())
+    same = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "p.safetensors")
+    assert same.wasserstein == 0.0 and same.max_abs > 0
+    assert set(same.per_layer) == {"blocks.0", "blocks.1", "head"}
+
+
+def test_w1_of_two_gaussians_and_scipy(tmp_path):
+    n = 20000
+    z = torch.distributions.Normal(0, 1).icdf((torch.arange(n, dtype=torch.float64) + 0.5) / n)
+    save_safetensors({"w": (1.0 + 2 * z).float()}, tmp_path / "a.safetensors")
+    save_safetensors({"w": (3 * z).float()}, tmp_path / "b.safetensors")
+    r = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    # W1(N(1, 2^2), N(0, 3^2)) = E|1 + 2Z - 3Z| = E|1 - Z| = 2 phi(1) + (2 Phi(1) - 1)
+    phi, Phi = math.exp(-0.5) / math.sqrt(2 * math.pi), 0.5 * (1 + math.erf(1 / math.sqrt(2)))
+    assert r.wasserstein == pytest.approx(2 * phi + 2 * Phi - 1, rel=1e-3)
+    g = np.random.default_rng(0)
+    for _ in range(3):
+        x, y = g.normal(size=500), g.uniform(size=500)
+        save_safetensors({"w": torch.from_numpy(x)}, tmp_path / "x.safetensors")
+        save_safetensors({"w": torch.from_numpy(y)}, tmp_path / "y.safetensors")
+        got = compare_checkpoints(tmp_path / "x.safetensors", tmp_path / "y.safetensors").wasserstein
+        assert got == pytest.approx(scipy.stats.wasserstein_distance(x, y), rel=1e-10)
+    xa, xb = torch.rand(50, dtype=torch.float64), torch.rand(70, dtype=torch.float64)
+    wa, wb = torch.rand(50, dtype=torch.float64), torch.rand(70, dtype=torch.float64)
+    assert wasserstein1_weighted(xa, wa, xb, wb) == pytest.approx(
+        scipy.stats.wasserstein_distance(xa.numpy(), xb.numpy(), wa.numpy(), wb.numpy()), rel=1e-10
+    )
+
+
+def test_sketch_is_within_its_stated_bound(tmp_path):
+    a, b = state(0), state(1, shift=0.1)
+    save_safetensors(a, tmp_path / "a.safetensors")
+    save_safetensors(b, tmp_path / "b.safetensors")
+    exact = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    sketch = compare_checkpoints(
+        tmp_path / "a.safetensors", tmp_path / "b.safetensors", exact_limit=10, sketch_points=16
+    )
+    assert exact.method == "exact" and sketch.method == "sketch(16)"
+    assert abs(sketch.wasserstein - exact.wasserstein) <= sketch.wasserstein_bound
+    assert sketch.per_tensor == exact.per_tensor  # per-tensor W1 is always exact
+
+
+def test_formats_agree_torch_safetensors_dcp(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    a, b = state(0), state(2)
+    torch.save(a, tmp_path / "a.pt")
+    save_safetensors(b, tmp_path / "b.safetensors")
+    dcp.save({k: v.clone() for k, v in b.items()}, checkpoint_id=str(tmp_path / "b_dcp"))
+    torch.save({"state_dict": b}, tmp_path / "b.bin")
+    ref = compare_checkpoints(tmp_path / "a.pt", tmp_path / "b.safetensors")
+    for other in ("b_dcp", "b.bin"):
+        r = compare_checkpoints(tmp_path / "a.pt", tmp_path / other)
+        assert r.wasserstein == ref.wasserstein and r.max_abs == ref.max_abs
+    bf = open_checkpoint(tmp_path / "b.safetensors")
+    assert torch.equal(bf.tensor("blocks.1.w"), b["blocks.1.w"])
+    save_safetensors({"x": torch.randn(5).bfloat16()}, tmp_path / "bf.safetensors")
+    assert open_checkpoint(tmp_path / "bf.safetensors").keys()["x"][1] == torch.bfloat16
+
+
+def test_mismatches_are_listed_and_the_rest_compared(tmp_path):
+    a = state(0)
+    b = dict(state(0))
+    b.pop("head.weight")
+    b["extra"] = torch.zeros(3)
+    b["blocks.1.w"] = torch.zeros(4)
+    b["blocks.0.w"] = a["blocks.0.w"].double()
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    r = compare_checkpoints(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert r.mismatches["only_in_a"] == ["head.weight"] and r.mismatches["only_in_b"] == ["extra"]
+    assert [m["name"] for m in r.mismatches["shape"]] == ["blocks.1.w"]
+    assert [m["name"] for m in r.mismatches["dtype"]] == ["blocks.0.w"]
+    assert set(r.per_tensor) == {"blocks.0.w"} and r.wasserstein == 0.0
+
+
+def test_series_matching_and_bad_input(tmp_path):
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        for step in (10, 20, 30) if run == "a" else (20, 30, 40):
+            torch.save(state(step), tmp_path / run / f"ckpt-{step}.pt")
+    pairs = compare_series(tmp_path / "a", tmp_path / "b")
+    assert [p.step for p in pairs] == [20, 30] and all(p.max_abs == 0 for p in pairs)
+    (tmp_path / "c").mkdir()
+    torch.save(state(1), tmp_path / "c" / "ckpt-99.pt")
+    cases = [
+        (["drift", str(tmp_path / "a"), str(tmp_path / "c")], "no common steps"),
+        (["drift", str(tmp_path / "a"), str(tmp_path / "missing")], "does not exist"),
+        (["drift", str(tmp_path / "x.npz"), str(tmp_path / "x.npz")], "does not exist"),
+    ]
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "w.npz").write_bytes(b"zz")
+    (tmp_path / "trunc.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    cases += [
+        (["drift", str(tmp_path / "bad.pt"), str(tmp_path / "bad.pt")], "not a readable torch"),
+        (["drift", str(tmp_path / "w.npz"), str(tmp_path / "w.npz")], "unknown checkpoint format"),
+        (["drift", str(tmp_path / "trunc.safetensors"), str(tmp_path / "trunc.safetensors")], "safetensors"),
+    ]
+    for args, needle in cases:
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+    with pytest.raises(CheckpointError):
+        series(tmp_path / "empty_missing")
+    res = runner.invoke(app, ["drift", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
+    out = json.loads(res.output)
+    assert [p["step"] for p in out["pairs"]] == [20, 30] and "per_tensor" in out["pairs"][0]
+
+
+def test_layer_names_and_slope():
+    assert layer_of("blocks.3.attn.weight") == "blocks.3" and layer_of("tok.weight") == "tok"
+    assert slope([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(2.0) and slope([5], [1]) == 0.0
+
+
+def test_training_is_deterministic_and_resumes(tmp_path):
+    cfg = RunConfig(name="t", attention="flash:bf16-mixed", steps=8, save_every=4, batch=4, model=TINY)
+    first = train(cfg, tmp_path / "one")
+    second = train(cfg, tmp_path / "two")
+    assert first["losses"] == second["losses"]
+    half = RunConfig(name="t", attention="flash:bf16-mixed", steps=4, save_every=4, batch=4, model=TINY)
+    train(half, tmp_path / "three")
+    resumed = train(cfg, tmp_path / "three")
+    assert resumed["resumed_from"] == 4 and resumed["losses"] == first["losses"]
+    for step in saved_steps(tmp_path / "one"):
+        a = torch.load(tmp_path / "one" / "weights" / f"step_{step:06d}.pt")
+        b = torch.load(tmp_path / "three" / "weights" / f"step_{step:06d}.pt")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
+    out1, out2 = tmp_path / "s1", tmp_path / "s2"
+    for out in (out1, out2):
+        res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
+        assert res.exit_code == 0, res.output
+    s1, s2 = (json.loads((o / "summary.json").read_text()) for o in (out1, out2))
+    assert s1["pairs"] == s2["pairs"] and s1["ratios"] == s2["ratios"]
+    assert {f["id"] for f in s1["findings"]} == {"flash_below_lowprec", "flash_comparable_to_seed"}
+    assert set(s1["ratios"]) >= {"flash_over_bf16", "flash_over_fp16", "flash_over_seed"}
+    for name in ("report.md", "report.html", "figures/wasserstein.png", "figures/loss.png"):
+        assert (out1 / name).stat().st_size > 0
+    assert s1["pairs"]["flash_vs_baseline"]["wasserstein"][0] == 0.0  # same init
+
+
+def test_train_study_killed_mid_run_resumes(tmp_path):
+    out = tmp_path / "k"
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashcheck.cli",
+        "train-study",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "runs" / "base" / "state.pt").exists():
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    subprocess.run(cmd, check=True)
+    reference = tmp_path / "ref"
+    subprocess.run([*cmd[:6], "--out", str(reference), "--workers", "1", "--quiet"], check=True)
+    a, b = (json.loads((o / "summary.json").read_text()) for o in (out, reference))
+    assert a["pairs"] == b["pairs"]
+
+
+def test_bad_train_study_input():
+    res = runner.invoke(app, ["train-study", "--preset", "huge"])
+    assert res.exit_code == 2 and "tied-max" in res.output
+    with pytest.raises(ValueError, match="precision"):
+        RunConfig(name="x", precision="fp8")
+    with pytest.raises(ValueError, match="does not exist"):
+        train(RunConfig(name="x", data="/nonexistent.txt", model=TINY, steps=1), "/tmp/never")
+
+
+def test_text_file_data(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello flash attention " * 50)
+    r = train(RunConfig(name="x", data=str(text), steps=3, save_every=3, batch=2, model=TINY), tmp_path / "run")
+    assert len(r["losses"]) == 3 and all(math.isfinite(x) for x in r["losses"])
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors", "dcp"])
+def test_record_weights_plain_loop(tmp_path, fmt):
+    model = torch.nn.Linear(4, 3)
+    for step in range(0, 7):
+        record_weights(model, step, tmp_path / fmt, every=3, fmt=fmt)
+    assert sorted(series(tmp_path / fmt)) == [0, 3, 6]
+    r = compare_series(tmp_path / fmt, tmp_path / fmt)
+    assert all(p.max_abs == 0 for p in r)
+    with pytest.raises(ValueError, match="format"):
+        record_weights(model, 0, tmp_path, fmt="npz")
+
+
+def _dist_worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    for step in (0, 5):
+        record_weights(model.module, step, os.path.join(out, "dcp"), every=5, fmt="dcp")
+        record_weights(model.module, step, os.path.join(out, "full"), every=5, fmt="pt")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_record_weights_under_torch_distributed(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_dist_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    pairs = compare_series(tmp_path / "dcp", tmp_path / "full")
+    assert [p.step for p in pairs] == [0, 5] and all(p.max_abs == 0 for p in pairs)
+
+
+def test_hf_and_lightning_callbacks(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import TrainerControl, TrainerState
+
+    from flashcheck.training.record import hf_callback, lightning_callback
+
+    cb = hf_callback(tmp_path / "hf", every=2, fmt="pt")
+    model = torch.nn.Linear(3, 3)
+    for step in range(1, 5):
+        state = TrainerState()
+        state.global_step = step
+        cb.on_step_end(None, state, TrainerControl(), model=model)
+    assert sorted(series(tmp_path / "hf")) == [2, 4]
+    pytest.importorskip("lightning")
+    lcb = lightning_callback(tmp_path / "pl", every=1, fmt="safetensors")
+
+    class FakeTrainer:
+        global_step = 3
+
+    lcb.on_train_batch_end(FakeTrainer(), model, None, None, 0)
+    assert sorted(series(tmp_path / "pl")) == [3]
