@@ -290,3 +290,28 @@ def test_hf_and_lightning_callbacks(tmp_path):
 
     lcb.on_train_batch_end(FakeTrainer(), model, None, None, 0)
     assert sorted(series(tmp_path / "pl")) == [3]
+
+
+def test_tied_max_shows_the_delta_bias_and_the_fp32_fix(tmp_path):
+    from flashcheck.training.tied_max import tied_max_report
+
+    s = tied_max_report(tmp_path, steps=12, seq_len=64, heads=2, head_dim=16)
+    found = {f["id"]: f for f in s["findings"]}
+    assert found["tied_max_bias"]["holds"] and found["delta_fp32_fix"]["holds"]
+    assert "max_adjust_fix" in found and (tmp_path / "report.md").exists()
+    tied = s["tied"]["variants"]["bf16-mixed"]
+    assert (
+        tied["delta_sign_consistency_over_steps"]
+        > s["control"]["variants"]["bf16-mixed"]["delta_sign_consistency_over_steps"]
+    )
+
+
+def test_tie_beta_keeps_fp64_attention_exact():
+    from flashcheck.inputs import InputSpec, make_qkv
+    from flashcheck.kernels import flash_attention, reference_attention
+
+    q, k, v = make_qkv(InputSpec(batch=1, heads=2, seq_len=48, head_dim=16, distribution="tied"))
+    out = flash_attention(q, k, v, policy="fp64", tie_beta=3.0, block_k=48)
+    assert (out - reference_attention(q, k, v)).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="tie_beta"):
+        flash_attention(q, k, v, tie_beta=0.5)

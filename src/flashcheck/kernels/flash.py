@@ -257,6 +257,7 @@ def flash_attention(
         order_seed=order_seed,
         exp2=exp2,
         hadamard_seed=hadamard_seed,
+        tie_beta=tie_beta,
     )
     with torch.autocast(device_type=q.device.type, enabled=False):
         out, lse = _FlashFunction.apply(q, k, v, cfg)

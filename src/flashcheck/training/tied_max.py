@@ -19,6 +19,7 @@ import torch
 
 from flashcheck.inputs import InputSpec, make_qkv
 from flashcheck.kernels import flash_attention, reference_attention
+from flashcheck.numerics import Format, parse_policy, round_to
 from flashcheck.study.store import write_atomic
 
 VARIANTS = {
@@ -29,27 +30,28 @@ VARIANTS = {
 
 
 def _grads(fn, q, k, v, target):
+    """(output, dQ, dV) of 0.5 * ||fn(q, k, v) - target||^2."""
     q, v = q.detach().requires_grad_(True), v.detach().requires_grad_(True)
     out = fn(q, k, v).double()
-    loss = 0.5 * ((out - target) ** 2).sum()
-    loss.backward()
-    return float(loss), q.grad.double(), v.grad.double()
+    (0.5 * ((out - target) ** 2).sum()).backward()
+    return out.detach(), q.grad.double(), v.grad.double()
 
 
 def run_tied_max(
     *,
-    steps: int = 60,
+    steps: int = 40,
     seq_len: int = 128,
     heads: int = 4,
     head_dim: int = 32,
     tied_keys: int = 4,
     lr: float = 0.02,
-    block: int = 32,
     distribution: str = "tied",
     seed: int = 0,
     beta: float = 2.0,
 ) -> dict:
-    """Train along the FP64 trajectory; returns per-variant bias metrics for dQ and dV."""
+    """Train Q and V along the FP64 trajectory; per variant, the error delta's rounding adds at each step.
+
+    One key block (block_k = seq_len), so ties are within the tile the kernel inspects."""
     spec = InputSpec(
         batch=1,
         heads=heads,
@@ -60,19 +62,26 @@ def run_tied_max(
         tied_keys=tied_keys,
     )
     q, k, v = make_qkv(spec)
-    target = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 99), dtype=torch.float64)
-    variants = {n: dict(kw, tie_beta=beta) if "tie_beta" in kw else dict(kw) for n, kw in VARIANTS.items()}
-    errs = {n: {"dq": [], "dv": []} for n in variants}
-    losses = []
+    target = 0.1 * torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 99), dtype=torch.float64)
+    variants = {n: {**kw, "tie_beta": beta} if "tie_beta" in kw else dict(kw) for n, kw in VARIANTS.items()}
+    rec = {n: {"delta": [], "dq": []} for n in variants}
     for _ in range(steps):
-        loss, gq, gv = _grads(lambda a, b, c: reference_attention(a, b, c), q, k, v, target)
-        losses.append(loss)
+        _, gq, gv = _grads(reference_attention, q, k, v, target)
         for name, kw in variants.items():
-            _, vq, vv = _grads(
-                lambda a, b, c, kw=kw: flash_attention(a, b, c, block_q=block, block_k=block, **kw), q, k, v, target
-            )
-            errs[name]["dq"].append(vq - gq)
-            errs[name]["dv"].append(vv - gv)
+            pol = parse_policy(kw["policy"])
+
+            def run(a, b, c, pol=pol, kw=kw):
+                return flash_attention(a, b, c, block_q=seq_len, block_k=seq_len, **{**kw, "policy": pol})
+
+            out, dq_low, _ = _grads(run, q, k, v, target)
+            fp32_delta = pol.replace(delta=Format.FP32)
+            _, dq_fp32, _ = _grads(lambda a, b, c, p=fp32_delta: run(a, b, c, pol=p), q, k, v, target)
+            with torch.no_grad():  # the O that delta sees (the accumulator rounded to the delta stage), against
+                o_delta = run(q, k, v, pol=pol.replace(output=pol.delta)).double()  # exact O of the same
+                exact = reference_attention(*(round_to(t, pol.input) for t in (q, k, v)))  # rounded inputs
+            do = out - target
+            rec[name]["delta"].append((do * (o_delta - exact)).sum(-1))
+            rec[name]["dq"].append(dq_low - dq_fp32)  # what rounding O for delta adds to dQ
         q, v = q - lr * gq, v - lr * gv
     result = {
         "config": {
@@ -82,31 +91,33 @@ def run_tied_max(
             "head_dim": head_dim,
             "tied_keys": tied_keys,
             "lr": lr,
-            "block": block,
             "distribution": distribution,
             "seed": seed,
             "beta": beta,
         },
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
         "variants": {},
     }
-    for name, e in errs.items():
-        result["variants"][name] = {g: _bias(torch.stack(es)) for g, es in e.items()}
+    for name, r in rec.items():
+        d, e = torch.stack(r["delta"]), torch.stack(r["dq"])
+        rms = float(d.pow(2).mean().sqrt())
+        result["variants"][name] = {
+            "delta_mean_error": float(d.mean()),
+            "delta_bias_ratio": abs(float(d.mean())) / rms if rms > 0 else 0.0,
+            "delta_sign_consistency_over_steps": float(torch.sign(d.flatten(1).mean(1)).mean().abs()),
+            "delta_rms_error": rms,
+            **_bias(e),
+        }
     return result
 
 
 def _bias(e: torch.Tensor) -> dict:
-    """e [T, ...]: the per-step errors of one gradient."""
+    """e [T, ...]: the per-step errors of dQ."""
     total = torch.linalg.vector_norm(e.sum(0))
     each = torch.sqrt((e.flatten(1) ** 2).sum())
-    growth = float(total / each) if each > 0 else 0.0
-    consistency = float(torch.sign(e).mean(0).abs().mean())
     return {
-        "bias_growth": growth,
-        "sign_consistency": consistency,
+        "dq_bias_growth": float(total / each) if each > 0 else 0.0,
         "max_growth": math.sqrt(e.shape[0]),
-        "mean_abs_error": float(e.abs().mean()),
+        "dq_mean_abs_error": float(e.abs().mean()),
     }
 
 
@@ -119,30 +130,33 @@ def tied_max_report(out: str | Path, **kw) -> dict:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
     tied = run_tied_max(**kw)
     control = run_tied_max(**{**kw, "distribution": "normal"})
-    b, d, a = (tied["variants"][n]["dq"] for n in ("bf16-mixed", "delta-fp32", "max-adjust"))
+    b, d, a = (tied["variants"][n] for n in ("bf16-mixed", "delta-fp32", "max-adjust"))
+    c = control["variants"]["bf16-mixed"]
     findings = [
         {
             "id": "tied_max_bias",
-            "claim": "With tied maxima, the bf16 delta biases dQ: its error grows along the "
-            "trajectory instead of cancelling",
-            "measured": f"bias growth {b['bias_growth']:.2f} of at most "
-            f"{b['max_growth']:.2f} (untied control {control['variants']['bf16-mixed']['dq']['bias_growth']:.2f})",
-            "holds": b["bias_growth"] > 2 * control["variants"]["bf16-mixed"]["dq"]["bias_growth"],
-            "paper": "biased rounding of delta = rowsum(dO * O) causes loss explosion (arXiv 2510.04212)",
+            "claim": "With tied maxima, rounding O to bf16 biases delta = rowsum(dO * O): its "
+            "error keeps one sign across rows and steps",
+            "measured": f"|mean|/rms of the delta error "
+            f"{b['delta_bias_ratio']:.2f} (untied control {c['delta_bias_ratio']:.2f}); sign consistency over steps "
+            f"{b['delta_sign_consistency_over_steps']:.2f} (control {c['delta_sign_consistency_over_steps']:.2f}); "
+            f"dQ error growth {b['dq_bias_growth']:.2f} of at most {b['max_growth']:.2f}",
+            "holds": b["delta_bias_ratio"] > 3 * c["delta_bias_ratio"],
+            "paper": "biased rounding of delta makes the dW error accumulate; loss explodes (arXiv 2510.04212)",
         },
         {
             "id": "delta_fp32_fix",
             "claim": "Computing O in fp32 for delta removes the bias",
-            "measured": f"bias growth {d['bias_growth']:.2f}, mean |error| {d['mean_abs_error']:.2e} vs "
-            f"{b['mean_abs_error']:.2e}",
-            "holds": d["mean_abs_error"] < 0.5 * b["mean_abs_error"],
+            "measured": f"mean delta error {d['delta_mean_error']:+.2e} vs {b['delta_mean_error']:+.2e} with bf16 O",
+            "holds": abs(d["delta_mean_error"]) < 0.1 * abs(b["delta_mean_error"]),
             "paper": "removes the failure",
         },
         {
             "id": "max_adjust_fix",
             "claim": "Subtracting beta * max on tied rows removes the bias",
-            "measured": f"bias growth {a['bias_growth']:.2f}, mean |error| {a['mean_abs_error']:.2e}",
-            "holds": a["mean_abs_error"] < 0.5 * b["mean_abs_error"],
+            "measured": f"mean delta error {a['delta_mean_error']:+.2e} (beta {tied['config']['beta']:g}), "
+            f"|mean|/rms {a['delta_bias_ratio']:.2f}",
+            "holds": abs(a["delta_mean_error"]) < 0.5 * abs(b["delta_mean_error"]),
             "paper": "removes the failure (beta 2-7)",
         },
     ]
@@ -156,16 +170,17 @@ def tied_max_report(out: str | Path, **kw) -> dict:
     ]
     lines += [
         "",
-        "| inputs | variant | grad | bias growth | sign consistency | mean abs error |",
-        "|---|---|---|---|---|---|",
+        "| inputs | variant | delta mean error | delta |mean|/rms | delta sign consistency | dQ error growth | "
+        "dQ error from bf16 O in delta |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, res in (("tied", tied), ("untied control", control)):
-        for name, gs in res["variants"].items():
-            for g, m in gs.items():
-                lines.append(
-                    f"| {label} | {name} | {g} | {m['bias_growth']:.2f} / {m['max_growth']:.2f} | "
-                    f"{m['sign_consistency']:.2f} | {m['mean_abs_error']:.2e} |"
-                )
+        for name, m in res["variants"].items():
+            lines.append(
+                f"| {label} | {name} | {m['delta_mean_error']:+.2e} | {m['delta_bias_ratio']:.2f} | "
+                f"{m['delta_sign_consistency_over_steps']:.2f} | {m['dq_bias_growth']:.2f} / "
+                f"{m['max_growth']:.2f} | {m['dq_mean_abs_error']:.2e} |"
+            )
     write_atomic(out / "report.md", "\n".join(lines) + "\n")
     write_atomic(
         out / "report.html",
