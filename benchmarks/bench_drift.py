@@ -19,14 +19,14 @@ import torch
 from flashcheck.training.checkpoints import save_safetensors
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np, torch
 mode, a, b = sys.argv[1:4]
 start = time.perf_counter()
 if mode == "stream":
     from flashcheck.training.drift import compare_checkpoints
     r = compare_checkpoints(a, b)
-    out = {"max_abs": r.max_abs, "wasserstein": r.wasserstein, "method": r.method}
+    out = {"max_abs": r.max_abs, "wasserstein": r.wasserstein, "method": r.method, "bound": r.wasserstein_bound}
 else:
     from flashcheck.training.checkpoints import open_checkpoint
     ra, rb = open_checkpoint(a), open_checkpoint(b)
@@ -38,7 +38,8 @@ else:
     w = float((torch.sort(fa).values.double() - torch.sort(fb).values.double()).abs().mean())
     out = {"max_abs": mx, "wasserstein": w, "method": "naive exact"}
 out["seconds"] = time.perf_counter() - start
-out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: ru_maxrss carries the parent's high-water mark across fork + exec
+out["peak_mb"] = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] / 1024
 print(json.dumps(out))
 """
 
@@ -61,11 +62,20 @@ def make(folder: Path, gb: float) -> tuple[Path, Path, int]:
 
 
 def measure(mode: str, a: Path, b: Path) -> dict:
-    base = subprocess.run([sys.executable, "-c", "import resource, torch, numpy; "
-                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"],
-                          capture_output=True, text=True, check=True)
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(a), str(b)], capture_output=True, text=True,
-                          check=True)
+    base = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch, numpy, flashcheck.training.drift; print([int(l.split()[1]) "
+            "for l in open('/proc/self/status') if l.startswith('VmHWM')][0] / 1024)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(a), str(b)], capture_output=True, text=True, check=True
+    )
     out = json.loads(proc.stdout)
     out["import_mb"] = float(base.stdout)
     return out
@@ -79,20 +89,26 @@ def main() -> None:
     folder = Path(args.dir)
     t0 = time.perf_counter()
     a, b, largest = make(folder, args.gb)
-    print(f"generated 2 x {a.stat().st_size / 2**30:.2f} GB in {time.perf_counter() - t0:.0f} s; "
-          f"largest tensor {largest / 2**20:.0f} MB")
+    print(
+        f"generated 2 x {a.stat().st_size / 2**30:.2f} GB in {time.perf_counter() - t0:.0f} s; "
+        f"largest tensor {largest / 2**20:.0f} MB"
+    )
     try:
         res = {mode: measure(mode, a, b) for mode in ("stream", "naive")}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for mode, r in res.items():
         extra = r["peak_mb"] - r["import_mb"]
-        print(f"{mode:<7} {r['seconds']:7.1f} s  peak {r['peak_mb']:7.0f} MB (+{extra:.0f} MB over imports, "
-              f"{extra * 2**20 / largest:.2f}x the largest tensor)  W1 {r['wasserstein']:.6e} ({r['method']})  "
-              f"max {r['max_abs']:.4f}")
+        print(
+            f"{mode:<7} {r['seconds']:7.1f} s  peak {r['peak_mb']:7.0f} MB (+{extra:.0f} MB over imports, "
+            f"{extra * 2**20 / largest:.2f}x the largest tensor)  W1 {r['wasserstein']:.6e} ({r['method']})  "
+            f"max {r['max_abs']:.4f}" + (f"  bound ±{r['bound']:.1e}" if "bound" in r else "")
+        )
     s, n = res["stream"], res["naive"]
-    print(f"time ratio stream/naive {s['seconds'] / n['seconds']:.2f}x; memory ratio "
-          f"{(s['peak_mb'] - s['import_mb']) / (n['peak_mb'] - n['import_mb']):.2f}x")
+    print(
+        f"time ratio stream/naive {s['seconds'] / n['seconds']:.2f}x; memory ratio "
+        f"{(s['peak_mb'] - s['import_mb']) / (n['peak_mb'] - n['import_mb']):.2f}x"
+    )
 
 
 if __name__ == "__main__":

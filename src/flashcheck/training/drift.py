@@ -20,11 +20,12 @@ CHUNK = 1 << 22
 
 
 def _values(t: torch.Tensor) -> np.ndarray:
-    """A flat writable float array (fp32 stays fp32, narrower floats widen to fp32, fp64 stays)."""
+    """A flat writable float array (fp32 stays fp32, narrower floats widen to fp32, fp64 stays). Readers
+    return fresh tensors, so the array is sorted in place without a copy."""
     if t.dtype in (torch.float16, torch.bfloat16) or not t.dtype.is_floating_point:
         t = t.to(torch.float32)
     arr = t.reshape(-1).numpy()
-    return arr if arr.flags.writeable and arr.flags.owndata else arr.copy()
+    return arr if arr.flags.writeable else arr.copy()
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
