@@ -319,9 +319,9 @@ def explain(
     from pathlib import Path
 
     from flashcheck.explain import attribute, draw
+    from flashcheck.fileio import write_atomic
     from flashcheck.inputs import InputSpec
     from flashcheck.numerics import parse_policy
-    from flashcheck.study.store import write_atomic
 
     try:
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):

@@ -9,9 +9,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashcheck.fileio import write_atomic
 from flashcheck.study.cases import CaseRecord, expand_sweep
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
-from flashcheck.study.store import ResultStore, write_atomic
+from flashcheck.study.store import ResultStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,11 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from flashcheck.fileio import write_atomic
 from flashcheck.study.cases import CaseRecord, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, run_local, run_ray
-from flashcheck.study.store import ResultStore, write_atomic
+from flashcheck.study.store import ResultStore
 
 
 def prepare_out(out: str | Path, config: StudyConfig) -> Path:

@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.study.store import write_atomic
+from flashcheck.fileio import write_atomic
 from flashcheck.training.drift import compare_series, slope
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, saved_steps, train

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
+from flashcheck.fileio import write_atomic
 from flashcheck.inputs import InputSpec, make_qkv
 from flashcheck.kernels import flash_attention, reference_attention
 from flashcheck.numerics import Format, parse_policy, round_to
-from flashcheck.study.store import write_atomic
 
 VARIANTS = {
     "bf16-mixed": {"policy": "bf16-mixed"},
