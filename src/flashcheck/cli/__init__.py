@@ -1,0 +1,28 @@
+"""The `flashcheck` command line. Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input."""
+
+from __future__ import annotations
+
+import sys
+
+from flashcheck.cli import compare as _compare  # noqa: F401
+from flashcheck.cli import study as _study  # noqa: F401  (registers commands, in help order)
+from flashcheck.cli import tools as _tools  # noqa: F401
+from flashcheck.cli import training as _training  # noqa: F401
+from flashcheck.cli.app import app
+
+
+def main() -> None:
+    """Entry point: run the app; typer reports bad flags with exit code 2."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@app.callback()
+def _root() -> None:
+    """Is Flash Attention stable? Measure attention numerics against an exact FP64 reference."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""python -m flashcheck.cli"""
+
+from flashcheck.cli import main
+
+main()

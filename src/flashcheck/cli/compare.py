@@ -1,0 +1,207 @@
+"""`flashcheck compare`: simulators (engine mode) or real backends against the FP64 reference."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from flashcheck.cli.app import (
+    Algorithm,
+    Distribution,
+    Fp8Scaling,
+    Kernel,
+    _console,
+    _fail_usage,
+    _int_list,
+    _positive,
+    app,
+)
+
+
+@app.command()
+def compare(
+    kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
+    numerics: str = typer.Option(
+        None,
+        help="Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
+        "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16).",
+    ),
+    baseline_numerics: str = typer.Option(
+        None,
+        help="Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype).",
+    ),
+    backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
+    preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
+    algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
+    block_q: int = typer.Option(128, callback=_positive("--block-q"), help="Query block size Br."),
+    block_k: int = typer.Option(128, callback=_positive("--block-k"), help="Key block size Bc."),
+    batch: int = typer.Option(1, callback=_positive("--batch")),
+    heads: int = typer.Option(8, callback=_positive("--heads")),
+    seq_len: str = typer.Option("1024", help="Sequence length (with --backend: a comma-separated list)."),
+    head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
+    causal: bool = typer.Option(False, help="Causal mask (bottom-right aligned)."),
+    distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
+    fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
+    hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
+    backward: bool = typer.Option(False, "--backward", help="Gradients too (with --backend)."),
+    determinism: bool = typer.Option(
+        False, "--determinism", help="Repeated runs bit-identical, batch invariance (with --backend)."
+    ),
+    runs: int = typer.Option(5, callback=_positive("--runs"), help="Repeated runs for --determinism."),
+    seed: int = typer.Option(0, help="Seed of the inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Measure a configuration: candidate and baseline, both against the FP64 reference."""
+    try:
+        lengths = _int_list(seq_len, "--seq-len")
+        if backend is None and preset is not None:
+            backend = "sim-flash"
+        if backend is None:
+            if backward or determinism:
+                raise ValueError("--backward and --determinism need --backend (e.g. --backend sim-flash)")
+            if len(lengths) > 1:
+                raise ValueError(f"--seq-len {seq_len!r}: a list needs --backend; give one length")
+            from flashcheck.compare import CompareConfig, run_compare
+
+            cfg = CompareConfig(
+                kernel=kernel.value,
+                numerics=numerics or "bf16-mixed",
+                baseline_numerics=baseline_numerics,
+                algorithm=algorithm.value,
+                block_q=block_q,
+                block_k=block_k,
+                batch=batch,
+                heads=heads,
+                seq_len=lengths[0],
+                head_dim=head_dim,
+                causal=causal,
+                distribution=distribution.value,
+                fp8_scaling=fp8_scaling.value if fp8_scaling else None,
+                hadamard=hadamard,
+                seed=seed,
+            )
+            result = run_compare(cfg)
+        else:
+            from flashcheck.backend_compare import BackendCase, run_backend_case
+
+            cases = [
+                BackendCase(
+                    backend=name.strip(),
+                    numerics=fmt.strip(),
+                    seq_len=n,
+                    batch=batch,
+                    heads=heads,
+                    head_dim=head_dim,
+                    causal=causal,
+                    distribution=distribution.value,
+                    seed=seed,
+                    preset=preset,
+                    block_q=block_q,
+                    block_k=block_k,
+                    algorithm=algorithm.value,
+                    baseline_numerics=baseline_numerics,
+                    backward=backward,
+                    determinism=runs if determinism else 0,
+                )
+                for name in backend.split(",")
+                for fmt in (numerics or "bf16").split(",")
+                for n in lengths
+            ]
+            results = [run_backend_case(c) for c in cases]
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    if backend is None:
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=2))
+        else:
+            _print_compare(result)
+        return
+    if as_json:
+        typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
+    else:
+        _print_backends(results)
+    if any(not _passed(r) for r in results):
+        raise typer.Exit(1)
+
+
+def _passed(result: dict) -> bool:
+    if result.get("status") != "ok":
+        return True
+    checks = [result["budget"]["passed"]] + [g["budget"]["passed"] for g in result.get("grad", {}).values()]
+    return all(checks)
+
+
+def _print_backends(results: list[dict]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title="errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
+    for col in (
+        "backend",
+        "fmt",
+        "L",
+        "rel_l2",
+        "max_abs",
+        "baseline",
+        "ratio",
+        "budget",
+        "kernel ran",
+        "checks",
+    ):
+        table.add_column(col)
+    skipped = []
+    for r in results:
+        c = r["config"]
+        if r["status"] != "ok":
+            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']}: skipped, {r['reason']}")
+            continue
+        ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
+        ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
+        grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
+        det = r.get("determinism")
+        if det:
+            grads += f" det:{'ok' if det['forward_identical'] and det.get('backward_identical', True) else 'NO'}"
+            grads += f" batch:{'ok' if det['batch_invariant'] else 'NO'}"
+        table.add_row(
+            escape(c["label"]),
+            c["numerics"],
+            str(c["seq_len"]),
+            f"{r['candidate']['rel_l2']:.3e}",
+            f"{r['candidate']['max_abs']:.3e}",
+            escape(r["baseline_impl"]),
+            f"{r['ratio']['max_abs']:.2f}",
+            "pass" if r["budget"]["passed"] else "FAIL",
+            escape(ops),
+            grads,
+        )
+    console.print(table)
+    for line in skipped:
+        console.print(escape(line))
+
+
+def _print_compare(result) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    cfg = result.config
+    title = (
+        f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
+        f"B={cfg.batch} H={cfg.heads} L={cfg.seq_len} D={cfg.head_dim} "
+        f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
+        f"{cfg.distribution} seed={cfg.seed}"
+    )
+    table = Table(title=escape(title), title_justify="left")
+    for col in ("metric (vs FP64)", "candidate", "baseline", "ratio", "candidate vs FP64 of rounded inputs"):
+        table.add_column(col, justify="right")
+    for key, value in result.candidate.items():
+        table.add_row(
+            key,
+            f"{value:.3e}",
+            f"{result.baseline[key]:.3e}",
+            f"{result.ratio[key]:.3f}",
+            f"{result.candidate_rounded[key]:.3e}",
+        )
+    Console().print(table)

@@ -1,0 +1,210 @@
+"""`flashcheck backends`, `explain` and `doctor`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+
+import typer
+
+from flashcheck.cli.app import (
+    Algorithm,
+    Distribution,
+    Kernel,
+    _console,
+    _fail_usage,
+    _positive,
+    app,
+)
+
+
+@app.command()
+def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the attention backends, whether each can run here, and why not."""
+    from flashcheck.backends import all_backends
+
+    rows = []
+    for b in all_backends():
+        a = b.available()
+        rows.append(
+            {
+                "name": b.name,
+                "available": a.ok,
+                "reason": a.reason,
+                "description": b.description,
+                "dtypes": [str(d).replace("torch.", "") for d in b.dtypes],
+                "device": str(b.device()),
+                "backward": b.backward_reason() is None,
+                "proof_ops": list(b.ops),
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps({"backends": rows}, indent=2))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="attention backends")
+    for col in ("name", "here", "why not / what", "dtypes"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            "[green]yes[/]" if r["available"] else "[red]no[/]",
+            escape(r["reason"] or r["description"]),
+            ", ".join(r["dtypes"]),
+        )
+    _console().print(table)
+
+
+@app.command()
+def explain(
+    numerics: str = typer.Option("bf16-mixed", help="The policy to explain (or the format with --preset)."),
+    preset: str = typer.Option(
+        None, help="Explain a kernel preset (torch-cpu-flash, fa2-gpu, fa3-fp8) at format --numerics."
+    ),
+    kernel: Kernel = typer.Option(Kernel.flash),
+    algorithm: Algorithm = typer.Option(Algorithm.fa2),
+    block_q: int = typer.Option(128, callback=_positive("--block-q")),
+    block_k: int = typer.Option(128, callback=_positive("--block-k")),
+    batch: int = typer.Option(1, callback=_positive("--batch")),
+    heads: int = typer.Option(8, callback=_positive("--heads")),
+    seq_len: int = typer.Option(1024, callback=_positive("--seq-len")),
+    head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
+    causal: bool = typer.Option(False),
+    distribution: Distribution = typer.Option(Distribution.normal),
+    metric: str = typer.Option("rel_l2", help="max_abs, mean_abs, rmse or rel_l2."),
+    seed: int = typer.Option(0),
+    out: str = typer.Option("flashcheck-explain", help="Folder for summary.json and figures/explain.png."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
+    from pathlib import Path
+
+    from flashcheck.explain import attribute, draw
+    from flashcheck.fileio import write_atomic
+    from flashcheck.inputs import InputSpec
+    from flashcheck.numerics import parse_policy
+
+    try:
+        if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
+            raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
+        exp2 = False
+        if preset:
+            from flashcheck.kernels.presets import resolve
+
+            kw = resolve(preset, numerics, seq_len, seq_len, head_dim, causal)
+            pol, block_q, block_k, alg, exp2 = (
+                kw["policy"],
+                kw["block_q"],
+                kw["block_k"],
+                kw["algorithm"],
+                kw["exp2"],
+            )
+        else:
+            pol, alg = parse_policy(numerics), algorithm.value
+        spec = InputSpec(
+            batch=batch,
+            heads=heads,
+            seq_len=seq_len,
+            head_dim=head_dim,
+            distribution=distribution.value,
+            seed=seed,
+        )
+        attr = attribute(
+            pol,
+            spec,
+            kernel=kernel.value,
+            block_q=block_q,
+            block_k=block_k,
+            algorithm=alg,
+            causal=causal,
+            exp2=exp2,
+            metric=metric,
+        )
+        folder = Path(out)
+        (folder / "figures").mkdir(parents=True, exist_ok=True)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    except OSError as exc:
+        _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
+    data = {
+        **attr.to_dict(),
+        "config": {
+            "kernel": kernel.value,
+            "block_q": block_q,
+            "block_k": block_k,
+            "algorithm": alg,
+            "exp2": exp2,
+            "preset": preset,
+            **dataclasses.asdict(spec),
+        },
+    }
+    write_atomic(folder / "summary.json", json.dumps(data, indent=2))
+    with contextlib.suppress(ImportError):  # matplotlib is optional: the table still prints
+        draw(attr, folder / "figures" / "explain.png")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
+        f"{100 * attr.output_share:.0f}%; dominant stage: {attr.dominant}"
+    )
+    for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):
+        table.add_column(col)
+    from flashcheck.numerics import STAGES
+
+    for st in STAGES:
+        table.add_row(st, pol.stage(st).value, f"{attr.alone[st]:.3e}", f"{attr.raised[st]:.3e}")
+    _console().print(table)
+
+
+@app.command()
+def doctor(
+    seq_len: int = typer.Option(1024, callback=_positive("--seq-len"), help="Shape for SDPA's choice."),
+    head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
+    dtype: str = typer.Option("bf16", help="dtype for SDPA's choice: fp32, bf16, fp16."),
+    causal: bool = typer.Option(False),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Why flash attention will or will not run here."""
+    from flashcheck.doctor import diagnose
+    from flashcheck.numerics import info, parse_format
+
+    try:
+        fmt = parse_format(dtype)
+        if fmt.value not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"--dtype {dtype!r}; expected fp32, bf16 or fp16")
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    report = diagnose((1, 8, seq_len, head_dim), info(fmt).dtype, causal)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    from rich.markup import escape
+
+    c = _console()
+    c.print(
+        f"OS {escape(report['os'])}; Python {report['python']}; torch {report['torch']}; CUDA {report['cuda']}; "
+        f"cuDNN {report['cudnn']}"
+    )
+    c.print(f"GPU: {report['gpu'] or 'none visible'}")
+    fa = report["flash_attn"]
+    if fa["importable"]:
+        c.print("flash-attn: importable")
+    else:
+        c.print(f"flash-attn: not importable; this environment needs the wheel {escape(fa['wheel_tag'])}")
+        for p in fa["problems"]:
+            c.print(f"  - {escape(p)}")
+    c.print(f"SDPA backends enabled: {report['sdpa_backends_enabled']}")
+    ch = report["sdpa_choice"]
+    c.print(
+        f"SDPA picks for {ch.get('shape')} {ch.get('dtype')} on {ch['device']}: "
+        f"{escape(str(ch.get('kernel') or ch.get('error')))}"
+    )
+    c.print(f"determinism: {report['determinism']}")
+    for b in report["backends"]:
+        c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}")
