@@ -269,27 +269,82 @@ def test_record_weights_under_torch_distributed(tmp_path):
     assert [p.step for p in pairs] == [0, 5] and all(p.max_abs == 0 for p in pairs)
 
 
-def test_hf_and_lightning_callbacks(tmp_path):
+class _TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+
+    def forward(self, input_ids=None, labels=None):
+        logits = self.out(self.emb(input_ids))
+        return {"loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()), "logits": logits}
+
+
+def _batches(n: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": (ids := torch.randint(0, 16, (6,), generator=g)), "labels": ids.roll(1)} for _ in range(n)]
+
+
+def test_hf_trainer_callback_records_real_training(tmp_path):
     pytest.importorskip("transformers")
-    from transformers import TrainerControl, TrainerState
+    pytest.importorskip("accelerate")
+    from transformers import Trainer, TrainingArguments
 
-    from flashcheck.training.record import hf_callback, lightning_callback
+    from flashcheck.training.record import hf_callback
 
-    cb = hf_callback(tmp_path / "hf", every=2, fmt="pt")
-    model = torch.nn.Linear(3, 3)
-    for step in range(1, 5):
-        state = TrainerState()
-        state.global_step = step
-        cb.on_step_end(None, state, TrainerControl(), model=model)
-    assert sorted(series(tmp_path / "hf")) == [2, 4]
-    pytest.importorskip("lightning")
-    lcb = lightning_callback(tmp_path / "pl", every=1, fmt="safetensors")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf-out"),
+        max_steps=6,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        learning_rate=1e-2,
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
+    trainer = Trainer(
+        model=_TinyLM(),
+        args=args,
+        train_dataset=_batches(12),
+        callbacks=[hf_callback(tmp_path / "hf", every=3, fmt="safetensors")],
+    )
+    trainer.train()
+    assert sorted(series(tmp_path / "hf")) == [3, 6]
+    pairs = compare_series(tmp_path / "hf", tmp_path / "hf")
+    assert all(p.max_abs == 0 for p in pairs) and "emb.weight" in pairs[0].per_tensor
 
-    class FakeTrainer:
-        global_step = 3
 
-    lcb.on_train_batch_end(FakeTrainer(), model, None, None, 0)
-    assert sorted(series(tmp_path / "pl")) == [3]
+def test_lightning_callback_records_real_training(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+
+    from flashcheck.training.record import lightning_callback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = _TinyLM()
+
+        def training_step(self, batch, batch_idx):
+            return self.lm(**batch)["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(_batches(8), batch_size=2)
+    trainer = pl.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[lightning_callback(tmp_path / "pl", every=2, fmt="pt")],
+    )
+    trainer.fit(Module(), loader)
+    steps = sorted(series(tmp_path / "pl"))
+    assert steps == [2, 4]
+    first, last = (open_checkpoint(series(tmp_path / "pl")[s]) for s in steps)
+    assert not torch.equal(first.tensor("lm.emb.weight"), last.tensor("lm.emb.weight"))  # it trained
 
 
 def test_tied_max_shows_the_delta_bias_and_the_fp32_fix(tmp_path):
