@@ -352,7 +352,7 @@ def test_tied_max_shows_the_delta_bias_and_the_fp32_fix(tmp_path):
 
     s = tied_max_report(tmp_path, steps=12, seq_len=64, heads=2, head_dim=16)
     found = {f["id"]: f for f in s["findings"]}
-    assert found["tied_max_bias"]["holds"] and found["delta_fp32_fix"]["holds"]
+    assert found["tied_max_bias"]["holds"] and found["delta_fp32_fix"]["holds"] and found["max_adjust_fix"]["holds"]
     assert "max_adjust_fix" in found and (tmp_path / "report.md").exists()
     tied = s["tied"]["variants"]["bf16-mixed"]
     assert (
@@ -368,5 +368,8 @@ def test_tie_beta_keeps_fp64_attention_exact():
     q, k, v = make_qkv(InputSpec(batch=1, heads=2, seq_len=48, head_dim=16, distribution="tied"))
     out = flash_attention(q, k, v, policy="fp64", tie_beta=3.0, block_k=48)
     assert (out - reference_attention(q, k, v)).abs().max() < 1e-12
+    low = flash_attention(q, k, v, policy="bf16-mixed", block_k=48)
+    shifted = flash_attention(q, k, v, policy="bf16-mixed", block_k=48, tie_beta=3.0)
+    assert not torch.equal(low, shifted)  # the shift reaches the kernel: P's tied entries are no longer 1
     with pytest.raises(ValueError, match="tie_beta"):
         flash_attention(q, k, v, tie_beta=0.5)

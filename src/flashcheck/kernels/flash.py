@@ -114,10 +114,11 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
     m = torch.full((b, h, lq, 1), -math.inf, dtype=work)
     l = torch.zeros(b, h, lq, 1, dtype=work)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
+    extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
     for t in _steps(cfg, lq, lk):
         s = _scores(q[..., t.r0 :, :], k[..., t.c0 : t.c1, :], t, lq, lk, cfg, pol, sc)
         o_r, m_r, l_r = step(
-            s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :], pol, exp
+            s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :], pol, exp, **extra
         )
         o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :] = o_r, m_r, l_r
     dead = l == 0
