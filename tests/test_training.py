@@ -254,6 +254,7 @@ def _dist_worker(rank: int, world: int, port: int, out: str) -> None:
     for step in (0, 5):
         record_weights(model.module, step, os.path.join(out, "dcp"), every=5, fmt="dcp")
         record_weights(model.module, step, os.path.join(out, "full"), every=5, fmt="pt")
+    torch.distributed.barrier()  # no rank tears gloo down while another still talks
     torch.distributed.destroy_process_group()
 
 

@@ -55,17 +55,18 @@ def record_weights(
         dcp.save(sd, checkpoint_id=str(target))
         return target
     sd = _full_state_dict(model)
-    if rank != 0:
-        return None
-    out.mkdir(parents=True, exist_ok=True)
     target = out / f"step_{step:08d}.{fmt}"
-    if fmt == "safetensors":
-        save_safetensors({k: v.float() if v.dtype == torch.float64 else v for k, v in sd.items()}, target)
-    else:
-        tmp = target.with_name(f".{target.name}.tmp")
-        torch.save(sd, tmp)
-        os.replace(tmp, target)
-    return target
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if fmt == "safetensors":
+            save_safetensors({k: v.float() if v.dtype == torch.float64 else v for k, v in sd.items()}, target)
+        else:
+            tmp = target.with_name(f".{target.name}.tmp")
+            torch.save(sd, tmp)
+            os.replace(tmp, target)
+    if on:
+        torch.distributed.barrier()  # every rank returns once the file exists
+    return target if rank == 0 else None
 
 
 def hf_callback(out: str | Path, *, every: int = 100, fmt: str = "safetensors"):
