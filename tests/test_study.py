@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -185,7 +186,7 @@ def test_presets_are_valid_and_quick_is_a_subset_of_paper_questions():
     for name in PRESETS:
         assert expand(preset(name))
     questions = {s.question for s in preset("quick").sweeps}
-    assert questions == {"formats", "seq_len", "block_area", "swapped", "square", "fa3"}
+    assert questions == {"formats", "seq_len", "block_area", "swapped", "square", "backends", "fa3"}
 
 
 @pytest.mark.parametrize(
@@ -260,3 +261,28 @@ def test_ray_gives_the_same_records_as_the_pool(tmp_path):
         shutil.rmtree(short, ignore_errors=True)
     assert stats["executor"] == "ray" and stats["cases_computed"] == len(expand(SMALL))
     assert errors_by_case(tmp_path / "pool") == errors_by_case(tmp_path / "ray")
+
+
+def test_real_backends_in_a_sweep(tmp_path):
+    cfg = StudyConfig(
+        name="be",
+        sweeps=(
+            Sweep(
+                question="backends",
+                methods=("sdpa-flash:bf16", "flash-attn:bf16"),
+                seq_lens=(64,),
+                heads=1,
+                metric="rel_l2",
+            ),
+        ),
+    )
+    run_study(cfg, tmp_path, workers=1, quiet=True)
+    recs = {r.case.kernel: r for r in ResultStore(tmp_path).load().values()}
+    assert recs["sdpa-flash"].status == "ok" and recs["standard"].status == "ok"  # the baseline was added
+    if not torch.cuda.is_available():
+        assert recs["flash-attn"].status == "skipped" and "GPU" in recs["flash-attn"].error
+        assert build_report(tmp_path)["skipped"][0]["method"] == "flash-attn:bf16"
+    with pytest.raises(ValueError, match="backend:FORMAT"):
+        Sweep(question="x", methods=("sdpa-flsh:bf16",))
+    with pytest.raises(ValueError, match="number format"):
+        Sweep(question="x", methods=("sdpa-flash:bf16-mixed",))

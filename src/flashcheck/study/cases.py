@@ -18,7 +18,7 @@ from flashcheck.inputs import InputSpec, make_qkv
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
-from flashcheck.numerics import FP8_FORMATS, Format, parse_policy
+from flashcheck.numerics import FP8_FORMATS, Format, info, parse_policy
 from flashcheck.study.config import StudyConfig, Sweep
 
 METRICS = {"max_abs": max_abs, "mean_abs": mean_abs, "std": std_diff, "rmse": rmse, "rel_l2": rel_l2}
@@ -153,12 +153,27 @@ def environment() -> dict[str, str]:
     }
 
 
+class Unavailable(Exception):
+    """The case's backend cannot run here (recorded as skipped, with the reason)."""
+
+
 def _run_kernel(c: Case, q, k, v) -> torch.Tensor:
     if c.kernel == "standard":
         return standard_attention(q, k, v, policy=c.policy, causal=c.causal)
-    return flash_attention(
-        q, k, v, policy=c.policy, block_q=c.block_q, block_k=c.block_k, algorithm=c.algorithm, causal=c.causal
-    )
+    if c.kernel == "flash":
+        return flash_attention(
+            q, k, v, policy=c.policy, block_q=c.block_q, block_k=c.block_k, algorithm=c.algorithm, causal=c.causal
+        )
+    from flashcheck.backends import get_backend
+
+    backend = get_backend(c.kernel)
+    dtype = info(c.policy).dtype
+    avail = backend.available(dtype)
+    if not avail.ok:
+        raise Unavailable(avail.reason)
+    with torch.no_grad():
+        low = [t.to(backend.device(), dtype) for t in (q, k, v)]
+        return backend.forward(*low, causal=c.causal).double().cpu()
 
 
 def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int:
@@ -192,6 +207,8 @@ def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int
             errors = {name: fn(out, ref) for name, fn in METRICS.items()}
             errors_r = {name: fn(out, rounded_refs[key]) for name, fn in METRICS.items()}
             rec = CaseRecord(c.case_id, c, "ok", errors, errors_r, time.perf_counter() - start, None, env)
+        except Unavailable as exc:
+            rec = CaseRecord(c.case_id, c, "skipped", {}, {}, time.perf_counter() - start, str(exc), env)
         except Exception as exc:  # a failed case is recorded and the sweep goes on
             msg = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
             rec = CaseRecord(c.case_id, c, "failed", {}, {}, time.perf_counter() - start, msg, env)

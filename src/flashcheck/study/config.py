@@ -10,15 +10,23 @@ from pathlib import Path
 from flashcheck.compare import KERNELS
 from flashcheck.inputs import DISTRIBUTIONS
 from flashcheck.kernels.flash import ALGORITHMS
-from flashcheck.numerics import parse_policy
+from flashcheck.numerics import parse_format, parse_policy
+
+
+def real_backends() -> list[str]:
+    """Backends a sweep can name as 'backend:FORMAT' (the simulators are the flash and standard kernels)."""
+    from flashcheck.backends import backend_names
+
+    return [n for n in backend_names() if not n.startswith("sim-")]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sweep:
     """One question: a grid over methods x seq_lens x head_dims x blocks x distributions x seeds.
 
-    methods: "kernel:policy" (kernel flash or standard). With `baseline`, every flash method gets the
-    standard kernel under the same policy beside it (the paper's Baseline). blocks: (Br, Bc) pairs.
+    methods: "kernel:policy" (kernel flash or standard), or "backend:FORMAT" for a real backend run in
+    that format (e.g. "sdpa-flash:bf16"). With `baseline`, every flash or backend method gets the standard
+    kernel under the same policy beside it (the paper's Baseline). blocks: (Br, Bc) pairs.
     metric: the headline metric of this question's figure (max_abs, mean_abs, std, rmse, rel_l2)."""
 
     question: str
@@ -43,9 +51,16 @@ class Sweep:
             raise ValueError(f"{where}: methods is empty; give 'kernel:policy' strings")
         for m in self.methods:
             kernel, sep, policy = str(m).partition(":")
-            if not sep or kernel not in KERNELS:
-                raise ValueError(f"{where}: method {m!r} must be 'kernel:policy' with kernel in {', '.join(KERNELS)}")
-            parse_policy(policy)
+            real = real_backends()
+            if not sep or (kernel not in KERNELS and kernel not in real):
+                raise ValueError(
+                    f"{where}: method {m!r} must be 'kernel:policy' with kernel in {', '.join(KERNELS)} "
+                    f"(simulators) or 'backend:FORMAT' with backend in {', '.join(real)}"
+                )
+            if kernel in KERNELS:
+                parse_policy(policy)
+            else:
+                parse_format(policy)
         for name in ("seq_lens", "head_dims", "seeds"):
             vals = getattr(self, name)
             if not vals or not all(isinstance(x, int) and x >= (0 if name == "seeds" else 1) for x in vals):
@@ -75,7 +90,7 @@ class Sweep:
         if self.baseline:
             for m in self.methods:
                 kernel, _, policy = m.partition(":")
-                if kernel == "flash" and f"standard:{policy}" not in out:
+                if kernel != "standard" and f"standard:{policy}" not in out:
                     out.append(f"standard:{policy}")
         return tuple(out)
 
@@ -202,6 +217,20 @@ def _paper_sweeps(
     ]
 
 
+def _backend_sweep(lengths: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -> Sweep:
+    """Real CPU backends beside the kernel-realistic simulator, same inputs and FP64 reference."""
+    return Sweep(
+        question="backends",
+        methods=("sdpa-math:bf16", "sdpa-flash:bf16", "flash:bf16-mixed"),
+        seq_lens=lengths,
+        blocks=((128, 128),),
+        seeds=seeds,
+        heads=heads,
+        algorithm="fa2",
+        metric="rel_l2",
+    )
+
+
 def _fa3_sweep(lengths: tuple[int, ...], head_dims: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -> Sweep:
     return Sweep(
         question="fa3",
@@ -237,6 +266,7 @@ def quick() -> StudyConfig:
         name="quick",
         sweeps=(
             *_paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 4, (0, 1)),
+            _backend_sweep((1024, 4096), 4, (0, 1)),
             _fa3_sweep((1024, 2048), (64, 128), 4, (0, 1)),
         ),
     )
@@ -248,6 +278,7 @@ def full() -> StudyConfig:
         name="full",
         sweeps=(
             *_paper_sweeps((512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)),
+            _backend_sweep((1024, 4096, 16384), 8, (0, 1, 2, 3, 4)),
             _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
         ),
     )
@@ -256,7 +287,9 @@ def full() -> StudyConfig:
 def tiny() -> StudyConfig:
     """Seconds: every question at toy sizes (for tests and smoke checks)."""
     sweeps = _paper_sweeps((64, 128), 128, (8, 32), 2, (0,))
-    return StudyConfig(name="tiny", sweeps=(*sweeps, _fa3_sweep((128,), (32,), 2, (0,))))
+    return StudyConfig(
+        name="tiny", sweeps=(*sweeps, _backend_sweep((64,), 2, (0,)), _fa3_sweep((128,), (32,), 2, (0,)))
+    )
 
 
 PRESETS = {"quick": quick, "paper": paper, "fa3": fa3, "full": full, "tiny": tiny}

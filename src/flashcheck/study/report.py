@@ -56,7 +56,7 @@ def sweep_points(sw: Sweep, records: dict[str, CaseRecord]) -> list[Point]:
         ratios = [
             r.errors[sw.metric] / standard[(r.case.policy, r.case.input_key)].errors[sw.metric]
             for r in recs
-            if r.case.kernel == "flash"
+            if r.case.kernel != "standard"
             and (r.case.policy, r.case.input_key) in standard
             and standard[(r.case.policy, r.case.input_key)].errors[sw.metric] > 0
         ]
@@ -254,7 +254,7 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
             ps.sort(key=lambda p: _xval(p, x))
             xs = [_xval(p, x) for p in ps]
             axes[0].errorbar(xs, [p.mean for p in ps], yerr=[p.std for p in ps], marker="o", label=m, capsize=3)
-            if m.startswith("flash:"):
+            if not m.startswith("standard:"):
                 axes[1].errorbar(
                     xs, [p.ratio for p in ps], yerr=[p.ratio_std for p in ps], marker="o", label=m, capsize=3
                 )
@@ -354,7 +354,8 @@ def build_report(folder: str | Path) -> dict:
     config = StudyConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
-    failed = [r for r in records.values() if r.status != "ok"]
+    failed = [r for r in records.values() if r.status == "failed"]
+    skipped = [r for r in records.values() if r.status == "skipped"]
     found = findings(config, ok)
     figures = draw_figures(config, ok, folder / "figures")
     runs = (
@@ -368,6 +369,7 @@ def build_report(folder: str | Path) -> dict:
         "findings": found,
         "cases": len(records),
         "failed": len(failed),
+        "skipped": [{"method": r.case.method, "reason": r.error} for r in skipped[:20]],
         "failures": [
             {"case_id": r.case_id, "method": r.case.method, "error": (r.error or "")[:500]} for r in failed[:20]
         ],
