@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.inputs import InputSpec, make_qkv
-from flashcheck.kernels import flash_attention, reference_attention, standard_attention
+from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate, standard_attention
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.metrics import error_summary, ratio
 from flashcheck.numerics import Policy, parse_policy
 
-KERNELS = ("flash", "standard")
+KERNELS = SIMULATED_KERNELS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,18 +96,16 @@ class CompareResult:
 
 def run_candidate(q, k, v, cfg: CompareConfig) -> torch.Tensor:
     """The candidate's output [B, H, L, D] for inputs q, k, v under cfg."""
-    pol = cfg.candidate_policy()
-    if cfg.kernel == "standard":
-        return standard_attention(q, k, v, policy=pol, causal=cfg.causal)
-    return flash_attention(
+    return simulate(
+        cfg.kernel,
         q,
         k,
         v,
-        policy=pol,
+        policy=cfg.candidate_policy(),
+        causal=cfg.causal,
         block_q=cfg.block_q,
         block_k=cfg.block_k,
         algorithm=cfg.algorithm,
-        causal=cfg.causal,
     )
 
 

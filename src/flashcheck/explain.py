@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flashcheck.inputs import InputSpec, make_qkv
-from flashcheck.kernels import flash_attention, reference_attention, standard_attention
+from flashcheck.kernels import reference_attention, simulate
 from flashcheck.metrics import error_summary
 from flashcheck.numerics import STAGES, Format, Policy
 
@@ -59,20 +59,10 @@ def attribute(
     ref = reference_attention(q, k, v, causal=causal)
 
     def err(pol: Policy) -> float:
-        if kernel == "standard":
-            out = standard_attention(q, k, v, policy=pol, causal=causal)
-        else:
-            out = flash_attention(
-                q,
-                k,
-                v,
-                policy=pol,
-                block_q=block_q,
-                block_k=block_k,
-                algorithm=algorithm,
-                causal=causal,
-                exp2=exp2,
-            )
+        extra = {"exp2": exp2} if kernel == "flash" else {}
+        out = simulate(
+            kernel, q, k, v, policy=pol, causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm, **extra
+        )
         return error_summary(out, ref)[metric]
 
     exact = Policy(name="fp64", fp8_scaling=policy.fp8_scaling, hadamard=policy.hadamard)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.inputs import InputSpec, make_qkv
-from flashcheck.kernels import flash_attention, reference_attention, standard_attention
+from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
 from flashcheck.numerics import FP8_FORMATS, Format, info, parse_policy
@@ -158,11 +158,17 @@ class Unavailable(Exception):
 
 
 def _run_kernel(c: Case, q, k, v) -> torch.Tensor:
-    if c.kernel == "standard":
-        return standard_attention(q, k, v, policy=c.policy, causal=c.causal)
-    if c.kernel == "flash":
-        return flash_attention(
-            q, k, v, policy=c.policy, block_q=c.block_q, block_k=c.block_k, algorithm=c.algorithm, causal=c.causal
+    if c.kernel in SIMULATED_KERNELS:
+        return simulate(
+            c.kernel,
+            q,
+            k,
+            v,
+            policy=c.policy,
+            causal=c.causal,
+            block_q=c.block_q,
+            block_k=c.block_k,
+            algorithm=c.algorithm,
         )
     from flashcheck.backends import get_backend
 
