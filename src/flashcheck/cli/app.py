@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
 
 import typer
@@ -61,7 +62,10 @@ def _int_list(text: str, flag: str) -> list[int]:
     return vals
 
 
-def _console():
-    """A rich console, wide enough for the tables when the output is not a terminal."""
+def _console(stderr: bool = False):
+    """A rich console: no number highlighting; 160 columns when the output is not a terminal."""
+    from rich.console import Console
 
-    return _console()
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False)

@@ -204,4 +204,4 @@ def _print_compare(result) -> None:
             f"{result.ratio[key]:.3f}",
             f"{result.candidate_rounded[key]:.3e}",
         )
-    Console().print(table)
+    _console().print(table)

@@ -7,6 +7,7 @@ from enum import StrEnum
 import typer
 
 from flashcheck.cli.app import (
+    _console,
     _fail_usage,
     app,
 )
@@ -58,10 +59,9 @@ def report(folder: str = typer.Argument(..., help="A study folder (--out of `fla
 
 
 def _print_findings(summary: dict, stats: dict | None, out: str) -> None:
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console()
+    console = _console()
     if stats:
         console.print(
             f"{stats['cases_computed']} cases computed, {stats['cases_reused']} reused from the store, "
