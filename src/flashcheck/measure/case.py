@@ -1,0 +1,179 @@
+"""One measurement: a Case (inputs, method, baseline, what to measure) run against the FP64 reference into a
+frozen Record. `compare`, `compare --backend`, study cases and `explain` all go through `run_case`.
+
+Legend: q [B, H, Lq, D]; k, v [B, H, Lk, D]; float64 on the CPU unless a method moves them."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
+from flashcheck.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.kernels import reference_attention
+from flashcheck.measure.method import Method, Unavailable
+from flashcheck.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
+
+METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    "max_abs": max_abs,
+    "mean_abs": mean_abs,
+    "std": std_diff,
+    "rmse": rmse,
+    "rel_l2": rel_l2,
+}
+HEADLINE = ("max_abs", "mean_abs", "rmse", "rel_l2")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """What to measure: `method` on inputs drawn from `inputs`, divided by `baseline` (default: the one
+    baseline rule, `method.baseline()`); the backward pass and repeated-run determinism on request."""
+
+    inputs: InputSpec
+    method: Method
+    baseline: Method | None = None
+    causal: bool = False
+    backward: bool = False
+    determinism: int = 0
+    metrics: tuple[str, ...] = HEADLINE
+    with_baseline: bool = True
+    verify_kernel: bool = False
+
+    def baseline_method(self) -> Method:
+        return self.baseline if self.baseline is not None else self.method.baseline()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """The outcome of a Case: status "ok" (errors filled), "skipped" (reason) or "failed" (reason: the error).
+    `candidate`/`baseline`: errors against the FP64 reference of the original inputs; `candidate_rounded`:
+    against the FP64 reference of the method's own rounded inputs (the kernel's error alone)."""
+
+    case: Case
+    status: str
+    candidate: dict[str, float] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    candidate_rounded: dict[str, float] = field(default_factory=dict)
+    baseline_name: str = ""
+    reason: str | None = None
+    seconds: float = 0.0
+    kernel_ops: tuple[str, ...] | None = None
+    kernel_verified: bool | None = None
+    budget: dict | None = None
+    grad: dict | None = None
+    determinism: dict | None = None
+
+    @property
+    def ratio(self) -> dict[str, float]:
+        return ratio(self.candidate, self.baseline) if self.baseline else {}
+
+
+class References:
+    """The inputs of one input set and their FP64 references: one for the original inputs, one per distinct
+    input rounding (computed on first use, then reused by every method on this input set)."""
+
+    def __init__(self, spec: InputSpec, *, causal: bool = False) -> None:
+        self.spec, self.causal = spec, causal
+        self.q, self.k, self.v = make_qkv(spec)
+        self.reference = reference_attention(self.q, self.k, self.v, causal=causal)
+        self._rounded: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def computed(self) -> int:
+        """How many FP64 references were computed so far."""
+        return 1 + len(self._rounded)
+
+    def rounded(self, method: Method) -> torch.Tensor:
+        """The FP64 reference of the inputs as `method` sees them."""
+        key = method.rounding_key()
+        if key is None:
+            return self.reference
+        if key not in self._rounded:
+            qr, kr, vr = method.rounded_inputs(self.q, self.k, self.v)
+            self._rounded[key] = reference_attention(qr, kr, vr, causal=self.causal)
+        return self._rounded[key]
+
+
+def _errors(out: torch.Tensor, ref: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
+    return {name: METRICS[name](out, ref) for name in names}
+
+
+def run_case(case: Case, refs: References | None = None) -> Record:
+    """Run the case; a method that cannot run here gives status "skipped", any other error "failed"."""
+    start = time.perf_counter()
+    try:
+        case.method.check_available(backward=case.backward)
+        refs = refs if refs is not None and refs.spec == case.inputs else References(case.inputs, causal=case.causal)
+        rec = _measure(case, refs)
+    except Unavailable as exc:
+        return Record(case=case, status="skipped", reason=str(exc), seconds=time.perf_counter() - start)
+    except Exception as exc:  # a failed case is recorded and a sweep goes on
+        msg = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        return Record(case=case, status="failed", reason=msg, seconds=time.perf_counter() - start)
+    return _with(rec, seconds=time.perf_counter() - start)
+
+
+def _with(rec: Record, **changes) -> Record:
+    import dataclasses
+
+    return dataclasses.replace(rec, **changes)
+
+
+def _run(fn, tensors, do=None):
+    """fn(*tensors) as float64 on the CPU, and with dO the gradients of (out * dO).sum() too."""
+    if do is None:
+        with torch.no_grad():
+            return fn(*tensors).detach().double().cpu(), None
+    leaves = [t.detach().requires_grad_(True) for t in tensors]
+    out = fn(*leaves)
+    out.backward(do.to(out.device, out.dtype))
+    return out.detach().double().cpu(), tuple(t.grad.detach().double().cpu() for t in leaves)
+
+
+def _measure(case: Case, refs: References) -> Record:
+    m, names = case.method, case.metrics
+    qkv = (refs.q, refs.k, refs.v)
+    do = make_grad(refs.q.shape, case.inputs.seed) if case.backward else None
+    cand, cand_g = _run(m.runner(causal=case.causal), m.prepare(*qkv), do)
+    fields: dict = {"candidate": _errors(cand, refs.reference, names)}
+    fields["candidate_rounded"] = _errors(cand, refs.rounded(m), names)
+    if case.with_baseline:
+        bm = case.baseline_method()
+        base, base_g = _run(bm.runner(causal=case.causal), bm.prepare(*qkv), do)
+        fields.update(baseline=_errors(base, refs.reference, names), baseline_name=bm.label())
+        if not m.is_simulator:
+            fields["budget"] = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype()).to_dict()
+        if case.backward:
+            fields["grad"] = _grads(case, qkv, do, cand_g, base_g)
+    if case.verify_kernel and not m.is_simulator:
+        from flashcheck.backends.profiling import attention_ops, proves
+
+        b = m.backend()
+        fn = m.runner(causal=case.causal)
+        ops = attention_ops(lambda: fn(*m.prepare(*qkv)), b.ops)
+        fields.update(kernel_ops=tuple(ops), kernel_verified=proves(ops, b.ops))
+    if case.determinism:
+        from flashcheck.measure.determinism import determinism
+
+        fields["determinism"] = determinism(case, qkv, do)
+    return Record(case=case, status="ok", **fields)
+
+
+def _grads(case: Case, qkv, do, cand_g, base_g) -> dict:
+    """Per-gradient errors vs FP64 autograd through the reference, the ratio and the peers' k=3 budget."""
+    _, ref_g = _run(lambda a, b, c: reference_attention(a, b, c, causal=case.causal), qkv, do)
+    dtype = case.method.dtype()
+    out = {}
+    for name, cg, bg, rg in zip(("dq", "dk", "dv"), cand_g, base_g, ref_g, strict=True):
+        ce, be = _errors(cg, rg, case.metrics), _errors(bg, rg, case.metrics)
+        out[name] = {
+            "candidate": ce,
+            "baseline": be,
+            "ratio": ratio(ce, be),
+            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype).to_dict(),
+        }
+    return out

@@ -1,0 +1,143 @@
+"""A report as a page description, rendered once as Markdown and once as self-contained HTML (figures inlined
+as base64), written atomically beside summary.json."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flashcheck.fileio import write_atomic
+
+VERDICT_WORDS = {True: "holds", False: "does not hold", None: "not measured", "inconclusive": "inconclusive"}
+_VERDICT_CLASS = {True: "holds", False: "fails", None: "none", "inconclusive": "none"}
+
+
+def verdict_word(holds: bool | str | None) -> str:
+    """holds / does not hold / inconclusive / not measured."""
+    return VERDICT_WORDS.get(holds, str(holds))
+
+
+@dataclass(frozen=True, slots=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bullets:
+    """Items (bold label, verdict or None for a plain bullet, text)."""
+
+    items: list[tuple[str, bool | str | None, str]]
+    with_verdict: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    path: Path
+    alt: str
+
+
+@dataclass(slots=True)
+class Page:
+    """What a report says, in order; `title` is the H1."""
+
+    title: str
+    blocks: list = field(default_factory=list)
+
+    def add(self, *blocks) -> Page:
+        self.blocks.extend(blocks)
+        return self
+
+
+def _md_block(b, folder: Path) -> list[str]:
+    if isinstance(b, Heading):
+        return ["#" * b.level + " " + b.text, ""]
+    if isinstance(b, Text):
+        return [b.text, ""]
+    if isinstance(b, Bullets):
+        lines = []
+        for label, verdict, text in b.items:
+            mark = f" — {verdict_word(verdict)}" if b.with_verdict else ""
+            lines.append(f"- **{label}**{mark}: {text}" if label else f"- {text}")
+        return [*lines, ""]
+    if isinstance(b, Table):
+        rows = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
+        return [*rows, *("| " + " | ".join(r) + " |" for r in b.rows), ""]
+    if isinstance(b, Figure):
+        rel = b.path.relative_to(folder) if b.path.is_absolute() and b.path.is_relative_to(folder) else b.path
+        return [f"![{b.alt}]({rel})", ""]
+    raise TypeError(f"unknown block {b!r}")
+
+
+def render_markdown(page: Page, folder: Path) -> str:
+    lines = [f"# {page.title}", ""]
+    for b in page.blocks:
+        lines += _md_block(b, folder)
+    return "\n".join(lines)
+
+
+def _html_block(b, folder: Path) -> str:
+    esc = html.escape
+    if isinstance(b, Heading):
+        return f"<h{b.level}>{esc(b.text)}</h{b.level}>"
+    if isinstance(b, Text):
+        return f"<p>{esc(b.text)}</p>"
+    if isinstance(b, Bullets):
+        items = []
+        for label, verdict, text in b.items:
+            mark = (
+                f" — <span class='{_VERDICT_CLASS.get(verdict, 'none')}'>{esc(verdict_word(verdict))}</span>"
+                if b.with_verdict
+                else ""
+            )
+            head = f"<b>{esc(label)}</b>{mark}: " if label else ""
+            items.append(f"<li>{head}{esc(text)}</li>")
+        return "<ul>" + "".join(items) + "</ul>"
+    if isinstance(b, Table):
+        head = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in b.header) + "</tr>"
+        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+        return f"<table>{head}{rows}</table>"
+    if isinstance(b, Figure):
+        path = b.path if b.path.is_absolute() else folder / b.path
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"<img alt='{esc(b.alt)}' src='data:image/png;base64,{data}'>"
+    raise TypeError(f"unknown block {b!r}")
+
+
+_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
+    ".holds{color:#070}.fails{color:#b00}.none{color:#777}img{max-width:100%}"
+)
+
+
+def render_html(page: Page, folder: Path) -> str:
+    body = "\n".join(_html_block(b, folder) for b in page.blocks)
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(page.title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(page.title)}</h1>\n{body}\n</body></html>"
+    )
+
+
+def write_report(folder: str | Path, page: Page, summary: dict | None = None) -> None:
+    """Write report.md, report.html and (when given) summary.json into `folder`, each atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if summary is not None:
+        write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(folder / "report.md", render_markdown(page, folder))
+    write_atomic(folder / "report.html", render_html(page, folder))
