@@ -16,6 +16,7 @@ from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
 from flashcheck.inputs import InputSpec, make_grad, make_qkv
 from flashcheck.kernels import reference_attention
 from flashcheck.measure.method import Method, Unavailable
+from flashcheck.measure.runs import run_float64 as _run
 from flashcheck.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
 
 METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
@@ -121,17 +122,6 @@ def _with(rec: Record, **changes) -> Record:
     import dataclasses
 
     return dataclasses.replace(rec, **changes)
-
-
-def _run(fn, tensors, do=None):
-    """fn(*tensors) as float64 on the CPU, and with dO the gradients of (out * dO).sum() too."""
-    if do is None:
-        with torch.no_grad():
-            return fn(*tensors).detach().double().cpu(), None
-    leaves = [t.detach().requires_grad_(True) for t in tensors]
-    out = fn(*leaves)
-    out.backward(do.to(out.device, out.dtype))
-    return out.detach().double().cpu(), tuple(t.grad.detach().double().cpu() for t in leaves)
 
 
 def _measure(case: Case, refs: References) -> Record:

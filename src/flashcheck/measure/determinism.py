@@ -8,13 +8,12 @@ import dataclasses
 import torch
 
 from flashcheck.inputs import make_qkv
+from flashcheck.measure.runs import run_float64 as _run
 
 
 def determinism(case, qkv: tuple[torch.Tensor, ...], do: torch.Tensor | None = None) -> dict:
     """`case.determinism` repeated runs of `case.method` on qkv (float64 [B, H, L, D]) compared bit for bit,
     and batch invariance on a fresh batch of at least two rows (seed + 1)."""
-    from flashcheck.measure.case import _run
-
     m = case.method
     fn = m.runner(causal=case.causal)
     first, first_g = _run(fn, m.prepare(*qkv), do)
