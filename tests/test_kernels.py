@@ -231,7 +231,7 @@ def test_bad_arguments():
         ({"algorithm": "fa9"}, "algorithm"),
         ({"key_order": "sideways"}, "key_order"),
         ({"key_order": [0, 0]}, "permutation"),
-        ({"scale": -1.0}, "scale"),
+        ({"scale": float("nan")}, "scale"),
     ]:
         with pytest.raises(ValueError, match=match):
             flash_attention(q, k, v, **kwargs)
@@ -241,3 +241,150 @@ def test_default_scale_is_inverse_sqrt_head_dim():
     q, k, v = qkv(1, 1, 8, 8, 16)
     a = flash_attention(q, k, v, policy="fp64", scale=1 / math.sqrt(16))
     assert torch.equal(a, flash_attention(q, k, v, policy="fp64"))
+
+
+# --- one input rule for the three kernels and the backends' run path ---------------------------
+
+KERNELS = {
+    "reference": lambda q, k, v, **kw: reference_attention(q, k, v, **kw),
+    "standard": lambda q, k, v, **kw: standard_attention(q, k, v, policy="fp64", **kw),
+    "flash": lambda q, k, v, **kw: flash_attention(q, k, v, policy="fp64", block_q=3, block_k=3, **kw),
+}
+
+
+def _bad_inputs():
+    q, k, v = qkv(1, 2, 5, 6, 4)
+    return [  # (q, k, v, kwargs, fragment of the message that names the value)
+        (q.long(), k.long(), v.long(), {}, "dtype int64"),
+        (q.bool(), k.bool(), v.bool(), {}, "dtype bool"),
+        (q.to(torch.complex128), k.to(torch.complex128), v.to(torch.complex128), {}, "dtype complex128"),
+        (q.float(), k, v, {}, "float32, float64, float64"),
+        (q[..., :0], k[..., :0], v, {}, "D=0"),
+        (q[0], k[0], v[0], {}, "shape (2, 5, 4)"),
+        (q.tolist(), k, v, {}, "got list"),
+        (q, k[:, :, :4], v, {}, "same heads and length"),
+        (q, k[..., :3], v, {}, "head dims differ (4 vs 3)"),
+        (torch.cat([q, q]), k, v, {}, "batch sizes differ"),
+        (torch.cat([q, q[:, :1]], dim=1), k, v, {}, "q has 3 heads and k, v have 2"),
+        (q, k[:, :0], v[:, :0], {}, "q has 2 heads and k, v have 0"),
+        (q, k, v, {"mask": torch.ones(5, 7, dtype=torch.bool)}, "mask of shape (5, 7)"),
+        (q, k, v, {"mask": torch.ones(3, 2, 5, 6, dtype=torch.bool)}, "mask of shape (3, 2, 5, 6)"),
+        (q, k, v, {"mask": torch.ones(1, 1, 1, 5, 6, dtype=torch.bool)}, "mask of shape (1, 1, 1, 5, 6)"),
+        (q, k, v, {"mask": torch.ones(5, 6, dtype=torch.int64)}, "mask has dtype int64"),
+        (q, k, v, {"scale": float("nan")}, "scale=nan"),
+        (q, k, v, {"scale": float("-inf")}, "scale=-inf"),
+        (q, k, v, {"scale": True}, "scale=True"),
+        (q, k, v, {"scale": "0.5"}, "scale='0.5'"),
+        (q, k, v, {"scale": 1j}, "scale=1j"),
+    ]
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_bad_inputs_raise_value_error_naming_the_value(kernel):
+    for q, k, v, kw, fragment in _bad_inputs():
+        with pytest.raises(ValueError) as info:
+            KERNELS[kernel](q, k, v, **kw)
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "eager", "sim-flash"])
+def test_backend_run_path_applies_the_same_rule(name):
+    from flashcheck.backends import get_backend
+
+    b = get_backend(name)
+    for q, k, v, kw, fragment in _bad_inputs():
+        with pytest.raises(ValueError) as info:
+            b.run(q, k, v, device="cpu", **kw)
+        assert fragment in str(info.value), (name, fragment, str(info.value))
+    q, k, v = qkv(1, 2, 5, 6, 4)
+    with pytest.raises(ValueError, match="grouped-query attention is not supported"):
+        b.run(q, k[:, :1], v[:, :1], device="cpu")
+
+
+EMPTY = {  # (B, H, Lq, Lk, Dv): what is empty
+    "B=0": (0, 2, 5, 6, 4),
+    "H=0": (1, 0, 5, 6, 4),
+    "Lq=0": (1, 2, 0, 6, 4),
+    "Lk=0": (1, 2, 5, 0, 4),
+    "Dv=0": (1, 2, 5, 6, 0),
+    "Lq=Lk=0": (2, 2, 0, 0, 3),
+}
+
+
+def _empty_qkv(b, h, lq, lk, dv):
+    q, k, _ = qkv(b, h, lq, lk, 4)
+    return q, k, torch.randn(b, h, lk, dv, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("case", sorted(EMPTY))
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_inputs_give_the_defined_result(kernel, case, causal):
+    """Lk = 0: every row sees no key, so zeros (as a fully masked row); other empty sizes: an empty output."""
+    b, h, lq, lk, dv = EMPTY[case]
+    q, k, v = _empty_qkv(b, h, lq, lk, dv)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    out = KERNELS[kernel](*leaves, causal=causal)
+    assert out.shape == (b, h, lq, dv)
+    assert torch.equal(out.detach(), torch.zeros(b, h, lq, dv, dtype=out.dtype))
+    out.sum().backward()  # differentiable, with zero gradients
+    for t in leaves:
+        assert torch.equal(t.grad, torch.zeros_like(t))
+
+
+@pytest.mark.parametrize("kernel", ["reference", "flash"])
+def test_no_keys_give_lse_minus_inf(kernel):
+    q, k, v = _empty_qkv(1, 2, 5, 0, 4)
+    _, lse = KERNELS[kernel](q, k, v, return_lse=True)
+    assert lse.shape == (1, 2, 5) and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash", "eager", "sim-flash", "sim-standard"])
+@pytest.mark.parametrize("case", ["B=0", "Lq=0", "Lk=0"])
+def test_backends_give_the_kernels_result_on_empty_inputs(name, case):
+    from flashcheck.backends import get_backend
+
+    q, k, v = (t.float() for t in _empty_qkv(*EMPTY[case]))
+    out = get_backend(name).run(q, k, v, device="cpu")
+    assert out.dtype == torch.float32
+    assert torch.equal(out.double(), reference_attention(q, k, v))
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_zero_and_negative_scales_are_defined(kernel):
+    """scale 0: every key weighs the same, so the mean of V over the keys a row sees (an oracle that
+    needs no softmax); a negative scale: the same as negating q (softmax(-s q k^T) = softmax(s (-q) k^T))."""
+    q, k, v = qkv(2, 2, 7, 9, 4)
+    zero = KERNELS[kernel](q, k, v, scale=0.0)
+    assert (zero - v.mean(dim=-2, keepdim=True).expand_as(zero)).abs().max() < 1e-14
+    causal = KERNELS[kernel](q, k, v, scale=0.0, causal=True)
+    row = 4  # bottom-right causal: query 4 of 7 sees keys 0..6 of 9
+    assert (causal[..., row, :] - v[..., :7, :].mean(dim=-2)).abs().max() < 1e-14
+    neg = KERNELS[kernel](q, k, v, scale=-0.7)
+    assert (neg - reference_attention(-q, k, v, scale=0.7)).abs().max() < 1e-13
+
+
+def test_sdpa_agrees_on_zero_and_negative_scales():
+    from flashcheck.backends import get_backend
+
+    q, k, v = qkv(1, 2, 6, 6, 8)
+    for s in (0.0, -0.5):
+        out = get_backend("sdpa-math").run(q, k, v, device="cpu", scale=s)
+        assert (out - reference_attention(q, k, v, scale=s)).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_grouped_query_attention_forward_and_gradients(kernel):
+    """K/V with 2 heads serve 6 query heads (3 per group): compared with torch SDPA's enable_gqa, an
+    independent implementation, forward and gradients in fp64."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 9, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 9, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    do = torch.randn(2, 6, 7, 5, generator=g, dtype=torch.float64)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+    out = KERNELS[kernel](q, k, v)
+    assert (out - ref).abs().max() < 1e-13
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), do), ref_grads, strict=True):
+        assert (got - want).abs().max() < 1e-12

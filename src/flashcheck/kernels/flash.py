@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.masks import check_mask, check_qkv, first_row_needing, tile_bias
+from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 from flashcheck.numerics import Policy, parse_policy
 
 ALGORITHMS = ("fa1", "fa2")
@@ -238,13 +239,13 @@ def flash_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Tiled online-softmax attention under `policy`, differentiable through the FA2 backward.
 
-    q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] -> out [B, H, Lq, Dv] in the policy's working
-    dtype (and with `return_lse` the log-sum-exp [B, H, Lq], natural log unless exp2). Causal masks
-    are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked rows give 0. Memory
+    q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
+    the policy's working dtype (and with `return_lse` the log-sum-exp [B, H, Lq], natural log unless
+    exp2). Causal masks are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked
+    rows, and every row when Lk = 0, give 0 (kernels.validation has the input rule). Memory
     O(Lq * block_k). See FlashConfig for the options."""
     pol = parse_policy(policy)
-    check_qkv(q, k, v)
-    check_mask(mask, q.shape[-2], k.shape[-2])
+    scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
     cfg = FlashConfig(
         policy=pol,
@@ -260,6 +261,10 @@ def flash_attention(
         hadamard_seed=hadamard_seed,
         tie_beta=tie_beta,
     )
+    if is_empty(q, k, v):
+        out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
+        return (out, lse) if return_lse else out
+    k, v = expand_kv_heads(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out, lse = _FlashFunction.apply(q, k, v, cfg)
     if return_lse:

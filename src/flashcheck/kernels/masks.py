@@ -5,21 +5,6 @@ from __future__ import annotations
 import torch
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Validate [B, H, Lq, D], [B, H, Lk, D], [B, H, Lk, Dv]."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-
-
-def check_mask(mask: torch.Tensor | None, lq: int, lk: int) -> None:
-    if mask is None:
-        return
-    if mask.dim() < 2 or mask.shape[-2] not in (1, lq) or mask.shape[-1] not in (1, lk):
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to [..., {lq}, {lk}]")
-
-
 def causal_offset(lq: int, lk: int) -> int:
     """Query i sees key j iff j <= i + offset (bottom-right alignment, as flash-attn does)."""
     return lk - lq

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from flashcheck.kernels.validation import check_scale
 from flashcheck.numerics import Format, Policy, round_to
 
 
@@ -28,9 +29,6 @@ def safe_max(m: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
-    if scale is None:
-        return head_dim**-0.5
-    scale = float(scale)
-    if not scale > 0:
-        raise ValueError(f"scale={scale} must be a positive number")
-    return scale
+    """The softmax scale: 1/sqrt(head_dim) for None, else `scale` (a finite real, see kernels.validation)."""
+    checked = check_scale(scale)
+    return head_dim**-0.5 if checked is None else checked

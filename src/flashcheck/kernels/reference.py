@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.kernels.masks import check_mask, check_qkv, tile_bias
+from flashcheck.kernels.masks import tile_bias
+from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 
 def reference_attention(
@@ -20,15 +21,19 @@ def reference_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale * q k^T + mask) v in float64.
 
-    q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] -> out [B, H, Lq, Dv] float64 (and, with
-    `return_lse`, the log-sum-exp [B, H, Lq]). `mask`: bool (True = keep) or additive, broadcastable
-    to [B, H, Lq, Lk]. Fully masked rows give 0 and lse -inf. Differentiable."""
-    check_qkv(q, k, v)
+    q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv]
+    float64 (and, with `return_lse`, the log-sum-exp [B, H, Lq]). `mask`: bool (True = keep) or
+    additive, broadcastable to [B, H, Lq, Lk]. Fully masked rows, and every row when Lk = 0, give 0
+    and lse -inf (kernels.validation has the input rule). Differentiable."""
+    scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk={chunk!r} must be a positive integer")
+    if is_empty(q, k, v):
+        out, lse = empty_attention(q, k, v, dtype=torch.float64)
+        return (out, lse) if return_lse else out
+    k, v = expand_kv_heads(q, k, v)
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    check_mask(mask, lq, lk)
-    if chunk < 1:
-        raise ValueError(f"chunk={chunk} must be a positive integer")
-    s = d**-0.5 if scale is None else float(scale)
+    s = d**-0.5 if scale is None else scale
     rows = _chunk_rows(chunk, q.shape[0] * q.shape[1] * lk)
     inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     outs, lses = [], []

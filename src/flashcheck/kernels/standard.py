@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.masks import check_mask, check_qkv, tile_bias
+from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 from flashcheck.numerics import Policy, parse_policy
 
 
@@ -23,16 +24,18 @@ def standard_attention(
 ) -> torch.Tensor:
     """Baseline attention under `policy`; differentiable (autograd rounds gradients at the same casts).
 
-    q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] -> out [B, H, Lq, Dv] in the policy's working
-    dtype, its values in policy.output. Causal masks are bottom-right aligned; `mask` is bool
-    (True = keep) or additive, broadcastable to [B, H, Lq, Lk]. Memory O(Lq * Lk)."""
+    q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
+    the policy's working dtype, its values in policy.output. Causal masks are bottom-right aligned;
+    `mask` is bool (True = keep) or additive, broadcastable to [B, H, Lq, Lk]; Lk = 0 gives zeros
+    (kernels.validation has the input rule). Memory O(Lq * Lk)."""
     pol = parse_policy(policy)
-    check_qkv(q, k, v)
-    lq, lk = q.shape[-2], k.shape[-2]
-    check_mask(mask, lq, lk)
-    s = resolve_scale(scale, q.shape[-1])
+    s = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     if pol.fp8_scaling == "block":
         raise ValueError("fp8_scaling='block' needs tiles; the standard kernel supports 'tensor' only")
+    if is_empty(q, k, v):
+        return empty_attention(q, k, v, dtype=pol.work_dtype)[0]
+    k, v = expand_kv_heads(q, k, v)
+    lq, lk = q.shape[-2], k.shape[-2]
     with torch.autocast(device_type=q.device.type, enabled=False):
         qr, kr, vr, _ = round_inputs(q, k, v, pol, hadamard_seed=hadamard_seed)
         scores = rnd(mm(qr, kr.transpose(-1, -2), pol) * s, pol, "score")
