@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.backends import get_backend
-from flashcheck.backends.eager import eager_attention
+from flashcheck.backends.base import DEVICES
 from flashcheck.backends.profiling import attention_ops, proves
 from flashcheck.backends.simulators import SimBackend
 from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
@@ -59,21 +59,23 @@ def _backend(case: BackendCase):
 
 
 def _inputs_for(backend, fmt, tensors):
-    """Real backends take the tensors in the format's dtype on their device; simulators take float64."""
+    """Real backends take the tensors in the format's dtype (their adapter moves them to the device);
+    simulators take float64."""
     if isinstance(backend, SimBackend):
         return tuple(t.clone() for t in tensors)
     dtype = info(fmt).dtype
-    return tuple(t.to(backend.device(), dtype) for t in tensors)
+    return tuple(t.to(dtype) for t in tensors)
 
 
-def _baseline(case: BackendCase, fmt, q, k, v, grad: bool):
-    """The same-precision baseline: eager PyTorch in the dtype, or sim-standard under a policy."""
+def _baseline(case: BackendCase, fmt, device: str):
+    """The same-precision baseline: eager PyTorch in the dtype on the candidate's device (as the peers
+    compute it), or sim-standard under a policy (on the CPU)."""
     if case.baseline_numerics or fmt in FP8_FORMATS:
         pol = case.baseline_numerics or "baseline-fp8"
         return f"sim-standard[{pol}]", lambda a, b, c: standard_attention(a, b, c, policy=pol, causal=case.causal)
-    dtype = info(fmt).dtype
-    return f"eager[{fmt.value}]", lambda a, b, c: eager_attention(
-        a.to(dtype), b.to(dtype), c.to(dtype), causal=case.causal
+    dtype, eager = info(fmt).dtype, get_backend("eager")
+    return f"eager[{fmt.value}]", lambda a, b, c: eager.run(
+        a.to(dtype), b.to(dtype), c.to(dtype), device=device, causal=case.causal
     )
 
 
@@ -88,17 +90,29 @@ def _run(fn, tensors, do=None):
     return out.detach().double().cpu(), tuple(t.grad.detach().double().cpu() for t in leaves)
 
 
-def run_backend_case(case: BackendCase) -> dict:
-    """The comparison as a JSON-able object (status skipped with a reason where the backend cannot run)."""
+def _skip_reason(backend, case: BackendCase, dtype, device: str) -> str | None:
+    avail = backend.available(dtype, device)
+    if not avail.ok:
+        return avail.reason
+    return backend.backward_reason(device) if case.backward else None
+
+
+def run_backend_case(case: BackendCase, *, device: str) -> dict:
+    """The comparison as a JSON-able object (status skipped with a reason where the backend cannot run).
+
+    `device` ("cpu" or "cuda") is where a real backend runs: its adapter moves the inputs there and the
+    outputs and gradients come back to the CPU for the metrics; the baseline runs there too. Simulators
+    run on the CPU. The config records the device used."""
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
     fmt = parse_format(case.numerics)
     backend = _backend(case)
-    head = {"config": {**dataclasses.asdict(case), "label": getattr(backend, "label", lambda: backend.name)()}}
+    dev = "cpu" if isinstance(backend, SimBackend) else device
+    label = getattr(backend, "label", lambda: backend.name)()
+    head = {"config": {**dataclasses.asdict(case), "label": label, "device": dev}}
     dtype = info(fmt).dtype if not isinstance(backend, SimBackend) else None
-    avail = backend.available(dtype)
-    if not avail.ok:
-        return {**head, "status": "skipped", "reason": avail.reason}
-    if case.backward and backend.backward_reason():
-        return {**head, "status": "skipped", "reason": backend.backward_reason()}
+    if reason := _skip_reason(backend, case, dtype, dev):
+        return {**head, "status": "skipped", "reason": reason}
     spec = InputSpec(
         batch=case.batch,
         heads=case.heads,
@@ -109,15 +123,17 @@ def run_backend_case(case: BackendCase) -> dict:
     )
     q, k, v = make_qkv(spec)
     do = make_grad(q.shape, case.seed) if case.backward else None
-    fn = lambda a, b, c: backend.forward(a, b, c, causal=case.causal)  # noqa: E731
+    fn = lambda a, b, c: backend.run(a, b, c, device=dev, causal=case.causal)  # noqa: E731
     cand, cand_g = _run(fn, _inputs_for(backend, fmt, (q, k, v)), do)
     ref, ref_g = _run(lambda a, b, c: reference_attention(a, b, c, causal=case.causal), (q, k, v), do)
-    base_name, base_fn = _baseline(case, fmt, q, k, v, case.backward)
+    base_name, base_fn = _baseline(case, fmt, dev)
     base, base_g = _run(base_fn, (q, k, v), do)
     rounded = tuple(round_to(t, fmt) for t in (q, k, v)) if fmt not in FP8_FORMATS else (q, k, v)
     ref_r = reference_attention(*rounded, causal=case.causal)
     c_err, b_err = error_summary(cand, ref), error_summary(base, ref)
-    ops = attention_ops(lambda: fn(*_inputs_for(backend, fmt, (q, k, v))), backend.ops)
+    proof = backend.proof_on(dev)
+    ops = attention_ops(lambda: fn(*_inputs_for(backend, fmt, (q, k, v))), proof, device=dev)
+    budget_dtype = dtype or info(fmt).dtype
     out = {
         **head,
         "status": "ok",
@@ -127,27 +143,34 @@ def run_backend_case(case: BackendCase) -> dict:
         "ratio": ratio(c_err, b_err),
         "vs_rounded_inputs": {"candidate": error_summary(cand, ref_r)},
         "kernel_ops": ops,
-        "kernel_verified": proves(ops, backend.ops),
-        "budget": check_budget(cand, ref, base, k=K_FORWARD, dtype=dtype or info(fmt).dtype).to_dict(),
+        "kernel_verified": proves(ops, proof),
+        "budget": check_budget(cand, ref, base, k=K_FORWARD, dtype=budget_dtype).to_dict(),
     }
     if case.backward:
-        out["grad"] = {}
-        for name, cg, bg, rg in zip(("dq", "dk", "dv"), cand_g, base_g, ref_g, strict=True):
-            ce, be = error_summary(cg, rg), error_summary(bg, rg)
-            out["grad"][name] = {
-                "candidate": ce,
-                "baseline": be,
-                "ratio": ratio(ce, be),
-                "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype or info(fmt).dtype).to_dict(),
-            }
+        out["grad"] = _grad_summary(cand_g, base_g, ref_g, budget_dtype)
     if case.determinism:
-        out["determinism"] = determinism(backend, fmt, (q, k, v), case, do)
+        out["determinism"] = determinism(backend, fmt, (q, k, v), case, do, device=dev)
     return out
 
 
-def determinism(backend, fmt, tensors, case: BackendCase, do=None) -> dict:
-    """Repeated runs bit-identical (forward, and backward with do); one batch row alone == inside a batch."""
-    fn = lambda a, b, c: backend.forward(a, b, c, causal=case.causal)  # noqa: E731
+def _grad_summary(cand_g, base_g, ref_g, dtype) -> dict:
+    """dq, dk, dv of candidate and baseline against the FP64 reference, each with the peers' budget."""
+    grads = {}
+    for name, cg, bg, rg in zip(("dq", "dk", "dv"), cand_g, base_g, ref_g, strict=True):
+        ce, be = error_summary(cg, rg), error_summary(bg, rg)
+        grads[name] = {
+            "candidate": ce,
+            "baseline": be,
+            "ratio": ratio(ce, be),
+            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype).to_dict(),
+        }
+    return grads
+
+
+def determinism(backend, fmt, tensors, case: BackendCase, do=None, *, device: str) -> dict:
+    """Repeated runs on `device` bit-identical (forward, and backward with do); one batch row alone ==
+    inside a batch."""
+    fn = lambda a, b, c: backend.run(a, b, c, device=device, causal=case.causal)  # noqa: E731
     first, first_g = _run(fn, _inputs_for(backend, fmt, tensors), do)
     fwd_same = bwd_same = True
     for _ in range(case.determinism - 1):

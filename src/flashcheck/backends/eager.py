@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.backends.base import Backend
+from flashcheck.backends.profiling import CUDA_SOFTMAX
 from flashcheck.kernels.masks import tile_bias
 
 
@@ -31,7 +32,7 @@ def eager_backends() -> list[Backend]:
         EagerBackend(
             "eager",
             "plain PyTorch ops in the input dtype (the peers' same-precision baseline)",
-            ops=("aten::softmax", "aten::_softmax"),
+            proof={"cpu": (r"^aten::_?softmax$",), "cuda": (r"^aten::_?softmax$", CUDA_SOFTMAX)},
             dtypes=(torch.float64, torch.float32, torch.bfloat16, torch.float16),
         )
     ]

@@ -1,30 +1,46 @@
-"""Proof of which kernel ran: the attention op names torch.profiler saw during a call."""
+"""Proof of which kernel ran, and where: the attention op names torch.profiler saw during a call.
+
+A proof is a tuple of regular expressions that must each match one op name: exact "^aten::...$" names
+for dispatcher ops (the CPU flash op `aten::_scaled_dot_product_flash_attention_for_cpu` must not prove
+the CUDA op `aten::_scaled_dot_product_flash_attention`), and CUDA kernel names (`pytorch_flash::flash_fwd`,
+`fmha_cutlassF`, `triton_tem_fused_flex_attention`) that only a run on the GPU records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 
 import torch
 
 ATTENTION_WORDS = ("attention", "attn", "fmha", "flash", "sdpa", "flex")
+# A softmax CUDA kernel (`softmax_warp_forward`, `cunn_SoftMaxForward`): not a dispatcher op, so only a
+# run on the GPU records one. Proves that decomposed attention (SDPA MATH, eager) ran on CUDA.
+CUDA_SOFTMAX = r"^(?!aten::).*(?i:softmax)"
 
 
-def attention_ops(fn: Callable[[], object], expected: tuple[str, ...] = ()) -> list[str]:
-    """Run fn under the profiler; return the op names that look like attention kernels or contain one
-    of the `expected` fragments (sorted)."""
+def attention_ops(fn: Callable[[], object], expected: tuple[str, ...] = (), device: str | None = None) -> list[str]:
+    """Run fn under the profiler (CUDA kernels recorded when `device` is cuda; None: wherever a GPU is
+    visible); return the op names that look like attention kernels or match an `expected` pattern (sorted)."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         fn()
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
-    names = {evt.key for evt in prof.key_averages()}
-    return sorted(n for n in names if any(w in n.lower() for w in ATTENTION_WORDS) or any(e in n for e in expected))
+    return select_ops({evt.key for evt in prof.key_averages()}, expected)
+
+
+def select_ops(names: Iterable[str], expected: tuple[str, ...] = ()) -> list[str]:
+    """The op names that look like attention kernels or match an `expected` pattern (sorted, unique)."""
+    pats = [re.compile(e) for e in expected]
+    return sorted({n for n in names if any(w in n.lower() for w in ATTENTION_WORDS) or any(p.search(n) for p in pats)})
 
 
 def proves(ops: list[str], expected: tuple[str, ...]) -> bool | None:
-    """True when one of the expected op-name fragments is among the ops seen (None: nothing to prove)."""
+    """True when every expected pattern (a regular expression) matches one of the ops seen (None: nothing
+    to prove)."""
     if not expected:
         return None
-    return any(e in op for e in expected for op in ops)
+    return all(any(re.search(e, op) for op in ops) for e in expected)

@@ -13,8 +13,9 @@ from flashcheck.kernels.presets import resolve
 
 @dataclass
 class SimBackend(Backend):
-    """A simulator: inputs arrive in float64 and the policy rounds them. `policy` (a name) or `preset`
-    (a kernel preset, at format `fmt`) choose the numerics; block sizes apply without a preset."""
+    """A simulator, run on the CPU (it models a kernel's numerics, not its speed): inputs arrive in float64
+    and the policy rounds them. `policy` (a name) or `preset` (a kernel preset, at format `fmt`) choose the
+    numerics; block sizes apply without a preset."""
 
     kernel: str = "flash"
     policy: str = "bf16-mixed"
@@ -79,14 +80,16 @@ def simulator_backends() -> list[Backend]:
         SimBackend(
             "sim-standard",
             "flashcheck standard attention under a policy",
-            ops=("aten::exp",),
+            proof={"cpu": (r"^aten::exp$",)},
             dtypes=sims,
+            devices=("cpu",),
             kernel="standard",
         ),
         SimBackend(
             "sim-flash",
             "flashcheck tiled flash attention under a policy or kernel preset",
-            ops=("_FlashFunction",),
+            proof={"cpu": (r"_FlashFunction",)},
             dtypes=sims,
+            devices=("cpu",),
         ),
     ]

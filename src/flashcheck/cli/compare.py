@@ -50,10 +50,16 @@ def compare(
     ),
     runs: int = typer.Option(5, callback=_positive("--runs"), help="Repeated runs for --determinism."),
     seed: int = typer.Option(0, help="Seed of the inputs."),
+    device: str = typer.Option(
+        None,
+        help="Where real backends run: cpu or cuda (default: cuda where available, else cpu). Simulators "
+        "run on the CPU.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
     try:
+        dev = _device(device, backend, preset)
         lengths = _int_list(seq_len, "--seq-len")
         if backend is None and preset is not None:
             backend = "sim-flash"
@@ -108,7 +114,7 @@ def compare(
                 for fmt in (numerics or "bf16").split(",")
                 for n in lengths
             ]
-            results = [run_backend_case(c) for c in cases]
+            results = [run_backend_case(c, device=dev) for c in cases]
     except ValueError as exc:
         _fail_usage(str(exc))
     if backend is None:
@@ -123,6 +129,21 @@ def compare(
         _print_backends(results)
     if any(not _passed(r) for r in results):
         raise typer.Exit(1)
+
+
+def _device(device: str | None, backend: str | None, preset: str | None) -> str:
+    """The checked --device; cuda asked for without one, or for the simulators alone, is bad usage."""
+    from flashcheck.backends.base import DEVICES, cuda_unavailable_reason, default_device
+
+    if device is None:
+        return default_device()
+    if device not in DEVICES:
+        raise ValueError(f"--device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
+    if device == "cuda" and (why := cuda_unavailable_reason()):
+        raise ValueError(f"--device cuda: there is no CUDA device here ({why}); use --device cpu")
+    if device == "cuda" and backend is None and preset is None:
+        raise ValueError("--device cuda applies to real backends (--backend); the simulators run on the CPU")
+    return device
 
 
 def _passed(result: dict) -> bool:
@@ -140,6 +161,7 @@ def _print_backends(results: list[dict]) -> None:
     table = Table(title="errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
     for col in (
         "backend",
+        "device",
         "fmt",
         "L",
         "rel_l2",
@@ -155,7 +177,7 @@ def _print_backends(results: list[dict]) -> None:
     for r in results:
         c = r["config"]
         if r["status"] != "ok":
-            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']}: skipped, {r['reason']}")
+            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: skipped, {r['reason']}")
             continue
         ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
         ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
@@ -166,6 +188,7 @@ def _print_backends(results: list[dict]) -> None:
             grads += f" batch:{'ok' if det['batch_invariant'] else 'NO'}"
         table.add_row(
             escape(c["label"]),
+            c.get("device", "cpu"),
             c["numerics"],
             str(c["seq_len"]),
             f"{r['candidate']['rel_l2']:.3e}",
@@ -182,7 +205,6 @@ def _print_backends(results: list[dict]) -> None:
 
 
 def _print_compare(result) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 

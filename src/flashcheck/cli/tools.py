@@ -20,23 +20,34 @@ from flashcheck.cli.app import (
 
 
 @app.command()
-def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def backends(
+    device: str = typer.Option(
+        None,
+        help="Say whether each can run on this device: cpu or cuda (default: each one's own, cuda where available).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """List the attention backends, whether each can run here, and why not."""
     from flashcheck.backends import all_backends
+    from flashcheck.backends.base import DEVICES
 
+    if device is not None and device not in DEVICES:
+        _fail_usage(f"--device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
     rows = []
     for b in all_backends():
-        a = b.available()
+        dev = device or b.default_device()
+        a = b.available(device=dev)
         rows.append(
             {
                 "name": b.name,
                 "available": a.ok,
                 "reason": a.reason,
                 "description": b.description,
-                "dtypes": [str(d).replace("torch.", "") for d in b.dtypes],
-                "device": str(b.device()),
-                "backward": b.backward_reason() is None,
-                "proof_ops": list(b.ops),
+                "dtypes": [str(d).replace("torch.", "") for d in b.dtypes_on(dev)],
+                "device": dev,
+                "devices": list(b.devices),
+                "backward": b.backward_reason(dev) is None,
+                "proof_ops": {d: list(p) for d, p in b.proof.items()},
             }
         )
     if as_json:
@@ -46,11 +57,12 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) 
     from rich.table import Table
 
     table = Table(title="attention backends")
-    for col in ("name", "here", "why not / what", "dtypes"):
+    for col in ("name", "device", "here", "why not / what", "dtypes"):
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["name"],
+            r["device"],
             "[green]yes[/]" if r["available"] else "[red]no[/]",
             escape(r["reason"] or r["description"]),
             ", ".join(r["dtypes"]),
