@@ -144,8 +144,9 @@ def _measure(case: Case, refs: References) -> Record:
 
         b = m.backend()
         fn = m.runner(causal=case.causal)
-        ops = attention_ops(lambda: fn(*m.prepare(*qkv)), b.ops)
-        fields.update(kernel_ops=tuple(ops), kernel_verified=proves(ops, b.ops))
+        dev, proof = b.default_device(), b.proof_on(b.default_device())  # prepare() puts inputs on b.device()
+        ops = attention_ops(lambda: fn(*m.prepare(*qkv)), proof, device=dev)
+        fields.update(kernel_ops=tuple(ops), kernel_verified=proves(ops, proof))
     if case.determinism:
         from flashcheck.measure.determinism import determinism
 
