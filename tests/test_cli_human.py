@@ -7,8 +7,13 @@ highlighting inside numbers, and headings and verdicts on one line each."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,11 +37,12 @@ seeds = [0]
 """
 
 
-def human(args: list[str], env: dict | None = None):
-    """Run a command without --json; it must exit 0 without a traceback or an ANSI escape."""
+def human(args: list[str], env: dict | None = None, codes: tuple[int, ...] = (0,)):
+    """Run a command without --json; it must exit with one of `codes` (0) without a traceback or an ANSI
+    escape."""
     res = runner.invoke(app, args, env=env)
-    assert res.exit_code == 0, f"{args}: exit {res.exit_code}\n{res.output}\n{res.exception!r}"
-    assert "Traceback" not in res.output and res.exception is None, res.output
+    assert res.exit_code in codes, f"{args}: exit {res.exit_code}\n{res.output}\n{res.exception!r}"
+    assert "Traceback" not in res.output and not isinstance(res.exception, Exception), res.output
     if env is None:
         assert ESC not in res.output, repr(res.output)
     return res
@@ -47,6 +53,13 @@ def one_line(output: str, *parts: str) -> str:
     lines = [ln for ln in output.splitlines() if all(p in ln for p in parts)]
     assert len(lines) == 1, f"{parts} not together on one line:\n{output}"
     return lines[0]
+
+
+def progress_lines(stderr: str, last: str, note: str) -> None:
+    """stderr holds only progress lines `label k/n, S s, note`; the last one is `last, S s, note`."""
+    lines = stderr.splitlines()
+    assert lines and all(re.fullmatch(r"[\w-]+ \d+/\d+, \d+ s(, .+)?", ln) for ln in lines), stderr
+    assert re.fullmatch(rf"{re.escape(last)}, \d+ s, {re.escape(note)}", lines[-1]), stderr
 
 
 # ---- progress ---------------------------------------------------------------------------------------
@@ -135,11 +148,154 @@ def test_atomic_target_replaces_on_success_and_cleans_up_on_failure(tmp_path, um
     assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
 
 
-def test_every_file_explain_and_study_write_is_0644(tmp_path, umask022):
-    human(["explain", *SMALL, "--out", str(tmp_path / "e")])
-    (tmp_path / "sweep.toml").write_text(SWEEP)
-    human(["study", "--config", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "s"), "--workers", "1"])
-    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "sweep.toml"]
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory):
+    """A 4-case custom study run without --json under umask 022: (its folder, the command's result)."""
+    folder = tmp_path_factory.mktemp("study")
+    (folder / "sweep.toml").write_text(SWEEP)
+    old = os.umask(0o022)
+    try:
+        res = human(["study", "--config", str(folder / "sweep.toml"), "--out", str(folder / "s"), "--workers", "1"])
+    finally:
+        os.umask(old)
+    return folder / "s", res
+
+
+def test_every_file_explain_and_study_write_is_0644(tmp_path, umask022, small_study):
+    human(["explain", *SMALL, "--out", str(tmp_path)])
+    files = [p for folder in (tmp_path, small_study[0]) for p in folder.rglob("*") if p.is_file()]
     names = {p.name for p in files}
     assert {"summary.json", "report.html", "report.md", "study.json", "records.jsonl", "explain.png"} <= names
-    assert {p.relative_to(tmp_path).as_posix(): oct(_mode(p)) for p in files if _mode(p) != 0o644} == {}
+    assert {str(p): oct(_mode(p)) for p in files if _mode(p) != 0o644} == {}
+
+
+# ---- every command, without --json ------------------------------------------------------------------
+
+
+def _row(output: str, *cells: str) -> str:
+    """The table row whose first cells are `cells` (rich's box characters between them)."""
+    pattern = r"^[│|]\s*" + r"\s*[│|]\s*".join(re.escape(c) for c in cells) + r"\s*[│|]"
+    match = re.search(pattern, output, flags=re.M)
+    assert match, f"no table row {cells}:\n{output}"
+    return output[match.start() : output.index("\n", match.start())]
+
+
+def test_backends_human():
+    res = human(["backends"])
+    assert "yes" in _row(res.output, "sdpa-math") and "yes" in _row(res.output, "sim-flash")
+    assert "torch SDPA MATH in true low precision" in _row(res.output, "sdpa-math-lowp")
+
+
+def test_doctor_human():
+    res = human(["doctor", "--seq-len", "64"])
+    one_line(res.output, "SDPA picks for [1, 8, 64, 64] bfloat16 on cpu:", "scaled_dot_product")
+    assert re.search(r"^  sdpa-math\s+yes$", res.output, flags=re.M), res.output
+    one_line(res.output, "flash-attn:")
+
+
+def test_explain_human_heading_one_line_and_progress(tmp_path):
+    res = human(["explain", *SMALL, "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "summary.json").read_text())
+    heading = one_line(res.output, "rel_l2 vs FP64 of bf16-mixed: full", "dominant stage:")
+    assert heading.endswith(f"dominant stage: {data['dominant_stage']}")
+    assert f"{data['alone']['output']:.3e}" in _row(res.output, "output", "bf16")
+    progress_lines(res.stderr, "explain 13/13", "bf16-mixed")
+
+
+def test_compare_human_heading_one_line():
+    res = human(["compare", *SMALL])
+    one_line(res.output, "flash [bf16-mixed] vs standard [bf16-mixed]", "L=64", "seed=0")
+    for metric in ("max_abs", "mean_abs", "rmse", "rel_l2"):
+        assert re.search(r"\d\.\d{3}e-\d\d", _row(res.output, metric))
+    assert res.stderr == ""  # one case: no progress
+
+
+def test_compare_backends_human_with_progress():
+    args = ["compare", "--backend", "sdpa-math,sim-flash", "--seq-len", "32,64", "--heads", "1"]
+    res = human(args, codes=(0, 1))  # 1: a budget failed, and the table must say which
+    one_line(res.output, "errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule")
+    rows = [
+        _row(res.output, b, "cpu", "bf16", n)
+        for b in ("sdpa-math", "sim-flash[bf16-mixed, 128x128 fa2]")
+        for n in ("32", "64")
+    ]
+    assert all(re.search(r"│ (pass|FAIL)\s+│", row) for row in rows), res.output
+    assert res.exit_code == int(any("FAIL" in row for row in rows)), res.output
+    progress_lines(res.stderr, "compare 4/4", "sim-flash bf16 L=64")
+    quiet = runner.invoke(app, [*args, "--json"])  # off a terminal, --json prints JSON only
+    assert quiet.exit_code == res.exit_code and quiet.stderr == "" and len(json.loads(quiet.output)["backends"]) == 4
+
+
+def test_study_and_report_human(small_study):
+    out, res = small_study
+    one_line(res.output, "4 cases computed, 0 reused from the store")
+    rebuilt = human(["report", str(out)])
+    findings = json.loads((out / "summary.json").read_text())["findings"]
+    assert any(f["holds"] is not None for f in findings)
+    for f in findings:
+        verdict = {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
+        for output in (res.output, rebuilt.output):
+            one_line(output, f"{f['id']}: {verdict} — {f['measured']}")
+
+
+def _checkpoints(folder: Path, seed: int) -> None:
+    folder.mkdir()
+    gen = torch.Generator().manual_seed(seed)
+    for step in (10, 20):
+        state = {"wte.weight": torch.randn(32, 16, generator=gen), "ln.bias": torch.randn(16, generator=gen)}
+        torch.save(state, folder / f"step_{step:08d}.pt")
+
+
+def test_drift_human(tmp_path):
+    _checkpoints(tmp_path / "a", 0)
+    _checkpoints(tmp_path / "b", 1)
+    res = human(["drift", str(tmp_path / "a"), str(tmp_path / "b")])
+    one_line(res.output, "weight deviation A vs B")
+    for step in ("10", "20"):
+        assert re.search(r"\d\.\d{3}e[-+]\d\d", _row(res.output, step)), res.output
+
+
+@pytest.mark.slow
+def test_train_study_human(tmp_path):
+    out = tmp_path / "t"
+    res = human(["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
+    findings = json.loads((out / "summary.json").read_text())["findings"]
+    assert findings
+    for f in findings:
+        one_line(res.output, f"{f['id']}: {'holds' if f['holds'] else 'does not hold'} — {f['measured']}")
+    one_line(res.output, f"report: {out}/report.html")
+
+
+# ---- off a terminal: no escapes, no highlighting inside numbers --------------------------------------
+
+
+def test_forced_colour_never_styles_a_number(tmp_path):
+    """With colour forced (FORCE_COLOR), styles appear (bold headers) but never around a number: rich's
+    highlighter is off, so `21.52x` cannot come out as a coloured `21.` and a plain `52x`."""
+    env = {"FORCE_COLOR": "1", "TERM": "xterm-256color"}
+    outputs = [
+        human(["compare", *SMALL], env=env).output,
+        human(["explain", *SMALL, "--out", str(tmp_path)], env=env).output,
+        human(["backends"], env=env).output,
+    ]
+    assert all(ESC in out for out in outputs)  # colour really was on
+    for out in outputs:
+        assert not re.search(r"\x1b\[[0-9;]*m[-+.]?\d", out), repr(out)
+        assert not re.search(r"[\d.]\x1b\[", out), repr(out)
+
+
+def test_installed_script_output_is_plain_and_stderr_quiet(tmp_path):
+    exe = shutil.which("flashcheck", path=str(Path(sys.executable).parent)) or "flashcheck"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KINETO_LOG_LEVEL")}
+    res = subprocess.run(
+        [exe, "compare", "--backend", "sdpa-math,sdpa-flash", "--seq-len", "32", "--heads", "1"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert res.returncode in (0, 1), res.stdout + res.stderr  # 1: a budget failed (the table says FAIL)
+    assert res.returncode == int("FAIL" in res.stdout), res.stdout
+    assert "Traceback" not in res.stderr and ESC not in res.stdout + res.stderr
+    assert "USDT" not in res.stderr and "profiler_st" not in res.stderr, res.stderr  # kineto's lines
+    progress_lines(res.stderr, "compare 2/2", "sdpa-flash bf16 L=32")
+    assert "flash_attention" in _row(res.stdout, "sdpa-flash", "cpu")
+    wide = max(len(line) for line in res.stdout.splitlines())
+    assert 100 < wide <= 160  # 160 columns off a terminal, not 80

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flashcheck.inputs import InputSpec, make_qkv
 from flashcheck.kernels import reference_attention, simulate
 from flashcheck.metrics import error_summary
 from flashcheck.numerics import STAGES, Format, Policy
+
+STEPS = 2 * len(STAGES) + 1  # kernel runs of one attribution: the policy, each stage alone, each raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,22 +56,25 @@ def attribute(
     causal: bool = False,
     exp2: bool = False,
     metric: str = "rel_l2",
+    on_step: Callable[..., None] | None = None,  # called as on_step(note=...) after each of the STEPS runs
 ) -> Attribution:
     """Run the kernel under the policy and its 2 x 6 one-stage variants on inputs from spec."""
     q, k, v = make_qkv(spec)
     ref = reference_attention(q, k, v, causal=causal)
 
-    def err(pol: Policy) -> float:
+    def err(pol: Policy, note: str) -> float:
         extra = {"exp2": exp2} if kernel == "flash" else {}
         out = simulate(
             kernel, q, k, v, policy=pol, causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm, **extra
         )
+        if on_step is not None:
+            on_step(note=note)
         return error_summary(out, ref)[metric]
 
     exact = Policy(name="fp64", fp8_scaling=policy.fp8_scaling, hadamard=policy.hadamard)
-    alone = {s: err(exact.replace(**{s: policy.stage(s)})) for s in STAGES}
-    raised = {s: err(policy.replace(**{s: Format.FP64})) for s in STAGES}
-    return Attribution(policy, metric, err(policy), alone, raised)
+    alone = {s: err(exact.replace(**{s: policy.stage(s)}), f"{s} alone") for s in STAGES}
+    raised = {s: err(policy.replace(**{s: Format.FP64}), f"{s} raised") for s in STAGES}
+    return Attribution(policy, metric, err(policy, policy.name), alone, raised)
 
 
 def draw(attr: Attribution, path) -> None:

@@ -7,6 +7,7 @@ the CUDA op `aten::_scaled_dot_product_flash_attention`), and CUDA kernel names 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable
 
@@ -23,6 +24,9 @@ def attention_ops(fn: Callable[[], object], expected: tuple[str, ...] = (), devi
     visible); return the op names that look like attention kernels or match an `expected` pattern (sorted)."""
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto logs "USDT: ... profiler_start/stop" to stderr on every profile below level 6 (its USDT level
+    # is 5); it reads the level when the profiler first starts. A level the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:

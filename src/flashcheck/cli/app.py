@@ -63,9 +63,18 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def _console(stderr: bool = False):
-    """A rich console: no number highlighting; 160 columns when the output is not a terminal."""
+    """A rich console without number highlighting or emoji codes. Off a terminal: 160 columns for tables
+    and printed lines never wrapped (a verdict stays one line), no ANSI escapes."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 160
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    tty = stream.isatty()
+    return Console(file=stream, width=None if tty else 160, highlight=False, emoji=False, soft_wrap=not tty)
+
+
+def _progress(total: int, label: str, as_json: bool = False):
+    """Progress of a command's `total` steps on stderr (see flashcheck.progress): none for a single step,
+    and with --json only on a terminal, so that output captured with 2>&1 stays JSON."""
+    from flashcheck.progress import progress
+
+    return progress(total, label, quiet=total <= 1 or (as_json and not sys.stderr.isatty()))

@@ -15,6 +15,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _int_list,
     _positive,
+    _progress,
     app,
 )
 
@@ -89,7 +90,7 @@ def compare(
             )
             result = run_compare(cfg)
         else:
-            from flashcheck.backend_compare import BackendCase, run_backend_case
+            from flashcheck.backend_compare import BackendCase
 
             cases = [
                 BackendCase(
@@ -114,7 +115,7 @@ def compare(
                 for fmt in (numerics or "bf16").split(",")
                 for n in lengths
             ]
-            results = [run_backend_case(c, device=dev) for c in cases]
+            results = _run_all(cases, dev, as_json)
     except ValueError as exc:
         _fail_usage(str(exc))
     if backend is None:
@@ -146,6 +147,18 @@ def _device(device: str | None, backend: str | None, preset: str | None) -> str:
     return device
 
 
+def _run_all(cases: list, device: str, as_json: bool) -> list[dict]:
+    """Every backend case's result on `device`, with progress on stderr when there are several."""
+    from flashcheck.backend_compare import run_backend_case
+
+    results = []
+    with _progress(len(cases), "compare", as_json) as advance:
+        for c in cases:
+            results.append(run_backend_case(c, device=device))
+            advance(note=f"{c.backend} {c.numerics} L={c.seq_len}")
+    return results
+
+
 def _passed(result: dict) -> bool:
     if result.get("status") != "ok":
         return True
@@ -158,7 +171,8 @@ def _print_backends(results: list[dict]) -> None:
     from rich.table import Table
 
     console = _console()
-    table = Table(title="errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
+    console.print("errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
+    table = Table()
     for col in (
         "backend",
         "device",
@@ -215,7 +229,9 @@ def _print_compare(result) -> None:
         f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
         f"{cfg.distribution} seed={cfg.seed}"
     )
-    table = Table(title=escape(title), title_justify="left")
+    console = _console()
+    console.print(escape(title))
+    table = Table()
     for col in ("metric (vs FP64)", "candidate", "baseline", "ratio", "candidate vs FP64 of rounded inputs"):
         table.add_column(col, justify="right")
     for key, value in result.candidate.items():
@@ -226,4 +242,4 @@ def _print_compare(result) -> None:
             f"{result.ratio[key]:.3f}",
             f"{result.candidate_rounded[key]:.3e}",
         )
-    _console().print(table)
+    console.print(table)

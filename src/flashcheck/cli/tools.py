@@ -15,6 +15,7 @@ from flashcheck.cli.app import (
     _console,
     _fail_usage,
     _positive,
+    _progress,
     app,
 )
 
@@ -94,84 +95,69 @@ def explain(
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
     from pathlib import Path
 
-    from flashcheck.explain import attribute, draw
-    from flashcheck.fileio import write_atomic
+    from flashcheck.explain import STEPS, attribute, draw
+    from flashcheck.fileio import atomic_target, write_atomic
     from flashcheck.inputs import InputSpec
-    from flashcheck.numerics import parse_policy
 
     try:
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
-        exp2 = False
-        if preset:
-            from flashcheck.kernels.presets import resolve
-
-            kw = resolve(preset, numerics, seq_len, seq_len, head_dim, causal)
-            pol, block_q, block_k, alg, exp2 = (
-                kw["policy"],
-                kw["block_q"],
-                kw["block_k"],
-                kw["algorithm"],
-                kw["exp2"],
-            )
-        else:
-            pol, alg = parse_policy(numerics), algorithm.value
+        pol, kern = _explain_kernel(preset, numerics, algorithm, (block_q, block_k), (seq_len, head_dim, causal))
         spec = InputSpec(
-            batch=batch,
-            heads=heads,
-            seq_len=seq_len,
-            head_dim=head_dim,
-            distribution=distribution.value,
-            seed=seed,
+            batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, distribution=distribution.value, seed=seed
         )
-        attr = attribute(
-            pol,
-            spec,
-            kernel=kernel.value,
-            block_q=block_q,
-            block_k=block_k,
-            algorithm=alg,
-            causal=causal,
-            exp2=exp2,
-            metric=metric,
-        )
+        with _progress(STEPS, "explain", as_json) as advance:
+            attr = attribute(pol, spec, kernel=kernel.value, causal=causal, metric=metric, on_step=advance, **kern)
         folder = Path(out)
         (folder / "figures").mkdir(parents=True, exist_ok=True)
     except ValueError as exc:
         _fail_usage(str(exc))
     except OSError as exc:
         _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
-    data = {
-        **attr.to_dict(),
-        "config": {
-            "kernel": kernel.value,
-            "block_q": block_q,
-            "block_k": block_k,
-            "algorithm": alg,
-            "exp2": exp2,
-            "preset": preset,
-            **dataclasses.asdict(spec),
-        },
-    }
+    data = {**attr.to_dict(), "config": {"kernel": kernel.value, **kern, "preset": preset, **dataclasses.asdict(spec)}}
     write_atomic(folder / "summary.json", json.dumps(data, indent=2))
-    with contextlib.suppress(ImportError):  # matplotlib is optional: the table still prints
-        draw(attr, folder / "figures" / "explain.png")
+    with contextlib.suppress(ImportError), atomic_target(folder / "figures" / "explain.png") as png:
+        draw(attr, png)  # matplotlib is optional: the table still prints
     if as_json:
         typer.echo(json.dumps(data, indent=2))
-        return
+    else:
+        _print_explain(attr, metric)
+
+
+def _explain_kernel(
+    preset: str | None, numerics: str, algorithm: Algorithm, blocks: tuple[int, int], shape: tuple[int, int, bool]
+) -> tuple:
+    """(policy, {block_q, block_k, algorithm, exp2}): the kernel preset at format `numerics` for the shape
+    (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm."""
+    if not preset:
+        from flashcheck.numerics import parse_policy
+
+        kern = {"block_q": blocks[0], "block_k": blocks[1], "algorithm": algorithm.value, "exp2": False}
+        return parse_policy(numerics), kern
+    from flashcheck.kernels.presets import resolve
+
+    seq_len, head_dim, causal = shape
+    kw = resolve(preset, numerics, seq_len, seq_len, head_dim, causal)
+    return kw["policy"], {k: kw[k] for k in ("block_q", "block_k", "algorithm", "exp2")}
+
+
+def _print_explain(attr, metric: str) -> None:
     from rich.table import Table
 
-    table = Table(
-        title=f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
-        f"{100 * attr.output_share:.0f}%; dominant stage: {attr.dominant}"
-    )
-    for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):
-        table.add_column(col)
     from flashcheck.numerics import STAGES
 
+    pol = attr.policy
+    console = _console()
+    console.print(
+        f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
+        f"{100 * attr.output_share:.0f}%; dominant stage: {attr.dominant}"
+    )
+    table = Table()
+    for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):
+        table.add_column(col)
     for st in STAGES:
         table.add_row(st, pol.stage(st).value, f"{attr.alone[st]:.3e}", f"{attr.raised[st]:.3e}")
-    _console().print(table)
+    console.print(table)
 
 
 @app.command()

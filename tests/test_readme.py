@@ -1,0 +1,121 @@
+"""Every `flashcheck ...` command line in README.md runs: exit 0, no traceback, as a new user types it.
+
+Lines come from the README's bash blocks (backslash continuations joined, `&&` chains split, comments
+dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` where a study or training
+preset is implied, `--seq-len` values 64, 128, ... and `--heads 1`; the README's TOML sweep gets
+`seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made before it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+FLASHCHECK = shutil.which("flashcheck", path=str(Path(sys.executable).parent)) or shutil.which("flashcheck")
+STUDY_ARGS = ("--preset", "--config")
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def readme_commands() -> list[str]:
+    """Every `flashcheck ...` command of the README's bash blocks, in order, once each, without comments."""
+    commands = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                if words and words[0] == "flashcheck":
+                    commands.append(shlex.join(words))
+    return list(dict.fromkeys(commands))
+
+
+def small(words: list[str]) -> list[str]:
+    """The command at a test size: the same command and flags, smaller work."""
+    cmd, args = words[1], list(words[2:])
+    if cmd in ("study", "train-study") and not any(a in args for a in STUDY_ARGS):
+        args += ["--preset", "tiny"]
+    if cmd in ("compare", "explain"):
+        if "--seq-len" in args:
+            i = args.index("--seq-len") + 1
+            args[i] = ",".join(str(64 << n) for n in range(len(args[i].split(","))))
+        else:
+            args += ["--seq-len", "64"]
+        if "--heads" not in args:
+            args += ["--heads", "1"]
+    return [words[0], cmd, *args]
+
+
+def _readme_sweep() -> str:
+    (toml,) = _blocks("toml")
+    shrunk, n = re.subn(r"^seq_lens = \[[^\]]*\]", "seq_lens = [64, 128]", toml, flags=re.M)
+    assert n == 1, "the README's sweep has no seq_lens line to shrink"
+    return shrunk
+
+
+def _checkpoints(folder: Path, seed: int) -> None:
+    """Two steps of a small model's weights, named by step as the README's recorders save them."""
+    folder.mkdir()
+    gen = torch.Generator().manual_seed(seed)
+    for step in (10, 20):
+        state = {"wte.weight": torch.randn(32, 16, generator=gen), "ln.bias": torch.randn(16, generator=gen)}
+        torch.save(state, folder / f"step_{step:08d}.pt")
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory) -> Path:
+    """A finished tiny study (`flashcheck study --preset tiny`) for the lines that read or resume one:
+    `report DIR`, `study --out DIR`, `study` (whose default folder it is copied to)."""
+    out = tmp_path_factory.mktemp("readme") / "DIR"
+    subprocess.run([FLASHCHECK, "study", "--preset", "tiny", "--out", str(out), "--quiet"], check=True)
+    return out
+
+
+def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:
+    if "DIR" in words:
+        shutil.copytree(tiny_study, cwd / "DIR")
+    if words[1:] == ["study", "--preset", "tiny"]:  # the fixture computed this study: resume it
+        shutil.copytree(tiny_study, cwd / "flashcheck-study")
+    if "--config" in words:
+        (cwd / words[words.index("--config") + 1]).write_text(_readme_sweep())
+    for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
+        if run in words:
+            _checkpoints(cwd / run.rstrip("/"), seed)
+
+
+def test_the_readme_documents_every_command():
+    from flashcheck.cli import app
+
+    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    documented = {shlex.split(c)[1] for c in readme_commands()}
+    assert names <= documented, f"not in a README command line: {sorted(names - documented)}"
+    assert len(readme_commands()) >= len(names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", readme_commands(), ids=lambda line: line[11:][:90])
+def test_readme_command_runs(line: str, tmp_path: Path, tiny_study: Path):
+    words = small(shlex.split(line))
+    _prepare(words, tmp_path, tiny_study)
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KINETO_LOG_LEVEL")}
+    res = subprocess.run([FLASHCHECK, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    shown = f"{shlex.join(words)}\nexit {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
+    # documented: `compare --backend` exits 1 when a budget fails, and its table then says FAIL
+    expected = int("FAIL" in res.stdout) if "--backend" in words and "--json" not in words else 0
+    assert res.returncode == expected, shown
+    assert "Traceback" not in res.stdout + res.stderr, shown
+    assert "USDT" not in res.stderr and "\x1b[" not in res.stdout + res.stderr, shown
+    if "--json" in words:
+        json.loads(res.stdout)
+    else:
+        assert res.stdout.strip(), shown
