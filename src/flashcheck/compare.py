@@ -10,8 +10,9 @@ import torch
 from flashcheck.inputs import InputSpec, make_qkv
 from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate, standard_attention
 from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.memory import Footprint, check_fits
 from flashcheck.metrics import error_summary, ratio
-from flashcheck.numerics import Policy, parse_policy
+from flashcheck.numerics import Policy, info, parse_format, parse_policy
 
 KERNELS = SIMULATED_KERNELS
 
@@ -40,8 +41,13 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
-        self.candidate_policy()
-        self.baseline_policy()
+        for role, pol in (("candidate", self.candidate_policy()), ("baseline", self.baseline_policy())):
+            if pol.fp8_scaling == "block" and (role == "baseline" or self.kernel == "standard"):
+                raise ValueError(
+                    f"the {role} policy {pol.name!r} scales FP8 per block, which needs the flash kernel's tiles; "
+                    "the standard kernel scales per tensor: give --baseline-numerics baseline-fp8 (or a policy "
+                    "with fp8_scaling=tensor)"
+                )
         self.input_spec()
 
     def candidate_policy(self) -> Policy:
@@ -55,6 +61,19 @@ class CompareConfig:
 
     def baseline_policy(self) -> Policy:
         return parse_policy(self.baseline_numerics or self.numerics)
+
+    def footprint(self) -> Footprint:
+        """The sizes that set this comparison's memory (see kernels.memory)."""
+        work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
+        return Footprint(
+            batch=self.batch,
+            heads=self.heads,
+            seq_len=self.seq_len,
+            head_dim=self.head_dim,
+            kernels=(self.kernel, "standard"),
+            block_k=self.block_k,
+            work_itemsize=work,
+        )
 
     def input_spec(self) -> InputSpec:
         return InputSpec(
@@ -94,6 +113,27 @@ class CompareResult:
         }
 
 
+def backend_footprint(case) -> Footprint:
+    """The memory footprint of a backend_compare.BackendCase: the eager or SDPA-math baseline holds L x L
+    scores (fp32 at most, fp64 for fp64 inputs or policies), the FP64 reference runs beside it, and
+    --determinism adds a batch of at least 2."""
+    fmt = parse_format(case.numerics)
+    itemsize = max(4, info(fmt).dtype.itemsize)
+    for pol in (case.policy, case.baseline_numerics):
+        if pol:
+            itemsize = max(itemsize, parse_policy(pol).work_dtype.itemsize)
+    return Footprint(
+        batch=max(2, case.batch) if case.determinism else case.batch,
+        heads=case.heads,
+        seq_len=case.seq_len,
+        head_dim=case.head_dim,
+        kernels=("standard", "flash"),
+        block_k=case.block_k,
+        work_itemsize=itemsize,
+        backward=case.backward,
+    )
+
+
 def run_candidate(q, k, v, cfg: CompareConfig) -> torch.Tensor:
     """The candidate's output [B, H, L, D] for inputs q, k, v under cfg."""
     return simulate(
@@ -110,7 +150,9 @@ def run_candidate(q, k, v, cfg: CompareConfig) -> torch.Tensor:
 
 
 def run_compare(cfg: CompareConfig) -> CompareResult:
-    """Draw the inputs, run candidate, baseline and FP64 reference, and measure the errors."""
+    """Draw the inputs, run candidate, baseline and FP64 reference, and measure the errors. Refuses with
+    kernels.memory.InsufficientMemory (a ValueError) before allocating when the case cannot fit here."""
+    check_fits(cfg.footprint())
     q, k, v = make_qkv(cfg.input_spec())
     ref = reference_attention(q, k, v, causal=cfg.causal)
     cand = run_candidate(q, k, v, cfg)

@@ -27,6 +27,7 @@ def incoherence_matrix(d: int, seed: int = 0, dtype: torch.dtype = torch.float64
 def quantize_blocks(x: torch.Tensor, fmt: Format, block: int) -> torch.Tensor:
     """Round x [B, H, L, D] to fmt with one scale per block of `block` rows x D (ragged last block)."""
     b, h, n, d = x.shape
+    block = max(1, min(block, n))  # a block longer than x is one block: same scale, no giant zero padding
     pad = (-n) % block
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
     xb = xp.reshape(b, h, -1, block, d)

@@ -1,0 +1,187 @@
+"""How much memory a comparison needs, checked against what this machine has before anything is allocated.
+
+The model (bytes, N = B * H, w = the policy's working itemsize, 4 or 8): the inputs (FP64 originals, the
+rounded copies and their FP64 reference copies), the outputs kept for the metrics, and the largest working
+set of the stages, which run one after another: the FP64 reference's query chunk (rows x Lk scores, see
+reference._chunk_rows), the standard kernel's L x L scores (about five arrays alive at once, with the
+rounding temporaries), and flash's Lq x Bc score blocks. A backward keeps the graph: the reference's and
+the standard kernel's L x L arrays for every chunk. Checked against measured peaks (ru_maxrss) in
+tests/test_bad_input.py's notes: the estimate is an upper bound within about 1.5x.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+# Arrays of the largest size alive at once, counted from the code (see the module docstring).
+STANDARD_ARRAYS = 5  # scores, exp(scores - m), P, and the rounding temporaries of one of them
+FLASH_ARRAYS = 5  # the same for one Lq x Bc block
+REFERENCE_ARRAYS = 3  # a chunk's scores (updated in place), its bias and its P·V product
+BACKWARD_ARRAYS = 3  # autograd keeps scores, P and the mask of every chunk
+OUTPUT_ARRAYS = 10  # reference, candidate, baseline, reference of rounded inputs, metric temporaries
+REFERENCE_BLOCK_BYTES = 256 * 2**20  # reference._chunk_rows's cap on one chunk's FP64 scores
+HEADROOM = 0.9  # share of the available memory a run may plan to use
+
+
+class InsufficientMemory(ValueError):
+    """A case that cannot fit here; the message names the sizes, the estimate, what is available and the
+    largest seq_len that fits. A ValueError, so the CLI exits 2 and a study records the case as skipped."""
+
+    def __init__(self, message: str, *, needed: int, available: int, largest_seq_len: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+        self.largest_seq_len = largest_seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Footprint:
+    """The sizes that set a comparison's memory: q [B, H, L, D], k/v [B, H, Lk, D] (Lk = L by default)."""
+
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    seq_len_k: int | None = None
+    kernels: tuple[str, ...] = ("flash", "standard")
+    block_k: int = 128
+    work_itemsize: int = 8
+    backward: bool = False
+
+    def describe(self) -> str:
+        lk = "" if self.seq_len_k is None else f" Lk={self.seq_len_k}"
+        return f"batch={self.batch} heads={self.heads} seq_len={self.seq_len}{lk} head_dim={self.head_dim}"
+
+
+def estimate_bytes(fp: Footprint) -> int:
+    """Peak bytes of one comparison with these sizes (an upper bound; Python ints, never overflows)."""
+    n, lq, d = fp.batch * fp.heads, fp.seq_len, fp.head_dim
+    lk = fp.seq_len if fp.seq_len_k is None else fp.seq_len_k
+    w = fp.work_itemsize
+    inputs = n * (lq + 2 * lk) * d * (8 + w + 8)
+    outputs = OUTPUT_ARRAYS * n * lq * d * 8
+    stages = [_reference_bytes(n, lq, lk, fp.backward)]
+    if "standard" in fp.kernels:
+        arrays = STANDARD_ARRAYS + (BACKWARD_ARRAYS if fp.backward else 0)
+        stages.append(arrays * n * lq * lk * w + lq * lk * 9)  # + the causal bias and its bool mask
+    if "flash" in fp.kernels:
+        block = min(fp.block_k, lk)
+        stages.append(FLASH_ARRAYS * n * lq * block * w + 4 * n * lq * (d + 2) * w + lq * block * 9)
+    return inputs + outputs + max(stages)
+
+
+def _reference_bytes(n: int, lq: int, lk: int, backward: bool) -> int:
+    if backward:
+        return BACKWARD_ARRAYS * n * lq * lk * 8
+    row = 8 * n * lk
+    rows = max(1, min(1024, lq, REFERENCE_BLOCK_BYTES // max(row, 1)))
+    return REFERENCE_ARRAYS * rows * row + rows * lk * 9
+
+
+def available_bytes() -> int | None:
+    """Memory this process can still use: MemAvailable (psutil or /proc/meminfo), capped by a cgroup
+    limit; None where neither can be read (then nothing is refused)."""
+    avail = _mem_available()
+    limit = _cgroup_room()
+    if avail is None:
+        return limit
+    return avail if limit is None else min(avail, limit)
+
+
+def _mem_available() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """limit - usage of this process's cgroup (v2 memory.max, or v1 memory.limit_in_bytes)."""
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 2**60:
+            return max(0, int(cap) - used)
+    return None
+
+
+def largest_fitting(need: Callable[[int], int], budget: int, upper: int) -> int:
+    """The largest n in [0, upper] with need(n) <= budget (need grows with n); 0 when none does."""
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def human_bytes(n: float) -> str:
+    """1.5 GiB, 12.0 PiB, 1.5e+09 PiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{1 if n < 1e4 else 2}{'f' if n < 1e4 else 'e'}} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_fits(fp: Footprint, available: int | None = None) -> int:
+    """Raise InsufficientMemory unless `fp` fits in HEADROOM x `available` (default: available_bytes());
+    returns the estimate in bytes."""
+    need = estimate_bytes(fp)
+    avail = available_bytes() if available is None else available
+    if avail is None or need <= HEADROOM * avail:
+        return need
+    budget = int(HEADROOM * avail)
+    largest = largest_fitting(lambda n: estimate_bytes(_with_len(fp, n)), budget, fp.seq_len)
+    hint = (
+        f"the largest seq_len that fits is {largest}"
+        if largest >= 1
+        else "even seq_len=1 does not fit: reduce batch, heads or head_dim"
+    )
+    raise InsufficientMemory(
+        f"{fp.describe()} needs about {human_bytes(need)} ({_parts(fp)}); {human_bytes(avail)} is available "
+        f"here; {hint}",
+        needed=need,
+        available=avail,
+        largest_seq_len=largest,
+    )
+
+
+def check_all_fit(footprints: Iterable[Footprint], available: int | None = None) -> None:
+    """check_fits for each, reading the available memory once."""
+    avail = available_bytes() if available is None else available
+    for fp in footprints:
+        check_fits(fp, avail)
+
+
+def _with_len(fp: Footprint, n: int) -> Footprint:
+    lk = None if fp.seq_len_k is None else math.ceil(fp.seq_len_k * n / max(fp.seq_len, 1))
+    return Footprint(**{**{f: getattr(fp, f) for f in fp.__dataclass_fields__}, "seq_len": n, "seq_len_k": lk})
+
+
+def _parts(fp: Footprint) -> str:
+    parts = ["inputs", "FP64 reference chunks"]
+    if "standard" in fp.kernels:
+        parts.append("the standard kernel's L x L scores")
+    if "flash" in fp.kernels:
+        parts.append("flash's blocks")
+    return ", ".join([*parts, "outputs"]) + (", backward graph" if fp.backward else "")
