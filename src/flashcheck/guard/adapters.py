@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from flashcheck.backends import Backend, get_backend
 from flashcheck.budget import BudgetResult, check_budget
 from flashcheck.metrics import rel_l2
 
-__all__ = ["Backend", "BudgetResult", "available", "budget", "environment_differences", "rel_l2", "resolve", "run"]
+__all__ = [
+    "Backend",
+    "BudgetResult",
+    "available",
+    "budget",
+    "budget_rules",
+    "environment_differences",
+    "rel_l2",
+    "resolve",
+    "run",
+]
 
 
 def resolve(backend: str | Backend) -> Backend:
@@ -45,9 +57,19 @@ def run(
     return backend.forward(q, k, v, causal=causal, scale=scale, mask=mask)
 
 
-def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float) -> BudgetResult:
-    """The project's acceptance rule: |out - ref| <= k x |baseline - ref| + rounding floor of out's dtype."""
-    return check_budget(out, ref, baseline, k=k, dtype=out.dtype)
+def budget_rules() -> tuple[str, ...]:
+    """The acceptance rules flashcheck.budget offers."""
+    from flashcheck import budget as b
+
+    return tuple(getattr(b, "RULES", ("peers",)))
+
+
+def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str) -> BudgetResult:
+    """The project's acceptance rule `rule`: |out - ref| <= k x |baseline - ref| + rounding floor of out's
+    dtype, and the rule's other views; out, ref, baseline of one shape [..., L, D]."""
+    if "rule" in inspect.signature(check_budget).parameters:
+        return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule)
+    return check_budget(out, ref, baseline, k=k, dtype=out.dtype)  # a budget module with one rule
 
 
 def environment_differences(pin: str, impl: str | None) -> list[str]:

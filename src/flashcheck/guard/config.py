@@ -50,8 +50,14 @@ class ShadowConfig:
     """Backend run in the served dtype whose error sets the budget (the peers' same-precision baseline)."""
     k: float = K_FORWARD
     """Budget factor: allowed error = k x the baseline's error + the rounding floor."""
-    max_heads: int | None = 64
+    rule: str = "peers"
+    """Budget rule (flashcheck.budget): "peers", the max and mean errors of the peers' tests (few false
+    alarms: the right default for an alarm), or "flashcheck", which adds error-energy, gain and per-row views."""
+    max_heads: int | None = 32
     """At most this many (batch, head) slices are recomputed per check (None: all); bounds the cost."""
+    max_overhead: float | None = 0.1
+    """Skip a sampled check while the time spent in checks exceeds this fraction of the time spent serving
+    calls (counted as skipped; None: never skip). Bounds the overhead whatever the machine."""
     background: bool = False
     """Run checks on a worker thread so that the call returns without waiting for them."""
     queue_size: int = 16
@@ -68,6 +74,8 @@ class ShadowConfig:
             raise ValueError(f"ShadowConfig.probability={self.probability!r} is not allowed; expected 0..1")
         if self.max_heads is not None:
             _positive("ShadowConfig", max_heads=self.max_heads)
+        if self.max_overhead is not None:
+            _positive("ShadowConfig", max_overhead=self.max_overhead)
         _positive("ShadowConfig", k=self.k, queue_size=self.queue_size)
 
     @property

@@ -86,7 +86,8 @@ class Guard:
         self._warned: set[str] = set()
         enabled = shadow is not None and shadow.enabled
         self._sampler = Sampler(shadow) if enabled else None
-        self._shadow = ShadowChecker(shadow, self._record_shadow, self._shadow_error) if enabled else None
+        self._shadow = ShadowChecker(shadow, self._record_shadow, self._shadow_error, clock) if enabled else None
+        self._served_s = self._shadow_s = 0.0  # time serving calls and in shadow checks (the overhead cap)
         self.environment = self._check_environment(pin, impl or self.preferred.name, dev)
 
     # ---- the call ---------------------------------------------------------------------------------------
@@ -172,6 +173,7 @@ class Guard:
             st.latencies.append(latency)
             st.latency_count += 1
             st.latency_sum += latency
+            self._served_s += latency
             if s.finite and st.norm.add(s.rms) == RAISED:
                 alarms.append(self._alarm_locked(st, "norm", _norm_message(st), st.norm.recent.mean, st.norm.band))
             if work > 0 and st.latency.add(latency / work) == RAISED:
@@ -179,9 +181,19 @@ class Guard:
                 alarms.append(self._alarm_locked(st, "latency", _latency_message(st), b.recent.var, b.bound))
             if s.breaker == OPEN:
                 self._guard_alarms["breaker"] += 1
-            take = self._sampler is not None and s.finite and self._sampler.take(call)
+            take = self._take_shadow_locked(st, s)
             idx = self._sampler.slices(q_slices(s.out)) if take else False
         return alarms, idx, call
+
+    def _take_shadow_locked(self, st: SiteState, s: _Served) -> bool:
+        """Whether this call is checked: sampled, finite, and the checks' time within max_overhead."""
+        if self._sampler is None or not s.finite or not self._sampler.take(st.calls):
+            return False
+        cap = self.shadow_config.max_overhead
+        if cap is not None and self._shadow_s > cap * self._served_s:
+            st.shadow_skipped += 1
+            return False
+        return True
 
     def _alarm_locked(self, st: SiteState, kind: str, message: str, value: float, bound: float) -> Alarm:
         st.alarms[kind] += 1
@@ -235,9 +247,10 @@ class Guard:
             with self._lock:
                 self._sites[site].shadow_dropped += 1
 
-    def _record_shadow(self, r: ShadowResult) -> None:
+    def _record_shadow(self, r: ShadowResult, seconds: float) -> None:
         alarm = None
         with self._lock:
+            self._shadow_s += seconds
             st = self._sites[r.site]
             st.shadow_checks += 1
             st.shadow_failed += int(not r.passed)
@@ -247,8 +260,8 @@ class Guard:
             if not r.passed and not st.shadow_active:
                 st.shadow_active = True
                 msg = (
-                    f"served output ({r.served_by}) over budget at call {r.call}: max error {r.max_abs:.3e} > "
-                    f"bound {r.bound:.3e} (rel L2 {r.rel_l2:.2e})"
+                    f"served output ({r.served_by}) over budget at call {r.call}: {'; '.join(r.failed)} "
+                    f"(max error {r.max_abs:.3e}, bound {r.bound:.3e}, rel L2 {r.rel_l2:.2e})"
                 )
                 alarm = self._alarm_locked(st, "shadow", msg, r.max_abs, r.bound)
             elif r.passed:

@@ -34,6 +34,8 @@ class ShadowResult:
     bound: float
     """The budget's bound on the max error (k x baseline error + floor)."""
     passed: bool
+    failed: tuple[str, ...] = ()
+    """The budget's failed checks, as "name value > bound"."""
 
     @property
     def ratio(self) -> float:
@@ -94,11 +96,21 @@ def make_job(site: str, call: int, served_by: str, q, k, v, out, causal, scale, 
 class ShadowChecker:
     """Runs checks with the reference and baseline backends; inline, or on a worker thread with a bounded queue."""
 
-    def __init__(self, cfg: ShadowConfig, record: Callable[[ShadowResult], None], fail: Callable[[str, str], None]):
+    def __init__(
+        self,
+        cfg: ShadowConfig,
+        record: Callable[[ShadowResult, float], None],
+        fail: Callable[[str, str], None],
+        clock: Callable[[], float],
+    ):
         self.cfg = cfg
+        if cfg.rule not in adapters.budget_rules():
+            raise ValueError(
+                f"ShadowConfig.rule={cfg.rule!r} is not allowed; expected one of {adapters.budget_rules()}"
+            )
         self.reference = adapters.resolve(cfg.reference)
         self.baseline = adapters.resolve(cfg.baseline)
-        self._record, self._fail = record, fail
+        self._record, self._fail, self._clock = record, fail, clock
         self._queue: queue.Queue[ShadowJob | None] | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -111,10 +123,11 @@ class ShadowChecker:
             hmask = job.mask if job.mask is None or job.mask.dtype == torch.bool else job.mask.to(c.reference_dtype)
             ref = adapters.run(self.reference, *hi, causal=job.causal, scale=job.scale, mask=hmask)
             base = adapters.run(self.baseline, job.q, job.k, job.v, causal=job.causal, scale=job.scale, mask=job.mask)
-            res = adapters.budget(job.out, ref, base, c.k)
+            res = adapters.budget(job.out, ref, base, c.k, c.rule)
             rel = adapters.rel_l2(job.out, ref)
         mx = res.checks[0]
-        return ShadowResult(job.site, job.call, job.served_by, mx.value, rel, mx.bound, res.passed)
+        failed = tuple(f"{x.name} {x.value:.3e} > {x.bound:.3e}" for x in res.failed())
+        return ShadowResult(job.site, job.call, job.served_by, mx.value, rel, mx.bound, res.passed, failed)
 
     def submit(self, job: ShadowJob) -> bool:
         """Check `job` now, or queue it for the worker; False when the queue was full (the job is dropped)."""
@@ -129,13 +142,14 @@ class ShadowChecker:
         return True
 
     def _run(self, job: ShadowJob) -> None:
+        t0 = self._clock()
         try:
             result = self.check(job)
         except Exception as e:  # a broken reference must not break the served call
             log.exception("shadow check of site %s call %d failed to run", job.site, job.call)
             self._fail(job.site, f"{type(e).__name__}: {e}")
             return
-        self._record(result)
+        self._record(result, self._clock() - t0)
 
     def _ensure_worker(self) -> None:
         with self._start_lock:

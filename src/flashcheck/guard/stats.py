@@ -21,6 +21,8 @@ class ShadowStats:
     dropped: int = 0
     errors: int = 0
     """Checks that could not run (the reference or baseline raised; logged)."""
+    skipped: int = 0
+    """Sampled calls not checked, to keep the checks' time under max_overhead of the serving time."""
     worst_max_abs: float = 0.0
     worst_rel_l2: float = 0.0
     worst_budget_ratio: float = 0.0
@@ -89,6 +91,7 @@ class SiteState:
         self.latencies: deque[float] = deque(maxlen=cfg.percentile_window)
         self.latency_count, self.latency_sum = 0, 0.0
         self.shadow_checks = self.shadow_failed = self.shadow_dropped = self.shadow_errors = 0
+        self.shadow_skipped = 0
         self.worst_max_abs = self.worst_rel_l2 = self.worst_ratio = 0.0
         self.shadow_active = False
         self.alarms: Counter[str] = Counter()
@@ -99,6 +102,7 @@ class SiteState:
             self.shadow_failed,
             self.shadow_dropped,
             self.shadow_errors,
+            self.shadow_skipped,
             self.worst_max_abs,
             self.worst_rel_l2,
             self.worst_ratio,
@@ -154,6 +158,7 @@ def total(sites: list[SiteStats], **guard_fields) -> GuardStats:
         sum(x.failed for x in sh),
         sum(x.dropped for x in sh),
         sum(x.errors for x in sh),
+        sum(x.skipped for x in sh),
         max((x.worst_max_abs for x in sh), default=0.0),
         max((x.worst_rel_l2 for x in sh), default=0.0),
         max((x.worst_budget_ratio for x in sh), default=0.0),
