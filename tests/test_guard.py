@@ -590,3 +590,57 @@ def test_readme_guard_example_runs(minilm, caplog):
     assert s.shadow.checks >= 1 and s.shadow.checks + s.shadow.skipped == 6  # max_overhead may skip some
     assert any(r.getMessage().startswith("guard sdpa-flash -> sdpa-math: 6 calls") for r in caplog.records)
     assert scope["embed"](["one more"]).shape == (1, 384)
+
+
+def test_half_open_probe_with_nan_inputs_does_not_wedge_the_breaker(gen):
+    clock, broken = Clock(), {"on": True}
+
+    def fn(q, k, v, **kw):
+        if broken["on"]:
+            raise RuntimeError("down")
+        return healthy(q, k, v, **kw)
+
+    guard = Guard(Faulty("raises", fn), "sdpa-math", breaker=BreakerConfig(faults=1, cooldown_s=1), clock=clock)
+    guard(*qkv(gen))
+    assert guard.breaker_state == "open"
+    broken["on"] = False
+    clock.advance(2.0)
+    q, k, v = qkv(gen)
+    q[0, 0, 0, 0] = float("nan")
+    guard(q, k, v)  # the probe: NaN in, NaN out is not a fault
+    assert guard.breaker_state == "closed"
+    guard(*qkv(gen))
+    assert guard.stats().served_preferred == 2
+
+
+def test_decoder_with_grouped_kv_heads_matches_sdpa():
+    """A small random Llama (causal, 4 query heads over 2 KV heads, padded batch): logits equal sdpa's."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[2, :5] = 0  # left padding
+    guard = register_transformers(name="fcguard-llama")
+    logits = {}
+    for impl in ("sdpa", "fcguard-llama"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            for m in (None, mask):  # no mask: the causal flag path; a padding mask: the boolean mask path
+                logits[impl, m is None] = model(input_ids=ids, attention_mask=m).logits
+    for no_mask in (True, False):
+        keep = mask.bool() if not no_mask else torch.ones_like(mask, dtype=torch.bool)
+        diff = (logits["sdpa", no_mask] - logits["fcguard-llama", no_mask])[keep].abs().max()
+        assert diff < 1e-5
+    s = guard.stats()
+    assert sorted(s.sites) == ["layer0", "layer1"] and s.calls == 4 and s.fallbacks == {}

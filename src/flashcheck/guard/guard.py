@@ -135,7 +135,8 @@ class Guard:
                 if finite:
                     return _Served(out, rms, True, PREFERRED, breaker=self._breaker.success())
                 if not _all_finite(q, k, v):  # NaN in, NaN out: not the backend's fault
-                    return _Served(out, rms, False, PREFERRED, preferred_nonfinite=True, inputs_nonfinite=True)
+                    b = self._breaker.success()
+                    return _Served(out, rms, False, PREFERRED, None, "", True, True, b)
                 reason, error = "nonfinite", "non-finite output from finite inputs"
             breaker = self._breaker.failure(self._clock())
         out = adapters.run(self.fallback, q, k, v, **run)
@@ -155,7 +156,7 @@ class Guard:
             st = self._sites[site] = SiteState(site, self.monitor)
         return st
 
-    def _record(self, site: str, s: _Served, latency: float, work: float):
+    def _record(self, site: str, s: _Served, latency: float, work: float) -> tuple[list[Alarm], object, int]:
         """Count one call under the lock; returns (alarms raised, shadow slices or False, the site's call no.)."""
         alarms = []
         with self._lock:
