@@ -180,6 +180,15 @@ def _row(output: str, *cells: str) -> str:
     return output[match.start() : output.index("\n", match.start())]
 
 
+def test_help_of_every_command():
+    names = [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    top = human(["--help"])
+    assert all(re.search(rf"│ {re.escape(n)}\s", top.output) for n in names), top.output
+    for name in names:
+        res = human([name, "--help"])
+        assert f" {name} [OPTIONS]" in " ".join(res.output.split()), res.output
+
+
 def test_backends_human():
     res = human(["backends"])
     assert "yes" in _row(res.output, "sdpa-math") and "yes" in _row(res.output, "sim-flash")
