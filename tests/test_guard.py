@@ -644,3 +644,17 @@ def test_decoder_with_grouped_kv_heads_matches_sdpa():
         assert diff < 1e-5
     s = guard.stats()
     assert sorted(s.sites) == ["layer0", "layer1"] and s.calls == 4 and s.fallbacks == {}
+
+
+def test_empty_inputs_follow_the_project_rule(gen):
+    """No key (Lk = 0): zeros from the preferred, no fault, a passing check; a bad scale is a ValueError."""
+    guard = Guard(shadow=ShadowConfig(every=1, max_overhead=None))
+    q = torch.randn(1, 2, 4, 8, generator=gen)
+    out = guard(q, torch.zeros(1, 2, 0, 8), torch.zeros(1, 2, 0, 8))
+    assert out.shape == (1, 2, 4, 8) and not out.any()
+    s = guard.stats()
+    assert s.served_preferred == 1 and s.fallbacks == {} and (s.shadow.checks, s.shadow.failed) == (1, 0)
+    guard(torch.zeros(0, 2, 4, 8), torch.zeros(0, 2, 4, 8), torch.zeros(0, 2, 4, 8))  # empty output: not checked
+    assert guard.stats().shadow.checks == 1 and guard.stats().calls == 2
+    with pytest.raises(ValueError, match="scale"):
+        guard(*qkv(gen), scale=float("nan"))

@@ -8,6 +8,7 @@ import torch
 
 from flashcheck.backends import Backend, get_backend
 from flashcheck.budget import BudgetResult, check_budget
+from flashcheck.kernels.validation import check_attention_inputs
 from flashcheck.metrics import rel_l2
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "available",
     "budget",
     "budget_rules",
+    "check_inputs",
     "environment_differences",
     "rel_l2",
     "resolve",
@@ -36,11 +38,14 @@ def available(backend: Backend, dtype: torch.dtype | None, device: torch.device)
     """Whether `backend` can run inputs of `dtype` on `device` here, and why not."""
     try:
         a = backend.available(dtype, device.type)
-    except TypeError:  # an adapter written before backends took a device
-        a = backend.available(dtype)
     except ValueError as e:  # a device the backend layer does not know
         return False, str(e)
     return a.ok, a.reason
+
+
+def check_inputs(q: object, k: object, v: object, mask: object, scale: object) -> None:
+    """The project's input rule (kernels.validation): ValueError naming the bad value; K/V may have fewer heads."""
+    check_attention_inputs(q, k, v, mask=mask, scale=scale, gqa=True)
 
 
 def run(
@@ -54,7 +59,7 @@ def run(
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """backend's attention on the tensors' device: q, k, v [B, H, L, D] -> [B, H, Lq, Dv]."""
-    return backend.forward(q, k, v, causal=causal, scale=scale, mask=mask)
+    return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
 
 
 def budget_rules() -> tuple[str, ...]:

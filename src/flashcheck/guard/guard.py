@@ -103,7 +103,7 @@ class Guard:
         site: str = "attention",
     ) -> torch.Tensor:
         """Attention of q [B, H, Lq, D] over k, v [B, Hkv, Lk, D] -> [B, H, Lq, Dv], recorded under `site`."""
-        k, v = _checked(q, k, v, mask)
+        k, v = _checked(q, k, v, mask, scale)
         t0 = self._clock()
         served = self._serve(q, k, v, causal, scale, mask)
         latency = self._clock() - t0
@@ -188,7 +188,7 @@ class Guard:
 
     def _take_shadow_locked(self, st: SiteState, s: _Served) -> bool:
         """Whether this call is checked: sampled, finite, and the checks' time within max_overhead."""
-        if self._sampler is None or not s.finite or not self._sampler.take(st.calls):
+        if self._sampler is None or not s.finite or s.out.numel() == 0 or not self._sampler.take(st.calls):
             return False
         cap = self.shadow_config.max_overhead
         if cap is not None and self._shadow_s > cap * self._served_s:
@@ -342,21 +342,10 @@ class Guard:
         self.close()
 
 
-def _checked(q, k, v, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate shapes (ValueError: bad input is not a backend fault); k, v with H heads (GQA repeated)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+def _checked(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate (ValueError: bad input is not a backend fault); k, v with q's heads (grouped-query repeated)."""
+    adapters.check_inputs(q, k, v, mask, scale)
     h, hkv = q.shape[1], k.shape[1]
-    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1] or h % hkv:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if mask is not None:
-        try:
-            torch.broadcast_shapes(mask.shape, (q.shape[0], h, q.shape[-2], k.shape[-2]))
-        except RuntimeError:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to "
-                f"[{q.shape[0]}, {h}, {q.shape[-2]}, {k.shape[-2]}]"
-            ) from None
     if hkv != h:
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
     return k, v
