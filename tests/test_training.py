@@ -190,6 +190,7 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
     assert s1["pairs"]["flash_vs_baseline"]["wasserstein"][0] == 0.0  # same init
 
 
+@pytest.mark.slow
 def test_train_study_killed_mid_run_resumes(tmp_path):
     out = tmp_path / "k"
     cmd = [

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
+from contextlib import ExitStack
 
 import typer
 
@@ -14,15 +17,54 @@ from flashcheck.cli.app import (
 )
 
 
+class _Progress:
+    """An on_progress(done, total, note) callback for the training functions, shown with
+    flashcheck.progress (a bar on a terminal, periodic lines on stderr otherwise); opened on the first call,
+    when the total is known."""
+
+    def __init__(self, label: str, quiet: bool) -> None:
+        self.label, self.quiet, self.done = label, quiet, 0
+        self.stack = ExitStack()
+        self.advance = None
+
+    def __call__(self, done: int, total: int, note: str = "") -> None:
+        if self.advance is None:
+            from flashcheck.progress import progress
+
+            self.advance = self.stack.enter_context(
+                progress(total, self.label, done=done, quiet=self.quiet or total <= 1)
+            )
+            self.done = done
+        if done > self.done:
+            self.advance(done - self.done, note)
+            self.done = done
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.__exit__(*exc)
+
+
+def _fail_check(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
 @app.command("train-study")
 def train_study(
     preset: str = typer.Option("quick", help="quick | paper | full | tiny | tied-max."),
     out: str = typer.Option("flashcheck-train-study", help="Folder for runs, figures and the report."),
     workers: int = typer.Option(None, help="Runs trained in parallel (default: the core count)."),
-    quiet: bool = typer.Option(False),
+    quiet: bool = typer.Option(False, help="No progress and no findings on the terminal."),
 ) -> None:
-    """Train runs that differ in one factor (attention, format, seed) and compare their weights."""
+    """Train runs that differ in one factor (attention, format, seed) and compare their weights.
+    A run killed at any point resumes where it stopped when the command is run again."""
+    from flashcheck.training.study import NonFiniteWeights, StudyInterrupted
+
     try:
+        if not out.strip():
+            raise ValueError("--out '' is empty; give a folder or leave the option out for its default")
         if workers is not None and workers < 1:
             raise ValueError(f"--workers {workers} is not allowed; it must be a positive integer")
         if preset == "tied-max":
@@ -32,63 +74,120 @@ def train_study(
         else:
             from flashcheck.training.study import run_train_study, train_preset
 
-            summary = run_train_study(train_preset(preset), out, workers=workers, quiet=quiet)
+            study = train_preset(preset)
+            with _Progress("train-study", quiet) as on_progress:
+                summary = run_train_study(study, out, workers=workers, on_progress=on_progress)
     except ValueError as exc:
         _fail_usage(str(exc))
+    except (StudyInterrupted, NonFiniteWeights) as exc:
+        _fail_check(str(exc))
     if not quiet:
-        for f in summary["findings"]:
-            typer.echo(f"{f['id']}: {'holds' if f['holds'] else 'does not hold'} — {f['measured']}")
-        typer.echo(f"report: {out}/report.html, report.md, summary.json")
+        _print_train_study(summary, out)
+
+
+def _print_train_study(summary: dict, out: str) -> None:
+    c = _console()
+    for f in summary["findings"]:
+        c.print(f"{f['id']}: {'holds' if f['holds'] else 'does not hold'} — {f['measured']}", markup=False)
+    if "pairs" in summary:
+        from rich.table import Table
+
+        table = Table(title="weight deviation at the last step")
+        for col in ("pair", "factor", "Wasserstein-1", "max |A-B|", "W1 slope / step"):
+            table.add_column(col)
+        for name, p in summary["pairs"].items():
+            table.add_row(
+                name,
+                p["factor"],
+                f"{p['wasserstein'][-1]:.3e}",
+                f"{p['max_abs'][-1]:.3e}",
+                f"{p['slope_wasserstein']:.3e}",
+            )
+        c.print(table)
+    c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
+
+
+def _non_negative(name: str):
+    def check(value: int) -> int:
+        if value < 0:
+            raise typer.BadParameter(f"{value} is not allowed; {name} must be a non-negative integer")
+        return value
+
+    return check
 
 
 @app.command()
 def drift(
-    a: str = typer.Argument(..., help="Checkpoint file or folder of checkpoints named by step (run A)."),
+    a: str = typer.Argument(..., help="Checkpoint (file, sharded, folder) or folder of checkpoints by step (run A)."),
     b: str = typer.Argument(..., help="The same for run B."),
     sketch_points: int = typer.Option(
         4096, callback=_positive("--sketch-points"), help="Quantiles per tensor for the whole-model W1 of big models."
     ),
-    exact_limit: int = typer.Option(20_000_000, help="Values up to which whole-model W1 is exact."),
+    exact_limit: int = typer.Option(
+        20_000_000, callback=_non_negative("--exact-limit"), help="Values up to which whole-model W1 is exact."
+    ),
     per_tensor: bool = typer.Option(True, help="Include per-tensor figures in --json."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Weight deviation between two checkpoint series: max |A - B| and Wasserstein-1, per tensor and model."""
-    from flashcheck.training.drift import compare_series, slope
+    """Weight deviation between two checkpoint series: max |A - B| and Wasserstein-1, per tensor and model.
+    Exit 1 when a tensor holds NaN or Inf (named on stderr)."""
+    from flashcheck.training.drift import compare_series
 
     try:
-        pairs = compare_series(a, b, sketch_points=sketch_points, exact_limit=exact_limit)
+        for flag, value in (("A", a), ("B", b)):
+            if not value.strip():
+                raise ValueError(f"checkpoint {flag} '' is empty; give a file or folder")
+        with _Progress("drift", as_json and not sys.stderr.isatty()) as on_progress:
+            pairs = compare_series(a, b, sketch_points=sketch_points, exact_limit=exact_limit, on_progress=on_progress)
     except ValueError as exc:
         _fail_usage(str(exc))
     if as_json:
-        rows = []
-        for p in pairs:
-            d = p.to_dict()
-            if not per_tensor:
-                d.pop("per_tensor")
-            rows.append(d)
-        typer.echo(
-            json.dumps(
-                {"pairs": rows, "slope_wasserstein": slope([p.step for p in pairs], [p.wasserstein for p in pairs])},
-                indent=2,
-            )
+        _print_drift_json(pairs, per_tensor)
+    else:
+        _print_drift(pairs)
+    bad = [
+        f"step {p.step} {name} (A: {n['a']}, B: {n['b']} of {n['numel']})"
+        for p in pairs
+        for name, n in p.nonfinite.items()
+    ]
+    if bad:
+        _fail_check(
+            f"NaN/Inf weights, left out of the figures: {'; '.join(bad[:20])}" + (" ..." if len(bad) > 20 else "")
         )
-        return
+
+
+def _print_drift_json(pairs: list, per_tensor: bool) -> None:
+    from flashcheck.training.drift import slope
+
+    rows = []
+    for p in pairs:
+        d = p.to_dict()
+        if not per_tensor:
+            d.pop("per_tensor")
+        rows.append(d)
+    s = slope([p.step for p in pairs], [p.wasserstein for p in pairs])
+    typer.echo(json.dumps({"pairs": rows, "slope_wasserstein": None if math.isnan(s) else s}, indent=2))
+
+
+def _print_drift(pairs: list) -> None:
     from rich.table import Table
 
     table = Table(title="weight deviation A vs B")
-    for col in ("step", "max |A-B|", "Wasserstein-1", "method (bound)", "mismatches"):
+    for col in ("step", "tensors", "max |A-B|", "Wasserstein-1", "method (bound)", "mismatches", "NaN/Inf tensors"):
         table.add_column(col)
     for p in pairs:
         mm = sum(len(v) for v in p.mismatches.values())
         table.add_row(
             str(p.step),
+            str(len(p.per_tensor)),
             f"{p.max_abs:.3e}",
             f"{p.wasserstein:.3e}",
             f"{p.method} (±{p.wasserstein_bound:.1e})",
             str(mm) if mm else "",
+            str(len(p.nonfinite)) if p.nonfinite else "",
         )
     c = _console()
     c.print(table)
     for key, items in pairs[-1].mismatches.items():
         for item in items[:10]:
-            c.print(f"mismatch ({key}): {item}")
+            c.print(f"mismatch ({key}): {item}", markup=False)

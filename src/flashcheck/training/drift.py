@@ -8,7 +8,9 @@ most the weighted W1 of their parts), so it never exceeds sum_t (n_t / N) * (ran
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,15 +18,15 @@ import numpy as np
 import torch
 
 from flashcheck.metrics import wasserstein1_weighted
-from flashcheck.training.checkpoints import CheckpointError, open_checkpoint, series
+from flashcheck.training.checkpoints import CheckpointError, Reader, open_checkpoint, series
 
 CHUNK = 1 << 22
 
 
 def _values(t: torch.Tensor) -> np.ndarray:
-    """A flat writable float array (fp32 stays fp32, narrower floats widen to fp32, fp64 stays). Readers
+    """A flat writable float array (fp32 and fp64 stay, every other dtype becomes fp32). Readers
     return fresh tensors, so the array is sorted in place without a copy."""
-    if t.dtype in (torch.float16, torch.bfloat16) or not t.dtype.is_floating_point:
+    if t.dtype not in (torch.float32, torch.float64):
         t = t.to(torch.float32)
     arr = t.reshape(-1).numpy()
     return arr if arr.flags.writeable else arr.copy()
@@ -89,8 +91,14 @@ def layer_of(name: str) -> str:
     return m.group(1) if m else name.split(".")[0]
 
 
+ProgressFn = Callable[[int, int, str], None]
+
+
 @dataclass
 class PairResult:
+    """The deviation of one pair of checkpoints. `nonfinite`: tensors holding NaN/Inf, {name: {"a": count,
+    "b": count, "numel": n}}, left out of every figure (max_abs and wasserstein are NaN if nothing is left)."""
+
     step: int
     max_abs: float
     wasserstein: float
@@ -99,71 +107,158 @@ class PairResult:
     per_tensor: dict[str, dict]
     per_layer: dict[str, dict]
     mismatches: dict[str, list]
+    nonfinite: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """JSON-ready (NaN as None)."""
         return {
             "step": self.step,
-            "max_abs": self.max_abs,
-            "wasserstein": self.wasserstein,
-            "wasserstein_error_bound": self.wasserstein_bound,
+            "max_abs": _json_num(self.max_abs),
+            "wasserstein": _json_num(self.wasserstein),
+            "wasserstein_error_bound": _json_num(self.wasserstein_bound),
             "wasserstein_method": self.method,
             "per_tensor": self.per_tensor,
             "per_layer": self.per_layer,
             "mismatches": self.mismatches,
+            "nonfinite": self.nonfinite,
         }
 
 
-def compare_checkpoints(
-    path_a: str | Path, path_b: str | Path, *, step: int = 0, sketch_points: int = 4096, exact_limit: int = 20_000_000
-) -> PairResult:
-    """Compare two checkpoints tensor by tensor (memory: two tensors at a time, plus the sketches)."""
-    ra, rb = open_checkpoint(path_a), open_checkpoint(path_b)
-    ka, kb = ra.keys(), rb.keys()
-    mism = {"only_in_a": sorted(set(ka) - set(kb)), "only_in_b": sorted(set(kb) - set(ka)), "shape": [], "dtype": []}
-    common = [k for k in ka if k in kb]
-    total = sum(int(np.prod(ka[k][0])) for k in common if ka[k][0] == kb[k][0])
-    exact = total <= exact_limit
-    per_tensor, whole, layers, max_all = {}, _Sketch(), {}, 0.0
-    points = total + 1 if exact else sketch_points
-    for name in common:
-        (sa, da), (sb, db) = ka[name], kb[name]
-        if sa != sb:
-            mism["shape"].append({"name": name, "a": list(sa), "b": list(sb)})
-            continue
-        if da != db:
-            mism["dtype"].append({"name": name, "a": str(da), "b": str(db)})  # compared all the same
-        a, b = _values(ra.tensor(name)), _values(rb.tensor(name))
-        if a.size == 0:
-            continue
+def _json_num(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def check_limits(sketch_points: int, exact_limit: int) -> None:
+    """ValueError unless sketch_points >= 1 and exact_limit >= 0 (integers)."""
+    if type(sketch_points) is not int or sketch_points < 1:
+        raise ValueError(f"sketch_points={sketch_points!r} is not allowed; it must be a positive integer")
+    if type(exact_limit) is not int or exact_limit < 0:
+        raise ValueError(f"exact_limit={exact_limit!r} is not allowed; it must be a non-negative integer")
+
+
+def _nonfinite(x: np.ndarray) -> int:
+    return sum(int(x.size - np.count_nonzero(np.isfinite(x[i : i + CHUNK]))) for i in range(0, x.size, CHUNK))
+
+
+@dataclass
+class _Pair:
+    """What compare_checkpoints accumulates over the tensors of a pair."""
+
+    points: int
+    per_tensor: dict = field(default_factory=dict)
+    nonfinite: dict = field(default_factory=dict)
+    whole: _Sketch = field(default_factory=_Sketch)
+    layers: dict = field(default_factory=dict)
+    max_abs: float = 0.0
+
+    def add(self, name: str, a: np.ndarray, b: np.ndarray) -> None:
+        bad_a, bad_b = _nonfinite(a), _nonfinite(b)
+        if bad_a or bad_b:
+            self.nonfinite[name] = {"a": bad_a, "b": bad_b, "numel": int(a.size)}
+            return
         mx = _max_abs(a, b)
         a.sort()
         b.sort()
-        per_tensor[name] = {"max_abs": mx, "wasserstein": _mean_abs_sorted(a, b), "numel": int(a.size)}
-        max_all = max(max_all, mx)
-        whole.add(a, b, points)
-        layers.setdefault(layer_of(name), _Sketch()).add(a, b, points)
-        del a, b
-    if not per_tensor:
-        raise CheckpointError(f"{str(path_a)!r} and {str(path_b)!r} have no tensor in common to compare")
-    w, bound = whole.w1()
+        self.per_tensor[name] = {"max_abs": mx, "wasserstein": _mean_abs_sorted(a, b), "numel": int(a.size)}
+        self.max_abs = max(self.max_abs, mx)
+        self.whole.add(a, b, self.points)
+        self.layers.setdefault(layer_of(name), _Sketch()).add(a, b, self.points)
+
+
+def compare_checkpoints(
+    path_a: str | Path,
+    path_b: str | Path,
+    *,
+    step: int = 0,
+    sketch_points: int = 4096,
+    exact_limit: int = 20_000_000,
+    on_progress: ProgressFn | None = None,
+) -> PairResult:
+    """Compare two checkpoints tensor by tensor (memory: two tensors at a time, plus the sketches).
+    on_progress(done, total, tensor name) after each tensor the two have in common."""
+    check_limits(sketch_points, exact_limit)
+    ra = open_checkpoint(path_a)
+    try:
+        rb = open_checkpoint(path_b)
+        try:
+            return _compare(ra, rb, step, sketch_points, exact_limit, on_progress)
+        finally:
+            rb.close()
+    finally:
+        ra.close()
+
+
+def _compare(ra: Reader, rb: Reader, step: int, sketch_points: int, exact_limit: int, on_progress) -> PairResult:
+    ka, kb = ra.keys(), rb.keys()
+    mism = {"only_in_a": sorted(set(ka) - set(kb)), "only_in_b": sorted(set(kb) - set(ka)), "shape": [], "dtype": []}
+    common = [k for k in ka if k in kb]
+    total = sum(math.prod(ka[k][0]) for k in common if ka[k][0] == kb[k][0])
+    exact = total <= exact_limit
+    acc = _Pair(points=total + 1 if exact else sketch_points)
+    for i, name in enumerate(common, 1):
+        (sa, da), (sb, db) = ka[name], kb[name]
+        if sa != sb:
+            mism["shape"].append({"name": name, "a": list(sa), "b": list(sb)})
+        else:
+            if da != db:
+                mism["dtype"].append({"name": name, "a": str(da), "b": str(db)})  # compared all the same
+            a, b = _values(ra.tensor(name)), _values(rb.tensor(name))
+            if a.size:
+                acc.add(name, a, b)
+            del a, b
+        if on_progress is not None:
+            on_progress(i, len(common), name)
+    if not acc.per_tensor and not acc.nonfinite:
+        raise CheckpointError(f"{str(ra.path)!r} and {str(rb.path)!r} have no tensor in common to compare")
+    w, bound = acc.whole.w1() if acc.per_tensor else (math.nan, math.nan)
     per_layer = {}
-    for lname, sk in layers.items():
+    for lname, sk in acc.layers.items():
         lw, lb = sk.w1()
         per_layer[lname] = {"wasserstein": lw, "wasserstein_error_bound": lb, "numel": sk.n}
-    return PairResult(
-        step, max_all, w, bound, "exact" if exact else f"sketch({sketch_points})", per_tensor, per_layer, mism
-    )
+    max_all = acc.max_abs if acc.per_tensor else math.nan
+    method = "exact" if exact else f"sketch({sketch_points})"
+    return PairResult(step, max_all, w, bound, method, acc.per_tensor, per_layer, mism, acc.nonfinite)
 
 
-def compare_series(a: str | Path, b: str | Path, **kw) -> list[PairResult]:
-    """Pairs of checkpoints matched by step (or two single files as step 0)."""
+def series_pairs(a: str | Path, b: str | Path) -> list[tuple[int, Path, Path]]:
+    """(step, checkpoint of A, checkpoint of B) matched by step (two single checkpoints: step 0)."""
     sa, sb = series(a), series(b)
     if len(sa) == 1 and len(sb) == 1:
-        return [compare_checkpoints(next(iter(sa.values())), next(iter(sb.values())), step=0, **kw)]
+        return [(0, next(iter(sa.values())), next(iter(sb.values())))]
     steps = sorted(set(sa) & set(sb))
     if not steps:
         raise CheckpointError(f"no common steps: {str(a)!r} has {sorted(sa)[:8]}, {str(b)!r} has {sorted(sb)[:8]}")
-    return [compare_checkpoints(sa[s], sb[s], step=s, **kw) for s in steps]
+    return [(s, sa[s], sb[s]) for s in steps]
+
+
+def _common_count(pa: Path, pb: Path) -> int:
+    ra = open_checkpoint(pa)
+    try:
+        rb = open_checkpoint(pb)
+        try:
+            return len(set(ra.keys()) & set(rb.keys()))
+        finally:
+            rb.close()
+    finally:
+        ra.close()
+
+
+def compare_series(a: str | Path, b: str | Path, *, on_progress: ProgressFn | None = None, **kw) -> list[PairResult]:
+    """Pairs of checkpoints matched by step (or two single checkpoints as step 0); keyword arguments as
+    compare_checkpoints. on_progress(done, total, note) counts the tensors of every pair."""
+    check_limits(kw.get("sketch_points", 4096), kw.get("exact_limit", 20_000_000))
+    plan = series_pairs(a, b)
+    if on_progress is None:
+        return [compare_checkpoints(pa, pb, step=s, **kw) for s, pa, pb in plan]
+    counts = [_common_count(pa, pb) for _, pa, pb in plan]
+    out = []
+    for (s, pa, pb), offset in zip(plan, np.cumsum([0, *counts[:-1]]).tolist(), strict=True):
+
+        def report(done: int, _n: int, name: str, s: int = s, offset: int = offset) -> None:
+            on_progress(offset + done, sum(counts), f"step {s} {name}")
+
+        out.append(compare_checkpoints(pa, pb, step=s, on_progress=report, **kw))
+    return out
 
 
 def slope(steps: list[int], values: list[float]) -> float:

@@ -4,13 +4,13 @@ full state dict and writes one file, or every rank writes its shards (torch.dist
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from flashcheck.training.checkpoints import save_safetensors
+from flashcheck.fileio import atomic_target
+from flashcheck.training.safetensors_format import save_safetensors
 
 FORMATS = ("pt", "safetensors", "dcp")
 
@@ -61,9 +61,8 @@ def record_weights(
         if fmt == "safetensors":
             save_safetensors({k: v.float() if v.dtype == torch.float64 else v for k, v in sd.items()}, target)
         else:
-            tmp = target.with_name(f".{target.name}.tmp")
-            torch.save(sd, tmp)
-            os.replace(tmp, target)
+            with atomic_target(target) as tmp:
+                torch.save(sd, tmp)
     if on:
         torch.distributed.barrier()  # every rank returns once the file exists
     return target if rank == 0 else None

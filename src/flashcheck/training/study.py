@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
 
 from flashcheck.fileio import write_atomic
 from flashcheck.training.drift import compare_series, slope
 from flashcheck.training.model import GPTConfig
-from flashcheck.training.train import RunConfig, saved_steps, train
+from flashcheck.training.train import RunConfig, run_complete, train
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,38 +65,111 @@ def train_preset(name: str) -> TrainStudy:
         raise ValueError(f"unknown train-study preset {name!r}; expected one of {allowed}") from None
 
 
+_QUEUE = None  # a worker process's queue to the parent, for progress
+
+
+class StudyInterrupted(RuntimeError):
+    """Training stopped before every run completed (a worker died); rerunning resumes it."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """A run's weights hold NaN or Inf (it diverged): the pairs cannot be measured."""
+
+
+def _worker_init(queue) -> None:
+    global _QUEUE
+    _QUEUE = queue
+
+
 def _run(args: tuple[RunConfig, str]) -> str:
     cfg, folder = args
-    train(cfg, folder)
+    last = [0.0]
+
+    def report(step: int, total: int, name: str) -> None:
+        now = time.monotonic()
+        if _QUEUE is not None and (step in (0, total) or now - last[0] >= 0.2):  # a few messages a second
+            last[0] = now
+            _QUEUE.put((name, step))
+
+    train(cfg, folder, on_progress=report)
     return cfg.name
 
 
-def run_train_study(study: TrainStudy, out: str | Path, *, workers: int | None = None, quiet: bool = False) -> dict:
-    """Train every run (resuming any that stopped), then measure the pairs and write the report."""
+def run_train_study(
+    study: TrainStudy,
+    out: str | Path,
+    *,
+    workers: int | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Train every run not yet complete (resuming any that stopped), then measure the pairs and write the
+    report. on_progress(steps done, steps of the runs to train, note) while training."""
     out = Path(out)
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
-    todo = [
-        (r, str(out / "runs" / r.name))
-        for r in study.runs
-        if not (saved_steps(out / "runs" / r.name) and r.steps in saved_steps(out / "runs" / r.name))
-    ]
-    workers = workers or os.cpu_count() or 1
-    if todo:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool:
-            for name in pool.map(_run, todo):
-                if not quiet:
-                    print(f"run {name} done", flush=True)
+    train_runs(study.runs, out, workers=workers, on_progress=on_progress)
     return analyse(study, out)
 
 
-def analyse(study: TrainStudy, out: Path) -> dict:
-    """Deviation curves of each pair, slopes, the paper's ratios, findings; writes summary.json and the report."""
+def train_runs(
+    runs: tuple[RunConfig, ...] | list[RunConfig],
+    out: Path,
+    *,
+    workers: int | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> None:
+    """Train the runs not yet complete into out/runs/NAME, in worker processes (fresh torch state each)
+    whose steps come back through a queue: on_progress(steps done, steps of these runs, note)."""
+    todo = [(r, str(Path(out) / "runs" / r.name)) for r in runs if not run_complete(Path(out) / "runs" / r.name, r)]
+    if todo:
+        _train_all(todo, workers or os.cpu_count() or 1, on_progress)
+
+
+def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> None:
+    ctx = multiprocessing.get_context()
+    queue = ctx.Queue()
+    total, steps = sum(r.steps for r, _ in todo), dict.fromkeys((r.name for r, _ in todo), 0)
+
+    def drain() -> None:
+        while True:
+            try:
+                name, step = queue.get_nowait()
+            except Empty:
+                return
+            steps[name] = max(steps[name], step)
+            if on_progress is not None:
+                on_progress(sum(steps.values()), total, f"run {name} step {step}")
+
+    pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init, initargs=(queue,))
+    with pool:
+        pending = {pool.submit(_run, item) for item in todo}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                drain()
+                for fut in done:
+                    fut.result()  # a run's error (e.g. a folder of another configuration) ends the study
+        except BrokenProcessPool:
+            raise StudyInterrupted(
+                "a training worker process died (killed, or out of memory); every finished step is saved: "
+                "run the same command again to resume"
+            ) from None
+        finally:
+            for fut in pending:
+                fut.cancel()
+    drain()
+    queue.close()
+    queue.join_thread()
+
+
+def _curves(study: TrainStudy, out: Path) -> dict:
+    """Per pair: weight deviation at every saved step and its slopes (NonFiniteWeights if a run diverged)."""
     curves = {}
     for pname, a, b, factor in study.pairs:
         pairs = compare_series(out / "runs" / a / "weights", out / "runs" / b / "weights")
+        _check_finite(pname, a, b, pairs)
         curves[pname] = {
             "factor": factor,
             "steps": [p.step for p in pairs],
@@ -103,6 +181,12 @@ def analyse(study: TrainStudy, out: Path) -> dict:
         c = curves[pname]
         c["slope_wasserstein"] = slope(c["steps"], c["wasserstein"])
         c["slope_max_abs"] = slope(c["steps"], c["max_abs"])
+    return curves
+
+
+def analyse(study: TrainStudy, out: Path) -> dict:
+    """Deviation curves of each pair, slopes, the paper's ratios, findings; writes summary.json and the report."""
+    curves = _curves(study, out)
     fl = curves["flash_vs_baseline"]
 
     def div(a: float, b: float) -> float:
@@ -147,6 +231,16 @@ def analyse(study: TrainStudy, out: Path) -> dict:
     figures = _figures(curves, losses, out / "figures")
     _write_report(summary, figures, out)
     return summary
+
+
+def _check_finite(pname: str, a: str, b: str, pairs: list) -> None:
+    bad = [
+        f"step {p.step} {name} ({a}: {n['a']}, {b}: {n['b']} of {n['numel']} values)"
+        for p in pairs
+        for name, n in p.nonfinite.items()
+    ]
+    if bad:
+        raise NonFiniteWeights(f"pair {pname}: NaN/Inf weights (the run diverged): {'; '.join(bad[:5])}")
 
 
 def _figures(curves: dict, losses: dict, folder: Path) -> list[str]:

@@ -64,6 +64,23 @@ def run_tied_max(
     q, k, v = make_qkv(spec)
     target = 0.1 * torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 99), dtype=torch.float64)
     variants = {n: {**kw, "tie_beta": beta} if "tie_beta" in kw else dict(kw) for n, kw in VARIANTS.items()}
+    rec = _record(q, k, v, target, variants, steps=steps, lr=lr, seq_len=seq_len)
+    config = {
+        "steps": steps,
+        "seq_len": seq_len,
+        "heads": heads,
+        "head_dim": head_dim,
+        "tied_keys": tied_keys,
+        "lr": lr,
+        "distribution": distribution,
+        "seed": seed,
+        "beta": beta,
+    }
+    return {"config": config, "variants": {name: _variant_metrics(r) for name, r in rec.items()}}
+
+
+def _record(q, k, v, target, variants: dict, *, steps: int, lr: float, seq_len: int) -> dict:
+    """Per variant, per step: the delta error [B, H, L] and the dQ error that rounding O for delta adds."""
     rec = {n: {"delta": [], "dq": []} for n in variants}
     for _ in range(steps):
         _, gq, gv = _grads(reference_attention, q, k, v, target)
@@ -83,31 +100,19 @@ def run_tied_max(
             rec[name]["delta"].append((do * (o_delta - exact)).sum(-1))
             rec[name]["dq"].append(dq_low - dq_fp32)  # what rounding O for delta adds to dQ
         q, v = q - lr * gq, v - lr * gv
-    result = {
-        "config": {
-            "steps": steps,
-            "seq_len": seq_len,
-            "heads": heads,
-            "head_dim": head_dim,
-            "tied_keys": tied_keys,
-            "lr": lr,
-            "distribution": distribution,
-            "seed": seed,
-            "beta": beta,
-        },
-        "variants": {},
+    return rec
+
+
+def _variant_metrics(r: dict) -> dict:
+    d, e = torch.stack(r["delta"]), torch.stack(r["dq"])
+    rms = float(d.pow(2).mean().sqrt())
+    return {
+        "delta_mean_error": float(d.mean()),
+        "delta_bias_ratio": abs(float(d.mean())) / rms if rms > 0 else 0.0,
+        "delta_sign_consistency_over_steps": float(torch.sign(d.flatten(1).mean(1)).mean().abs()),
+        "delta_rms_error": rms,
+        **_bias(e),
     }
-    for name, r in rec.items():
-        d, e = torch.stack(r["delta"]), torch.stack(r["dq"])
-        rms = float(d.pow(2).mean().sqrt())
-        result["variants"][name] = {
-            "delta_mean_error": float(d.mean()),
-            "delta_bias_ratio": abs(float(d.mean())) / rms if rms > 0 else 0.0,
-            "delta_sign_consistency_over_steps": float(torch.sign(d.flatten(1).mean(1)).mean().abs()),
-            "delta_rms_error": rms,
-            **_bias(e),
-        }
-    return result
 
 
 def _bias(e: torch.Tensor) -> dict:
@@ -130,6 +135,13 @@ def tied_max_report(out: str | Path, **kw) -> dict:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
     tied = run_tied_max(**kw)
     control = run_tied_max(**{**kw, "distribution": "normal"})
+    summary = {"study": "tied-max", "tied": tied, "control": control, "findings": _findings(tied, control)}
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    _write_report(summary, out)
+    return summary
+
+
+def _findings(tied: dict, control: dict) -> list[dict]:
     b, d, a = (tied["variants"][n] for n in ("bf16-mixed", "delta-fp32", "max-adjust"))
     c = control["variants"]["bf16-mixed"]
     findings = [
@@ -161,8 +173,11 @@ def tied_max_report(out: str | Path, **kw) -> dict:
             "paper": "removes the failure (beta 2-7)",
         },
     ]
-    summary = {"study": "tied-max", "tied": tied, "control": control, "findings": findings}
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    return findings
+
+
+def _write_report(summary: dict, out: Path) -> None:
+    findings, tied, control = summary["findings"], summary["tied"], summary["control"]
     lines = ["# flashcheck train-study `tied-max` (arXiv 2510.04212)", "", "## Verdicts", ""]
     lines += [
         f"- **{f['id']}** — {'holds' if f['holds'] else 'does not hold'}: {f['claim']}. Measured: "
@@ -189,4 +204,3 @@ def tied_max_report(out: str | Path, **kw) -> dict:
         + "".join(f"<p>{line}</p>" for line in lines)
         + "</body></html>",
     )
-    return summary

@@ -1,20 +1,26 @@
-"""One deterministic training run: weights every K steps, loss per step, resumable from its last save."""
+"""One deterministic training run: weights every K steps, loss per step; every file written atomically and
+a completion marker last, so a run killed at any point resumes to the same bits."""
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from flashcheck.fileio import atomic_target, write_atomic
 from flashcheck.training.data import TokenStream, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+MARKER = "complete.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,10 +56,10 @@ def load_data(cfg: RunConfig) -> TokenStream:
     return synthetic(vocab=cfg.model.vocab, seed=1234) if cfg.data == "synthetic" else text_file(cfg.data)
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def save_torch(obj: object, path: Path) -> None:
+    """torch.save, atomically (temporary file in the same folder, fsync, rename)."""
+    with atomic_target(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def weights_path(run_dir: Path, step: int) -> Path:
@@ -67,30 +73,94 @@ def saved_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := re.fullmatch(r"step_(\d+)\.pt", p.name)))
 
 
-def train(cfg: RunConfig, run_dir: str | Path, data: TokenStream | None = None) -> dict:
-    """Train (or resume) the run in run_dir; returns {"losses": [...], "steps": n, "resumed_from": s}."""
-    run_dir = Path(run_dir)
+def _config_json(cfg: RunConfig) -> dict:
+    return json.loads(json.dumps(cfg.to_dict()))
+
+
+def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
+    """True when the run's completion marker (written after every other file of the run) names cfg."""
+    try:
+        marker = json.loads((Path(run_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("config") == _config_json(cfg)
+
+
+@contextmanager
+def _claim(cfg: RunConfig, run_dir: Path) -> Iterator[None]:
+    """Hold the run folder (an flock, released by the kernel if this process dies), check that it holds this
+    run (config.json; written when new) and remove temporary files that killed writes left."""
     (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    data = data or load_data(cfg)
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ValueError(f"run folder {str(run_dir)!r} is in use by another process (PID {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _check_config(cfg, run_dir / "config.json")
+        for tmp in [*run_dir.glob(".*.tmp*"), *(run_dir / "weights").glob(".*.tmp*")]:
+            tmp.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_config(cfg: RunConfig, path: Path) -> None:
+    """config.json must name this run; only `steps` may differ (a run extended to more steps: _train
+    rewrites it once the saved state is known to be at most that far)."""
+    new = _config_json(cfg)
+    if not path.exists():
+        write_atomic(path, json.dumps(new, indent=2))
+        return
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{str(path)!r} cannot be read ({exc}); delete its run folder to train again") from None
+    if old != new:
+        old = old if isinstance(old, dict) else {}
+        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "steps")
+        if differ:
+            raise ValueError(
+                f"{str(path.parent)!r} holds a run with another configuration ({', '.join(differ)} differ); "
+                "use another --out folder or delete this one"
+            )
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    data: TokenStream | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Train (or resume) the run in run_dir; returns {"losses": [...], "steps": n, "resumed_from": s}.
+
+    Files: config.json, weights/step_NNNNNN.pt every save_every steps, state.pt (resume point), losses.json,
+    then complete.json last; each written atomically, so a run killed anywhere resumes bit-identically.
+    on_progress(step, cfg.steps, cfg.name) after each step (and once with the step it starts from)."""
+    run_dir = Path(run_dir)
+    with _claim(cfg, run_dir):
+        if run_complete(run_dir, cfg):
+            losses = json.loads((run_dir / "losses.json").read_text())
+            return {"losses": losses, "steps": cfg.steps, "resumed_from": cfg.steps}
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        return _train(cfg, run_dir, data or load_data(cfg), on_progress)
+
+
+def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dict:
     mcfg = dataclasses.replace(cfg.model, vocab=max(cfg.model.vocab, data.vocab))
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg, make_attention(cfg.attention, cfg.block))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
-    losses: list[float] = []
-    start = 0
-    state_path = run_dir / "state.pt"
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        scaler.load_state_dict(state["scaler"])
-        start, losses = state["step"], state["losses"]
-    else:
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        _atomic_save(model.state_dict(), weights_path(run_dir, 0))
+    start, losses = _resume(run_dir, cfg.steps, model, opt, scaler)
+    if json.loads((run_dir / "config.json").read_text()) != _config_json(cfg):  # extended to more steps
+        write_atomic(run_dir / "config.json", json.dumps(_config_json(cfg), indent=2))
+    if on_progress is not None:
+        on_progress(start, cfg.steps, cfg.name)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     for step in range(start + 1, cfg.steps + 1):
         x, y = data.batch(step, cfg.batch, mcfg.seq_len, cfg.data_seed)
@@ -102,16 +172,29 @@ def train(cfg: RunConfig, run_dir: str | Path, data: TokenStream | None = None) 
         scaler.update()
         losses.append(float(loss.detach()))
         if step % cfg.save_every == 0 or step == cfg.steps:
-            _atomic_save(model.state_dict(), weights_path(run_dir, step))
-            _atomic_save(
-                {
-                    "model": model.state_dict(),
-                    "opt": opt.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "step": step,
-                    "losses": losses,
-                },
-                state_path,
-            )
-    (run_dir / "losses.json").write_text(json.dumps(losses))
+            save_torch(model.state_dict(), weights_path(run_dir, step))
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()}
+            save_torch({**state, "step": step, "losses": losses}, run_dir / "state.pt")
+        if on_progress is not None:
+            on_progress(step, cfg.steps, cfg.name)
+    write_atomic(run_dir / "losses.json", json.dumps(losses))
+    write_atomic(run_dir / MARKER, json.dumps({"config": _config_json(cfg), "final_loss": losses[-1]}, indent=2))
     return {"losses": losses, "steps": cfg.steps, "resumed_from": start}
+
+
+def _resume(run_dir: Path, steps: int, model: GPT, opt, scaler) -> tuple[int, list[float]]:
+    """Load the last saved state (step, losses so far); with none, save the step-0 weights and start at 0."""
+    state_path = run_dir / "state.pt"
+    if not state_path.exists():
+        save_torch(model.state_dict(), weights_path(run_dir, 0))
+        return 0, []
+    try:
+        state = torch.load(state_path, weights_only=False)
+    except Exception as exc:  # only a file damaged outside flashcheck: every write is atomic
+        raise ValueError(f"{str(state_path)!r} cannot be read ({type(exc).__name__}); delete it to retrain") from None
+    if state["step"] > steps:
+        raise ValueError(f"{str(run_dir)!r} is trained to step {state['step']}, past steps={steps}; raise steps")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    scaler.load_state_dict(state["scaler"])
+    return state["step"], state["losses"]
