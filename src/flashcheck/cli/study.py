@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import typer
 
@@ -11,6 +14,8 @@ from flashcheck.cli.app import (
     _fail_usage,
     app,
 )
+
+LISTED_FAILURES = 20
 
 
 class Executor(StrEnum):
@@ -23,27 +28,29 @@ def study(
     preset: str = typer.Option("quick", help="quick | paper | fa3 | full | tiny."),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
-    workers: int = typer.Option(None, help="Processes (default: the core count)."),
+    workers: int = typer.Option(None, help="Processes (default: the core count; at most 256)."),
     executor: Executor = typer.Option(Executor.local, help="local process pool or ray."),
     ray_address: str = typer.Option(None, help="Address of a running Ray cluster (default: start a local one)."),
-    quiet: bool = typer.Option(False, help="No progress bar."),
+    quiet: bool = typer.Option(False, help="No progress and no findings; failures are still listed."),
 ) -> None:
-    """Reproduce the published studies; resumable (run the same command again to continue)."""
+    """Reproduce the published studies; resumable (run the same command again to continue, failed
+    cases are tried again). Exit code 1 when a case failed."""
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
 
-    try:
-        if workers is not None and workers < 1:
-            raise ValueError(f"--workers {workers} is not allowed; it must be a positive integer")
-        cfg = load_config(config) if config else get_preset(preset)
+    def run() -> tuple[dict, dict]:
+        if ray_address is not None and executor != Executor.ray:
+            raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+        cfg = load_config(config) if config is not None else get_preset(preset)
         stats = run_study(cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet)
-        summary = build_report(out)
-    except ValueError as exc:
-        _fail_usage(str(exc))
-    if not quiet:
-        _print_findings(summary, stats, out)
+        return stats, build_report(out)
+
+    stats, summary = _guarded(run)
+    _print_findings(summary, stats, out, quiet=quiet)
+    if summary["failed"]:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -51,23 +58,59 @@ def report(folder: str = typer.Argument(..., help="A study folder (--out of `fla
     """Rebuild a study's figures and report from its stored records, computing nothing."""
     from flashcheck.study.report import build_report
 
-    try:
-        summary = build_report(folder)
-    except ValueError as exc:
-        _fail_usage(str(exc))
+    summary = _guarded(lambda: build_report(folder))
     _print_findings(summary, None, folder)
 
 
-def _print_findings(summary: dict, stats: dict | None, out: str) -> None:
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """Run fn; a ValueError exits 2 with its message; warnings become `warning: ...` lines on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = fn()
+        except ValueError as exc:
+            _print_warnings(caught)
+            _fail_usage(str(exc))
+    _print_warnings(caught)
+    return result
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    seen = set()
+    for w in caught:
+        text = str(w.message)
+        if text not in seen:
+            seen.add(text)
+            typer.echo(f"warning: {text}", err=True)
+
+
+def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
     from rich.markup import escape
 
     console = _console()
-    if stats:
+    if stats and not quiet:
+        too_big = f", {stats['cases_too_big']} too big for memory" if stats["cases_too_big"] else ""
         console.print(
-            f"{stats['cases_computed']} cases computed, {stats['cases_reused']} reused from the store, "
+            f"{stats['cases_computed']} cases computed, {stats['cases_reused']} reused from the store{too_big}, "
             f"{stats['reference_computations']} FP64 references, {stats['seconds']:.1f} s"
         )
-    for f in summary["findings"]:
-        mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[dim]not measured[/]"}[f["holds"]]
-        console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
-    console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+    if not quiet:
+        for f in summary["findings"]:
+            mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[dim]not measured[/]"}[f["holds"]]
+            console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+    _print_failures(summary, _console(stderr=True) if quiet else console)
+    if not quiet:
+        console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+
+
+def _print_failures(summary: dict, console) -> None:
+    from rich.markup import escape
+
+    if not summary["failed"]:
+        return
+    console.print(f"[red]{summary['failed']} case(s) failed[/] (tried again on the next run):")
+    for f in summary["failures"][:LISTED_FAILURES]:
+        error = (f["error"] or "").strip().splitlines()[0] if (f["error"] or "").strip() else "no message"
+        console.print(f"  {escape(f['case'])}: {escape(error)}")
+    if summary["failed"] > LISTED_FAILURES:
+        console.print(f"  ... and {summary['failed'] - LISTED_FAILURES} more (report.md, summary.json)")

@@ -21,6 +21,7 @@ from flashcheck.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
 from flashcheck.numerics import FP8_FORMATS, Format, info, parse_policy
 from flashcheck.study.config import StudyConfig, Sweep
 
+STATUSES = ("ok", "skipped", "failed")
 METRICS = {"max_abs": max_abs, "mean_abs": mean_abs, "std": std_diff, "rmse": rmse, "rel_l2": rel_l2}
 
 
@@ -82,9 +83,13 @@ class CaseRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> CaseRecord:
+        """The record of a stored line; fields this version does not know (a newer one's) are ignored."""
+        if d["status"] not in STATUSES:
+            raise ValueError(f"status {d['status']!r}; expected one of {', '.join(STATUSES)}")
+        known = {f.name for f in dataclasses.fields(Case)}
         return cls(
-            case_id=d["case_id"],
-            case=Case(**d["case"]),
+            case_id=str(d["case_id"]),
+            case=Case(**{k: v for k, v in d["case"].items() if k in known}),
             status=d["status"],
             errors=d["errors"],
             errors_rounded=d["errors_rounded"],
@@ -228,3 +233,41 @@ def _rounding_key(pol, c: Case) -> tuple | None:
         return None
     blocks = (c.block_q, c.block_k) if pol.input in FP8_FORMATS and pol.fp8_scaling == "block" else None
     return (pol.input, pol.fp8_scaling, pol.hadamard, blocks)
+
+
+def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | None:
+    """The error a simulator raises on tiny inputs of head dim `head_dim` under the sweep's settings."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 4, head_dim, generator=g, dtype=torch.float64) for _ in range(3))
+    bq, bk = sw.blocks[0]
+    try:
+        simulate(kernel, q, k, v, policy=policy, causal=sw.causal, block_q=bq, block_k=bk, algorithm=sw.algorithm)
+    except Exception as exc:  # the kernel's own validation decides what cannot run
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def _sweep_errors(sw: Sweep) -> list[str] | None:
+    """Why each method of `sw` fails at every head dim; None when some case may succeed."""
+    reasons = []
+    for method in sw.all_methods():
+        kernel, _, policy = method.partition(":")
+        if kernel not in SIMULATED_KERNELS:
+            return None  # a real backend runs or is skipped with its reason
+        for d in sw.head_dims:
+            why = _trial_error(kernel, policy, d, sw)
+            if why is None:
+                return None
+            reasons.append(f"{method} at head_dim {d}: {why}")
+    return reasons
+
+
+def check_sweeps_can_run(config: StudyConfig) -> None:
+    """ValueError for a sweep every case of which must fail: each simulator method is tried once per
+    head dim on tiny inputs (the failures the kernels raise do not depend on the length)."""
+    for sw in config.sweeps:
+        reasons = _sweep_errors(sw)
+        if reasons:
+            added = [m for m in sw.all_methods() if m not in sw.methods]
+            hint = f" (including the baseline {', '.join(added)} that baseline = true adds)" if added else ""
+            raise ValueError(f"sweep {sw.question!r}: every case would fail{hint}: " + "; ".join(reasons))

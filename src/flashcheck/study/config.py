@@ -44,9 +44,10 @@ class Sweep:
     metric: str = "max_abs"
 
     def __post_init__(self) -> None:
-        where = f"sweep {self.question!r}"
-        if not self.question or not isinstance(self.question, str):
+        if not isinstance(self.question, str) or not self.question.strip():
             raise ValueError(f"question={self.question!r} must be a non-empty string")
+        where = f"sweep {self.question!r}"
+        self._check_types(where)
         if not self.methods:
             raise ValueError(f"{where}: methods is empty; give 'kernel:policy' strings")
         for m in self.methods:
@@ -82,8 +83,34 @@ class Sweep:
         if self.metric not in ("max_abs", "mean_abs", "std", "rmse", "rel_l2"):
             raise ValueError(f"{where}: metric={self.metric!r}; expected max_abs, mean_abs, std, rmse, rel_l2")
         for name in ("batch", "heads"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a positive integer")
+
+    def _check_types(self, where: str) -> None:
+        """Strict types: a TOML `baseline = "no"` or `seq_lens = [true]` is an error, not a truthy value."""
+        for name in ("causal", "baseline"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be true or false")
+        for name in ("algorithm", "metric"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a string")
+        for name in ("batch", "heads"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a positive integer")
+        for name, ok, what in (
+            ("methods", lambda x: isinstance(x, str), "strings"),
+            ("distributions", lambda x: isinstance(x, str), "strings"),
+            ("seq_lens", _is_int, "integers"),
+            ("head_dims", _is_int, "integers"),
+            ("seeds", _is_int, "integers"),
+            ("blocks", lambda b: isinstance(b, tuple | list) and all(_is_int(x) for x in b), "[Br, Bc] integer pairs"),
+        ):
+            values = getattr(self, name)
+            if not isinstance(values, tuple | list):
+                raise ValueError(f"{where}: {name}={values!r} must be a list of {what}")
+            bad = [x for x in values if not ok(x)]
+            if bad:
+                raise ValueError(f"{where}: {name} holds {bad[0]!r}; it must be a list of {what}")
 
     def all_methods(self) -> tuple[str, ...]:
         out = list(self.methods)
@@ -107,6 +134,8 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> StudyConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a table with 'name' and 'sweeps', got a {type(data).__name__}")
         allowed = {"name", "sweeps"}
         unknown = set(data) - allowed
         if unknown:
@@ -116,10 +145,17 @@ class StudyConfig:
         sweeps = data.get("sweeps") or []
         if not isinstance(sweeps, list) or not sweeps:
             raise ValueError(f"{source}: 'sweeps' must be a non-empty list of tables ([[sweeps]])")
+        name = data.get("name", Path(source).stem)
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{source}: name={name!r} must be a non-empty string")
         return cls(
-            name=str(data.get("name", Path(source).stem)),
+            name=name,
             sweeps=tuple(_sweep_from_dict(s, i, source) for i, s in enumerate(sweeps, 1)),
         )
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _sweep_from_dict(data: dict, index: int, source: str) -> Sweep:
@@ -146,17 +182,27 @@ def _sweep_from_dict(data: dict, index: int, source: str) -> Sweep:
         kwargs["blocks"] = tuple(tuple(b) for b in blocks)
     try:
         return Sweep(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"sweep {index} of {source}: {exc}") from None
 
 
 def load_config(path: str | Path) -> StudyConfig:
     """A custom sweep from a TOML file: top-level `name` and `[[sweeps]]` tables of Sweep's fields."""
+    if not str(path).strip():
+        raise ValueError("--config '' is empty; give a TOML file (or leave --config out and use --preset)")
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"config file {str(p)!r} is a directory; give a TOML file")
     try:
-        data = tomllib.loads(p.read_text())
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"config file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); TOML must be UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
     return StudyConfig.from_dict(data, str(p))

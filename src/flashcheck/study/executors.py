@@ -1,18 +1,29 @@
-"""Where case groups run: a local process pool (records stream back as each case ends) or Ray."""
+"""Where case groups run: a local process pool (records stream back as each case ends) or Ray.
+
+A worker that dies (killed, out of memory) breaks the local pool: no record already received is
+touched; the cases not reported yet run again on a new pool (see run_local), and only a group that
+kills its worker when run alone is recorded as failed.
+"""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import socket
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 
 EXECUTORS = ("local", "ray")
+RAY_CONNECT_TIMEOUT_S = 10.0
 _QUEUE = None
+
+Task = Callable[[list[Case]], int]
 
 
 def _init_worker(q) -> None:
@@ -24,44 +35,145 @@ def _pool_task(cases: list[Case]) -> int:
     return evaluate_group(cases, lambda rec: _QUEUE.put(rec.to_json()))
 
 
+def emit(rec: CaseRecord) -> None:
+    """Send a record from a pool worker to the parent (for custom pool tasks)."""
+    _QUEUE.put(rec.to_json())
+
+
 def _failed(cases: list[Case], message: str) -> list[CaseRecord]:
     env = environment()
     return [CaseRecord(c.case_id, c, "failed", {}, {}, 0.0, message, env) for c in cases]
 
 
-def run_local(groups: list[list[Case]], workers: int, on_record: Callable[[CaseRecord], None]) -> int:
-    """Run groups on `workers` spawned processes; call on_record for each case as it finishes.
-    Returns the number of FP64 references computed."""
-    import json
+def run_local(
+    groups: list[list[Case]],
+    workers: int,
+    on_record: Callable[[CaseRecord], None],
+    task: Task = _pool_task,
+) -> int:
+    """Run groups on up to `workers` spawned processes; call on_record once per case as it finishes.
+    `task` runs in a worker and reports each record with `emit`. Returns the FP64 references computed.
 
+    When a worker dies the pool breaks; a new pool runs every case not reported yet. A group that may
+    have been running at two breaks is then run alone, and if it kills its worker alone as well, its
+    unreported cases are recorded as failed."""
+    todo = {i: list(g) for i, g in enumerate(groups) if g}
+    strikes: dict[int, int] = {}
+    refs = 0
+    while todo:
+        n, suspects, broken = _run_pool(todo, workers, on_record, task)
+        refs += n
+        if broken is None:  # the pool ended normally: anything unreported is lost, not retried
+            _fail_all(todo, "no record came back from the worker", on_record)
+            break
+        for gi in suspects:
+            strikes[gi] = strikes.get(gi, 0) + 1
+            if strikes[gi] >= 2:
+                refs += _run_alone(gi, todo.pop(gi), on_record, task)
+    return refs
+
+
+def _run_alone(gi: int, cases: list[Case], on_record: Callable[[CaseRecord], None], task: Task) -> int:
+    alone = {gi: cases}
+    refs, _, broken = _run_pool(alone, 1, on_record, task)
+    why = f"{type(broken).__name__}: {broken}" if broken else "no record came back"
+    _fail_all(alone, f"worker died twice in a pool, then alone ({why})", on_record)
+    return refs
+
+
+def _fail_all(todo: dict[int, list[Case]], message: str, on_record: Callable[[CaseRecord], None]) -> None:
+    for cases in todo.values():
+        for rec in _failed(cases, message):
+            on_record(rec)
+    todo.clear()
+
+
+def _run_pool(
+    todo: dict[int, list[Case]], workers: int, on_record: Callable[[CaseRecord], None], task: Task
+) -> tuple[int, list[int], BaseException | None]:
+    """One pool over the unfinished cases of `todo`, removing each case whose record arrives and each
+    group that raised (its unreported cases are recorded as failed). Returns (references computed,
+    the groups that may have been running when a worker died, the BrokenProcessPool or None)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    refs = 0
+    owner = {c.case_id: gi for gi, cases in todo.items() for c in cases}
+    refs, broken, finished, errors = 0, None, set(), {}
+    slots = max(1, min(workers, len(todo)))
 
-    def drain(block: bool) -> None:
+    def drain(wait_s: float) -> None:
         while True:
             try:
-                line = q.get(timeout=0.05) if block else q.get_nowait()
+                line = q.get(timeout=wait_s) if wait_s else q.get_nowait()
             except queue_mod.Empty:
                 return
-            on_record(CaseRecord.from_dict(json.loads(line)))
-            block = False
+            rec = CaseRecord.from_dict(json.loads(line))
+            gi = owner.pop(rec.case_id, None)
+            if gi is not None:  # else not ours, or already received
+                todo[gi] = [c for c in todo[gi] if c.case_id != rec.case_id]
+                on_record(rec)
 
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
-        pending = {pool.submit(_pool_task, g): g for g in groups}
+    with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
+        pending = {pool.submit(task, list(cases)): gi for gi, cases in todo.items()}
+        order = list(pending.values())
         while pending:
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-            drain(block=False)
+            drain(0)
             for fut in done:
-                group = pending.pop(fut)
+                gi = pending.pop(fut)
                 try:
                     refs += fut.result()
-                except Exception as exc:  # the worker died: its unfinished cases are recorded as failed
-                    drain(block=True)
-                    for rec in _failed(group, f"worker failed: {type(exc).__name__}: {exc}"):
-                        on_record(rec)
-        drain(block=True)
-    return refs
+                    finished.add(gi)
+                except BrokenProcessPool as exc:
+                    broken = exc
+                except Exception as exc:  # the group itself raised: deterministic, not retried
+                    errors[gi] = f"worker failed: {type(exc).__name__}: {exc}"
+    drain(0.05)
+    for gi, message in errors.items():
+        _fail_all({gi: todo[gi]}, message, on_record)
+    for gi in [gi for gi, cases in todo.items() if not cases] + list(errors):
+        todo.pop(gi, None)
+    # the pool feeds groups in submission order: at most slots + 1 unfinished ones had started
+    suspects = [gi for gi in order if gi in todo and gi not in finished][: slots + 1] or list(todo)
+    return refs, suspects if broken else [], broken
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray-address {address!r} is not allowed; give HOST:PORT (or ray://HOST:PORT, or auto)")
+    return host.strip("[]"), int(port)
+
+
+# An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS and client server)
+# answers with a SETTINGS frame (frame type 4 in the 4th byte of its 9-byte header).
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_ray_address(address: str, timeout: float | None = None) -> None:
+    """Raise ValueError naming `address` and the reason unless a gRPC server (a Ray cluster) answers
+    there within `timeout` seconds; ray.init itself would wait minutes and ignore SIGTERM."""
+    if address in ("auto", "local"):
+        return
+    timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout
+    host, port = _host_port(address)
+    head = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(_H2_HELLO)
+            while len(head) < 9:
+                chunk = s.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except TimeoutError:
+        if not head:
+            raise ValueError(f"--ray-address {address!r}: no answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise ValueError(f"--ray-address {address!r}: cannot connect: {exc.strerror or exc}") from None
+    if len(head) < 9 or head[3] != 4:
+        raise ValueError(f"--ray-address {address!r}: the server there does not speak gRPC; it is not a Ray cluster")
 
 
 def run_ray(
@@ -72,6 +184,8 @@ def run_ray(
     temp_dir: str | Path | None = None,
 ) -> int:
     """Run groups as Ray tasks (local Ray with `workers` CPUs, or the cluster at `address`)."""
+    if address:
+        check_ray_address(address)
     try:
         import ray
     except ImportError:
@@ -84,32 +198,33 @@ def run_ray(
             kwargs["_temp_dir"] = str(Path(temp_dir).resolve())
         ray.init(ignore_reinit_error=True, log_to_driver=False, **kwargs)
         started = True
+    try:
+        return _ray_tasks(ray, groups, on_record)
+    finally:
+        if started:
+            ray.shutdown()
 
+
+def _ray_tasks(ray, groups: list[list[Case]], on_record: Callable[[CaseRecord], None]) -> int:
     @ray.remote(num_cpus=1)
     def task(cases: list[Case]) -> tuple[int, list[str]]:
         records: list[str] = []
         n = evaluate_group(cases, lambda rec: records.append(rec.to_json()))
         return n, records
 
-    import json
-
     refs = 0
-    try:
-        pending = {task.remote(g): g for g in groups}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                group = pending.pop(ref)
-                try:
-                    n, lines = ray.get(ref)
-                except Exception as exc:
-                    for rec in _failed(group, f"ray task failed: {type(exc).__name__}: {exc}"):
-                        on_record(rec)
-                    continue
-                refs += n
-                for line in lines:
-                    on_record(CaseRecord.from_dict(json.loads(line)))
-    finally:
-        if started:
-            ray.shutdown()
+    pending = {task.remote(g): g for g in groups}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            group = pending.pop(ref)
+            try:
+                n, lines = ray.get(ref)
+            except Exception as exc:  # Ray already retried a task whose worker died
+                for rec in _failed(group, f"ray task failed: {type(exc).__name__}: {exc}"):
+                    on_record(rec)
+                continue
+            refs += n
+            for line in lines:
+                on_record(CaseRecord.from_dict(json.loads(line)))
     return refs

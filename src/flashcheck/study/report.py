@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcheck.fileio import write_atomic
-from flashcheck.study.cases import CaseRecord, expand_sweep
+from flashcheck.study.cases import Case, CaseRecord, expand_sweep
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
-from flashcheck.study.store import ResultStore
+from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
+
+MAX_LISTED = 100  # failed cases listed in summary.json and the reports (all are in records.jsonl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +76,18 @@ def _finding(fid: str, claim: str, measured: str, holds: bool | None, paper: str
     return {"id": fid, "claim": claim, "measured": measured, "holds": holds, "paper": paper}
 
 
+NOT_MEASURED = "not measured in this study"
+
+
 def findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
     """The verdicts: the seed paper's five findings and FA3's two, from whatever the study measured."""
-    sweeps = {sw.question: sw for sw in config.sweeps}
-    pts = {q: sweep_points(sw, records) for q, sw in sweeps.items()}
-    out = []
-    nm = "not measured in this study"
+    pts = {sw.question: sweep_points(sw, records) for sw in config.sweeps}
+    return [*_length_findings(pts), *_tile_findings(pts), *_fa3_findings(pts.get("fa3", []))]
 
+
+def _length_findings(pts: dict[str, list[Point]]) -> list[dict]:
+    """Flash vs Baseline at BF16, and its growth with the sequence length."""
+    out, nm = [], NOT_MEASURED
     sl = [p for p in pts.get("seq_len", []) if p.method == "flash:bf16" and p.ratio is not None]
     sl.sort(key=lambda p: p.seq_len)
     if sl:
@@ -105,12 +112,16 @@ def findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
                 "grows",
             )
         )
-    else:
-        out += [
-            _finding("flash_vs_baseline_bf16", "At BF16 Flash deviates more than Baseline", nm, None),
-            _finding("grows_with_seq_len", "The ratio grows with sequence length", nm, None),
-        ]
+        return out
+    return [
+        _finding("flash_vs_baseline_bf16", "At BF16 Flash deviates more than Baseline", nm, None),
+        _finding("grows_with_seq_len", "The ratio grows with sequence length", nm, None),
+    ]
 
+
+def _tile_findings(pts: dict[str, list[Point]]) -> list[dict]:
+    """Block area, swapped block dimensions, square vs rectangular tiles."""
+    out, nm = [], NOT_MEASURED
     ba = [p for p in pts.get("block_area", []) if p.method == "flash:bf16" and p.ratio is not None]
     ba.sort(key=lambda p: p.block[0] * p.block[1])
     out.append(
@@ -157,7 +168,6 @@ def findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
         )
     else:
         out.append(_finding("square_tiles", "Square tiles change nothing", nm, None))
-    out += _fa3_findings(pts.get("fa3", []))
     return out
 
 
@@ -345,35 +355,62 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
     return out
 
 
-def build_report(folder: str | Path) -> dict:
-    """Rebuild figures, report.md, report.html and summary.json in `folder` from its stored records."""
-    folder = Path(folder)
-    cfg_path = folder / "study.json"
-    if not cfg_path.exists():
+def _load_config(folder: Path) -> StudyConfig:
+    if not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is not a folder; give the --out folder of `flashcheck study`")
+    data = read_study_json(folder)
+    if data is None:
         raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --out` first")
-    config = StudyConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
+    return StudyConfig.from_dict(data, str(folder / "study.json"))
+
+
+def case_label(c: Case) -> str:
+    """One line naming a case: method, sizes, tiles, inputs, seed."""
+    tiles = f" tiles {c.block_q}x{c.block_k}" if c.block_q else ""
+    return f"{c.method} L={c.seq_len} D={c.head_dim}{tiles} {c.distribution} seed {c.seed}"
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+def _problems(records: dict[str, CaseRecord]) -> tuple[list[dict], list[dict]]:
+    """Failed cases one by one, and skipped cases grouped by method and reason."""
+    failures = [
+        {"case_id": r.case_id, "method": r.case.method, "case": case_label(r.case), "error": (r.error or "")[:500]}
+        for r in records.values()
+        if r.status == "failed"
+    ]
+    groups: dict[tuple[str, str], int] = {}
+    for r in records.values():
+        if r.status == "skipped":
+            key = (r.case.method, _first_line(r.error))
+            groups[key] = groups.get(key, 0) + 1
+    skipped = [{"method": m, "reason": why, "cases": n} for (m, why), n in groups.items()]
+    return failures, skipped
+
+
+def build_report(folder: str | Path) -> dict:
+    """Rebuild figures, report.md, report.html and summary.json in `folder` from its stored records.
+    Computes nothing and never changes the store (records.jsonl, runs.jsonl, study.json)."""
+    if not str(folder).strip():
+        raise ValueError(f"folder {str(folder)!r} is empty; give a study folder (the --out of `flashcheck study`)")
+    folder = Path(folder)
+    config = _load_config(folder)
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
-    failed = [r for r in records.values() if r.status == "failed"]
-    skipped = [r for r in records.values() if r.status == "skipped"]
+    failures, skipped = _problems(records)
     found = findings(config, ok)
     figures = draw_figures(config, ok, folder / "figures")
-    runs = (
-        [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-        if (folder / "runs.jsonl").exists()
-        else []
-    )
     env = next(iter(records.values())).env if records else {}
     summary = {
         "study": config.name,
         "findings": found,
         "cases": len(records),
-        "failed": len(failed),
-        "skipped": [{"method": r.case.method, "reason": r.error} for r in skipped[:20]],
-        "failures": [
-            {"case_id": r.case_id, "method": r.case.method, "error": (r.error or "")[:500]} for r in failed[:20]
-        ],
-        "runs": runs,
+        "failed": len(failures),
+        "skipped": skipped,
+        "failures": failures[:MAX_LISTED],
+        "runs": [run for _, run in read_jsonl(folder / "runs.jsonl", "runs")],
         "environment": env,
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
@@ -382,6 +419,20 @@ def build_report(folder: str | Path) -> dict:
     write_atomic(folder / "report.md", _markdown(summary, tables, figures, folder))
     write_atomic(folder / "report.html", _html(summary, tables, figures))
     return summary
+
+
+def _problem_rows(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) for the failed and the skipped cases, when there are any."""
+    out = []
+    if summary["failures"]:
+        more = summary["failed"] - len(summary["failures"])
+        title = f"Failed cases ({summary['failed']}{f', the first {MAX_LISTED} listed' if more > 0 else ''})"
+        rows = [[f["case"], _first_line(f["error"])] for f in summary["failures"]]
+        out.append((title, ["case", "error (the traceback is in records.jsonl)"], rows))
+    if summary["skipped"]:
+        rows = [[s["method"], str(s["cases"]), s["reason"]] for s in summary["skipped"]]
+        out.append(("Skipped cases", ["method", "cases", "reason"], rows))
+    return out
 
 
 def _markdown(summary: dict, tables, figures: dict[str, Path], folder: Path) -> str:
@@ -398,6 +449,10 @@ def _markdown(summary: dict, tables, figures: dict[str, Path], folder: Path) -> 
         "mean ± std over seeds.",
         "",
     ]
+    for title, header, rows in _problem_rows(summary):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        lines.append("")
     for question, header, rows in tables:
         lines += [f"## {question}", ""]
         if question in figures:
@@ -431,6 +486,10 @@ def _html(summary: dict, tables, figures: dict[str, Path]) -> str:
         f"</ul><p>{summary['cases']} cases, {summary['failed']} failed. Errors against an FP64 "
         "reference; Flash/Baseline = ratio to standard attention under the same policy.</p>"
     )
+    for title, header, rows in _problem_rows(summary):
+        parts.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
     for question, header, rows in tables:
         parts.append(f"<h2>{esc(question)}</h2>")
         if question in figures:

@@ -5,18 +5,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import nullcontext
+import warnings
 from pathlib import Path
 
 from flashcheck.fileio import write_atomic
-from flashcheck.study.cases import CaseRecord, expand, group_by_inputs
+from flashcheck.progress import progress
+from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
-from flashcheck.study.executors import EXECUTORS, run_local, run_ray
-from flashcheck.study.store import ResultStore
+from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
+from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
+from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder_lock, read_study_json
+
+MAX_WORKERS = 256
+PROGRESS_EVERY_S = 5.0  # plain progress lines off a terminal, at most this often
 
 
-def prepare_out(out: str | Path, config: StudyConfig) -> Path:
-    """Create `out`, check that it is writable and holds no other study; save the config there."""
+def prepare_out(out: str | Path) -> Path:
+    """Create `out` and check that it is a writable folder."""
+    if not str(out).strip():
+        raise ValueError(f"--out {str(out)!r} is empty; give a folder for the study")
     path = Path(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -25,18 +32,47 @@ def prepare_out(out: str | Path, config: StudyConfig) -> Path:
         probe.unlink()
     except OSError as exc:
         raise ValueError(f"--out {str(path)!r} is not writable: {exc.strerror or exc}") from None
-    saved = path / "study.json"
-    new = config.to_dict()
-    if saved.exists():
-        old = json.loads(saved.read_text())
-        if old != json.loads(json.dumps(new)):
-            raise ValueError(
-                f"--out {str(path)!r} holds another study ({old.get('name')!r}); use a new --out "
-                "folder or the same configuration to resume"
-            )
-    else:
-        write_atomic(saved, json.dumps(new, indent=2))
     return path
+
+
+def save_config(path: Path, config: StudyConfig) -> None:
+    """Write study.json, or check that the one there is this configuration (to resume)."""
+    new = config.to_dict()
+    try:
+        old = read_study_json(path)
+    except DamagedFile as exc:
+        warnings.warn(f"{exc}; rewriting it from this run's configuration", stacklevel=2)
+        old = None
+    if old is None:
+        write_atomic(path / "study.json", json.dumps(new, indent=2))
+        return
+    try:
+        same = StudyConfig.from_dict(old, str(path / "study.json")).to_dict() == new
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"--out {str(path)!r} holds a study this version cannot read ({exc}); use another --out"
+        ) from None
+    if not same:
+        raise ValueError(
+            f"--out {str(path)!r} holds another study ({old.get('name')!r}); use a new --out "
+            "folder or the same configuration to resume"
+        )
+
+
+def check_workers(workers: int | None) -> int:
+    """`workers`, or the core count when None; ValueError unless 1 <= workers <= MAX_WORKERS."""
+    if workers is None:
+        return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
+    return workers
+
+
+def _done(rec: CaseRecord | None) -> bool:
+    """A case is done when ok or skipped for good; failed and memory-skipped cases are tried again."""
+    if rec is None or rec.status == "failed":
+        return False
+    return rec.status == "ok" or not (rec.error or "").startswith(MEMORY_SKIP)
 
 
 def run_study(
@@ -48,32 +84,46 @@ def run_study(
     ray_address: str | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Compute every case of `config` missing from `out`'s store. Returns this run's statistics."""
+    """Compute every case of `config` not yet done in `out`'s store (failed cases again). Holds the
+    folder's lock while it runs (FolderLocked when another study has it). Returns this run's statistics."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
-    workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise ValueError(f"--workers {workers} must be a positive integer")
-    path = prepare_out(out, config)
+    workers = check_workers(workers)
+    check_sweeps_can_run(config)
+    if executor == "ray" and ray_address:
+        check_ray_address(ray_address)
+    path = prepare_out(out)
+    with folder_lock(path):
+        save_config(path, config)
+        return _run_locked(config, path, workers, executor, ray_address, quiet)
+
+
+def _run_locked(
+    config: StudyConfig, path: Path, workers: int, executor: str, ray_address: str | None, quiet: bool
+) -> dict:
     store = ResultStore(path)
-    done = store.load()
+    store.repair()
+    current = store.load()
     cases = expand(config)
-    todo = [c for c in cases if c.case_id not in done]
-    groups = group_by_inputs(todo)
+    todo = [c for c in cases if not _done(current.get(c.case_id))]
+    runnable, skips = _fit_memory(todo, current, workers)
+    groups = group_by_inputs(runnable)
     start = time.perf_counter()
-    progress = _progress(quiet)
-    with progress or nullcontext():
-        bar = (
-            progress.add_task(f"study {config.name}", total=len(cases), completed=len(cases) - len(todo))
-            if progress
-            else None
-        )
+    written = {"ok": 0, "skipped": 0, "failed": 0}
 
-        def on_record(rec: CaseRecord) -> None:
-            store.append(rec)
-            if progress:
-                progress.advance(bar)
+    def on_record(rec: CaseRecord) -> None:
+        prev = current.get(rec.case_id)
+        if rec.status != "ok" and prev is not None and prev.status == "ok":
+            return  # an ok record is final
+        store.append(rec)
+        current[rec.case_id] = rec
+        written[rec.status] += 1
+        advance(note=f"{written['failed']} failed" if written["failed"] else "")
 
+    done = len(cases) - len(todo)
+    with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
+        for rec in skips:
+            on_record(rec)
         if not groups:
             refs = 0
         elif executor == "ray":
@@ -82,17 +132,39 @@ def run_study(
             refs = run_local(groups, workers, on_record)
     stats = {
         "cases_total": len(cases),
-        "cases_computed": len(todo),
+        "cases_computed": len(runnable),
         "cases_reused": len(cases) - len(todo),
+        "cases_failed": written["failed"],
+        "cases_too_big": len(todo) - len(runnable),
         "input_sets": len(groups),
         "reference_computations": refs,
         "workers": workers,
         "executor": executor,
         "seconds": round(time.perf_counter() - start, 3),
     }
-    with (path / "runs.jsonl").open("a") as f:
-        f.write(json.dumps(stats) + "\n")
+    if sum(written.values()):  # a run that changed nothing leaves no trace
+        append_line(path / "runs.jsonl", json.dumps(stats))
     return stats
+
+
+def _fit_memory(todo: list[Case], current: dict[str, CaseRecord], workers: int) -> tuple[list[Case], list[CaseRecord]]:
+    """Split `todo` into cases that fit in memory and skip records for those that do not (none for a
+    case already recorded as too big, so that a rerun writes nothing)."""
+    avail = available_bytes()
+    if not avail:
+        return todo, []
+    parallel = max(1, min(workers, len(group_by_inputs(todo))))
+    fits, skips, env = [], [], None
+    for c in todo:
+        why = too_big(c, avail, parallel)
+        if why is None:
+            fits.append(c)
+            continue
+        prev = current.get(c.case_id)
+        if prev is None or not (prev.error or "").startswith(MEMORY_SKIP):
+            env = env or environment()
+            skips.append(CaseRecord(c.case_id, c, "skipped", {}, {}, 0.0, why, env))
+    return fits, skips
 
 
 def _ray_temp(path: Path) -> Path:
@@ -100,27 +172,3 @@ def _ray_temp(path: Path) -> Path:
     temp = Path(os.environ.get("FLASHCHECK_RAY_TMP", path / ".ray"))
     temp.mkdir(parents=True, exist_ok=True)
     return temp
-
-
-def _progress(quiet: bool):
-    if quiet:
-        return None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("cases"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    )
