@@ -81,7 +81,7 @@ def test_budget_fails_nan_and_reports_views():
     ref = torch.zeros(4, 4, dtype=torch.float64)
     out = ref.clone().float()
     out[0, 0] = float("nan")
-    res = check_budget(out, ref, ref.float())
+    res = check_budget(out, ref, ref.float(), rule="peers")
     assert not res and [c.name for c in res.failed()] == ["max", "mean", "nonfinite"]
     grid = torch.linspace(0.1, 0.9, 101, dtype=torch.float64)
     assert rounding_floor(grid, torch.bfloat16) > rounding_floor(grid, torch.float16) > 0

@@ -144,7 +144,7 @@ def run_backend_case(case: BackendCase, *, device: str) -> dict:
         "vs_rounded_inputs": {"candidate": error_summary(cand, ref_r)},
         "kernel_ops": ops,
         "kernel_verified": proves(ops, proof),
-        "budget": check_budget(cand, ref, base, k=K_FORWARD, dtype=budget_dtype).to_dict(),
+        "budget": check_budget(cand, ref, base, k=K_FORWARD, dtype=budget_dtype, rule="peers").to_dict(),
     }
     if case.backward:
         out["grad"] = _grad_summary(cand_g, base_g, ref_g, budget_dtype)
@@ -162,7 +162,7 @@ def _grad_summary(cand_g, base_g, ref_g, dtype) -> dict:
             "candidate": ce,
             "baseline": be,
             "ratio": ratio(ce, be),
-            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype).to_dict(),
+            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype, rule="peers").to_dict(),
         }
     return grads
 

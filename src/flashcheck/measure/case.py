@@ -136,7 +136,8 @@ def _measure(case: Case, refs: References) -> Record:
         base, base_g = _run(bm.runner(causal=case.causal), bm.prepare(*qkv), do)
         fields.update(baseline=_errors(base, refs.reference, names), baseline_name=bm.label())
         if not m.is_simulator:
-            fields["budget"] = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype()).to_dict()
+            budget = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype(), rule="peers")
+            fields["budget"] = budget.to_dict()
         if case.backward:
             fields["grad"] = _grads(case, qkv, do, cand_g, base_g)
     if case.verify_kernel and not m.is_simulator:
@@ -165,6 +166,6 @@ def _grads(case: Case, qkv, do, cand_g, base_g) -> dict:
             "candidate": ce,
             "baseline": be,
             "ratio": ratio(ce, be),
-            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype).to_dict(),
+            "budget": check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype, rule="peers").to_dict(),
         }
     return out

@@ -1,31 +1,14 @@
-"""A pytest helper for kernel authors: assert that an attention function passes the field's budget.
-
-    from flashcheck.testing import assert_attention_close
-
-    def test_my_kernel():
-        assert_attention_close(my_attention, dtype=torch.bfloat16, causal=(False, True))
-
-`fn(q, k, v, causal=bool)` takes [B, H, L, D] tensors in `dtype` on `device` and returns [B, H, L, D]."""
+"""assert_attention_close: a pytest helper that fails when an attention kernel breaks an acceptance rule."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 import torch
 
-from flashcheck.backends.eager import eager_attention
-from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
-from flashcheck.kernels import reference_attention
-
-
-def _outputs(fn, tensors, do, **kw):
-    leaves = [t.detach().requires_grad_(do is not None) for t in tensors]
-    out = fn(*leaves, **kw)
-    if do is None:
-        return out.detach(), None
-    out.backward(do.to(out.device, out.dtype))
-    return out.detach(), [t.grad for t in leaves]
+from flashcheck.budget import K_FORWARD, K_GRADIENT, RULES
+from flashcheck.testing.harness import Case, judge, prepare, run_kernel
 
 
 def assert_attention_close(
@@ -40,31 +23,37 @@ def assert_attention_close(
     k: float = K_FORWARD,
     k_grad: float = K_GRADIENT,
     backward: bool = False,
+    kv_heads: int | None = None,
+    rule: str = "flashcheck",
 ) -> None:
-    """Raise AssertionError (listing every failing case) unless fn passes, at every grid point:
-    max|fn - ref| <= k * max|eager - ref| + floor, ref the FP64 attention, eager plain PyTorch in dtype;
-    with `backward`, the same for dq, dk, dv with k_grad."""
-    failures, n = [], 0
-    for b, h, length, d in shapes:
-        for dist in distributions:
-            for seed in seeds:
-                q, kk, v = make_qkv(
-                    InputSpec(batch=b, heads=h, seq_len=length, head_dim=d, distribution=dist, seed=seed)
-                )
-                do = make_grad(q.shape, seed) if backward else None
-                for c in causal:
-                    n += 1
-                    low = [t.to(device, dtype) for t in (q, kk, v)]
-                    out, grads = _outputs(fn, low, do, causal=c)
-                    base, bgrads = _outputs(eager_attention, low, do, causal=c)
-                    ref, rgrads = _outputs(reference_attention, [q, kk, v], do, causal=c)
-                    where = f"shape {(b, h, length, d)} {dist} seed {seed} causal={c}"
-                    res = check_budget(out.cpu(), ref, base.cpu(), k=k, dtype=dtype)
-                    if not res:
-                        failures.append(f"{where}: output\n{res.message()}")
-                    for name, g, bg, rg in zip("qkv", grads or [], bgrads or [], rgrads or [], strict=False):
-                        gres = check_budget(g.cpu(), rg, bg.cpu(), k=k_grad, dtype=dtype)
-                        if not gres:
-                            failures.append(f"{where}: d{name}\n{gres.message()}")
+    """Raise AssertionError (listing every failing case) unless fn passes `rule` at every grid point.
+
+    `fn(q, k, v, causal=bool)` takes q [B, H, L, D] and k, v [B, Hkv, L, D] in `dtype` on `device` and
+    returns [B, H, L, D]; shapes are (B, H, L, D); `kv_heads` (dividing every H) tests grouped-query
+    attention. The reference is FP64 attention on the same rounded inputs, the baseline plain PyTorch in
+    `dtype`. rule "flashcheck" (default): max|fn - ref| <= k * max|eager - ref| + floor, no NaN/Inf, and
+    relative L2, bias and per-row error within calibrated factors of eager's; rule "peers": the max test
+    and a mean test (flashcheck.budget). With `backward`, the same for dq, dk, dv (k_grad)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(RULES)}")
+    failures, grid = [], list(itertools.product(shapes, distributions, seeds, causal))
+    for (b, h, length, d), dist, seed, c in grid:
+        case = Case(
+            batch=b,
+            heads=h,
+            kv_heads=kv_heads,
+            seq_len=length,
+            head_dim=d,
+            dtype=dtype,
+            causal=c,
+            distribution=dist,
+            seed=seed,
+            backward=backward,
+        )
+        prep = prepare(case, device)
+        outputs = run_kernel(fn, prep.inputs, prep.grad_out, c, device)
+        for name, res in judge(outputs, prep, rule=rule, k=k, k_grad=k_grad).items():
+            if not res:
+                failures.append(f"{case.label()}: {'output' if name == 'out' else name}\n{res.message()}")
     if failures:
-        raise AssertionError(f"{len(failures)} check(s) failed over {n} case(s):\n\n" + "\n\n".join(failures))
+        raise AssertionError(f"{len(failures)} check(s) failed over {len(grid)} case(s):\n\n" + "\n\n".join(failures))
