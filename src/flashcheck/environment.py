@@ -73,8 +73,10 @@ def read_pin(path: str | Path) -> dict:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"pin file {str(path)!r} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("flashcheck_pin") != PIN_VERSION or not isinstance(
-        doc.get("environment"), dict
+    if (
+        not isinstance(doc, dict)
+        or doc.get("flashcheck_pin") != PIN_VERSION
+        or not isinstance(doc.get("environment"), dict)
     ):
         raise ValueError(f"pin file {str(path)!r} is not a flashcheck pin (version {PIN_VERSION})")
     return doc["environment"]
@@ -83,15 +85,16 @@ def read_pin(path: str | Path) -> dict:
 def check_pin(path: str | Path, current: dict | None = None) -> list[str]:
     """Differences between a pin file and the running environment (or `current`), one line each.
 
-    An empty list means the environment matches. The pin's "impl" is compared only when both sides
-    name one. Raises ValueError for a missing or corrupt pin file.
+    An empty list means the environment matches. The pin's "impl" (one name, or the comma-separated
+    implementations a validation ran) is compared only when both sides name one, and matches when the
+    running implementation is among the pinned ones. Raises ValueError for a missing or corrupt pin file.
     """
     pinned = read_pin(path)
     now = current if current is not None else environment_fingerprint(pinned.get("impl"))
     diffs = []
     for key in _KEYS:
         want, have = pinned.get(key), now.get(key)
-        if key == "impl" and (want is None or have is None):
+        if key == "impl" and (want is None or have is None or str(have) in str(want).split(",")):
             continue
         if want != have:
             diffs.append(f"{key}: pinned {want!r}, running {have!r}")
