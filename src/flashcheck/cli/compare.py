@@ -19,19 +19,20 @@ from flashcheck.cli.app import (
     app,
 )
 
+NUMERICS_HELP = (
+    "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
+    "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16)."
+)
+BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
+DEVICE_HELP = "Where real backends run: cpu or cuda (default: cuda where available, else cpu); simulators: the CPU."
+DETERMINISM_HELP = "Repeated runs bit-identical, batch invariance (with --backend)."
+
 
 @app.command()
 def compare(
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
-    numerics: str = typer.Option(
-        None,
-        help="Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
-        "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16).",
-    ),
-    baseline_numerics: str = typer.Option(
-        None,
-        help="Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype).",
-    ),
+    numerics: str = typer.Option(None, help=NUMERICS_HELP),
+    baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
     backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
     preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
@@ -46,79 +47,28 @@ def compare(
     fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
     hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
     backward: bool = typer.Option(False, "--backward", help="Gradients too (with --backend)."),
-    determinism: bool = typer.Option(
-        False, "--determinism", help="Repeated runs bit-identical, batch invariance (with --backend)."
-    ),
+    determinism: bool = typer.Option(False, "--determinism", help=DETERMINISM_HELP),
     runs: int = typer.Option(5, callback=_positive("--runs"), help="Repeated runs for --determinism."),
     seed: int = typer.Option(0, help="Seed of the inputs."),
-    device: str = typer.Option(
-        None,
-        help="Where real backends run: cpu or cuda (default: cuda where available, else cpu). Simulators "
-        "run on the CPU.",
-    ),
+    device: str = typer.Option(None, help=DEVICE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
+    shape = dict(batch=batch, heads=heads, head_dim=head_dim, causal=causal, distribution=distribution.value, seed=seed)
+    shape |= dict(block_q=block_q, block_k=block_k, algorithm=algorithm.value, baseline_numerics=baseline_numerics)
+    simulators = backend is None and preset is None
     try:
         dev = _device(device, backend, preset)
         lengths = _int_list(seq_len, "--seq-len")
-        if backend is None and preset is not None:
-            backend = "sim-flash"
-        if backend is None:
-            if backward or determinism:
-                raise ValueError("--backward and --determinism need --backend (e.g. --backend sim-flash)")
-            if len(lengths) > 1:
-                raise ValueError(f"--seq-len {seq_len!r}: a list needs --backend; give one length")
-            from flashcheck.compare import CompareConfig, run_compare
-
-            cfg = CompareConfig(
-                kernel=kernel.value,
-                numerics=numerics or "bf16-mixed",
-                baseline_numerics=baseline_numerics,
-                algorithm=algorithm.value,
-                block_q=block_q,
-                block_k=block_k,
-                batch=batch,
-                heads=heads,
-                seq_len=lengths[0],
-                head_dim=head_dim,
-                causal=causal,
-                distribution=distribution.value,
-                fp8_scaling=fp8_scaling.value if fp8_scaling else None,
-                hadamard=hadamard,
-                seed=seed,
-            )
-            result = run_compare(cfg)
+        if simulators:
+            extra = (fp8_scaling.value if fp8_scaling else None, hadamard, backward or determinism)
+            result = _simulate(kernel.value, numerics, lengths, extra, shape)
         else:
-            from flashcheck.backend_compare import BackendCase
-
-            cases = [
-                BackendCase(
-                    backend=name.strip(),
-                    numerics=fmt.strip(),
-                    seq_len=n,
-                    batch=batch,
-                    heads=heads,
-                    head_dim=head_dim,
-                    causal=causal,
-                    distribution=distribution.value,
-                    seed=seed,
-                    preset=preset,
-                    block_q=block_q,
-                    block_k=block_k,
-                    algorithm=algorithm.value,
-                    baseline_numerics=baseline_numerics,
-                    backward=backward,
-                    determinism=runs if determinism else 0,
-                )
-                for name in backend.split(",")
-                for fmt in (numerics or "bf16").split(",")
-                for n in lengths
-            ]
-            results = _run_all(cases, dev, as_json)
+            steps = {"preset": preset, "backward": backward, "determinism": runs if determinism else 0}
+            results = _run_all(_backend_cases(backend or "sim-flash", numerics, lengths, shape | steps), dev, as_json)
     except ValueError as exc:
         _fail_usage(str(exc))
-    if backend is None:
+    if simulators:
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
         else:
@@ -130,6 +80,40 @@ def compare(
         _print_backends(results)
     if any(not _passed(r) for r in results):
         raise typer.Exit(1)
+
+
+def _simulate(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, shape: dict):
+    """The simulator comparison (CompareResult) of one length; `extra` = (fp8 scaling, hadamard, whether
+    --backward or --determinism was given, which need --backend)."""
+    from flashcheck.compare import CompareConfig, run_compare
+
+    fp8_scaling, hadamard, backend_only = extra
+    if backend_only:
+        raise ValueError("--backward and --determinism need --backend (e.g. --backend sim-flash)")
+    if len(lengths) > 1:
+        raise ValueError(f"--seq-len {','.join(map(str, lengths))!r}: a list needs --backend; give one length")
+    cfg = CompareConfig(
+        kernel=kernel,
+        numerics=numerics or "bf16-mixed",
+        seq_len=lengths[0],
+        fp8_scaling=fp8_scaling,
+        hadamard=hadamard,
+        **shape,
+    )
+    return run_compare(cfg)
+
+
+def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: dict) -> list:
+    """One BackendCase per backend x format x length; `fields` holds the rest of BackendCase's fields."""
+    from flashcheck.backend_compare import BackendCase
+
+    cases = [
+        BackendCase(backend=name, numerics=fmt, seq_len=n, **fields)
+        for name in (x.strip() for x in backend.split(","))
+        for fmt in (x.strip() for x in (numerics or "bf16").split(","))
+        for n in lengths
+    ]
+    return cases
 
 
 def _device(device: str | None, backend: str | None, preset: str | None) -> str:
