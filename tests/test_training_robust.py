@@ -312,6 +312,32 @@ def test_nonfinite_weights_are_counted_and_fail_loudly(tmp_path):
     assert res.exit_code == 1 and out["max_abs"] is None and out["wasserstein"] is None and "NaN" not in res.stdout
 
 
+def test_chunked_scans_do_not_depend_on_the_chunk_size(tmp_path, monkeypatch):
+    """Big tensors are scanned in chunks (no full-size temporaries): a chunk of 7 values must give what
+    one chunk gives, NaN counts included (a tensor of several chunks was once counted wrongly)."""
+    from flashcheck.training import drift
+
+    g = torch.Generator().manual_seed(3)
+    a = {"blocks.0.w": torch.randn(100, generator=g), "blocks.1.w": torch.randn(37, generator=g), "x": torch.ones(50)}
+    b = {k: v * 1.5 + 0.1 for k, v in a.items()}
+    b["x"][[5, 20, 49]] = torch.tensor([math.nan, math.inf, math.nan])
+    save_safetensors(a, tmp_path / "a.safetensors")
+    save_safetensors(b, tmp_path / "b.safetensors")
+    runs = []
+    for chunk in (drift.CHUNK, 7):
+        monkeypatch.setattr(drift, "CHUNK", chunk)
+        for kw in ({}, {"exact_limit": 10, "sketch_points": 8}):
+            runs.append(compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors", **kw))
+    for one, chunked in ((runs[0], runs[2]), (runs[1], runs[3])):
+        assert chunked.nonfinite == one.nonfinite == {"x": {"a": 0, "b": 3, "numel": 50}}
+        assert chunked.max_abs == one.max_abs and chunked.method == one.method
+        assert chunked.wasserstein == pytest.approx(one.wasserstein, rel=1e-12)
+        assert chunked.wasserstein_bound == pytest.approx(one.wasserstein_bound, rel=1e-12)
+        for name, m in one.per_tensor.items():
+            assert chunked.per_tensor[name]["wasserstein"] == pytest.approx(m["wasserstein"], rel=1e-12)
+    assert runs[1].wasserstein_bound > 0  # the sketch path ran
+
+
 BAD_NUMBERS = [
     ["--exact-limit", "-5"],
     ["--exact-limit", "-1"],

@@ -137,7 +137,8 @@ def check_limits(sketch_points: int, exact_limit: int) -> None:
 
 
 def _nonfinite(x: np.ndarray) -> int:
-    return sum(int(x.size - np.count_nonzero(np.isfinite(x[i : i + CHUNK]))) for i in range(0, x.size, CHUNK))
+    """How many values are NaN or +-Inf (in chunks: no full-size mask)."""
+    return x.size - sum(int(np.count_nonzero(np.isfinite(x[i : i + CHUNK]))) for i in range(0, x.size, CHUNK))
 
 
 @dataclass
