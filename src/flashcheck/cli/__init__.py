@@ -9,6 +9,7 @@ from flashcheck.cli import mutants as _mutants  # noqa: F401
 from flashcheck.cli import study as _study  # noqa: F401  (registers commands, in help order)
 from flashcheck.cli import tools as _tools  # noqa: F401
 from flashcheck.cli import training as _training  # noqa: F401
+from flashcheck.cli import validate as _validate  # noqa: F401
 from flashcheck.cli.app import app
 
 

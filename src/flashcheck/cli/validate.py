@@ -1,0 +1,146 @@
+"""`flashcheck validate`: a real model under each attention implementation and format, judged against the
+deviation the format alone causes; `--pin` / `--check-pin` for the environment it was validated in."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+
+import typer
+
+from flashcheck.cli.app import _console, _fail_usage, app
+
+# flashcheck's own transformers attention implementations: name -> "module:function" that registers it
+OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"{flag} {text!r} is not allowed; give comma-separated names")
+    return names
+
+
+def _tolerance(text: str) -> str | float:
+    if text in ("strict", "default", "loose"):
+        return text
+    try:
+        k = float(text)
+    except ValueError:
+        k = float("nan")
+    if not k >= 1 or k == float("inf"):
+        raise ValueError(f"--tolerance {text!r} is not allowed; give strict, default, loose or a number k >= 1")
+    return k
+
+
+def _register_own(impls: list[str]) -> None:
+    """Register flashcheck's own implementations that were asked for (the guard as "fcguard")."""
+    for name in impls:
+        if name in OWN_IMPLS:
+            module, fn = OWN_IMPLS[name].split(":")
+            getattr(importlib.import_module(module), fn)(name=name)
+
+
+def _check_pin_only(path: str, as_json: bool) -> None:
+    from flashcheck.environment import check_pin
+
+    try:
+        diffs = check_pin(path)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"match": not diffs, "differences": diffs}, indent=2))
+    elif diffs:
+        typer.echo(f"environment differs from the pin {path}:")
+        for d in diffs:
+            typer.echo(f"  {d}")
+    else:
+        typer.echo(f"environment matches the pin {path}")
+    raise typer.Exit(1 if diffs else 0)
+
+
+def _print(result, out: str) -> None:
+    from rich.table import Table
+
+    from flashcheck.validate.report import comparison_table, conclusion
+
+    c = _console()
+    rows = comparison_table(result)
+    table = Table(title=f"validate {result.model}")
+    for col in rows.header:
+        table.add_column(col)
+    for row in rows.rows:
+        table.add_row(*row)
+    c.print(table)
+    for cmp in result.comparisons:
+        for line in cmp.failures():
+            c.print(f"{cmp.a}: {line}")
+    for s in result.skipped:
+        c.print(f"skipped {s.impl}:{s.dtype}: {s.reason}")
+    c.print(conclusion(result))
+    c.print(f"report: {out}/report.html, report.md, summary.json")
+
+
+@app.command()
+def validate(
+    model: str = typer.Argument(
+        None, help="Model folder (Hugging Face or sentence-transformers); default: the bundled all-MiniLM-L6-v2."
+    ),
+    impls: str = typer.Option("eager,sdpa,flash_attention_2", help="Attention implementations, comma-separated."),
+    dtypes: str = typer.Option("fp32,bf16", help="Formats: fp32, bf16, fp16."),
+    texts: str = typer.Option(None, help="UTF-8 file, one text per line (default: the built-in corpus)."),
+    samples: int = typer.Option(1000, help="Texts drawn from the corpus."),
+    max_length: int = typer.Option(None, help="Tokens per text (default: the model's maximum)."),
+    batch_size: int = typer.Option(32),
+    tolerance: str = typer.Option("default", help="strict | default | loose, or k (a number >= 1)."),
+    out: str = typer.Option("flashcheck-validate", help="Folder for the report, figures and the cached reference."),
+    pin: str = typer.Option(None, help="After a pass, write the environment fingerprint to this file."),
+    check_pin: str = typer.Option(None, help="Only compare the running environment with this pin file."),
+    as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Validate a model under each attention implementation and format against the eager fp32 reference."""
+    if check_pin is not None:
+        _check_pin_only(check_pin, as_json)
+    from flashcheck.progress import progress
+    from flashcheck.validate import validate_model
+
+    try:
+        if not out.strip():
+            raise ValueError(f"--out {out!r} is not allowed; give a folder name")
+        if model is not None and not model.strip():
+            raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
+        if pin is not None and not pin.strip():
+            raise ValueError(f"--pin {pin!r} is not allowed; give a file name")
+        names = _names(impls, "--impls")
+        _register_own(names)
+        result = validate_model(
+            model,
+            texts,
+            impls=names,
+            dtypes=_names(dtypes, "--dtypes"),
+            samples=samples,
+            max_length=max_length,
+            batch_size=batch_size,
+            tolerance=_tolerance(tolerance),
+            out=out,
+            progress=functools.partial(progress, quiet=quiet),
+        )
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    _finish(result, out, pin, as_json)
+
+
+def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
+    from flashcheck.environment import write_pin
+
+    if pin is not None and result.passed:
+        write_pin(pin, result.environment)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print(result, out)
+        if pin is not None:
+            typer.echo(f"pin written to {pin}" if result.passed else f"pin {pin} not written: the validation failed")
+    raise typer.Exit(0 if result.passed else 1)

@@ -1,0 +1,356 @@
+"""`validate_model`: run a model under each attention implementation and dtype, compare every run with the
+reference (eager, fp32) in the context of its format, and return (and optionally write) the verdict."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from flashcheck.environment import environment_fingerprint
+from flashcheck.validate import cache as run_cache
+from flashcheck.validate.corpus import MIN_TEXTS, builtin_corpus, read_texts, sample_texts, texts_hash
+from flashcheck.validate.forward import encode_texts, length_batches, max_length_rows, pad_batch
+from flashcheck.validate.judge import TOLERANCES, Context, judge, make_context
+from flashcheck.validate.loading import (
+    DTYPES,
+    ModelInfo,
+    ModelSource,
+    check_impls,
+    describe_model_object,
+    load_tokenizer,
+    resolve_model,
+    switch_impl,
+)
+from flashcheck.validate.result import Comparison, Skipped, ValidationResult
+from flashcheck.validate.run import Plan, RunOutput, execute
+
+DEFAULT_IMPLS = ("eager", "sdpa", "flash_attention_2")
+DEFAULT_DTYPES = ("fp32", "bf16")
+PROMPT_TOKENS = 24
+Progress = Callable[[int, str], AbstractContextManager[Callable[..., None]]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What a validation runs; every field is checked by `check`."""
+
+    impls: tuple[str, ...] = DEFAULT_IMPLS
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    samples: int | None = 1000  # texts drawn from the corpus (None: all)
+    max_length: int | None = None  # None: the model's maximum
+    batch_size: int = 32
+    tolerance: str | float = "default"  # strict | default | loose, or k itself
+    probe_texts: int = 64  # texts whose every layer is compared (plus the max-length rows)
+    max_length_rows: int = 4  # rows of exactly max_length tokens
+    invariance_texts: int = 32  # texts in one right- and one left-padded batch (with a fully padded row)
+    invariance_singles: int = 8  # of them, run at batch size 1 too
+    new_tokens: int = 16  # greedy tokens per prompt (causal LMs)
+    prompts: int = 4
+    topk: int = 10
+    device: str | None = None  # None: cuda when available, else cpu
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("batch_size", "probe_texts", "invariance_texts", "invariance_singles", "topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is not allowed; it must be a positive integer")
+        for name in ("max_length_rows", "new_tokens", "prompts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} is not allowed; it must be >= 0")
+        if not self.impls or not self.dtypes:
+            raise ValueError("give at least one attention implementation and one dtype")
+        bad = [d for d in self.dtypes if d not in DTYPES or d == "fp64"]
+        if bad:
+            raise ValueError(f"dtype {bad[0]!r} is not allowed; expected some of fp32, bf16, fp16")
+        if isinstance(self.tolerance, str) and self.tolerance not in TOLERANCES:
+            raise ValueError(f"tolerance {self.tolerance!r} is not allowed; expected {TOLERANCES} or a number >= 1")
+        if not isinstance(self.tolerance, str) and not self.tolerance >= 1:
+            raise ValueError(f"tolerance {self.tolerance!r} is not allowed; a number k must be >= 1")
+        if self.samples is not None and self.samples < MIN_TEXTS:
+            raise ValueError(f"samples={self.samples} is not allowed; at least {MIN_TEXTS} are needed")
+        check_impls(list(self.impls))
+
+
+def _texts(texts: list[str] | str | Path | None) -> list[str]:
+    if texts is None:
+        return builtin_corpus()
+    if isinstance(texts, str | Path):
+        return read_texts(texts)
+    out = [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+    if len(out) < MIN_TEXTS:
+        raise ValueError(f"{len(out)} non-empty texts given; at least {MIN_TEXTS} are needed")
+    return out
+
+
+def _max_length(info: ModelInfo, tok, requested: int | None) -> int:
+    if requested is None:
+        return info.max_length
+    if requested < 2 or requested > info.position_limit:
+        raise ValueError(
+            f"max_length {requested} is not allowed for this model; it takes 2 to {info.position_limit} tokens "
+            f"(max_position_embeddings)"
+        )
+    return requested
+
+
+def build_plan(info: ModelInfo, tok, texts: list[str], s: Settings, max_length: int, device: str) -> Plan:
+    """Tokenise once; batches for all texts, the probe set, the invariance texts and the prompts."""
+    enc = encode_texts(tok, texts, max_length)
+    rows = max_length_rows(tok, texts, max_length, s.max_length_rows)
+    n = len(texts)
+    enc_all = enc + rows
+    row_ids = list(range(n, n + len(rows)))
+    probe_texts = list(range(min(s.probe_texts, n)))
+    tail = [pad_batch(tok, enc_all, row_ids)] if rows else []
+    return Plan(
+        tok=tok,
+        enc=enc_all,
+        n_texts=n,
+        probe=probe_texts + row_ids,
+        batches=length_batches(tok, enc_all, list(range(n)), s.batch_size) + tail,
+        probe_batches=length_batches(tok, enc_all, probe_texts, s.batch_size) + tail,
+        invariance_ids=list(range(min(s.invariance_texts, n))),
+        invariance_singles=s.invariance_singles,
+        prompts=[e["input_ids"][:PROMPT_TOKENS] for e in enc[: s.prompts]] if info.causal else [],
+        pooling=info.pooling,
+        normalize=info.normalize,
+        causal=info.causal,
+        new_tokens=s.new_tokens,
+        device=device,
+    )
+
+
+def _schedule(s: Settings) -> list[tuple[str, list[str]]]:
+    """(dtype, impls) in run order: fp64 (the context of fp32), the reference fp32, then the other dtypes;
+    eager first in each."""
+    others = [i for i in dict.fromkeys(s.impls) if i != "eager"]
+    out = [("fp64", ["eager"])] if "fp32" in s.dtypes else []
+    out.append(("fp32", ["eager", *(others if "fp32" in s.dtypes else [])]))
+    out += [(d, ["eager", *others]) for d in dict.fromkeys(s.dtypes) if d != "fp32"]
+    return out
+
+
+def _fits_fp64(source: ModelSource) -> str | None:
+    """Why an fp64 copy of the model would not fit in memory here (None: it fits)."""
+    try:
+        size = sum(p.stat().st_size for p in source.info.path.iterdir() if p.suffix in (".safetensors", ".bin"))
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+    need = 4 * size  # fp64 is twice an fp32 checkpoint (four times a 16-bit one): a generous estimate
+    return None if need < 0.5 * avail else f"an fp64 copy needs about {need / 2**30:.1f} GiB, {avail / 2**30:.1f} free"
+
+
+@dataclass(slots=True)
+class _Session:
+    plan: Plan
+    settings: Settings
+    source: ModelSource
+    out: Path | None
+    key: dict
+    advance: Callable[..., None]
+    ref: RunOutput | None = None
+    fp64: RunOutput | None = None
+    comparisons: list = None  # type: ignore[assignment]
+    skipped: list = None  # type: ignore[assignment]
+    notes: list = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.comparisons, self.skipped, self.notes = [], [], []
+
+    def steps(self, dtype: str) -> int:
+        return len(self.plan.probe_batches) if dtype == "fp64" else len(self.plan.batches) + 2
+
+
+def _error_row(impl: str, dtype: str, against: str, e: BaseException) -> Comparison:
+    text = str(e).strip().splitlines()
+    return Comparison(
+        a=f"{impl}:{dtype}",
+        b=against,
+        impl=impl,
+        dtype=dtype,
+        k=float("nan"),
+        error=f"{type(e).__name__}: {text[0] if text else ''}",
+    )
+
+
+def _eager(sess: _Session, dtype: str, get_model: Callable) -> RunOutput:
+    """The eager run in dtype: from the cache in --out when there, else computed (and cached)."""
+    path = run_cache.cache_file(sess.out, "eager", dtype, sess.key) if sess.out else None
+    cached = run_cache.load_run(path) if path else None
+    if cached is not None:
+        sess.advance(sess.steps(dtype), f"eager:{dtype} (cached)")
+        return cached
+    run = execute(sess.plan, get_model(), "eager", dtype, probe_only=dtype == "fp64", advance=sess.advance)
+    if path:
+        run_cache.save_run(path, run)
+    return run
+
+
+def _context(sess: _Session, dtype: str, eager: RunOutput) -> Context:
+    """Set the reference / fp64 run, make dtype's context and add the row of eager in dtype."""
+    s = sess.settings
+    if dtype == "fp32":
+        sess.ref = eager
+    ctx = make_context(dtype, sess.ref, eager, sess.fp64, tolerance=s.tolerance, n_texts=sess.plan.n_texts, topk=s.topk)
+    sess.notes += [n for n in ctx.notes if n not in sess.notes]
+    if dtype == "fp32":
+        if "fp32" in s.dtypes:
+            sess.comparisons.append(judge(eager, ctx, against=sess.fp64))
+        return ctx
+    sess.comparisons.append(judge(eager, ctx))
+    return ctx
+
+
+def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
+    """Load the model once in dtype, run eager (or take it from the cache), then every other impl."""
+    model = None
+
+    def get_model():
+        nonlocal model
+        if model is None:
+            model = sess.source.load(dtype, "eager", sess.plan.device)
+        return model
+
+    if dtype == "fp64":
+        why = _fits_fp64(sess.source)
+        try:
+            sess.fp64 = None if why else _eager(sess, dtype, get_model)
+        except (RuntimeError, ValueError) as e:
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            sess.notes.append(f"fp32's own deviation (vs fp64) not measured: {why}; its rounding floor alone is used")
+        return
+    try:
+        eager = _eager(sess, dtype, get_model)
+    except Exception as e:
+        if dtype == "fp32":
+            raise ValueError(f"the reference run (eager, fp32) failed: {type(e).__name__}: {e}") from None
+        sess.comparisons.append(_error_row("eager", dtype, "eager:fp32", e))
+        sess.skipped += [Skipped(i, dtype, "eager failed in this dtype, so there is no context") for i in impls[1:]]
+        return
+    ctx = _context(sess, dtype, eager)
+    for impl in impls[1:]:
+        _run_impl(sess, get_model(), impl, dtype, ctx)
+    del model
+    gc.collect()
+
+
+def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> None:
+    reason = switch_impl(model, impl)
+    if reason:
+        sess.skipped.append(Skipped(impl, dtype, reason))
+        sess.advance(sess.steps(dtype), f"{impl}:{dtype} skipped")
+        return
+    try:
+        run = execute(sess.plan, model, impl, dtype, probe_only=False, advance=sess.advance)
+    except Exception as e:  # an implementation that crashes on this model fails its comparison; it is reported
+        sess.comparisons.append(_error_row(impl, dtype, "eager:fp32", e))
+        return
+    sess.comparisons.append(judge(run, ctx))
+
+
+def _source(model, tokenizer) -> tuple[ModelSource, object]:
+    if model is None or isinstance(model, str | Path):
+        info = resolve_model(model)
+        return ModelSource(info), load_tokenizer(info)
+    info = describe_model_object(model, tokenizer)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return ModelSource(info, model), tokenizer
+
+
+def validate_model(
+    model=None,
+    texts: list[str] | str | Path | None = None,
+    *,
+    impls: tuple[str, ...] | list[str] = DEFAULT_IMPLS,
+    dtypes: tuple[str, ...] | list[str] = DEFAULT_DTYPES,
+    samples: int | None = 1000,
+    max_length: int | None = None,
+    batch_size: int = 32,
+    tolerance: str | float = "default",
+    out: str | Path | None = None,
+    tokenizer=None,
+    progress: Progress | None = None,
+    **options,
+) -> ValidationResult:
+    """Validate `model` (a model folder, None for the bundled all-MiniLM-L6-v2, or a transformers model
+    object with its `tokenizer`) on `texts` (a list, a file with one text per line, or None for the built-in
+    corpus) under each attention implementation and dtype. With `out`, write summary.json, report.md,
+    report.html and figures there and cache the eager runs for the next call. `progress(total, label)`:
+    a context manager yielding `advance(n=1, note="")`. ValueError for bad input. Other Settings fields
+    (probe_texts, invariance_texts, new_tokens, prompts, topk, device, ...) go in `options`."""
+    s = Settings(
+        impls=tuple(impls),
+        dtypes=tuple(dtypes),
+        samples=samples,
+        max_length=max_length,
+        batch_size=batch_size,
+        tolerance=tolerance,
+        **options,
+    )
+    s.check()
+    source, tok = _source(model, tokenizer)
+    length = _max_length(source.info, tok, s.max_length)
+    sample = sample_texts(_texts(texts), s.samples, s.seed)
+    device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = build_plan(source.info, tok, sample, s, length, device)
+    key = {
+        "model": source.info.fingerprint,
+        "texts": texts_hash(sample),
+        "max_length": length,
+        "device": device,
+        "settings": {k: v for k, v in asdict(s).items() if k not in ("impls", "dtypes", "tolerance")},
+        "env": environment_fingerprint(),
+    }
+    schedule = _schedule(s)
+    sess = _Session(plan, s, source, Path(out) if out else None, key, advance=lambda n=1, note="": None)
+    total = sum(sess.steps(d) for d, impls_d in schedule for _ in impls_d)
+    with (progress or _silent)(total, "validate") as advance:
+        sess.advance = advance
+        for dtype, impls_d in schedule:
+            _run_dtype(sess, dtype, impls_d)
+    result = _result(sess, source.info, length)
+    if out:
+        from flashcheck.validate.report import write_validation_report
+
+        write_validation_report(out, result)
+    return result
+
+
+def _silent(total: int, label: str) -> AbstractContextManager[Callable[..., None]]:
+    del total, label
+    return nullcontext(lambda n=1, note="": None)
+
+
+def _result(sess: _Session, info: ModelInfo, length: int) -> ValidationResult:
+    ran = sorted({c.impl for c in sess.comparisons if c.error is None})
+    settings = {
+        **asdict(sess.settings),
+        "max_length": length,
+        "texts": sess.plan.n_texts,
+        "probe_tokens": int(sess.ref.probe_ids.numel()) if sess.ref else 0,
+        "notes": sess.notes,
+        "model_kind": info.kind,
+        "pooling": info.pooling,
+        "normalize": info.normalize,
+        "causal": info.causal,
+    }
+    k = {}
+    for c in sess.comparisons:
+        k.setdefault(c.dtype, c.k)
+    return ValidationResult(
+        model=info.name,
+        comparisons=tuple(sess.comparisons),
+        skipped=tuple(sess.skipped),
+        environment=environment_fingerprint(",".join(ran) or None),
+        settings=settings,
+        k=k,
+    )
