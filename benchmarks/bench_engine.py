@@ -19,7 +19,7 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 torch.set_num_threads(2)
-from flashcheck.inputs import InputSpec, make_qkv, make_grad
+from flashcheck.core.inputs import InputSpec, make_qkv, make_grad
 from flashcheck.kernels import flash_attention, reference_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -16,10 +16,10 @@ from flashcheck.backends.base import Backend, cuda_unavailable_reason, default_d
 from flashcheck.backends.external import FlexBackend, flex_function
 from flashcheck.backends.profiling import attention_ops, proves, select_ops
 from flashcheck.backends.sdpa import SdpaBackend
-from flashcheck.budget import check_budget
 from flashcheck.cli import app
+from flashcheck.core.budget import check_budget
+from flashcheck.core.numerics import parse_format
 from flashcheck.kernels import reference_attention
-from flashcheck.numerics import parse_format
 
 runner = CliRunner()
 CPU_REAL = ("sdpa-math", "sdpa-math-lowp", "sdpa-flash", "flex", "eager")

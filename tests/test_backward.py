@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
 from helpers import budget_ok
 

@@ -21,8 +21,8 @@ import torch
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
-from flashcheck.fileio import atomic_target, write_atomic
-from flashcheck.progress import progress
+from flashcheck.core.fileio import atomic_target, write_atomic
+from flashcheck.core.progress import progress
 
 runner = CliRunner()
 ESC = "\x1b["

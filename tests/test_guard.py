@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from flashcheck.backends import Backend, get_backend
-from flashcheck.budget import check_budget
-from flashcheck.environment import environment_fingerprint, write_pin
+from flashcheck.core.budget import check_budget
+from flashcheck.core.environment import environment_fingerprint, write_pin
 from flashcheck.guard import (
     BreakerConfig,
     Guard,

@@ -8,8 +8,8 @@ import pytest
 import scipy.stats
 import torch
 
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
-from flashcheck.metrics import (
+from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.metrics import (
     cosine,
     error_summary,
     max_abs,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashcheck.numerics import (
+from flashcheck.core.numerics import (
     Format,
     Policy,
     amax_scale,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.metrics import max_abs, rmse
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-from flashcheck.metrics import max_abs, rmse
 
 SEEDS = (0, 1)
 

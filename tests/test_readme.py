@@ -2,8 +2,10 @@
 
 Lines come from the README's bash blocks (backslash continuations joined, `&&` chains split, comments
 dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` where a study or training
-preset is implied, `--seq-len` values 64, 128, ... and `--heads 1`; the README's TOML sweep gets
-`seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made before it runs."""
+preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ... and `--heads 1`; the
+README's TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
+before it runs.
+`validate` gets `--samples 32 --max-length 64`, and `--check-pin` a pin of this environment."""
 
 from __future__ import annotations
 
@@ -45,6 +47,15 @@ def small(words: list[str]) -> list[str]:
     cmd, args = words[1], list(words[2:])
     if cmd in ("study", "train-study") and not any(a in args for a in STUDY_ARGS):
         args += ["--preset", "tiny"]
+    if cmd == "mutants":
+        args = [a for i, a in enumerate(args) if a != "--size" and (i == 0 or args[i - 1] != "--size")]
+        args += ["--size", "tiny"]
+    if cmd == "validate" and "--check-pin" not in args:
+        for flag, value in (("--samples", "32"), ("--max-length", "64")):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
     if cmd in ("compare", "explain"):
         if "--seq-len" in args:
             i = args.index("--seq-len") + 1
@@ -91,6 +102,10 @@ def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
         if run in words:
             _checkpoints(cwd / run.rstrip("/"), seed)
+    if "--check-pin" in words:  # the pin an earlier `validate --pin` wrote, of this environment
+        from flashcheck.core.environment import environment_fingerprint, write_pin
+
+        write_pin(cwd / words[words.index("--check-pin") + 1], environment_fingerprint())
 
 
 def test_the_readme_documents_every_command():

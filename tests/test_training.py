@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
-from flashcheck.metrics import wasserstein1_weighted
+from flashcheck.core.metrics import wasserstein1_weighted
 from flashcheck.training.checkpoints import CheckpointError, open_checkpoint, save_safetensors, series
 from flashcheck.training.drift import compare_checkpoints, compare_series, layer_of, slope
 from flashcheck.training.model import GPTConfig
@@ -364,7 +364,7 @@ def test_tied_max_shows_the_delta_bias_and_the_fp32_fix(tmp_path):
 
 
 def test_tie_beta_keeps_fp64_attention_exact():
-    from flashcheck.inputs import InputSpec, make_qkv
+    from flashcheck.core.inputs import InputSpec, make_qkv
     from flashcheck.kernels import flash_attention, reference_attention
 
     q, k, v = make_qkv(InputSpec(batch=1, heads=2, seq_len=48, head_dim=16, distribution="tied"))

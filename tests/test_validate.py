@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flashcheck.environment import check_pin, environment_fingerprint, read_pin, write_pin
+from flashcheck.core.environment import check_pin, environment_fingerprint, read_pin, write_pin
 
 transformers = pytest.importorskip("transformers")
 
@@ -197,6 +197,7 @@ def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> Non
     assert sdpa["invariance"]["batch_size"] is not None and sdpa["invariance"]["left_padding"] is not None
     assert rows["sdpa:bf16"]["format_only_max_abs"] > 100 * sdpa["format_only_max_abs"]  # bf16 vs fp32 context
     assert summary["environment"]["impl"] == "eager,sdpa"
+    assert any("scaled_dot_product" in k for k in sdpa["kernels"]) and rows["eager:bf16"]["kernels"] == []
     assert (out / "report.md").read_text().splitlines()[2].startswith(("PASS", "FAIL"))  # conclusion first
     assert (out / "report.html").is_file()
     assert "sdpa:bf16" in res.output and "report:" in res.output  # the human table and verdict

@@ -1,8 +1,9 @@
 """flashcheck: is Flash Attention stable? Measure attention numerics against an exact FP64 reference."""
 
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.budget import check_budget
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.numerics import Format, Policy, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-from flashcheck.numerics import Format, Policy, parse_policy, round_to
 
 __version__ = "0.1.0"
 
@@ -11,6 +12,7 @@ __all__ = [
     "InputSpec",
     "Policy",
     "__version__",
+    "check_budget",
     "flash_attention",
     "make_qkv",
     "parse_policy",

@@ -12,11 +12,11 @@ from flashcheck.backends import get_backend
 from flashcheck.backends.base import DEVICES
 from flashcheck.backends.profiling import attention_ops, proves
 from flashcheck.backends.simulators import SimBackend
-from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.budget import K_FORWARD, K_GRADIENT, check_budget
+from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.metrics import error_summary, ratio
+from flashcheck.core.numerics import FP8_FORMATS, info, parse_format, round_to
 from flashcheck.kernels import reference_attention, standard_attention
-from flashcheck.metrics import error_summary, ratio
-from flashcheck.numerics import FP8_FORMATS, info, parse_format, round_to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

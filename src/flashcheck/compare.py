@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.metrics import error_summary, ratio
+from flashcheck.core.numerics import Policy, info, parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate, standard_attention
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.memory import Footprint, check_fits
-from flashcheck.metrics import error_summary, ratio
-from flashcheck.numerics import Policy, info, parse_format, parse_policy
 
 KERNELS = SIMULATED_KERNELS
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.metrics import error_summary
+from flashcheck.core.numerics import STAGES, Format, Policy
 from flashcheck.kernels import reference_attention, simulate
-from flashcheck.metrics import error_summary
-from flashcheck.numerics import STAGES, Format, Policy
+from flashcheck.kernels.memory import Footprint, check_fits
 
 STEPS = 2 * len(STAGES) + 1  # kernel runs of one attribution: the policy, each stage alone, each raised
 
@@ -58,7 +59,19 @@ def attribute(
     metric: str = "rel_l2",
     on_step: Callable[..., None] | None = None,  # called as on_step(note=...) after each of the STEPS runs
 ) -> Attribution:
-    """Run the kernel under the policy and its 2 x 6 one-stage variants on inputs from spec."""
+    """Run the kernel under the policy and its 2 x 6 one-stage variants on inputs from spec; refuses
+    with kernels.memory.InsufficientMemory (a ValueError) before allocating a case that cannot fit."""
+    fp = Footprint(
+        batch=spec.batch,
+        heads=spec.heads,
+        seq_len=spec.seq_len,
+        seq_len_k=spec.seq_len_k,
+        head_dim=spec.head_dim,
+        kernels=(kernel,),
+        block_k=block_k,
+        work_itemsize=8,  # the one-stage variants run with every other stage in FP64
+    )
+    check_fits(fp)
     q, k, v = make_qkv(spec)
     ref = reference_attention(q, k, v, causal=causal)
 

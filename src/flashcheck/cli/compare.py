@@ -7,6 +7,8 @@ import json
 import typer
 
 from flashcheck.cli.app import (
+    BLOCK_MAX,
+    INT64,
     Algorithm,
     Distribution,
     Fp8Scaling,
@@ -14,6 +16,9 @@ from flashcheck.cli.app import (
     _console,
     _fail_usage,
     _int_list,
+    _int_range,
+    _names,
+    _no_empty,
     _positive,
     _progress,
     app,
@@ -36,8 +41,8 @@ def compare(
     backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
     preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
-    block_q: int = typer.Option(128, callback=_positive("--block-q"), help="Query block size Br."),
-    block_k: int = typer.Option(128, callback=_positive("--block-k"), help="Key block size Bc."),
+    block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
+    block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX), help="Key block size Bc."),
     batch: int = typer.Option(1, callback=_positive("--batch")),
     heads: int = typer.Option(8, callback=_positive("--heads")),
     seq_len: str = typer.Option("1024", help="Sequence length (with --backend: a comma-separated list)."),
@@ -48,8 +53,8 @@ def compare(
     hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
     backward: bool = typer.Option(False, "--backward", help="Gradients too (with --backend)."),
     determinism: bool = typer.Option(False, "--determinism", help=DETERMINISM_HELP),
-    runs: int = typer.Option(5, callback=_positive("--runs"), help="Repeated runs for --determinism."),
-    seed: int = typer.Option(0, help="Seed of the inputs."),
+    runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Repeated runs for --determinism."),
+    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the inputs."),
     device: str = typer.Option(None, help=DEVICE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -58,6 +63,8 @@ def compare(
     shape |= dict(block_q=block_q, block_k=block_k, algorithm=algorithm.value, baseline_numerics=baseline_numerics)
     simulators = backend is None and preset is None
     try:
+        _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
+        _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device})
         dev = _device(device, backend, preset)
         lengths = _int_list(seq_len, "--seq-len")
         if simulators:
@@ -106,13 +113,16 @@ def _simulate(kernel: str, numerics: str | None, lengths: list[int], extra: tupl
 def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: dict) -> list:
     """One BackendCase per backend x format x length; `fields` holds the rest of BackendCase's fields."""
     from flashcheck.backend_compare import BackendCase
+    from flashcheck.compare import backend_footprint
+    from flashcheck.kernels.memory import check_all_fit
 
     cases = [
         BackendCase(backend=name, numerics=fmt, seq_len=n, **fields)
-        for name in (x.strip() for x in backend.split(","))
-        for fmt in (x.strip() for x in (numerics or "bf16").split(","))
+        for name in _names(backend, "--backend")
+        for fmt in _names(numerics or "bf16", "--numerics")
         for n in lengths
     ]
+    check_all_fit(backend_footprint(c) for c in cases)
     return cases
 
 

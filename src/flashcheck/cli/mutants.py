@@ -50,7 +50,7 @@ def mutants(
 
 def _rules(text: str) -> tuple[str, ...]:
     """The comma-separated --rule value as rule names; ValueError names the value and the rules allowed."""
-    from flashcheck.budget import RULES
+    from flashcheck.core.budget import RULES
 
     names = tuple(r.strip() for r in text.split(","))
     if not all(names) or any(r not in RULES for r in names):

@@ -9,11 +9,15 @@ import json
 import typer
 
 from flashcheck.cli.app import (
+    BLOCK_MAX,
+    INT64,
     Algorithm,
     Distribution,
     Kernel,
     _console,
     _fail_usage,
+    _int_range,
+    _no_empty,
     _positive,
     _progress,
     app,
@@ -79,8 +83,8 @@ def explain(
     ),
     kernel: Kernel = typer.Option(Kernel.flash),
     algorithm: Algorithm = typer.Option(Algorithm.fa2),
-    block_q: int = typer.Option(128, callback=_positive("--block-q")),
-    block_k: int = typer.Option(128, callback=_positive("--block-k")),
+    block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX)),
+    block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX)),
     batch: int = typer.Option(1, callback=_positive("--batch")),
     heads: int = typer.Option(8, callback=_positive("--heads")),
     seq_len: int = typer.Option(1024, callback=_positive("--seq-len")),
@@ -88,18 +92,19 @@ def explain(
     causal: bool = typer.Option(False),
     distribution: Distribution = typer.Option(Distribution.normal),
     metric: str = typer.Option("rel_l2", help="max_abs, mean_abs, rmse or rel_l2."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64)),
     out: str = typer.Option("flashcheck-explain", help="Folder for summary.json and figures/explain.png."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
     from pathlib import Path
 
+    from flashcheck.core.fileio import atomic_target, write_atomic
+    from flashcheck.core.inputs import InputSpec
     from flashcheck.explain import STEPS, attribute, draw
-    from flashcheck.fileio import atomic_target, write_atomic
-    from flashcheck.inputs import InputSpec
 
     try:
+        _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric, "--out": out})
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
         pol, kern = _explain_kernel(preset, numerics, algorithm, (block_q, block_k), (seq_len, head_dim, causal))
@@ -130,7 +135,7 @@ def _explain_kernel(
     """(policy, {block_q, block_k, algorithm, exp2}): the kernel preset at format `numerics` for the shape
     (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm."""
     if not preset:
-        from flashcheck.numerics import parse_policy
+        from flashcheck.core.numerics import parse_policy
 
         kern = {"block_q": blocks[0], "block_k": blocks[1], "algorithm": algorithm.value, "exp2": False}
         return parse_policy(numerics), kern
@@ -144,7 +149,7 @@ def _explain_kernel(
 def _print_explain(attr, metric: str) -> None:
     from rich.table import Table
 
-    from flashcheck.numerics import STAGES
+    from flashcheck.core.numerics import STAGES
 
     pol = attr.policy
     console = _console()
@@ -169,13 +174,19 @@ def doctor(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Why flash attention will or will not run here."""
+    from flashcheck.core.numerics import info, parse_format
     from flashcheck.doctor import diagnose
-    from flashcheck.numerics import info, parse_format
+    from flashcheck.kernels.memory import Footprint, check_fits
 
     try:
+        _no_empty({"--dtype": dtype})
         fmt = parse_format(dtype)
         if fmt.value not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"--dtype {dtype!r}; expected fp32, bf16 or fp16")
+        # SDPA's math kernel holds L x L fp32 scores; refuse before allocating a shape that cannot fit
+        check_fits(
+            Footprint(batch=1, heads=8, seq_len=seq_len, head_dim=head_dim, kernels=("standard",), work_itemsize=4)
+        )
     except ValueError as exc:
         _fail_usage(str(exc))
     report = diagnose((1, 8, seq_len, head_dim), info(fmt).dtype, causal)

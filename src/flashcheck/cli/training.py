@@ -12,14 +12,16 @@ import typer
 from flashcheck.cli.app import (
     _console,
     _fail_usage,
-    _positive,
     app,
 )
+
+MAX_WORKERS = 256  # runs trained at once; a study has 5
+MAX_SKETCH_POINTS = 10_000_000  # per tensor; beyond this an exact W1 (--exact-limit) is the better tool
 
 
 class _Progress:
     """An on_progress(done, total, note) callback for the training functions, shown with
-    flashcheck.progress (a bar on a terminal, periodic lines on stderr otherwise); opened on the first call,
+    flashcheck.core.progress (a bar on a terminal, periodic lines on stderr otherwise); opened on the first call,
     when the total is known."""
 
     def __init__(self, label: str, quiet: bool) -> None:
@@ -29,7 +31,7 @@ class _Progress:
 
     def __call__(self, done: int, total: int, note: str = "") -> None:
         if self.advance is None:
-            from flashcheck.progress import progress
+            from flashcheck.core.progress import progress
 
             self.advance = self.stack.enter_context(
                 progress(total, self.label, done=done, quiet=self.quiet or total <= 1)
@@ -63,14 +65,16 @@ def train_study(
     from flashcheck.training.study import NonFiniteWeights, StudyInterrupted
 
     try:
-        if not out.strip():
-            raise ValueError("--out '' is empty; give a folder or leave the option out for its default")
-        if workers is not None and workers < 1:
-            raise ValueError(f"--workers {workers} is not allowed; it must be a positive integer")
+        for flag, value in (("--preset", preset), ("--out", out)):
+            if not value.strip():
+                raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
+        if workers is not None and not 1 <= workers <= MAX_WORKERS:
+            raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
         if preset == "tied-max":
             from flashcheck.training.tied_max import tied_max_report
 
-            summary = tied_max_report(out)
+            with _Progress("train-study", quiet) as on_progress:
+                summary = tied_max_report(out, on_progress=on_progress)
         else:
             from flashcheck.training.study import run_train_study, train_preset
 
@@ -107,10 +111,12 @@ def _print_train_study(summary: dict, out: str) -> None:
     c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
 
 
-def _non_negative(name: str):
+def _within(name: str, lo: int, hi: int):
+    """A typer callback: the value must lie in [lo, hi] (a huge number is bad usage, not an overflow)."""
+
     def check(value: int) -> int:
-        if value < 0:
-            raise typer.BadParameter(f"{value} is not allowed; {name} must be a non-negative integer")
+        if not lo <= value <= hi:
+            raise typer.BadParameter(f"{value} is not allowed; {name} must be an integer from {lo} to {hi}")
         return value
 
     return check
@@ -121,10 +127,14 @@ def drift(
     a: str = typer.Argument(..., help="Checkpoint (file, sharded, folder) or folder of checkpoints by step (run A)."),
     b: str = typer.Argument(..., help="The same for run B."),
     sketch_points: int = typer.Option(
-        4096, callback=_positive("--sketch-points"), help="Quantiles per tensor for the whole-model W1 of big models."
+        4096,
+        callback=_within("--sketch-points", 1, MAX_SKETCH_POINTS),
+        help="Quantiles per tensor for the whole-model W1 of big models.",
     ),
     exact_limit: int = typer.Option(
-        20_000_000, callback=_non_negative("--exact-limit"), help="Values up to which whole-model W1 is exact."
+        20_000_000,
+        callback=_within("--exact-limit", 0, 2**63 - 1),
+        help="Values up to which whole-model W1 is exact.",
     ),
     per_tensor: bool = typer.Option(True, help="Include per-tensor figures in --json."),
     as_json: bool = typer.Option(False, "--json"),

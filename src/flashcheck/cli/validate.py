@@ -43,7 +43,7 @@ def _register_own(impls: list[str]) -> None:
 
 
 def _check_pin_only(path: str, as_json: bool) -> None:
-    from flashcheck.environment import check_pin
+    from flashcheck.core.environment import check_pin
 
     try:
         diffs = check_pin(path)
@@ -103,7 +103,7 @@ def validate(
     """Validate a model under each attention implementation and format against the eager fp32 reference."""
     if check_pin is not None:
         _check_pin_only(check_pin, as_json)
-    from flashcheck.progress import progress
+    from flashcheck.core.progress import progress
     from flashcheck.validate import validate_model
 
     try:
@@ -133,7 +133,7 @@ def validate(
 
 
 def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
-    from flashcheck.environment import write_pin
+    from flashcheck.core.environment import write_pin
 
     if pin is not None and result.passed:
         write_pin(pin, result.environment)

@@ -7,9 +7,9 @@ import inspect
 import torch
 
 from flashcheck.backends import Backend, get_backend
-from flashcheck.budget import BudgetResult, check_budget
+from flashcheck.core.budget import BudgetResult, check_budget
+from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
-from flashcheck.metrics import rel_l2
 
 __all__ = [
     "Backend",
@@ -63,8 +63,8 @@ def run(
 
 
 def budget_rules() -> tuple[str, ...]:
-    """The acceptance rules flashcheck.budget offers."""
-    from flashcheck import budget as b
+    """The acceptance rules flashcheck.core.budget offers."""
+    from flashcheck.core import budget as b
 
     return tuple(getattr(b, "RULES", ("peers",)))
 
@@ -80,6 +80,6 @@ def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: floa
 def environment_differences(pin: str, impl: str | None) -> list[str]:
     """Differences between the pin file written by `flashcheck validate --pin` and this environment,
     with `impl` as the attention implementation that will run (ValueError for a bad pin file)."""
-    from flashcheck.environment import check_pin, environment_fingerprint
+    from flashcheck.core.environment import check_pin, environment_fingerprint
 
     return check_pin(pin, environment_fingerprint(impl))

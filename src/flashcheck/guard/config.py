@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.budget import K_FORWARD
+from flashcheck.core.budget import K_FORWARD
 
 
 def _positive(owner: str, **values: float) -> None:
@@ -36,7 +36,7 @@ class ShadowConfig:
 
     A checked call's served output is compared with `reference` run at `reference_dtype`; it passes when
     max |out - ref| <= k * max |baseline - ref| + floor (and likewise for the mean), `baseline` being
-    `baseline` run in the served output's dtype: the project's budget rule (flashcheck.budget)."""
+    `baseline` run in the served output's dtype: the project's budget rule (flashcheck.core.budget)."""
 
     every: int = 0
     """Check every N-th call of each site (0: off)."""
@@ -51,11 +51,11 @@ class ShadowConfig:
     k: float = K_FORWARD
     """Budget factor: allowed error = k x the baseline's error + the rounding floor."""
     rule: str = "peers"
-    """Budget rule (flashcheck.budget): "peers", the max and mean errors of the peers' tests (few false
+    """Budget rule (flashcheck.core.budget): "peers", the max and mean errors of the peers' tests (few false
     alarms: the right default for an alarm), or "flashcheck", which adds error-energy, gain and per-row views."""
     max_heads: int | None = 32
     """At most this many (batch, head) slices are recomputed per check (None: all); bounds the cost."""
-    max_overhead: float | None = 0.1
+    max_overhead: float | None = 0.05
     """Skip a sampled check while the time spent in checks exceeds this fraction of the time spent serving
     calls (counted as skipped; None: never skip). Bounds the overhead whatever the machine."""
     background: bool = False

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
-from flashcheck.numerics import Policy, parse_policy
 
 ALGORITHMS = ("fa1", "fa2")
 KEY_ORDERS = ("forward", "reverse", "shuffle")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
 
 
 def hadamard_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from flashcheck.core.numerics import Format, Policy, round_to
 from flashcheck.kernels.validation import check_scale
-from flashcheck.numerics import Format, Policy, round_to
 
 
 def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flashcheck.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
+from flashcheck.core.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
-from flashcheck.numerics import Policy, parse_policy
 
 
 def standard_attention(

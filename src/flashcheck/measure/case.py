@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.budget import K_FORWARD, K_GRADIENT, check_budget
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.budget import K_FORWARD, K_GRADIENT, check_budget
+from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
 from flashcheck.kernels import reference_attention
 from flashcheck.measure.method import Method, Unavailable
 from flashcheck.measure.runs import run_float64 as _run
-from flashcheck.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
 
 METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
     "max_abs": max_abs,

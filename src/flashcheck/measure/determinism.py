@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from flashcheck.inputs import make_qkv
+from flashcheck.core.inputs import make_qkv
 from flashcheck.measure.runs import run_float64 as _run
 
 

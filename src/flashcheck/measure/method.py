@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, parse_format, parse_policy, round_to
 from flashcheck.kernels import SIMULATED_KERNELS, simulate
 from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.numerics import FP8_FORMATS, Format, Policy, info, parse_format, parse_policy, round_to
 
 
 class Unavailable(Exception):

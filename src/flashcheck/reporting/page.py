@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 
 VERDICT_WORDS = {True: "holds", False: "does not hold", None: "not measured", "inconclusive": "inconclusive"}
 _VERDICT_CLASS = {True: "holds", False: "fails", None: "none", "inconclusive": "none"}

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
+from flashcheck.core.numerics import FP8_FORMATS, Format, info, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate
 from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
-from flashcheck.numerics import FP8_FORMATS, Format, info, parse_policy
 from flashcheck.study.config import StudyConfig, Sweep
 
 STATUSES = ("ok", "skipped", "failed")

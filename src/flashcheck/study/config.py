@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcheck.compare import KERNELS
-from flashcheck.inputs import DISTRIBUTIONS
+from flashcheck.core.inputs import DISTRIBUTIONS
+from flashcheck.core.numerics import parse_format, parse_policy
 from flashcheck.kernels.flash import ALGORITHMS
-from flashcheck.numerics import parse_format, parse_policy
 
 
 def real_backends() -> list[str]:

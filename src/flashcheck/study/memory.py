@@ -16,7 +16,7 @@ QUADRATIC_BACKENDS = ("sdpa-math",)  # real backends that materialise the L x L 
 
 def case_footprint(c: Case) -> Footprint:
     """The sizes that set case `c`'s memory; a real backend counts as the kernel it resembles."""
-    from flashcheck.numerics import info, parse_policy
+    from flashcheck.core.numerics import info, parse_policy
 
     if c.kernel in SIMULATED_KERNELS:
         kernel, itemsize = c.kernel, parse_policy(c.policy).work_dtype.itemsize

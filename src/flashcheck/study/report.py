@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 from flashcheck.study.cases import Case, CaseRecord, expand_sweep
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json

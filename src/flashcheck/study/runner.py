@@ -8,8 +8,8 @@ import time
 import warnings
 from pathlib import Path
 
-from flashcheck.fileio import write_atomic
-from flashcheck.progress import progress
+from flashcheck.core.fileio import write_atomic
+from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
@@ -120,7 +120,7 @@ def _run_locked(
         written[rec.status] += 1
         advance(note=f"{written['failed']} failed" if written["failed"] else "")
 
-    done = len(cases) - len(todo)
+    done = len(cases) - len(runnable) - len(skips)  # all but what this run will record
     with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
         for rec in skips:
             on_record(rec)

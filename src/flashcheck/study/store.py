@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 from flashcheck.study.cases import CaseRecord
 
 LOCK_NAME = ".flashcheck.lock"

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from flashcheck.budget import K_FORWARD, K_GRADIENT, RULES
+from flashcheck.core.budget import K_FORWARD, K_GRADIENT, RULES
 from flashcheck.testing.harness import Case, judge, prepare, run_kernel
 
 
@@ -33,7 +33,7 @@ def assert_attention_close(
     attention. The reference is FP64 attention on the same rounded inputs, the baseline plain PyTorch in
     `dtype`. rule "flashcheck" (default): max|fn - ref| <= k * max|eager - ref| + floor, no NaN/Inf, and
     relative L2, bias and per-row error within calibrated factors of eager's; rule "peers": the max test
-    and a mean test (flashcheck.budget). With `backward`, the same for dq, dk, dv (k_grad)."""
+    and a mean test (flashcheck.core.budget). With `backward`, the same for dq, dk, dv (k_grad)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(RULES)}")
     failures, grid = [], list(itertools.product(shapes, distributions, seeds, causal))

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.backends.eager import eager_attention
-from flashcheck.budget import K_FORWARD, K_GRADIENT, BudgetResult, check_budget
-from flashcheck.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.budget import K_FORWARD, K_GRADIENT, BudgetResult, check_budget
+from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
 from flashcheck.kernels import reference_attention
 
 GRADIENTS = ("dq", "dk", "dv")

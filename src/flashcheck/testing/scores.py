@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.budget import MARGIN, QUANTILE, RULES, Factors, flashcheck_statistics
-from flashcheck.inputs import DISTRIBUTIONS
+from flashcheck.core.budget import MARGIN, QUANTILE, RULES, Factors, flashcheck_statistics
+from flashcheck.core.inputs import DISTRIBUTIONS
 from flashcheck.testing.harness import Case, Prepared, dtype_name, judge, prepare, run_kernel
 from flashcheck.testing.mutants import MUTANTS, Mutant, correct_kernel
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashcheck.metrics import wasserstein1_weighted
+from flashcheck.core.metrics import wasserstein1_weighted
 from flashcheck.training.checkpoints import CheckpointError, Reader, open_checkpoint, series
 
 CHUNK = 1 << 22

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from flashcheck.fileio import atomic_target
+from flashcheck.core.fileio import atomic_target
 from flashcheck.training.safetensors_format import save_safetensors
 
 FORMATS = ("pt", "safetensors", "dcp")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.fileio import atomic_target
+from flashcheck.core.fileio import atomic_target
 
 MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
 

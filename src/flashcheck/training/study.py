@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 from flashcheck.training.drift import compare_series, slope
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, run_complete, train
@@ -122,6 +122,8 @@ def train_runs(
 ) -> None:
     """Train the runs not yet complete into out/runs/NAME, in worker processes (fresh torch state each)
     whose steps come back through a queue: on_progress(steps done, steps of these runs, note)."""
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ValueError(f"workers={workers!r} is not allowed; it must be a positive integer")
     todo = [(r, str(Path(out) / "runs" / r.name)) for r in runs if not run_complete(Path(out) / "runs" / r.name, r)]
     if todo:
         _train_all(todo, workers or os.cpu_count() or 1, on_progress)

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from flashcheck.fileio import write_atomic
-from flashcheck.inputs import InputSpec, make_qkv
+from flashcheck.core.fileio import write_atomic
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.core.numerics import Format, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention
-from flashcheck.numerics import Format, parse_policy, round_to
 
 VARIANTS = {
     "bf16-mixed": {"policy": "bf16-mixed"},
@@ -48,6 +49,7 @@ def run_tied_max(
     distribution: str = "tied",
     seed: int = 0,
     beta: float = 2.0,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict:
     """Train Q and V along the FP64 trajectory; per variant, the error delta's rounding adds at each step.
 
@@ -64,7 +66,7 @@ def run_tied_max(
     q, k, v = make_qkv(spec)
     target = 0.1 * torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 99), dtype=torch.float64)
     variants = {n: {**kw, "tie_beta": beta} if "tie_beta" in kw else dict(kw) for n, kw in VARIANTS.items()}
-    rec = _record(q, k, v, target, variants, steps=steps, lr=lr, seq_len=seq_len)
+    rec = _record(q, k, v, target, variants, steps=steps, lr=lr, seq_len=seq_len, on_step=on_step)
     config = {
         "steps": steps,
         "seq_len": seq_len,
@@ -79,10 +81,10 @@ def run_tied_max(
     return {"config": config, "variants": {name: _variant_metrics(r) for name, r in rec.items()}}
 
 
-def _record(q, k, v, target, variants: dict, *, steps: int, lr: float, seq_len: int) -> dict:
+def _record(q, k, v, target, variants: dict, *, steps: int, lr: float, seq_len: int, on_step=None) -> dict:
     """Per variant, per step: the delta error [B, H, L] and the dQ error that rounding O for delta adds."""
     rec = {n: {"delta": [], "dq": []} for n in variants}
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         _, gq, gv = _grads(reference_attention, q, k, v, target)
         for name, kw in variants.items():
             pol = parse_policy(kw["policy"])
@@ -100,6 +102,8 @@ def _record(q, k, v, target, variants: dict, *, steps: int, lr: float, seq_len: 
             rec[name]["delta"].append((do * (o_delta - exact)).sum(-1))
             rec[name]["dq"].append(dq_low - dq_fp32)  # what rounding O for delta adds to dQ
         q, v = q - lr * gq, v - lr * gv
+        if on_step is not None:
+            on_step(step)
     return rec
 
 
@@ -126,15 +130,20 @@ def _bias(e: torch.Tensor) -> dict:
     }
 
 
-def tied_max_report(out: str | Path, **kw) -> dict:
-    """Run the tied-maxima experiment and its untied control; write summary.json and report.md."""
+def tied_max_report(out: str | Path, on_progress: Callable[[int, int, str], None] | None = None, **kw) -> dict:
+    """Run the tied-maxima experiment and its untied control; write summary.json and report.md.
+    on_progress(steps done, steps of both, note) after each training step."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
-    tied = run_tied_max(**kw)
-    control = run_tied_max(**{**kw, "distribution": "normal"})
+    steps = kw.get("steps", 40)
+    tied = run_tied_max(**kw, on_step=on_progress and (lambda i: on_progress(i, 2 * steps, "tied")))
+    control = run_tied_max(
+        **{**kw, "distribution": "normal"},
+        on_step=on_progress and (lambda i: on_progress(steps + i, 2 * steps, "untied control")),
+    )
     summary = {"study": "tied-max", "tied": tied, "control": control, "findings": _findings(tied, control)}
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     _write_report(summary, out)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.fileio import atomic_target, write_atomic
+from flashcheck.core.fileio import atomic_target, write_atomic
 from flashcheck.training.data import TokenStream, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
 

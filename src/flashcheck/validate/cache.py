@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 from flashcheck.validate.run import RunOutput
 
 CACHE_VERSION = 2

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from flashcheck.metrics import wasserstein1
+from flashcheck.core.metrics import wasserstein1
 
 K_MIN = 2.0  # the peers' factor (flash-attention's tests): k is never below it
 SPLITS = 200  # random halvings of the probe texts that estimate the format's own spread

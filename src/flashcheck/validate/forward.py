@@ -67,10 +67,9 @@ def max_length_rows(tok, texts: list[str], max_length: int, rows: int) -> list[d
     out = []
     for r in range(rows):
         joined, i = [], r * max(1, len(texts) // max(rows, 1))
-        while (
-            len(tok(" ".join(joined), truncation=True, max_length=max_length + 1)["input_ids"]) < max_length
-            and len(joined) < 4 * len(texts)
-        ):
+        while len(tok(" ".join(joined), truncation=True, max_length=max_length + 1)["input_ids"]) < max_length and len(
+            joined
+        ) < 4 * len(texts):
             joined.append(texts[i % len(texts)])
             i += 1
         enc = encode_texts(tok, [" ".join(joined)], max_length)[0]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.validate import compare as cmp
+import flashcheck.validate.compare as cmp
 from flashcheck.validate.loading import DTYPES
 from flashcheck.validate.result import Check, Comparison, LayerDeviation, layer_name
 from flashcheck.validate.run import RunOutput
@@ -291,4 +291,5 @@ def judge(run: RunOutput, ctx: Context, against: RunOutput | None = None) -> Com
         logits=logits,
         generation=gen,
         seconds=run.seconds,
+        kernels=tuple(run.kernels),
     )

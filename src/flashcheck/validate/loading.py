@@ -207,6 +207,13 @@ class ModelSource:
         self.info = info
         self._model = model
 
+    def fp64_bytes(self) -> int:
+        """Generous estimate of an fp64 copy's size: 8 bytes a parameter, or 4x the checkpoint files (which
+        may hold 16-bit weights)."""
+        if self._model is not None:
+            return 8 * sum(p.numel() for p in self._model.parameters())
+        return 4 * sum(p.stat().st_size for p in self.info.path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+
     def load(self, dtype: str, impl: str, device: str):
         if self._model is None:
             return load_model(self.info, dtype, impl, device)

@@ -55,6 +55,10 @@ def _why(c: Comparison) -> str:
     )
 
 
+def _kernels(c: Comparison) -> str:
+    return ", ".join(c.kernels) or "none named (matmul and softmax)"
+
+
 def _fmt(x, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -169,7 +173,7 @@ def build_page(result: ValidationResult, folder: Path) -> Page:
             [ch.name, _fmt(ch.value), _fmt(ch.bound), "pass" if ch.passed else "FAIL", ch.detail] for ch in c.checks
         ]
         page.add(
-            Text(f"{c.a} vs {c.b} (k = {c.k:.3g}, {c.seconds:.1f} s)"),
+            Text(f"{c.a} vs {c.b} (k = {c.k:.3g}, {c.seconds:.1f} s; attention ops seen: {_kernels(c)})"),
             Table(["check", "value", "bound", "verdict", "note"], rows),
         )
     page.add(Heading("How this is judged"), Text(RULE))

@@ -72,6 +72,7 @@ class Comparison:
     generation: dict | None = None
     error: str | None = None
     seconds: float = 0.0
+    kernels: tuple[str, ...] = ()  # attention ops the profiler saw (the implementation that actually ran)
 
     @property
     def passed(self) -> bool:
@@ -143,6 +144,7 @@ class Comparison:
                 "generation": self.generation,
                 "error": self.error,
                 "seconds": self.seconds,
+                "kernels": list(self.kernels),
                 "failures": self.failures(),
             }
         )

@@ -64,6 +64,7 @@ class RunOutput:
     invariance: dict = field(default_factory=dict)
     seconds: float = 0.0
     probe_only: bool = False  # the run covered the probe texts only (the fp64 context)
+    kernels: list[str] = field(default_factory=list)  # attention ops the profiler saw on one text
 
     def to_state(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -124,6 +125,7 @@ def execute(plan: Plan, model, impl: str, dtype: str, *, probe_only: bool, advan
     acc = _collect(plan, model, plan.probe_batches if probe_only else plan.batches, advance, label)
     out = _assemble(plan, impl, dtype, acc)
     out.probe_only = probe_only
+    out.kernels = attention_kernels(plan, model)
     if not probe_only:
         out.invariance = invariance_checks(plan, model)
         advance(1, label)
@@ -132,6 +134,16 @@ def execute(plan: Plan, model, impl: str, dtype: str, *, probe_only: bool, advan
         advance(1, label)
     out.seconds = time.perf_counter() - start
     return out
+
+
+def attention_kernels(plan: Plan, model) -> list[str]:
+    """The attention ops torch.profiler sees while the model encodes the first text: the proof of which
+    kernel ran (e.g. aten::_scaled_dot_product_flash_attention_for_cpu for sdpa on a CPU; none for eager,
+    whose attention is plain matmul and softmax)."""
+    from flashcheck.backends.profiling import attention_ops
+
+    batch = pad_batch(plan.tok, plan.enc, [0])
+    return attention_ops(lambda: run_batch(model, batch, plan.device))
 
 
 def _per_text_tokens(hidden: list[torch.Tensor], batch: Batch) -> dict[int, list[torch.Tensor]]:

@@ -7,13 +7,13 @@ import gc
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from flashcheck.environment import environment_fingerprint
-from flashcheck.validate import cache as run_cache
+import flashcheck.validate.cache as run_cache
+from flashcheck.core.environment import environment_fingerprint
 from flashcheck.validate.corpus import MIN_TEXTS, builtin_corpus, read_texts, sample_texts, texts_hash
 from flashcheck.validate.forward import encode_texts, length_batches, max_length_rows, pad_batch
 from flashcheck.validate.judge import TOLERANCES, Context, judge, make_context
@@ -138,12 +138,14 @@ def _schedule(s: Settings) -> list[tuple[str, list[str]]]:
 
 def _fits_fp64(source: ModelSource) -> str | None:
     """Why an fp64 copy of the model would not fit in memory here (None: it fits)."""
+    need = source.fp64_bytes()
     try:
-        size = sum(p.stat().st_size for p in source.info.path.iterdir() if p.suffix in (".safetensors", ".bin"))
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
+        if torch.cuda.is_available():
+            avail = torch.cuda.mem_get_info()[0]
+        else:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, RuntimeError):
         return None
-    need = 4 * size  # fp64 is twice an fp32 checkpoint (four times a 16-bit one): a generous estimate
     return None if need < 0.5 * avail else f"an fp64 copy needs about {need / 2**30:.1f} GiB, {avail / 2**30:.1f} free"
 
 
@@ -157,12 +159,9 @@ class _Session:
     advance: Callable[..., None]
     ref: RunOutput | None = None
     fp64: RunOutput | None = None
-    comparisons: list = None  # type: ignore[assignment]
-    skipped: list = None  # type: ignore[assignment]
-    notes: list = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.comparisons, self.skipped, self.notes = [], [], []
+    comparisons: list[Comparison] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def steps(self, dtype: str) -> int:
         return len(self.plan.probe_batches) if dtype == "fp64" else len(self.plan.batches) + 2
@@ -240,6 +239,8 @@ def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
         _run_impl(sess, get_model(), impl, dtype, ctx)
     del model
     gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.fileio import write_atomic
+from flashcheck.core.fileio import write_atomic
 
 PIN_VERSION = 1
 # Keys compared by check_pin; "platform" details such as the hostname are deliberately not recorded.

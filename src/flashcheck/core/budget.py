@@ -9,10 +9,10 @@ magnitude, hides any error below it: a softmax scale 1% off passes in bf16.
 rule="flashcheck" (the default): the peers' max and non-finite checks, plus three views that average
 over many elements or rows, each bounded by a factor times the same statistic of the baseline:
   rel_l2  ||out - ref|| / ||ref||                      (error energy)
-  bias    RMS over groups of 16 rows of sum(e * ref) / sum(ref * ref), e = out - ref: the mean signed
-          error along the reference, a gain error (+1% = the output is 1% too long); the rows of a group
-          are independent queries (keys for dK, dV), so rounding noise averages out and a systematic
-          error does not
+  bias    the mean signed error along the reference: per group of 16 rows, <e, ref> / |ref| (e = out -
+          ref), RMS over groups, relative to the RMS of |ref|; a gain error out = 1.01 ref gives 0.01.
+          The rows of a group are independent queries (keys for dK, dV), so rounding noise averages
+          out and a systematic error does not
   row     median over rows of ||e_row|| / ||e_baseline_row||: how much worse the typical row is
 The baseline's statistics are floored at those of the reference rounded to the kernel's dtype (the least
 error any output in that dtype has), so a factor applies even where the baseline happens to be exact.
@@ -48,14 +48,17 @@ class Factors:
     row: float
 
 
-# Derived by `python benchmarks/score_mutants.py --calibrate` (see the module docstring); keys (dtype, kind).
+# `python benchmarks/score_mutants.py --calibrate --cases 96` (2026-12-03, torch 2.13.0+cpu): 96 cases x 5 correct
+# kernels = 480 runs, 160 outputs and 480 gradients per dtype; each factor is 1.25 x the largest ratio seen, rounded
+# up to 2 digits (benchmarks/budget_calibration.json lists the worst runs). fp32 gradients are loose: on tied
+# maxima plain fp32 PyTorch is almost exact while PyTorch's CPU flash backward is not (its dk bias ratio is 86).
 FACTORS: dict[tuple[str, str], Factors] = {
-    ("bfloat16", "gradient"): Factors(rel_l2=2.1, bias=2.1, row=1.8),
-    ("bfloat16", "output"): Factors(rel_l2=1.3, bias=1.9, row=1.3),
-    ("float16", "gradient"): Factors(rel_l2=2.7, bias=2.6, row=1.8),
+    ("bfloat16", "output"): Factors(rel_l2=1.3, bias=2.6, row=1.3),
+    ("bfloat16", "gradient"): Factors(rel_l2=2.1, bias=2.4, row=1.8),
     ("float16", "output"): Factors(rel_l2=1.3, bias=2.4, row=1.3),
-    ("float32", "gradient"): Factors(rel_l2=35.0, bias=6.7, row=6.0),
-    ("float32", "output"): Factors(rel_l2=1.4, bias=2.0, row=1.4),
+    ("float16", "gradient"): Factors(rel_l2=2.7, bias=2.8, row=1.8),
+    ("float32", "output"): Factors(rel_l2=1.4, bias=2.2, row=1.4),
+    ("float32", "gradient"): Factors(rel_l2=35.0, bias=110.0, row=6.0),
 }
 
 
@@ -146,20 +149,22 @@ def rel_l2_error(err: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def bias_error(err: torch.Tensor, ref: torch.Tensor, group: int = BIAS_GROUP) -> float:
-    """RMS over groups of `group` consecutive rows (last dim = a row) of sum(err * ref) / sum(ref^2).
-
-    err, ref [..., L, D] -> the typical relative gain error of a group. The last group takes the rows left
-    over (so no group has fewer than `group` rows when L >= group); groups with a zero reference are left
-    out."""
+    """The error's signed component along the reference, per group of `group` consecutive rows, relative:
+    RMS_g(<err, ref>_g / |ref|_g) / RMS_g(|ref|_g), inner products and norms over a group's rows (last dim
+    = a row). err, ref [..., L, D]; a gain error out = (1 + c) ref gives c. The last group takes the rows
+    left over (no group has fewer than `group` rows when L >= group). A group whose reference is ~0
+    contributes its error's size, not a ratio that blows up."""
     if ref.dim() < 2 or ref.numel() == 0:
         return 0.0
-    num, den = (err * ref).sum(dim=-1), (ref * ref).sum(dim=-1)  # [..., L]
-    length = num.shape[-1]
+    dot, sq = (err * ref).sum(dim=-1), (ref * ref).sum(dim=-1)  # [..., L]
+    length = dot.shape[-1]
     idx = (torch.arange(length) // group).clamp(max=max(length // group - 1, 0))
     groups = int(idx[-1]) + 1
-    num, den = (torch.zeros(*x.shape[:-1], groups, dtype=x.dtype).index_add_(-1, idx, x) for x in (num, den))
-    live = den > 0
-    return float((num[live] / den[live]).pow(2).mean().sqrt()) if bool(live.any()) else 0.0
+    dot, sq = (torch.zeros(*x.shape[:-1], groups, dtype=x.dtype).index_add_(-1, idx, x) for x in (dot, sq))
+    norm = sq.sqrt()
+    along = torch.where(norm > 0, dot / torch.where(norm > 0, norm, torch.ones_like(norm)), 0.0)
+    scale = float(sq.mean().sqrt())
+    return float(along.pow(2).mean().sqrt()) / scale if scale > 0 else 0.0
 
 
 def row_ratio(err: torch.Tensor, base_err: torch.Tensor) -> float:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from flashcheck.numerics import Format, spacing
+from flashcheck.core.numerics import Format, spacing
 
 
 def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
