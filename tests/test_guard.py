@@ -187,6 +187,8 @@ def test_config_and_name_errors():
         BreakerConfig(faults=0)
     with pytest.raises(ValueError, match=r"probability=1\.5"):
         ShadowConfig(probability=1.5)
+    with pytest.raises(ValueError, match="rule='strict' is not allowed; expected one of peers, flashcheck"):
+        ShadowConfig(rule="strict")
     with pytest.raises(ValueError, match="warmup=1"):
         MonitorConfig(warmup=1)
     with pytest.raises(ValueError, match="norm_alpha=0"):

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from flashcheck.backends import Backend, get_backend
-from flashcheck.core.budget import BudgetResult, check_budget
+from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget
 from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
 
 __all__ = [
+    "K_FORWARD",
+    "RULES",
     "Backend",
     "BudgetResult",
     "available",
     "budget",
-    "budget_rules",
     "check_inputs",
     "environment_differences",
     "rel_l2",
@@ -62,19 +61,10 @@ def run(
     return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
 
 
-def budget_rules() -> tuple[str, ...]:
-    """The acceptance rules flashcheck.core.budget offers."""
-    from flashcheck.core import budget as b
-
-    return tuple(getattr(b, "RULES", ("peers",)))
-
-
 def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str) -> BudgetResult:
-    """The project's acceptance rule `rule`: |out - ref| <= k x |baseline - ref| + rounding floor of out's
-    dtype, and the rule's other views; out, ref, baseline of one shape [..., L, D]."""
-    if "rule" in inspect.signature(check_budget).parameters:
-        return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule)
-    return check_budget(out, ref, baseline, k=k, dtype=out.dtype)  # a budget module with one rule
+    """The project's acceptance rule `rule` (one of RULES): |out - ref| <= k x |baseline - ref| + rounding
+    floor of out's dtype, and the rule's other views; out, ref, baseline of one shape [..., L, D]."""
+    return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule)
 
 
 def environment_differences(pin: str, impl: str | None) -> list[str]:

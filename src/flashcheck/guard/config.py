@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.budget import K_FORWARD
+from flashcheck.guard.adapters import K_FORWARD, RULES
 
 
 def _positive(owner: str, **values: float) -> None:
@@ -74,6 +74,8 @@ class ShadowConfig:
             raise ValueError(f"ShadowConfig.probability={self.probability!r} is not allowed; expected 0..1")
         if self.max_heads is not None:
             _positive("ShadowConfig", max_heads=self.max_heads)
+        if self.rule not in RULES:
+            raise ValueError(f"ShadowConfig.rule={self.rule!r} is not allowed; expected one of {', '.join(RULES)}")
         if self.max_overhead is not None:
             _positive("ShadowConfig", max_overhead=self.max_overhead)
         _positive("ShadowConfig", k=self.k, queue_size=self.queue_size)
