@@ -167,6 +167,25 @@ def _check_train_study_human(res, out: Path) -> None:
     assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run \w+ step \d+", res.stderr.splitlines()[-1])
 
 
+def test_tied_max_human_output_and_progress(tmp_path, monkeypatch):
+    """`--preset tied-max` at a small size (the preset's own size takes minutes)."""
+    import functools
+
+    from flashcheck.training import tied_max
+
+    small = functools.partial(tied_max.tied_max_report, steps=6, seq_len=32, heads=2, head_dim=16)
+    monkeypatch.setattr(tied_max, "tied_max_report", small)
+    res = runner.invoke(app, ["train-study", "--preset", "tied-max", "--out", str(tmp_path)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [f["id"] for f in summary["findings"]] == ["tied_max_bias", "delta_fp32_fix", "max_adjust_fix"]
+    for f in summary["findings"]:
+        verdict = "holds" if f["holds"] else "does not hold"
+        assert f"{f['id']}: {verdict} — {f['measured']}" in res.stdout.splitlines(), res.stdout
+    assert f"report: {tmp_path}/report.html, report.md, summary.json" in res.stdout
+    assert re.fullmatch(r"train-study 12/12, \d+ s, untied control", res.stderr.splitlines()[-1]), res.stderr
+
+
 def test_run_folder_of_another_configuration_or_in_use_is_refused(tmp_path):
     train(CFG, tmp_path / "r")
     other = dataclasses.replace(CFG, lr=1e-2)
