@@ -128,6 +128,9 @@ def test_run_killed_at_every_write_resumes_bit_identically(tmp_path, monkeypatch
         resumed = train(CFG, run_dir, data)
         assert resumed["losses"] == reference["losses"], (k, torn)
         assert _fingerprint(run_dir) == expected, (k, torn)
+    (run_dir / "losses.json").unlink()  # deleted by hand: not complete any more, rebuilt from state.pt
+    assert not run_complete(run_dir, CFG)
+    assert train(CFG, run_dir, data)["losses"] == reference["losses"] and _fingerprint(run_dir) == expected
 
 
 @pytest.mark.slow

@@ -78,12 +78,14 @@ def _config_json(cfg: RunConfig) -> dict:
 
 
 def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
-    """True when the run's completion marker (written after every other file of the run) names cfg."""
+    """True when the run's completion marker (written after every other file of the run) names cfg and
+    its losses.json is there (a run whose files were deleted by hand is resumed from state.pt)."""
     try:
         marker = json.loads((Path(run_dir) / MARKER).read_text())
+        losses = json.loads((Path(run_dir) / "losses.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and marker.get("config") == _config_json(cfg)
+    return isinstance(marker, dict) and marker.get("config") == _config_json(cfg) and len(losses) == cfg.steps
 
 
 @contextmanager
