@@ -295,6 +295,22 @@ def test_valid_edge_case_safetensors_are_read(tmp_path):
     assert torch.equal(reader.tensor("bf"), t["bf"]) and reader.tensor("f8").float().tolist() == [0.5, -2.0]
 
 
+def test_safetensors_missing_or_too_old_is_a_clear_error(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    save_safetensors({"w": torch.ones(2)}, tmp_path / "a.safetensors")
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # not installed
+    res = runner.invoke(app, ["drift", str(tmp_path / "a.safetensors"), str(tmp_path / "a.safetensors")])
+    assert res.exit_code == 2 and "needs the safetensors package (>= 0.8)" in res.output, res.output
+    old = types.ModuleType("safetensors")
+    old.__version__ = "0.4.5"
+    old.safe_open = lambda filename, framework, device="cpu": None  # no backend= before 0.8
+    monkeypatch.setitem(sys.modules, "safetensors", old)
+    with pytest.raises(CheckpointError, match=r"safetensors 0\.4\.5 is too old"):
+        open_checkpoint(tmp_path / "a.safetensors")
+
+
 # ---- drift: NaN / Inf, bad numbers -------------------------------------------------------------------
 
 
