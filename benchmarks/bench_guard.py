@@ -50,10 +50,11 @@ def end_to_end(preferred: str, qkv, rounds: int, every: int) -> dict[str, float]
     times = {name: [] for name in variants}
     for _ in range(rounds):
         total = dict.fromkeys(variants, 0.0)
-        for _ in range(every):  # one call of each variant in turn: load changes hit all of them alike
-            for name, fn in variants.items():
+        names = list(variants)
+        for turn in range(every):  # one call of each variant in turn, the order rotating: no variant's slot
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:  # is favoured
                 t0 = time.perf_counter()
-                fn(*qkv)
+                variants[name](*qkv)
                 total[name] += time.perf_counter() - t0
         for name in variants:
             times[name].append(total[name] / every)
