@@ -10,7 +10,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flashcheck.backend_compare import BackendCase, determinism, run_backend_case
 from flashcheck.backends import all_backends, get_backend
 from flashcheck.backends.base import Backend, cuda_unavailable_reason, default_device, resolve_device
 from flashcheck.backends.external import FlexBackend, flex_function
@@ -18,8 +17,12 @@ from flashcheck.backends.profiling import attention_ops, proves, select_ops
 from flashcheck.backends.sdpa import SdpaBackend
 from flashcheck.cli import app
 from flashcheck.core.budget import check_budget
+from flashcheck.core.inputs import InputSpec
 from flashcheck.core.numerics import parse_format
 from flashcheck.kernels import reference_attention
+from flashcheck.measure import Case, Method
+from flashcheck.measure.compare import BackendCase, run_backend_case
+from flashcheck.measure.determinism import determinism
 
 runner = CliRunner()
 CPU_REAL = ("sdpa-math", "sdpa-math-lowp", "sdpa-flash", "flex", "eager")
@@ -125,7 +128,7 @@ def test_unknown_device_names_the_allowed_ones(bad):
     with pytest.raises(ValueError, match="expected one of cpu, cuda"):
         resolve_device(bad)
     with pytest.raises(ValueError, match="expected one of cpu, cuda"):
-        run_backend_case(BackendCase(backend="sdpa-math", seq_len=8, heads=1), device=bad)
+        run_backend_case(BackendCase(backend="sdpa-math", inputs=InputSpec(seq_len=8, heads=1)), device=bad)
 
 
 def test_device_support_dtypes_and_backward_per_device(monkeypatch):
@@ -149,7 +152,7 @@ def test_asking_for_cuda_without_one_says_why():
     q, k, v = qkv(8, 8)
     with pytest.raises(ValueError, match="cannot run on cuda: needs an NVIDIA GPU"):
         get_backend("sdpa-flash").run(q, k, v, device="cuda")
-    r = run_backend_case(BackendCase(backend="sdpa-flash", seq_len=8, heads=1), device="cuda")
+    r = run_backend_case(BackendCase(backend="sdpa-flash", inputs=InputSpec(seq_len=8, heads=1)), device="cuda")
     assert r["status"] == "skipped" and "needs an NVIDIA GPU" in r["reason"] and r["config"]["device"] == "cuda"
 
 
@@ -317,21 +320,26 @@ def test_sim_flash_proof_on_the_cpu():
 
 
 def test_backend_case_json_and_budget(device):
-    case = BackendCase(backend="sdpa-flash", numerics="bf16", seq_len=128, heads=2, backward=True)
+    case = BackendCase(backend="sdpa-flash", numerics="bf16", backward=True, inputs=InputSpec(seq_len=128, heads=2))
     r = run_backend_case(case, device=device)
     assert r["status"] == "ok" and r["kernel_verified"] is True and r["config"]["device"] == device
     assert set(r["candidate"]) == {"max_abs", "mean_abs", "rmse", "rel_l2"} and r["budget"]["passed"]
     assert all(r["grad"][g]["budget"]["passed"] for g in ("dq", "dk", "dv"))
     flex = run_backend_case(
-        BackendCase(backend="flex", numerics="bf16", seq_len=64, heads=2, backward=True), device=device
+        BackendCase(backend="flex", numerics="bf16", backward=True, inputs=InputSpec(seq_len=64, heads=2)),
+        device=device,
     )
     if device == "cpu":
         assert flex["status"] == "skipped" and "no backward on the CPU" in flex["reason"]
     else:
         assert flex["status"] == "ok" and flex["kernel_verified"] is True and flex["grad"]["dq"]["budget"]["passed"]
-    sim = run_backend_case(BackendCase(backend="sim-flash", numerics="bf16", seq_len=64, heads=1), device=device)
+    sim = run_backend_case(
+        BackendCase(backend="sim-flash", numerics="bf16", inputs=InputSpec(seq_len=64, heads=1)), device=device
+    )
     assert sim["status"] == "ok" and sim["config"]["device"] == "cpu"  # simulators run on the CPU
-    skipped = run_backend_case(BackendCase(backend="flash-attn", numerics="bf16", seq_len=64), device=device)
+    skipped = run_backend_case(
+        BackendCase(backend="flash-attn", numerics="bf16", inputs=InputSpec(seq_len=64)), device=device
+    )
     if not torch.cuda.is_available():
         assert skipped["status"] == "skipped" and "GPU" in skipped["reason"]
 
@@ -344,14 +352,17 @@ class NoisyBackend(Backend):
         return out + 1e-3 * torch.randn_like(out)
 
 
-def test_determinism_detects_a_nondeterministic_kernel(device):
-    case = BackendCase(backend="sdpa-flash", seq_len=32, heads=2, determinism=3)
+def test_determinism_detects_a_nondeterministic_kernel(device, monkeypatch):
     q, k, v = qkv(32, 32, dtype=torch.float64)
     noisy = NoisyBackend("noisy", "test")
-    bad = determinism(noisy, parse_format("fp32"), (q[:1], k[:1], v[:1]), case, device=device)
+    monkeypatch.setattr("flashcheck.backends.get_backend", lambda name: noisy if name == "noisy" else get_backend(name))
+    method = Method(kernel="noisy", fmt=parse_format("fp32"), device=device)
+    case = Case(inputs=InputSpec(seq_len=32, heads=2), method=method, determinism=3)
+    bad = determinism(case, (q[:1], k[:1], v[:1]))
     assert not bad["forward_identical"] and not bad["batch_invariant"]
     good = run_backend_case(
-        BackendCase(backend="sdpa-flash", seq_len=64, heads=2, determinism=3, backward=True), device=device
+        BackendCase(backend="sdpa-flash", determinism=3, backward=True, inputs=InputSpec(seq_len=64, heads=2)),
+        device=device,
     )
     det = good["determinism"]
     assert det["forward_identical"]
@@ -456,7 +467,7 @@ def test_gpu_backend_within_budget(name):
     avail = get_backend(name).available(torch.bfloat16, "cuda")
     if not avail.ok:
         pytest.skip(avail.reason)
-    case = BackendCase(backend=name, numerics="bf16", seq_len=1024, heads=8, backward=True)
+    case = BackendCase(backend=name, numerics="bf16", backward=True, inputs=InputSpec(seq_len=1024, heads=8))
     r = run_backend_case(case, device="cuda")
     assert r["status"] == "ok" and r["config"]["device"] == "cuda", r
     assert r["kernel_verified"] is True, r["kernel_ops"]

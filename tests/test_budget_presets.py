@@ -14,9 +14,9 @@ from flashcheck.core.budget import check_budget, rounding_floor
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.metrics import rel_l2
 from flashcheck.core.numerics import parse_policy, round_to
-from flashcheck.explain import attribute
 from flashcheck.kernels import flash_attention, reference_attention
 from flashcheck.kernels.presets import KERNEL_PRESETS, resolve
+from flashcheck.measure.attribution import attribute
 from flashcheck.testing import assert_attention_close
 
 runner = CliRunner()

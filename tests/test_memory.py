@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from flashcheck.compare import CompareConfig
+from flashcheck.core.inputs import InputSpec
 from flashcheck.kernels import memory
 from flashcheck.kernels.memory import Footprint, InsufficientMemory, check_fits, estimate_bytes, largest_fitting
+from flashcheck.measure.compare import CompareConfig
 
 
 def fp(seq_len: int, **kw) -> Footprint:
@@ -69,11 +70,12 @@ _PEAK = """
 import json, resource, sys
 import torch
 torch.set_num_threads(1)
-from flashcheck.compare import CompareConfig, run_compare
+from flashcheck.core.inputs import InputSpec
+from flashcheck.measure.compare import CompareConfig, run_compare
 kernel, policy, heads, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-run_compare(CompareConfig(kernel=kernel, numerics=policy, heads=1, seq_len=64))
+run_compare(CompareConfig(kernel=kernel, numerics=policy, inputs=InputSpec(heads=1, seq_len=64)))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-run_compare(CompareConfig(kernel=kernel, numerics=policy, heads=heads, seq_len=length))
+run_compare(CompareConfig(kernel=kernel, numerics=policy, inputs=InputSpec(heads=heads, seq_len=length)))
 print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base))
 """
 
@@ -91,6 +93,6 @@ def test_estimate_is_an_upper_bound_of_the_measured_peak(kernel, policy, heads, 
         timeout=300,
     )
     peak = json.loads(out.stdout.strip().splitlines()[-1])
-    cfg = CompareConfig(kernel=kernel, numerics=policy, heads=heads, seq_len=length)
+    cfg = CompareConfig(kernel=kernel, numerics=policy, inputs=InputSpec(heads=heads, seq_len=length))
     est = estimate_bytes(cfg.footprint())
     assert 0.4 * est <= peak <= est, f"peak {peak / 2**20:.0f} MiB vs estimate {est / 2**20:.0f} MiB"

@@ -53,11 +53,12 @@ class SimBackend(Backend):
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
+        policy = getattr(self.policy, "name", self.policy)  # a Policy or its name
         if self.kernel == "standard":
-            return f"{self.name}[{self.policy}]"
+            return f"{self.name}[{policy}]"
         if self.preset:
             return f"{self.name}[{self.preset}@{self.fmt}]"
-        return f"{self.name}[{self.policy}, {self.block_q}x{self.block_k} {self.algorithm}]"
+        return f"{self.name}[{policy}, {self.block_q}x{self.block_k} {self.algorithm}]"
 
     def forward(self, q, k, v, *, causal=False, scale=None, mask=None):
         if self.kernel == "standard":

@@ -59,8 +59,9 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
-    shape = dict(batch=batch, heads=heads, head_dim=head_dim, causal=causal, distribution=distribution.value, seed=seed)
-    shape |= dict(block_q=block_q, block_k=block_k, algorithm=algorithm.value, baseline_numerics=baseline_numerics)
+    shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
+    opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
+    opts["baseline_numerics"] = baseline_numerics
     simulators = backend is None and preset is None
     try:
         _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
@@ -69,17 +70,20 @@ def compare(
         lengths = _int_list(seq_len, "--seq-len")
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, backward or determinism)
-            result = _simulate(kernel.value, numerics, lengths, extra, shape)
+            cfg, result = _simulate(kernel.value, numerics, lengths, extra, (shape, opts))
         else:
             steps = {"preset": preset, "backward": backward, "determinism": runs if determinism else 0}
-            results = _run_all(_backend_cases(backend or "sim-flash", numerics, lengths, shape | steps), dev, as_json)
+            cases = _backend_cases(backend or "sim-flash", numerics, lengths, (shape, opts | steps))
+            results = _run_all(cases, dev, as_json)
     except ValueError as exc:
         _fail_usage(str(exc))
     if simulators:
+        from flashcheck.measure.compare import compare_dict
+
         if as_json:
-            typer.echo(json.dumps(result.to_dict(), indent=2))
+            typer.echo(json.dumps(compare_dict(cfg, result), indent=2))
         else:
-            _print_compare(result)
+            _print_compare(cfg, result)
         return
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
@@ -89,35 +93,38 @@ def compare(
         raise typer.Exit(1)
 
 
-def _simulate(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, shape: dict):
-    """The simulator comparison (CompareResult) of one length; `extra` = (fp8 scaling, hadamard, whether
-    --backward or --determinism was given, which need --backend)."""
-    from flashcheck.compare import CompareConfig, run_compare
+def _simulate(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, fields: tuple[dict, dict]):
+    """(CompareConfig, Record) of the simulator comparison at one length; `extra` = (fp8 scaling, hadamard,
+    whether --backward or --determinism was given, which need --backend); `fields` = (input shape, options)."""
+    from flashcheck.core.inputs import InputSpec
+    from flashcheck.measure.compare import CompareConfig, run_compare
 
     fp8_scaling, hadamard, backend_only = extra
     if backend_only:
         raise ValueError("--backward and --determinism need --backend (e.g. --backend sim-flash)")
     if len(lengths) > 1:
         raise ValueError(f"--seq-len {','.join(map(str, lengths))!r}: a list needs --backend; give one length")
+    shape, opts = fields
     cfg = CompareConfig(
         kernel=kernel,
         numerics=numerics or "bf16-mixed",
-        seq_len=lengths[0],
+        inputs=InputSpec(seq_len=lengths[0], **shape),
         fp8_scaling=fp8_scaling,
         hadamard=hadamard,
-        **shape,
+        **opts,
     )
-    return run_compare(cfg)
+    return cfg, run_compare(cfg)
 
 
-def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: dict) -> list:
-    """One BackendCase per backend x format x length; `fields` holds the rest of BackendCase's fields."""
-    from flashcheck.backend_compare import BackendCase
-    from flashcheck.compare import backend_footprint
+def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: tuple[dict, dict]) -> list:
+    """One BackendCase per backend x format x length; `fields` = (input shape, the other BackendCase fields)."""
+    from flashcheck.core.inputs import InputSpec
     from flashcheck.kernels.memory import check_all_fit
+    from flashcheck.measure.compare import BackendCase, backend_footprint
 
+    shape, opts = fields
     cases = [
-        BackendCase(backend=name, numerics=fmt, seq_len=n, **fields)
+        BackendCase(backend=name, numerics=fmt, inputs=InputSpec(seq_len=n, **shape), **opts)
         for name in _names(backend, "--backend")
         for fmt in _names(numerics or "bf16", "--numerics")
         for n in lengths
@@ -143,7 +150,7 @@ def _device(device: str | None, backend: str | None, preset: str | None) -> str:
 
 def _run_all(cases: list, device: str, as_json: bool) -> list[dict]:
     """Every backend case's result on `device`, with progress on stderr when there are several."""
-    from flashcheck.backend_compare import run_backend_case
+    from flashcheck.measure.compare import run_backend_case
 
     results = []
     with _progress(len(cases), "compare", as_json) as advance:
@@ -155,7 +162,7 @@ def _run_all(cases: list, device: str, as_json: bool) -> list[dict]:
 
 def _passed(result: dict) -> bool:
     if result.get("status") != "ok":
-        return True
+        return result.get("status") == "skipped"
     checks = [result["budget"]["passed"]] + [g["budget"]["passed"] for g in result.get("grad", {}).values()]
     return all(checks)
 
@@ -185,7 +192,8 @@ def _print_backends(results: list[dict]) -> None:
     for r in results:
         c = r["config"]
         if r["status"] != "ok":
-            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: skipped, {r['reason']}")
+            why = r["reason"] if r["status"] == "skipped" else r["reason"].splitlines()[0]
+            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
             continue
         ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
         ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
@@ -212,16 +220,16 @@ def _print_backends(results: list[dict]) -> None:
         console.print(escape(line))
 
 
-def _print_compare(result) -> None:
+def _print_compare(cfg, result) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    cfg = result.config
+    s = cfg.inputs
     title = (
         f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
-        f"B={cfg.batch} H={cfg.heads} L={cfg.seq_len} D={cfg.head_dim} "
+        f"B={s.batch} H={s.heads} L={s.seq_len} D={s.head_dim} "
         f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
-        f"{cfg.distribution} seed={cfg.seed}"
+        f"{s.distribution} seed={s.seed}"
     )
     console = _console()
     console.print(escape(title))

@@ -101,7 +101,8 @@ def explain(
 
     from flashcheck.core.fileio import atomic_target, write_atomic
     from flashcheck.core.inputs import InputSpec
-    from flashcheck.explain import STEPS, attribute, draw
+    from flashcheck.measure.attribution import STEPS, attribute
+    from flashcheck.reporting.attribution import draw_attribution
 
     try:
         _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric, "--out": out})
@@ -122,7 +123,7 @@ def explain(
     data = {**attr.to_dict(), "config": {"kernel": kernel.value, **kern, "preset": preset, **dataclasses.asdict(spec)}}
     write_atomic(folder / "summary.json", json.dumps(data, indent=2))
     with contextlib.suppress(ImportError), atomic_target(folder / "figures" / "explain.png") as png:
-        draw(attr, png)  # matplotlib is optional: the table still prints
+        draw_attribution(attr, png)  # matplotlib is optional: the table still prints
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:

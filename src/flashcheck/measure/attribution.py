@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.core.metrics import error_summary
+import torch
+
+from flashcheck.core.inputs import InputSpec
 from flashcheck.core.numerics import STAGES, Format, Policy
-from flashcheck.kernels import reference_attention, simulate
 from flashcheck.kernels.memory import Footprint, check_fits
+from flashcheck.measure.case import METRICS, References
+from flashcheck.measure.method import Method
 
 STEPS = 2 * len(STAGES) + 1  # kernel runs of one attribution: the policy, each stage alone, each raised
 
@@ -72,46 +74,19 @@ def attribute(
         work_itemsize=8,  # the one-stage variants run with every other stage in FP64
     )
     check_fits(fp)
-    q, k, v = make_qkv(spec)
-    ref = reference_attention(q, k, v, causal=causal)
+    refs = References(spec, causal=causal)
+    blocks = {"block_q": block_q, "block_k": block_k, "algorithm": algorithm} if kernel == "flash" else {}
+    extra = {"exp2": exp2} if kernel == "flash" else {}
 
     def err(pol: Policy, note: str) -> float:
-        extra = {"exp2": exp2} if kernel == "flash" else {}
-        out = simulate(
-            kernel, q, k, v, policy=pol, causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm, **extra
-        )
+        m = Method(kernel=kernel, policy=pol, **blocks)
+        with torch.no_grad():
+            out = m.runner(causal=causal, **extra)(*m.prepare(refs.q, refs.k, refs.v))
         if on_step is not None:
             on_step(note=note)
-        return error_summary(out, ref)[metric]
+        return METRICS[metric](out, refs.reference)
 
     exact = Policy(name="fp64", fp8_scaling=policy.fp8_scaling, hadamard=policy.hadamard)
     alone = {s: err(exact.replace(**{s: policy.stage(s)}), f"{s} alone") for s in STAGES}
     raised = {s: err(policy.replace(**{s: Format.FP64}), f"{s} raised") for s in STAGES}
     return Attribution(policy, metric, err(policy, policy.name), alone, raised)
-
-
-def draw(attr: Attribution, path) -> None:
-    """A bar chart of the two views next to the full policy's error."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = range(len(STAGES))
-    ax.bar(
-        [x - 0.2 for x in xs],
-        [attr.alone[s] for s in STAGES],
-        width=0.4,
-        label="stage alone in low precision",
-    )
-    ax.bar([x + 0.2 for x in xs], [attr.raised[s] for s in STAGES], width=0.4, label="stage alone raised to FP64")
-    ax.axhline(attr.full, color="k", ls="--", lw=1, label=f"full policy {attr.policy.name}")
-    ax.set_xticks(list(xs), [f"{s}\n({attr.policy.stage(s).value})" for s in STAGES])
-    ax.set_yscale("symlog", linthresh=max(attr.full * 1e-3, 1e-300))
-    ax.set_ylabel(f"{attr.metric} vs FP64")
-    ax.legend(fontsize=8)
-    ax.set_title(f"which stage causes the deviation? dominant: {attr.dominant}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

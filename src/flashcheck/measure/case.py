@@ -145,7 +145,8 @@ def _measure(case: Case, refs: References) -> Record:
 
         b = m.backend()
         fn = m.runner(causal=case.causal)
-        dev, proof = b.default_device(), b.proof_on(b.default_device())  # prepare() puts inputs on b.device()
+        dev = m.run_device
+        proof = b.proof_on(dev)
         ops = attention_ops(lambda: fn(*m.prepare(*qkv)), proof, device=dev)
         fields.update(kernel_ops=tuple(ops), kernel_verified=proves(ops, proof))
     if case.determinism:

@@ -24,7 +24,8 @@ class Unavailable(Exception):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Method:
     """A simulator (`kernel` in flash/standard under `policy`) or a real backend (`kernel` a backend name at
-    format `fmt`; `preset` / `policy` / blocks configure `sim-flash` and `sim-standard`)."""
+    format `fmt` on `device`; `preset` / `policy` / blocks configure `sim-flash` and `sim-standard`).
+    Simulators run on the CPU in float64 tensors whatever `device` says."""
 
     kernel: str
     policy: Policy | None = None
@@ -33,6 +34,7 @@ class Method:
     block_q: int = 128
     block_k: int = 128
     algorithm: str = "fa2"
+    device: str = "cpu"
 
     @property
     def is_simulator(self) -> bool:
@@ -79,11 +81,18 @@ class Method:
         if self.is_simulator:
             return
         b = self.backend()
-        avail = b.available(None if _takes_float64(b) else self.dtype())
+        avail = b.available(None if _takes_float64(b) else self.dtype(), self.run_device)
         if not avail.ok:
             raise Unavailable(avail.reason)
-        if backward and b.backward_reason():
-            raise Unavailable(b.backward_reason())
+        if backward and b.backward_reason(self.run_device):
+            raise Unavailable(b.backward_reason(self.run_device))
+
+    @property
+    def run_device(self) -> str:
+        """Where the method runs: simulators (and the sim-* backends) on the CPU, real backends on `device`."""
+        if self.is_simulator or self.kernel.startswith("sim-"):
+            return "cpu"
+        return self.device
 
     def runner(self, *, causal: bool = False, **flash_options):
         """fn(q, k, v) -> out in the method's own dtype and device (autograd-capable)."""
@@ -100,18 +109,15 @@ class Method:
                 algorithm=self.algorithm,
                 **flash_options,
             )
-        b = self.backend()
-        return lambda q, k, v: b.forward(q, k, v, causal=causal)
+        b, dev = self.backend(), self.run_device
+        return lambda q, k, v: b.run(q, k, v, device=dev, causal=causal)
 
     def prepare(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The float64 CPU inputs as this method takes them: simulators float64 copies; backends in dtype on
-        their device."""
-        if self.is_simulator:
+        """The float64 CPU inputs as this method takes them: simulators float64 copies; backends in their dtype
+        (the adapter moves them to the device and the output back)."""
+        if self.is_simulator or _takes_float64(self.backend()):
             return tuple(t.clone() for t in tensors)
-        b = self.backend()
-        if _takes_float64(b):
-            return tuple(t.clone() for t in tensors)
-        return tuple(t.to(b.device(), self.dtype()) for t in tensors)
+        return tuple(t.to(self.dtype()) for t in tensors)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
         """The method's output for float64 inputs, as float64 on the CPU (no autograd)."""
@@ -146,7 +152,7 @@ class Method:
             return dataclasses.replace(self, kernel="standard", block_q=0, block_k=0, algorithm="")
         if self.fmt in FP8_FORMATS:
             return Method(kernel="standard", policy=parse_policy("baseline-fp8"), block_q=0, block_k=0, algorithm="")
-        return Method(kernel="eager", fmt=self.fmt)
+        return Method(kernel="eager", fmt=self.fmt, device=self.run_device)
 
 
 def _takes_float64(backend) -> bool:
@@ -163,9 +169,11 @@ def parse_method(
     block_k: int = 128,
     algorithm: str = "fa2",
     policy: str | None = None,
+    device: str = "cpu",
 ) -> Method:
     """Parse "kernel:policy" (simulators flash/standard), "backend:FORMAT" or a bare backend name (bf16).
-    `preset`, `policy` and the blocks configure the simulator backends (sim-flash, sim-standard).
+    `preset`, `policy` and the blocks configure the simulator backends (sim-flash, sim-standard); `device`
+    is where a real backend runs.
 
     ValueError names the value and what is allowed, with a "did you mean" for backend names."""
     if isinstance(text, Method):
@@ -191,6 +199,10 @@ def parse_method(
             f"{', '.join(SIMULATED_KERNELS)}, or backend:FORMAT with backend in {', '.join(names)}"
         )
     fmt = parse_format(spec or "bf16")
+    if preset is not None:
+        from flashcheck.kernels.presets import kernel_preset
+
+        kernel_preset(preset).policy(fmt)  # unknown preset, or a format the preset does not run: ValueError
     return Method(
         kernel=name,
         fmt=fmt,
@@ -199,4 +211,5 @@ def parse_method(
         block_q=block_q,
         block_k=block_k,
         algorithm=algorithm,
+        device=device,
     )

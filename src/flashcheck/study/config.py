@@ -7,9 +7,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.compare import KERNELS
 from flashcheck.core.inputs import DISTRIBUTIONS
 from flashcheck.core.numerics import parse_format, parse_policy
+from flashcheck.kernels import SIMULATED_KERNELS as KERNELS
 from flashcheck.kernels.flash import ALGORITHMS
 
 

@@ -1,0 +1,230 @@
+"""The two ways `flashcheck compare` states a comparison — a simulator configuration (CompareConfig) and a
+backend case (BackendCase) — as measure.Case, run through measure.run_case, and their JSON forms."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from flashcheck.backends.base import DEVICES
+from flashcheck.core.inputs import InputSpec
+from flashcheck.core.numerics import Policy, info, parse_format, parse_policy
+from flashcheck.kernels import SIMULATED_KERNELS
+from flashcheck.kernels.memory import Footprint, check_fits
+from flashcheck.measure.case import Case, Record, run_case
+from flashcheck.measure.method import Method, parse_method
+
+KERNELS = SIMULATED_KERNELS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompareConfig:
+    """One simulator comparison. `baseline_numerics` defaults to `numerics`; `fp8_scaling` and `hadamard`,
+    when set, override the candidate policy's (the baseline keeps its own)."""
+
+    kernel: str = "flash"
+    numerics: str = "bf16-mixed"
+    baseline_numerics: str | None = None
+    algorithm: str = "fa2"
+    block_q: int = 128
+    block_k: int = 128
+    inputs: InputSpec = field(default_factory=InputSpec)
+    causal: bool = False
+    fp8_scaling: str | None = None
+    hadamard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
+        for role, pol in (("candidate", self.candidate_policy()), ("baseline", self.baseline_policy())):
+            if pol.fp8_scaling == "block" and (role == "baseline" or self.kernel == "standard"):
+                raise ValueError(
+                    f"the {role} policy {pol.name!r} scales FP8 per block, which needs the flash kernel's tiles; "
+                    "the standard kernel scales per tensor: give --baseline-numerics baseline-fp8 (or a policy "
+                    "with fp8_scaling=tensor)"
+                )
+
+    def candidate_policy(self) -> Policy:
+        pol = parse_policy(self.numerics)
+        changes: dict[str, object] = {}
+        if self.fp8_scaling is not None:
+            changes["fp8_scaling"] = self.fp8_scaling
+        if self.hadamard:
+            changes["hadamard"] = True
+        return dataclasses.replace(pol, **changes) if changes else pol
+
+    def baseline_policy(self) -> Policy:
+        return parse_policy(self.baseline_numerics or self.numerics)
+
+    def case(self) -> Case:
+        """The measure.Case: the kernel under the candidate policy, standard attention under the baseline's."""
+        cand = Method(
+            kernel=self.kernel,
+            policy=self.candidate_policy(),
+            block_q=self.block_q if self.kernel == "flash" else 0,
+            block_k=self.block_k if self.kernel == "flash" else 0,
+            algorithm=self.algorithm if self.kernel == "flash" else "",
+        )
+        base = Method(kernel="standard", policy=self.baseline_policy(), block_q=0, block_k=0, algorithm="")
+        return Case(inputs=self.inputs, method=cand, baseline=base, causal=self.causal)
+
+    def footprint(self) -> Footprint:
+        """The sizes that set this comparison's memory (see kernels.memory)."""
+        work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
+        s = self.inputs
+        return Footprint(
+            batch=s.batch,
+            heads=s.heads,
+            seq_len=s.seq_len,
+            head_dim=s.head_dim,
+            kernels=(self.kernel, "standard"),
+            block_k=self.block_k,
+            work_itemsize=work,
+        )
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "inputs"}
+        s = self.inputs
+        d.update(batch=s.batch, heads=s.heads, seq_len=s.seq_len, head_dim=s.head_dim)
+        d.update(distribution=s.distribution, seed=s.seed)
+        d["candidate_policy"] = self.candidate_policy().to_dict()
+        d["baseline_policy"] = self.baseline_policy().to_dict()
+        return d
+
+
+def run_compare(cfg: CompareConfig) -> Record:
+    """Run the simulator comparison; refuses with kernels.memory.InsufficientMemory (a ValueError) before
+    allocating when it cannot fit here. A kernel error propagates (it is the user's configuration)."""
+    check_fits(cfg.footprint())
+    rec = run_case(cfg.case())
+    if rec.status == "failed":
+        raise ValueError(rec.reason.splitlines()[0])
+    return rec
+
+
+def compare_dict(cfg: CompareConfig, rec: Record) -> dict:
+    """The JSON form of a simulator comparison."""
+    return {
+        "config": cfg.to_dict(),
+        "candidate": rec.candidate,
+        "baseline": rec.baseline,
+        "ratio": rec.ratio,
+        "vs_rounded_inputs": {"candidate": rec.candidate_rounded},
+        "baseline_impl": rec.baseline_name,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendCase:
+    """One backend at one dtype on one input set. `preset` / `policy` / blocks configure sim-flash;
+    `baseline_numerics` replaces the one baseline rule's eager same-precision baseline by standard
+    attention under that policy."""
+
+    backend: str
+    numerics: str = "bf16"
+    inputs: InputSpec = field(default_factory=InputSpec)
+    causal: bool = False
+    preset: str | None = None
+    policy: str | None = None
+    block_q: int = 128
+    block_k: int = 128
+    algorithm: str = "fa2"
+    baseline_numerics: str | None = None
+    backward: bool = False
+    determinism: int = 0  # repeated runs to compare bit for bit (0: skip)
+
+    def __post_init__(self) -> None:
+        from flashcheck.backends import get_backend
+
+        get_backend(self.backend)  # "unknown backend ... (did you mean ...)"
+        self.method("cpu")  # unknown backend, format, preset or policy: ValueError now, not a failed record
+
+    @property
+    def seq_len(self) -> int:
+        return self.inputs.seq_len
+
+    def method(self, device: str) -> Method:
+        return parse_method(
+            f"{self.backend}:{self.numerics}",
+            preset=self.preset,
+            policy=self.policy,
+            block_q=self.block_q,
+            block_k=self.block_k,
+            algorithm=self.algorithm,
+            device=device,
+        )
+
+    def case(self, device: str) -> Case:
+        base = None
+        if self.baseline_numerics:
+            pol = parse_policy(self.baseline_numerics)
+            base = Method(kernel="standard", policy=pol, block_q=0, block_k=0, algorithm="")
+        return Case(
+            inputs=self.inputs,
+            method=self.method(device),
+            baseline=base,
+            causal=self.causal,
+            backward=self.backward,
+            determinism=self.determinism,
+            verify_kernel=True,
+        )
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "inputs"}
+        s = self.inputs
+        d.update(seq_len=s.seq_len, batch=s.batch, heads=s.heads, head_dim=s.head_dim)
+        d.update(distribution=s.distribution, seed=s.seed)
+        return d
+
+
+def backend_footprint(case: BackendCase) -> Footprint:
+    """The memory footprint of a BackendCase: the eager or SDPA-math baseline holds L x L scores (fp32 at
+    most, fp64 for fp64 inputs or policies), the FP64 reference runs beside it, and --determinism adds a
+    batch of at least 2."""
+    itemsize = max(4, info(parse_format(case.numerics)).dtype.itemsize)
+    for pol in (case.policy, case.baseline_numerics):
+        if pol:
+            itemsize = max(itemsize, parse_policy(pol).work_dtype.itemsize)
+    s = case.inputs
+    return Footprint(
+        batch=max(2, s.batch) if case.determinism else s.batch,
+        heads=s.heads,
+        seq_len=s.seq_len,
+        head_dim=s.head_dim,
+        kernels=("standard", "flash"),
+        block_k=case.block_k,
+        work_itemsize=itemsize,
+        backward=case.backward,
+    )
+
+
+def run_backend_case(case: BackendCase, *, device: str) -> dict:
+    """The comparison as a JSON-able object: status ok, skipped (with the reason it cannot run here) or
+    failed (with the error). `device` ("cpu" or "cuda") is where a real backend and its eager baseline run;
+    simulators run on the CPU; the config records the device used."""
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
+    case_m = case.case(device)
+    m = case_m.method
+    label = getattr(m.backend(), "label", lambda: m.kernel)()
+    head = {"config": {**case.to_dict(), "label": label, "device": m.run_device}}
+    rec = run_case(case_m)
+    if rec.status != "ok":
+        return {**head, "status": rec.status, "reason": rec.reason}
+    out = {
+        **head,
+        "status": "ok",
+        "baseline_impl": rec.baseline_name,
+        "candidate": rec.candidate,
+        "baseline": rec.baseline,
+        "ratio": rec.ratio,
+        "vs_rounded_inputs": {"candidate": rec.candidate_rounded},
+        "kernel_ops": list(rec.kernel_ops or ()),
+        "kernel_verified": rec.kernel_verified,
+        "budget": rec.budget,
+    }
+    if rec.grad is not None:
+        out["grad"] = rec.grad
+    if rec.determinism is not None:
+        out["determinism"] = rec.determinism
+    return out
