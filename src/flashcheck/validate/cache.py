@@ -13,7 +13,7 @@ import torch
 from flashcheck.core.fileio import write_atomic
 from flashcheck.validate.run import RunOutput
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cache_file(out: str | Path, impl: str, dtype: str, key: dict) -> Path:
