@@ -353,3 +353,11 @@ def test_minilm_broken_impl_fails_naming_the_first_layer(minilm_out: Path, regis
     row = next(c for c in json.loads((minilm_out / "summary.json").read_text())["comparisons"] if c["impl"] != "eager")
     assert row["first_bad_layer"] == 1 and row["first_bad_layer_name"] == "layer 1" and not row["pass"]
     assert row["layers"][0]["pass"]  # the embeddings (no attention yet) agree
+
+
+def test_the_guard_validates_as_flashchecks_own_impl(tiny_bert: Path, tmp_path: Path) -> None:
+    """`fcguard` is registered on request (flashcheck.guard.register_transformers) and judged like any other."""
+    res = _invoke(str(tiny_bert), "--impls", "eager,fcguard", "--dtypes", "fp32", "--out", str(tmp_path), *FAST)
+    assert res.exit_code == 0, res.output
+    row = next(c for c in json.loads((tmp_path / "summary.json").read_text())["comparisons"] if c["impl"] == "fcguard")
+    assert row["pass"] and row["b"] == "eager:fp32" and row["max_abs"] < 1e-5
