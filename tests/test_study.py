@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from flashcheck.cli import app
 from flashcheck.study.cases import expand, group_by_inputs
 from flashcheck.study.config import PRESETS, StudyConfig, Sweep, load_config, preset
-from flashcheck.study.report import build_report
+from flashcheck.study.report import build_report, sweep_points
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore
 
@@ -278,7 +278,12 @@ def test_real_backends_in_a_sweep(tmp_path):
     )
     run_study(cfg, tmp_path, workers=1, quiet=True)
     recs = {r.case.kernel: r for r in ResultStore(tmp_path).load().values()}
-    assert recs["sdpa-flash"].status == "ok" and recs["standard"].status == "ok"  # the baseline was added
+    # the baseline added by the one rule: eager PyTorch in the same dtype
+    assert recs["sdpa-flash"].status == "ok" and recs["eager"].status == "ok" and recs["eager"].case.policy == "bf16"
+    ratio = next(
+        p.ratio for p in sweep_points(cfg.sweeps[0], ResultStore(tmp_path).load()) if p.method == "sdpa-flash:bf16"
+    )
+    assert ratio == recs["sdpa-flash"].errors["rel_l2"] / recs["eager"].errors["rel_l2"]
     if not torch.cuda.is_available():
         assert recs["flash-attn"].status == "skipped" and "GPU" in recs["flash-attn"].error
         assert build_report(tmp_path)["skipped"][0]["method"] == "flash-attn:bf16"

@@ -2,6 +2,17 @@
 baseline rule, attribution of error to stages, and determinism checks."""
 
 from flashcheck.measure.case import HEADLINE, METRICS, Case, Record, References, run_case
-from flashcheck.measure.method import Method, Unavailable, parse_method
+from flashcheck.measure.method import Method, Unavailable, baseline_name, parse_method
 
-__all__ = ["HEADLINE", "METRICS", "Case", "Method", "Record", "References", "Unavailable", "parse_method", "run_case"]
+__all__ = [
+    "HEADLINE",
+    "METRICS",
+    "Case",
+    "Method",
+    "Record",
+    "References",
+    "Unavailable",
+    "baseline_name",
+    "parse_method",
+    "run_case",
+]

@@ -108,7 +108,8 @@ def run_case(case: Case, refs: References | None = None) -> Record:
     start = time.perf_counter()
     try:
         case.method.check_available(backward=case.backward)
-        refs = refs if refs is not None and refs.spec == case.inputs else References(case.inputs, causal=case.causal)
+        reuse = refs is not None and refs.spec == case.inputs and refs.causal == case.causal
+        refs = refs if reuse else References(case.inputs, causal=case.causal)
         rec = _measure(case, refs)
     except Unavailable as exc:
         return Record(case=case, status="skipped", reason=str(exc), seconds=time.perf_counter() - start)

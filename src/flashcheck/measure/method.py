@@ -127,8 +127,8 @@ class Method:
 
     def rounding_key(self) -> tuple | None:
         """What the method's rounded inputs depend on (None: they are the original inputs)."""
-        if not self.is_simulator:
-            return None if self.fmt == Format.FP64 else (self.fmt, None, False, None)
+        if not self.is_simulator:  # the same key as a simulator policy whose inputs are in fmt
+            return None if self.fmt == Format.FP64 else (self.fmt, "tensor", False, None)
         pol = self.policy
         if pol.input == Format.FP64 and not pol.hadamard:
             return None
@@ -213,3 +213,12 @@ def parse_method(
         algorithm=algorithm,
         device=device,
     )
+
+
+def baseline_name(text: str) -> str:
+    """The one baseline rule on a method's string: "flash:POLICY" -> "standard:POLICY" (the policy string
+    kept as written); "backend:FMT" -> "eager:FMT" ("standard:baseline-fp8" for fp8 formats)."""
+    kernel, _, spec = text.partition(":")
+    if kernel in SIMULATED_KERNELS:
+        return f"standard:{spec}"
+    return str(parse_method(text).baseline())

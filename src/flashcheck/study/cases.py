@@ -7,22 +7,18 @@ import hashlib
 import json
 import platform
 import sys
-import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.core.metrics import max_abs, mean_abs, rel_l2, rmse, std_diff
-from flashcheck.core.numerics import FP8_FORMATS, Format, info, parse_policy
-from flashcheck.kernels import SIMULATED_KERNELS, reference_attention, simulate
-from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.core.inputs import InputSpec
+from flashcheck.kernels import SIMULATED_KERNELS
+from flashcheck.measure import METRICS, References, parse_method, run_case
+from flashcheck.measure import Case as MeasureCase
 from flashcheck.study.config import StudyConfig, Sweep
 
 STATUSES = ("ok", "skipped", "failed")
-METRICS = {"max_abs": max_abs, "mean_abs": mean_abs, "std": std_diff, "rmse": rmse, "rel_l2": rel_l2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +46,22 @@ class Case:
     @property
     def method(self) -> str:
         return f"{self.kernel}:{self.policy}"
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec(
+            batch=self.batch,
+            heads=self.heads,
+            seq_len=self.seq_len,
+            head_dim=self.head_dim,
+            distribution=self.distribution,
+            seed=self.seed,
+        )
+
+    def measure_case(self) -> MeasureCase:
+        """This case as a measurement: its method alone (the baseline is a case of its own), every metric."""
+        m = parse_method(self.method, block_q=self.block_q, block_k=self.block_k, algorithm=self.algorithm)
+        spec = self.input_spec()
+        return MeasureCase(inputs=spec, method=m, causal=self.causal, metrics=tuple(METRICS), with_baseline=False)
 
     @property
     def input_key(self) -> tuple:
@@ -158,81 +170,17 @@ def environment() -> dict[str, str]:
     }
 
 
-class Unavailable(Exception):
-    """The case's backend cannot run here (recorded as skipped, with the reason)."""
-
-
-def _run_kernel(c: Case, q, k, v) -> torch.Tensor:
-    if c.kernel in SIMULATED_KERNELS:
-        return simulate(
-            c.kernel,
-            q,
-            k,
-            v,
-            policy=c.policy,
-            causal=c.causal,
-            block_q=c.block_q,
-            block_k=c.block_k,
-            algorithm=c.algorithm,
-        )
-    from flashcheck.backends import get_backend
-
-    backend = get_backend(c.kernel)
-    dtype = info(c.policy).dtype
-    avail = backend.available(dtype)
-    if not avail.ok:
-        raise Unavailable(avail.reason)
-    with torch.no_grad():
-        low = [t.to(backend.device(), dtype) for t in (q, k, v)]
-        return backend.forward(*low, causal=c.causal).double().cpu()
-
-
 def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int:
-    """Evaluate cases sharing one input set; emit each record as it finishes. Returns how many FP64
-    references were computed (one for the original inputs, one per distinct input rounding)."""
+    """Evaluate cases sharing one input set through measure.run_case, emitting each record as it finishes.
+    Returns how many FP64 references were computed (one for the original inputs, one per distinct input
+    rounding: measure.References shares them between the cases)."""
     torch.set_num_threads(1)  # determinism across executors and worker counts; parallelism is by process
     env = environment()
-    c0 = cases[0]
-    spec = InputSpec(
-        batch=c0.batch,
-        heads=c0.heads,
-        seq_len=c0.seq_len,
-        head_dim=c0.head_dim,
-        distribution=c0.distribution,
-        seed=c0.seed,
-    )
-    q, k, v = make_qkv(spec)
-    ref = reference_attention(q, k, v, causal=c0.causal)
-    rounded_refs: dict[tuple, torch.Tensor] = {}
+    refs = References(cases[0].input_spec(), causal=cases[0].causal)
     for c in cases:
-        start = time.perf_counter()
-        try:
-            out = _run_kernel(c, q, k, v)
-            pol = parse_policy(c.policy)
-            key = _rounding_key(pol, c)
-            if key is None:
-                rounded_refs[None] = ref
-            elif key not in rounded_refs:
-                qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=c.block_q or None, block_k=c.block_k or None)
-                rounded_refs[key] = reference_attention(qr, kr, vr, causal=c.causal)
-            errors = {name: fn(out, ref) for name, fn in METRICS.items()}
-            errors_r = {name: fn(out, rounded_refs[key]) for name, fn in METRICS.items()}
-            rec = CaseRecord(c.case_id, c, "ok", errors, errors_r, time.perf_counter() - start, None, env)
-        except Unavailable as exc:
-            rec = CaseRecord(c.case_id, c, "skipped", {}, {}, time.perf_counter() - start, str(exc), env)
-        except Exception as exc:  # a failed case is recorded and the sweep goes on
-            msg = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-            rec = CaseRecord(c.case_id, c, "failed", {}, {}, time.perf_counter() - start, msg, env)
-        emit(rec)
-    return 1 + len([key for key in rounded_refs if key is not None])
-
-
-def _rounding_key(pol, c: Case) -> tuple | None:
-    """What the candidate's rounded inputs depend on (None: they are the original inputs)."""
-    if pol.input == Format.FP64 and not pol.hadamard:
-        return None
-    blocks = (c.block_q, c.block_k) if pol.input in FP8_FORMATS and pol.fp8_scaling == "block" else None
-    return (pol.input, pol.fp8_scaling, pol.hadamard, blocks)
+        rec = run_case(c.measure_case(), refs)
+        emit(CaseRecord(c.case_id, c, rec.status, rec.candidate, rec.candidate_rounded, rec.seconds, rec.reason, env))
+    return refs.computed
 
 
 def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | None:
@@ -241,7 +189,8 @@ def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | No
     q, k, v = (torch.randn(1, 1, 4, head_dim, generator=g, dtype=torch.float64) for _ in range(3))
     bq, bk = sw.blocks[0]
     try:
-        simulate(kernel, q, k, v, policy=policy, causal=sw.causal, block_q=bq, block_k=bk, algorithm=sw.algorithm)
+        m = parse_method(f"{kernel}:{policy}", block_q=bq, block_k=bk, algorithm=sw.algorithm)
+        m.run(q, k, v, causal=sw.causal)
     except Exception as exc:  # the kernel's own validation decides what cannot run
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None

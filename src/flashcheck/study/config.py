@@ -113,12 +113,16 @@ class Sweep:
                 raise ValueError(f"{where}: {name} holds {bad[0]!r}; it must be a list of {what}")
 
     def all_methods(self) -> tuple[str, ...]:
+        """The methods and, with `baseline`, each one's baseline by the one rule (measure.baseline_name):
+        standard attention under the same policy for a simulator, eager PyTorch at FMT for a backend."""
+        from flashcheck.measure.method import baseline_name
+
         out = list(self.methods)
         if self.baseline:
             for m in self.methods:
-                kernel, _, policy = m.partition(":")
-                if kernel != "standard" and f"standard:{policy}" not in out:
-                    out.append(f"standard:{policy}")
+                base = baseline_name(m)
+                if base != m and base not in out:
+                    out.append(base)
         return tuple(out)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.measure.method import baseline_name
 from flashcheck.study.cases import Case, CaseRecord, expand_sweep
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
@@ -42,26 +43,25 @@ def _stats(xs: list[float]) -> tuple[float, float]:
 
 
 def sweep_points(sw: Sweep, records: dict[str, CaseRecord]) -> list[Point]:
-    """Aggregate a sweep's ok records over seeds; flash points carry the ratio to standard (same policy)."""
+    """Aggregate a sweep's ok records over seeds; each point carries the ratio to its baseline by the one rule
+    (standard attention under the same policy; eager PyTorch at FMT for a backend)."""
     by_key: dict[tuple, list[CaseRecord]] = {}
-    standard: dict[tuple, CaseRecord] = {}
+    by_method: dict[tuple, CaseRecord] = {}
     for c in expand_sweep(sw):
         rec = records.get(c.case_id)
         if rec is None or rec.status != "ok":
             continue
-        if c.kernel == "standard":
-            standard[(c.policy, c.input_key)] = rec
+        if c.kernel == "standard" or c.kernel == "eager":
+            by_method[(c.method, c.input_key)] = rec
         by_key.setdefault((c.method, c.seq_len, c.head_dim, (c.block_q, c.block_k), c.distribution), []).append(rec)
     points = []
     for (method, length, d, block, dist), recs in by_key.items():
         vals = [r.errors[sw.metric] for r in recs]
-        ratios = [
-            r.errors[sw.metric] / standard[(r.case.policy, r.case.input_key)].errors[sw.metric]
-            for r in recs
-            if r.case.kernel != "standard"
-            and (r.case.policy, r.case.input_key) in standard
-            and standard[(r.case.policy, r.case.input_key)].errors[sw.metric] > 0
-        ]
+        ratios = []
+        for r in recs:
+            base = by_method.get((baseline_name(r.case.method), r.case.input_key))
+            if base is not None and base is not r and base.errors[sw.metric] > 0:
+                ratios.append(r.errors[sw.metric] / base.errors[sw.metric])
         mean, std = _stats(vals)
         rmean, rstd = _stats(ratios) if ratios else (None, None)
         points.append(Point(method, length, d, block, dist, mean, std, rmean, rstd, len(recs)))
@@ -251,11 +251,15 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
     methods = list(dict.fromkeys(p.method for p in points))
     if x == "policy":
         policies = list(dict.fromkeys(p.method.split(":", 1)[1] for p in points))
-        for i, kernel in enumerate(("flash", "standard")):
+        kernels = list(dict.fromkeys(p.method.split(":", 1)[0] for p in points))
+        width = 0.8 / len(kernels)
+        for i, kernel in enumerate(kernels):
             ys = [next((p.mean for p in points if p.method == f"{kernel}:{pol}"), float("nan")) for pol in policies]
-            axes[0].bar([j + 0.4 * i for j in range(len(policies))], ys, width=0.4, label=kernel)
-        rs = [next((p.ratio for p in points if p.method == f"flash:{pol}"), None) or float("nan") for pol in policies]
-        axes[1].bar(range(len(policies)), rs, color="tab:red")
+            axes[0].bar([j + width * i for j in range(len(policies))], ys, width=width, label=kernel)
+            rs = [next((p.ratio for p in points if p.method == f"{kernel}:{pol}"), None) for pol in policies]
+            if any(r is not None for r in rs):
+                xs = [j + width * i for j in range(len(policies))]
+                axes[1].bar(xs, [float("nan") if r is None else r for r in rs], width=width, label=kernel)
         for ax in axes:
             ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right")
     else:
@@ -264,7 +268,7 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
             ps.sort(key=lambda p: _xval(p, x))
             xs = [_xval(p, x) for p in ps]
             axes[0].errorbar(xs, [p.mean for p in ps], yerr=[p.std for p in ps], marker="o", label=m, capsize=3)
-            if not m.startswith("standard:"):
+            if any(p.ratio is not None for p in ps):  # baselines (standard, eager) have no ratio
                 axes[1].errorbar(
                     xs, [p.ratio for p in ps], yerr=[p.ratio_std for p in ps], marker="o", label=m, capsize=3
                 )
@@ -281,7 +285,7 @@ def _draw_sweep(axes, points: list[Point], sw: Sweep) -> None:
     axes[0].set_ylabel(sw.metric)
     axes[0].legend(fontsize=7)
     axes[1].axhline(1.0, color="gray", lw=0.8)
-    axes[1].set_ylabel("Flash / Baseline")
+    axes[1].set_ylabel("ratio to baseline (one rule)")
     axes[1].legend(fontsize=7) if axes[1].get_legend_handles_labels()[0] else None
 
 
@@ -332,7 +336,7 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
     for sw in config.sweeps:
         rows = []
         for p in sorted(sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block)):
-            ratio = "" if p.ratio is None else f"{p.ratio:.2f} ± {p.ratio_std:.2f}"
+            ratio = "" if p.ratio is None else f"{p.ratio:.2f} ± {p.ratio_std:.2f} (÷ {baseline_name(p.method)})"
             paper = f"{FA3_PAPER_RMSE[p.method]:.1e}" if sw.question == "fa3" and p.method in FA3_PAPER_RMSE else ""
             rows.append(
                 [
@@ -348,7 +352,7 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
         out.append(
             (
                 sw.question,
-                ["method", "L", "D", "tiles", f"{sw.metric} (mean ± std)", "Flash/Baseline", "paper"],
+                ["method", "L", "D", "tiles", f"{sw.metric} (mean ± std)", "ratio to baseline", "paper"],
                 rows,
             )
         )
