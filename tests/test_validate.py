@@ -223,8 +223,18 @@ def test_tiny_llama_gqa_logits_and_generation(tiny_llama: Path) -> None:
 
 
 def test_library_call_returns_a_result(tiny_bert: Path) -> None:
-    texts = [t for t in builtin_corpus()[:40]]
-    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None)
+    from contextlib import contextmanager
+
+    seen: dict = {"total": None, "done": 0}
+
+    @contextmanager
+    def progress(total: int, label: str):
+        seen["total"] = total
+        yield lambda n=1, note="": seen.__setitem__("done", seen["done"] + n)
+
+    texts = list(builtin_corpus()[:40])
+    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, progress=progress)
+    assert seen["total"] > 0 and seen["done"] == seen["total"]  # every batch of every run reported
     assert result.passed and bool(result)
     assert [c.a for c in result.comparisons] == ["eager:fp32", "sdpa:fp32"]
     assert result.settings["texts"] == 40
