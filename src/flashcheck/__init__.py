@@ -1,11 +1,10 @@
 """flashcheck: is Flash Attention stable? Measure attention numerics against an exact FP64 reference."""
 
+from flashcheck.core import VERSION as __version__
 from flashcheck.core.budget import check_budget
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import Format, Policy, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Format",

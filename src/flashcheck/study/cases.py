@@ -158,12 +158,12 @@ def group_by_inputs(cases: Iterable[Case]) -> list[list[Case]]:
 
 
 def environment() -> dict[str, str]:
-    from flashcheck import __version__
+    from flashcheck.core import VERSION
 
     return {
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "flashcheck": __version__,
+        "flashcheck": VERSION,
         "machine": platform.machine(),
         "platform": platform.platform(),
         "node": platform.node(),
