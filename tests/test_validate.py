@@ -371,3 +371,13 @@ def test_the_guard_validates_as_flashchecks_own_impl(tiny_bert: Path, tmp_path: 
     assert res.exit_code == 0, res.output
     row = next(c for c in json.loads((tmp_path / "summary.json").read_text())["comparisons"] if c["impl"] == "fcguard")
     assert row["pass"] and row["b"] == "eager:fp32" and row["max_abs"] < 1e-5
+
+
+def test_max_length_rows_reach_the_maximum_even_from_short_texts() -> None:
+    from flashcheck.validate.forward import encode_texts, max_length_rows
+
+    tok = _tokenizer(96)
+    texts = ["how to knead bread dough", "lawn", "is a flaky unit test bad", "tennis serve"]
+    rows = max_length_rows(tok, texts, encode_texts(tok, texts, 96), 96, 3)
+    assert [len(r["input_ids"]) for r in rows] == [96, 96, 96]
+    assert len({tuple(r["input_ids"]) for r in rows}) == 3  # different starting texts

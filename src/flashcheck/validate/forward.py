@@ -62,19 +62,21 @@ def length_batches(tok, enc: list[dict], ids: list[int], batch_size: int) -> lis
     return [pad_batch(tok, enc, order[s : s + batch_size]) for s in range(0, len(order), batch_size)]
 
 
-def max_length_rows(tok, texts: list[str], max_length: int, rows: int) -> list[dict[str, list[int]]]:
-    """`rows` encodings of exactly max_length tokens, each from texts joined from a different start."""
-    out = []
+def max_length_rows(tok, texts: list[str], enc: list[dict], max_length: int, rows: int) -> list[dict[str, list[int]]]:
+    """`rows` encodings of exactly max_length tokens, each of texts joined (cyclically) from a different
+    start; `enc` holds the texts' own encodings, whose lengths say when a join is long enough to try."""
+    out, n = [], len(texts)
     for r in range(rows):
-        joined, i = [], r * max(1, len(texts) // max(rows, 1))
-        while len(tok(" ".join(joined), truncation=True, max_length=max_length + 1)["input_ids"]) < max_length and len(
-            joined
-        ) < 4 * len(texts):
-            joined.append(texts[i % len(texts)])
-            i += 1
-        enc = encode_texts(tok, [" ".join(joined)], max_length)[0]
-        if len(enc["input_ids"]) == max_length:
-            out.append(enc)
+        start = r * max(1, n // max(rows, 1))
+        joined, total = [], 0
+        for i in range(start, start + max_length + n):  # every text adds >= 1 token, so this bound suffices
+            joined.append(texts[i % n])
+            total += len(enc[i % n]["input_ids"])
+            if total >= max_length + 8:  # a join may merge a few tokens: tokenise and check
+                row = encode_texts(tok, [" ".join(joined)], max_length)[0]
+                if len(row["input_ids"]) == max_length:
+                    out.append(row)
+                    break
     return out
 
 

@@ -102,7 +102,7 @@ def _max_length(info: ModelInfo, tok, requested: int | None) -> int:
 def build_plan(info: ModelInfo, tok, texts: list[str], s: Settings, max_length: int, device: str) -> Plan:
     """Tokenise once; batches for all texts, the probe set, the invariance texts and the prompts."""
     enc = encode_texts(tok, texts, max_length)
-    rows = max_length_rows(tok, texts, max_length, s.max_length_rows)
+    rows = max_length_rows(tok, texts, enc, max_length, s.max_length_rows)
     n = len(texts)
     enc_all = enc + rows
     row_ids = list(range(n, n + len(rows)))
