@@ -384,7 +384,8 @@ def make_files(root: Path) -> dict[str, Path]:
         files[name] = root / name
         (files[name] / inner).mkdir(parents=True)
         if inner == "records.jsonl":
-            (files[name] / "study.json").write_text(json.dumps({"name": "x", "sweeps": []}))
+            sweep = {"question": "q", "methods": ["flash:bf16"], "seq_lens": [32], "heads": 1}
+            (files[name] / "study.json").write_text(json.dumps({"name": "x", "sweeps": [sweep]}))
     return files
 
 

@@ -76,7 +76,8 @@ def _md_block(b, folder: Path) -> list[str]:
         return [*lines, ""]
     if isinstance(b, Table):
         rows = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
-        return [*rows, *("| " + " | ".join(r) + " |" for r in b.rows), ""]
+        cells = ("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
+        return [*rows, *cells, ""]
     if isinstance(b, Figure):
         rel = b.path.relative_to(folder) if b.path.is_absolute() and b.path.is_relative_to(folder) else b.path
         return [f"![{b.alt}]({rel})", ""]

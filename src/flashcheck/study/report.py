@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
 from flashcheck.measure.method import baseline_name
+from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.study.cases import Case, CaseRecord, expand_sweep
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
@@ -327,10 +324,6 @@ def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
 # --- documents ------------------------------------------------------------------------------------
 
 
-def _verdict(holds: bool | None) -> str:
-    return {True: "holds", False: "does not hold", None: "not measured"}[holds]
-
-
 def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[str, list[str], list[list[str]]]]:
     out = []
     for sw in config.sweeps:
@@ -419,9 +412,7 @@ def build_report(folder: str | Path) -> dict:
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
     tables = _tables(config, ok)
-    write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
-    write_atomic(folder / "report.md", _markdown(summary, tables, figures, folder))
-    write_atomic(folder / "report.html", _html(summary, tables, figures))
+    write_report(folder, _page(summary, tables, figures), summary)
     return summary
 
 
@@ -439,70 +430,30 @@ def _problem_rows(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]
     return out
 
 
-def _markdown(summary: dict, tables, figures: dict[str, Path], folder: Path) -> str:
-    lines = [f"# flashcheck study `{summary['study']}`: is Flash Attention stable?", "", "## Verdicts", ""]
+def _page(summary: dict, tables, figures: dict[str, Path]) -> Page:
+    """The study report as a reporting.Page: verdicts, failed/skipped cases, one section per question."""
+    page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
+    items = []
     for f in summary["findings"]:
         paper = f" (paper: {f['paper']})" if f.get("paper") else ""
-        lines.append(f"- **{f['id']}** — {_verdict(f['holds'])}: {f['claim']}. Measured: {f['measured']}{paper}.")
+        items.append((f["id"], f["holds"], f"{f['claim']}. Measured: {f['measured']}{paper}."))
+    page.add(Heading("Verdicts"), Bullets(items))
     if not figures:
-        lines += ["", "_No figures: matplotlib is not installed (pip install 'flashcheck[plots]')._"]
-    lines += [
-        "",
-        f"{summary['cases']} cases, {summary['failed']} failed. Errors are against an FP64 reference; "
-        "Flash/Baseline is the ratio to standard attention under the same policy on the same inputs, "
-        "mean ± std over seeds.",
-        "",
-    ]
-    for title, header, rows in _problem_rows(summary):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-        lines.append("")
-    for question, header, rows in tables:
-        lines += [f"## {question}", ""]
-        if question in figures:
-            lines += [f"![{question}]({figures[question].relative_to(folder)})", ""]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines.append("")
-    env = summary.get("environment", {})
-    lines += ["## Environment", "", ", ".join(f"{k} {v}" for k, v in env.items()), ""]
-    return "\n".join(lines)
-
-
-def _html(summary: dict, tables, figures: dict[str, Path]) -> str:
-    esc = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>flashcheck study</title><style>"
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
-        ".holds{color:#070}.fails{color:#b00}.none{color:#777}img{max-width:100%}</style></head><body>",
-        f"<h1>flashcheck study <code>{esc(summary['study'])}</code>: is Flash Attention stable?</h1>",
-        "<h2>Verdicts</h2><ul>",
-    ]
-    for f in summary["findings"]:
-        cls = {True: "holds", False: "fails", None: "none"}[f["holds"]]
-        paper = f" <i>(paper: {esc(f['paper'])})</i>" if f.get("paper") else ""
-        parts.append(
-            f"<li><b>{esc(f['id'])}</b> — <span class='{cls}'>{_verdict(f['holds'])}</span>: "
-            f"{esc(f['claim'])}. Measured: {esc(f['measured'])}{paper}.</li>"
+        page.add(Text("No figures: matplotlib is not installed (pip install 'flashcheck[plots]')."))
+    page.add(
+        Text(
+            f"{summary['cases']} cases, {summary['failed']} failed. Errors are against an FP64 reference; the "
+            "ratio is to the method's baseline by the one rule (standard attention under the same policy for a "
+            "simulator, eager PyTorch in the same dtype for a real backend) on the same inputs, mean ± std over "
+            "seeds."
         )
-    parts.append(
-        f"</ul><p>{summary['cases']} cases, {summary['failed']} failed. Errors against an FP64 "
-        "reference; Flash/Baseline = ratio to standard attention under the same policy.</p>"
     )
     for title, header, rows in _problem_rows(summary):
-        parts.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
-        parts.append("</table>")
+        page.add(Heading(title), Table(header, rows))
     for question, header, rows in tables:
-        parts.append(f"<h2>{esc(question)}</h2>")
+        page.add(Heading(question))
         if question in figures:
-            data = base64.b64encode(figures[question].read_bytes()).decode()
-            parts.append(f"<img alt='{esc(question)}' src='data:image/png;base64,{data}'>")
-        parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
-        parts.append("</table>")
+            page.add(Figure(figures[question], question))
+        page.add(Table(header, rows))
     env = summary.get("environment", {})
-    parts.append("<h2>Environment</h2><p>" + esc(", ".join(f"{k} {v}" for k, v in env.items())) + "</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return page.add(Heading("Environment"), Text(", ".join(f"{k} {v}" for k, v in env.items())))

@@ -15,6 +15,19 @@ from pathlib import Path
 from queue import Empty
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.reporting import (
+    Bullets,
+    Figure,
+    Heading,
+    Page,
+    Styler,
+    Table,
+    Text,
+    figure,
+    matplotlib_available,
+    write_report,
+)
+from flashcheck.reporting.figures import label_axes
 from flashcheck.training.drift import compare_series, slope
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, run_complete, train
@@ -246,70 +259,41 @@ def _check_finite(pname: str, a: str, b: str, pairs: list) -> None:
 
 
 def _figures(curves: dict, losses: dict, folder: Path) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """Weight deviation (W1, max abs) per pair over steps, and the runs' losses; [] without matplotlib."""
+    if not matplotlib_available():
         return []
-    folder.mkdir(parents=True, exist_ok=True)
     names = []
-    for metric in ("wasserstein", "max_abs"):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for pname, c in curves.items():
-            ax.plot(c["steps"], c[metric], marker="o", ms=3, label=pname)
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"{metric} between weights")
-        ax.set_yscale("symlog", linthresh=1e-9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / f"{metric}.png", dpi=110)
-        plt.close(fig)
+    for metric, what in (("wasserstein", "Wasserstein-1"), ("max_abs", "max |W_a - W_b|")):
+        with figure(folder / f"{metric}.png") as (_, ax):
+            style = Styler()
+            for pname, c in curves.items():
+                ax.plot(c["steps"], c[metric], ms=3, **style(pname))
+            label_axes(ax, x="training step", y=f"{what} between weights", x_unit="steps")
+            ax.set_yscale("symlog", linthresh=1e-9)
+            ax.legend(fontsize=8)
         names.append(f"figures/{metric}.png")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, ls in losses.items():
-        ax.plot(range(1, len(ls) + 1), ls, label=name, lw=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(folder / "loss.png", dpi=110)
-    plt.close(fig)
+    with figure(folder / "loss.png") as (_, ax):
+        style = Styler()
+        for name, ls in losses.items():
+            ax.plot(range(1, len(ls) + 1), ls, lw=1, color=style(name)["color"], label=name)
+        label_axes(ax, x="training step", y="training loss", x_unit="steps", y_unit="nats/token")
+        ax.legend(fontsize=8)
     return [*names, "figures/loss.png"]
 
 
 def _write_report(summary: dict, figures: list[str], out: Path) -> None:
-    import base64
-    import html
-
-    lines = [
-        f"# flashcheck train-study `{summary['study']}`: does attention numerics move the weights?",
-        "",
-        "## Verdicts",
-        "",
+    """report.md and report.html (reporting.Page): verdicts, the pairs' table, final losses, figures."""
+    page = Page(f"flashcheck train-study {summary['study']}: does attention numerics move the weights?")
+    items = [
+        (f["id"], f["holds"], f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}).")
+        for f in summary["findings"]
     ]
-    for f in summary["findings"]:
-        lines.append(
-            f"- **{f['id']}** — {'holds' if f['holds'] else 'does not hold'}: {f['claim']}. "
-            f"Measured: {f['measured']} (paper: {f['paper']})."
-        )
-    lines += ["", "| pair | factor | final W1 | final max abs | W1 slope / step |", "|---|---|---|---|---|"]
-    for pname, c in summary["pairs"].items():
-        lines.append(
-            f"| {pname} | {c['factor']} | {c['wasserstein'][-1]:.3e} | {c['max_abs'][-1]:.3e} | "
-            f"{c['slope_wasserstein']:.3e} |"
-        )
-    lines += ["", "Final losses: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["final_loss"].items()), ""]
-    lines += [f"![{Path(f).stem}]({f})" for f in figures]
-    write_atomic(out / "report.md", "\n".join(lines) + "\n")
-    body = "".join(f"<p>{html.escape(line)}</p>" for line in lines if line and not line.startswith("!["))
-    imgs = "".join(
-        f"<img src='data:image/png;base64,{base64.b64encode((out / f).read_bytes()).decode()}'>" for f in figures
-    )
-    write_atomic(
-        out / "report.html",
-        f"<!doctype html><html><head><meta charset='utf-8'><title>flashcheck "
-        f"train-study</title></head><body style='font-family:sans-serif;max-width:1000px;margin:auto'>"
-        f"{body}{imgs}</body></html>",
-    )
+    rows = [
+        [pname, c["factor"], f"{c['wasserstein'][-1]:.3e}", f"{c['max_abs'][-1]:.3e}", f"{c['slope_wasserstein']:.3e}"]
+        for pname, c in summary["pairs"].items()
+    ]
+    page.add(Heading("Verdicts"), Bullets(items))
+    page.add(Table(["pair", "factor", "final W1", "final max abs", "W1 slope / step"], rows))
+    page.add(Text("Final losses: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["final_loss"].items())))
+    page.add(*(Figure(out / f, Path(f).stem) for f in figures))
+    write_report(out, page)

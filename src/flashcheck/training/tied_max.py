@@ -22,6 +22,7 @@ from flashcheck.core.fileio import write_atomic
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import Format, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention
+from flashcheck.reporting import Bullets, Heading, Page, Table, write_report
 
 VARIANTS = {
     "bf16-mixed": {"policy": "bf16-mixed"},
@@ -186,30 +187,23 @@ def _findings(tied: dict, control: dict) -> list[dict]:
 
 
 def _write_report(summary: dict, out: Path) -> None:
+    """report.md and report.html (reporting.Page): verdicts and the delta/dQ error table per variant."""
     findings, tied, control = summary["findings"], summary["tied"], summary["control"]
-    lines = ["# flashcheck train-study `tied-max` (arXiv 2510.04212)", "", "## Verdicts", ""]
-    lines += [
-        f"- **{f['id']}** — {'holds' if f['holds'] else 'does not hold'}: {f['claim']}. Measured: "
-        f"{f['measured']} (paper: {f['paper']})."
-        for f in findings
+    page = Page("flashcheck train-study tied-max (arXiv 2510.04212)")
+    items = [(f["id"], f["holds"], f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}).") for f in findings]
+    header = ["inputs", "variant", "delta mean error", "delta |mean|/rms", "delta sign consistency"]
+    header += ["dQ error growth", "dQ error from bf16 O in delta"]
+    rows = [
+        [
+            label,
+            name,
+            f"{m['delta_mean_error']:+.2e}",
+            f"{m['delta_bias_ratio']:.2f}",
+            f"{m['delta_sign_consistency_over_steps']:.2f}",
+            f"{m['dq_bias_growth']:.2f} / {m['max_growth']:.2f}",
+            f"{m['dq_mean_abs_error']:.2e}",
+        ]
+        for label, res in (("tied", tied), ("untied control", control))
+        for name, m in res["variants"].items()
     ]
-    lines += [
-        "",
-        "| inputs | variant | delta mean error | delta |mean|/rms | delta sign consistency | dQ error growth | "
-        "dQ error from bf16 O in delta |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, res in (("tied", tied), ("untied control", control)):
-        for name, m in res["variants"].items():
-            lines.append(
-                f"| {label} | {name} | {m['delta_mean_error']:+.2e} | {m['delta_bias_ratio']:.2f} | "
-                f"{m['delta_sign_consistency_over_steps']:.2f} | {m['dq_bias_growth']:.2f} / "
-                f"{m['max_growth']:.2f} | {m['dq_mean_abs_error']:.2e} |"
-            )
-    write_atomic(out / "report.md", "\n".join(lines) + "\n")
-    write_atomic(
-        out / "report.html",
-        "<!doctype html><html><body style='font-family:sans-serif'>"
-        + "".join(f"<p>{line}</p>" for line in lines)
-        + "</body></html>",
-    )
+    write_report(out, page.add(Heading("Verdicts"), Bullets(items), Table(header, rows)))
