@@ -62,7 +62,7 @@ def train_study(
 ) -> None:
     """Train runs that differ in one factor (attention, format, seed) and compare their weights.
     A run killed at any point resumes where it stopped when the command is run again."""
-    from flashcheck.training.study import NonFiniteWeights, StudyInterrupted
+    from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
 
     try:
         for flag, value in (("--preset", preset), ("--out", out)):
@@ -76,7 +76,7 @@ def train_study(
             with _Progress("train-study", quiet) as on_progress:
                 summary = tied_max_report(out, on_progress=on_progress)
         else:
-            from flashcheck.training.study import run_train_study, train_preset
+            from flashcheck.training.experiments import run_train_study, train_preset
 
             study = train_preset(preset)
             with _Progress("train-study", quiet) as on_progress:
