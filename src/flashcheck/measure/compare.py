@@ -71,16 +71,7 @@ class CompareConfig:
     def footprint(self) -> Footprint:
         """The sizes that set this comparison's memory (see kernels.memory)."""
         work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
-        s = self.inputs
-        return Footprint(
-            batch=s.batch,
-            heads=s.heads,
-            seq_len=s.seq_len,
-            head_dim=s.head_dim,
-            kernels=(self.kernel, "standard"),
-            block_k=self.block_k,
-            work_itemsize=work,
-        )
+        return _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work)
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k != "inputs"}
@@ -185,16 +176,22 @@ def backend_footprint(case: BackendCase) -> Footprint:
     for pol in (case.policy, case.baseline_numerics):
         if pol:
             itemsize = max(itemsize, parse_policy(pol).work_dtype.itemsize)
-    s = case.inputs
+    return _footprint(case.inputs, ("standard", "flash"), case.block_k, itemsize, case.backward, case.determinism > 0)
+
+
+def _footprint(
+    s: InputSpec, kernels: tuple[str, ...], block_k: int, itemsize: int, backward: bool = False, pair: bool = False
+) -> Footprint:
+    """The Footprint of inputs `s` (a batch of at least 2 with `pair`, as the determinism check draws)."""
     return Footprint(
-        batch=max(2, s.batch) if case.determinism else s.batch,
+        batch=max(2, s.batch) if pair else s.batch,
         heads=s.heads,
         seq_len=s.seq_len,
         head_dim=s.head_dim,
-        kernels=("standard", "flash"),
-        block_k=case.block_k,
+        kernels=kernels,
+        block_k=block_k,
         work_itemsize=itemsize,
-        backward=case.backward,
+        backward=backward,
     )
 
 
