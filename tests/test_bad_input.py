@@ -301,14 +301,11 @@ ROWS = [
     *MUTANTS,
     *VALIDATE,
 ]
-SUBPROCESS = {
-    "compare-numerics-empty",
+SUBPROCESS = {  # a few as real processes (each pays torch's import, several seconds)
     "compare-seq-len-10M",
-    "backend-seq-len-list-huge",
     "doctor-seq-len-huge",
     "study-ray-unreachable",
     "report-records-is-a-directory",
-    "train-study-workers-huge",
     "drift-header-a-list",
 }
 
