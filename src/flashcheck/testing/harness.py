@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.backends.eager import eager_attention
-from flashcheck.core.budget import K_FORWARD, K_GRADIENT, BudgetResult, check_budget
+from flashcheck.core.budget import BudgetResult, check_budget
 from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
 from flashcheck.kernels import reference_attention
 
@@ -124,10 +124,11 @@ def judge(
     prep: Prepared,
     *,
     rule: str = "flashcheck",
-    k: float = K_FORWARD,
-    k_grad: float = K_GRADIENT,
+    k: float | None = None,
+    k_grad: float | None = None,
 ) -> dict[str, BudgetResult]:
-    """The verdict of `rule` on each tensor the kernel produced (out, and dq, dk, dv with a backward)."""
+    """The verdict of `rule` on each tensor the kernel produced (out, and dq, dk, dv with a backward); k and
+    k_grad (None: the rule's own) set the max-error test's k for the output and the gradients."""
     res = {}
     for name, ref in prep.reference.items():
         grad = name != "out"

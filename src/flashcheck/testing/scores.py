@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.core.budget import MARGIN, QUANTILE, RULES, Factors, flashcheck_statistics
+from flashcheck.core.budget import (
+    K_FORWARD,
+    K_GRADIENT,
+    MARGIN,
+    QUANTILE,
+    RULES,
+    STATISTICS,
+    Factors,
+    flashcheck_statistics,
+)
 from flashcheck.core.inputs import DISTRIBUTIONS
 from flashcheck.testing.harness import Case, Prepared, dtype_name, judge, prepare, run_kernel
 from flashcheck.testing.mutants import MUTANTS, Mutant, correct_kernel
@@ -371,18 +380,19 @@ def _ratios(got: dict[str, torch.Tensor], prep: Prepared) -> list[dict]:
 def derive_factors(
     ratios: Sequence[dict], quantile: float = QUANTILE, margin: float = MARGIN
 ) -> dict[tuple[str, str], Factors]:
-    """Per (dtype, kind): each statistic's `quantile` over the ratios times `margin`, at least 1, rounded up
-    to 2 significant digits."""
+    """Per (dtype, kind): each statistic's `quantile` over the ratios times `margin`, rounded up to 2
+    significant digits, and at least 1 (max: at least the peers' k, 2 for outputs, 3 for gradients)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in ratios:
         groups.setdefault((r["dtype"], r["kind"]), []).append(r)
     out = {}
-    for key, rows in sorted(groups.items()):
+    for (dtype, kind), rows in sorted(groups.items()):
+        least = {"max": K_GRADIENT if kind == "gradient" else K_FORWARD}
         vals = {}
-        for stat in ("rel_l2", "bias", "row"):
+        for stat in STATISTICS:
             q = torch.quantile(torch.tensor([r[stat] for r in rows], dtype=torch.float64), quantile).item()
-            vals[stat] = max(1.0, _round_up(q * margin))
-        out[key] = Factors(**vals)
+            vals[stat] = max(least.get(stat, 1.0), _round_up(q * margin))
+        out[(dtype, kind)] = Factors(**vals)
     return out
 
 
