@@ -365,8 +365,8 @@ def test_shadow_time_is_capped_at_max_overhead():
 def test_eight_threads_every_stat_adds_up():
     """8 threads x 150 calls on 3 sites, NaN faults on flagged inputs, background shadow every 7th call."""
 
-    def fn(q, k, v, **kw):
-        out = healthy(q, k, v, **kw)
+    def fn(q, k, v, **kw):  # unpinned SDPA: the test's own backend sets no process-wide flag
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         return out * float("nan") if q[0, 0, 0, 0] > 1.0 else out
 
     guard = Guard(
@@ -400,6 +400,34 @@ def test_eight_threads_every_stat_adds_up():
     assert s.shadow.checks == sum(st.calls // 7 for st in s.sites.values()) and s.shadow.dropped == 0
     assert s.shadow.checks == sum(st.shadow.checks for st in s.sites.values()) and s.shadow.failed == 0
     guard.close()
+
+
+def test_threads_on_pinned_sdpa_backends_run_the_kernel_asked_for():
+    """sdpa-flash and sdpa-math pin their kernel through process-wide flags: from 6 threads at once each call
+    must still run its own kernel (outputs bitwise equal to a one-thread run; flash and math differ in the last
+    bits) and none may fail (the guard runs them one at a time)."""
+    flash_first, math_first = Guard("sdpa-flash", "sdpa-math"), Guard("sdpa-math", "sdpa-flash")
+    g = torch.Generator().manual_seed(0)
+    inputs = [qkv(g, shape=(1, 2, 64, 16)) for _ in range(20)]
+    want = {id(gd): [gd(*x) for x in inputs] for gd in (flash_first, math_first)}
+    assert sum(not torch.equal(a, b) for a, b in zip(*want.values(), strict=True)) > 10
+    wrong = []
+
+    def worker(t: int) -> None:
+        for i in range(60):
+            gd = flash_first if (t + i) % 2 else math_first
+            if not torch.equal(gd(*inputs[i % 20]), want[id(gd)][i % 20]):
+                wrong.append((t, i))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert wrong == []
+    for guard in (flash_first, math_first):
+        s = guard.stats()
+        assert s.calls == 200 and s.fallbacks == {} and s.served_preferred == 200
 
 
 # ---- environment --------------------------------------------------------------------------------------------
