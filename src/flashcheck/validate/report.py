@@ -148,13 +148,19 @@ def _retrieval_figure(result: ValidationResult, folder: Path) -> list[Figure]:
         return []
     path = folder / "figures" / "retrieval.png"
     with figure(path) as (_, ax):
-        xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [1 - c.retrieval["topk_overlap"] for c in rows], 0.4, label="1 - top-k overlap")
-        ax.bar([x + 0.2 for x in xs], [1 - c.retrieval["kendall_tau"] for c in rows], 0.4, label="1 - Kendall tau")
-        ax.set_xticks(list(xs), [c.a for c in rows], rotation=20, fontsize=7)
+        style = Styler()
+        for shift, key, name in ((-0.2, "topk_overlap", "1 - top-k overlap"), (0.2, "kendall_tau", "1 - Kendall tau")):
+            xs = [i + shift for i in range(len(rows))]
+            st = style(name)
+            ax.bar(xs, [1 - c.retrieval[key] for c in rows], 0.4, color=st["color"], label=name)
+            bounds = [c.retrieval["explained_by_near_ties"][key] for c in rows]
+            ax.scatter(xs, bounds, color=st["color"], marker="_", s=300, label=f"{name}: bound (near ties)")
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylim(bottom=0)
+        ax.set_xticks(list(range(len(rows))), [c.a for c in rows], rotation=20, fontsize=7)
         label_axes(ax, x="run", y="ranking disagreement with the reference")
         ax.legend(fontsize=7)
-    return [Figure(path, "retrieval: how much each run's rankings differ from the reference's")]
+    return [Figure(path, "retrieval: how much each run's rankings differ from the reference's, and the bound")]
 
 
 def build_page(result: ValidationResult, folder: Path) -> Page:
