@@ -381,3 +381,14 @@ def test_max_length_rows_reach_the_maximum_even_from_short_texts() -> None:
     rows = max_length_rows(tok, texts, encode_texts(tok, texts, 96), 96, 3)
     assert [len(r["input_ids"]) for r in rows] == [96, 96, 96]
     assert len({tuple(r["input_ids"]) for r in rows}) == 3  # different starting texts
+
+
+def test_without_room_for_fp64_fp32_is_judged_by_its_rounding_floor(tiny_bert: Path, monkeypatch) -> None:
+    from flashcheck.validate import runner
+
+    monkeypatch.setattr(runner, "_fits_fp64", lambda source: "an fp64 copy needs about 9 GiB, 1 GiB free")
+    result = validate_model(tiny_bert, None, impls=["eager", "sdpa"], dtypes=["fp32"], samples=16)
+    assert any("not measured: an fp64 copy needs about 9 GiB" in n for n in result.settings["notes"])
+    eager, sdpa = result.comparisons
+    assert eager.b == "eager:fp32" and eager.max_abs == 0 and eager.passed  # the reference against itself
+    assert sdpa.format_only_max_abs == 0 and all(d.bound > 0 for d in sdpa.layers)  # the floor alone

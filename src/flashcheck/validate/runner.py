@@ -136,14 +136,23 @@ def _schedule(s: Settings) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _host_memory_available() -> int:
+    """MemAvailable from /proc/meminfo (free plus reclaimable cache), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _fits_fp64(source: ModelSource) -> str | None:
     """Why an fp64 copy of the model would not fit in memory here (None: it fits)."""
     need = source.fp64_bytes()
     try:
-        if torch.cuda.is_available():
-            avail = torch.cuda.mem_get_info()[0]
-        else:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        avail = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else _host_memory_available()
     except (OSError, ValueError, RuntimeError):
         return None
     return None if need < 0.5 * avail else f"an fp64 copy needs about {need / 2**30:.1f} GiB, {avail / 2**30:.1f} free"
