@@ -194,6 +194,7 @@ def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> Non
     sdpa = rows["sdpa:fp32"]
     assert sdpa["pass"], sdpa["failures"]
     assert len(sdpa["layers"]) == 3 and sdpa["max_abs"] < 1e-5
+    assert sdpa["k_spread"] >= 1 and sdpa["k"] == max(2.0, sdpa["k_spread"])  # k from the data, at least 2
     assert sdpa["invariance"]["batch_size"] is not None and sdpa["invariance"]["left_padding"] is not None
     assert rows["sdpa:bf16"]["format_only_max_abs"] > 100 * sdpa["format_only_max_abs"]  # bf16 vs fp32 context
     assert summary["environment"]["impl"] == "eager,sdpa"

@@ -292,4 +292,5 @@ def judge(run: RunOutput, ctx: Context, against: RunOutput | None = None) -> Com
         generation=gen,
         seconds=run.seconds,
         kernels=tuple(run.kernels),
+        spread=ctx.spread,
     )

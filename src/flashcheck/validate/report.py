@@ -178,10 +178,9 @@ def build_page(result: ValidationResult, folder: Path) -> Page:
         rows = [
             [ch.name, _fmt(ch.value), _fmt(ch.bound), "pass" if ch.passed else "FAIL", ch.detail] for ch in c.checks
         ]
-        page.add(
-            Text(f"{c.a} vs {c.b} (k = {c.k:.3g}, {c.seconds:.1f} s; attention ops seen: {_kernels(c)})"),
-            Table(["check", "value", "bound", "verdict", "note"], rows),
-        )
+        spread = "-" if c.spread is None else f"{c.spread:.3g}"
+        head = f"{c.a} vs {c.b}: k = {c.k:.3g} (spread {spread}), {c.seconds:.1f} s, attention ops seen: {_kernels(c)}"
+        page.add(Text(head), Table(["check", "value", "bound", "verdict", "note"], rows))
     page.add(Heading("How this is judged"), Text(RULE))
     notes = result.settings.get("notes") or []
     if notes:

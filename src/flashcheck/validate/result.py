@@ -73,6 +73,7 @@ class Comparison:
     error: str | None = None
     seconds: float = 0.0
     kernels: tuple[str, ...] = ()  # attention ops the profiler saw (the implementation that actually ran)
+    spread: float | None = None  # the format-only deviation's spread over the texts, from which k comes
 
     @property
     def passed(self) -> bool:
@@ -124,6 +125,7 @@ class Comparison:
                 "first_bad_layer": bad,
                 "first_bad_layer_name": None if bad is None else layer_name(bad),
                 "k": self.k,
+                "k_spread": self.spread,
                 "embeddings": emb,
                 "format_only": {k: v for k, v in self.format_only.items() if k != "cosines"},
                 "retrieval": self.retrieval,
