@@ -408,16 +408,16 @@ def test_config_errors_name_the_file(tmp_path):
             load_config(path)
 
 
-def test_every_case_fails_names_each_reason():
+def test_every_case_fails_names_each_reason(tmp_path):
     bad = StudyConfig(
         name="doomed",
         sweeps=(Sweep(question="fp8", methods=("flash:fa3-fp8",), seq_lens=(64,), head_dims=(48,), heads=1),),
     )
     with pytest.raises(ValueError) as err:
-        run_study(bad, "/nonexistent/never-created", workers=1, quiet=True)
+        run_study(bad, tmp_path / "never-created", workers=1, quiet=True)
     text = str(err.value)
     assert "standard:fa3-fp8" in text and "needs tiles" in text and "power-of-two head dim; got 48" in text
-    assert not Path("/nonexistent/never-created").exists()
+    assert not (tmp_path / "never-created").exists()
 
 
 @pytest.mark.parametrize("name", ["records.jsonl", "study.json", "runs.jsonl"])
