@@ -286,6 +286,16 @@ def _write(folder: Path, cfg: StudyConfig) -> str:
     return str(path)
 
 
+def test_the_default_relative_out_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--quiet"])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "flashcheck-study" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 1
+    assert "](figures/seq_len.png)" in (tmp_path / "flashcheck-study" / "report.md").read_text()
+    assert runner.invoke(app, ["report", "flashcheck-study"]).exit_code == 0
+
+
 def test_a_second_study_on_the_same_folder_exits_2_naming_the_holder(tmp_path):
     with folder_lock(tmp_path):
         res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path), "--quiet"])

@@ -412,7 +412,8 @@ def build_report(folder: str | Path) -> dict:
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
     tables = _tables(config, ok)
-    write_report(folder, _page(summary, tables, figures), summary)
+    inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
+    write_report(folder, _page(summary, tables, inside), summary)
     return summary
 
 
