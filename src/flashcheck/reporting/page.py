@@ -63,6 +63,14 @@ class Page:
         return self
 
 
+def _resolve(path: Path, folder: Path) -> Path:
+    """A figure's absolute path: as given when absolute or found from the working folder, else inside `folder`."""
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    return path.resolve() if path.exists() else (folder / path).resolve()
+
+
 def _md_block(b, folder: Path) -> list[str]:
     if isinstance(b, Heading):
         return ["#" * b.level + " " + b.text, ""]
@@ -79,12 +87,14 @@ def _md_block(b, folder: Path) -> list[str]:
         cells = ("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
         return [*rows, *cells, ""]
     if isinstance(b, Figure):
-        rel = b.path.relative_to(folder) if b.path.is_absolute() and b.path.is_relative_to(folder) else b.path
+        path = _resolve(b.path, folder)
+        rel = path.relative_to(folder) if path.is_relative_to(folder) else path
         return [f"![{b.alt}]({rel})", ""]
     raise TypeError(f"unknown block {b!r}")
 
 
 def render_markdown(page: Page, folder: Path) -> str:
+    folder = Path(folder).resolve()
     lines = [f"# {page.title}", ""]
     for b in page.blocks:
         lines += _md_block(b, folder)
@@ -113,8 +123,7 @@ def _html_block(b, folder: Path) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in b.rows)
         return f"<table>{head}{rows}</table>"
     if isinstance(b, Figure):
-        path = b.path if b.path.is_absolute() else folder / b.path
-        data = base64.b64encode(path.read_bytes()).decode()
+        data = base64.b64encode(_resolve(b.path, folder).read_bytes()).decode()
         return f"<img alt='{esc(b.alt)}' src='data:image/png;base64,{data}'>"
     raise TypeError(f"unknown block {b!r}")
 
@@ -127,6 +136,7 @@ _STYLE = (
 
 
 def render_html(page: Page, folder: Path) -> str:
+    folder = Path(folder).resolve()
     body = "\n".join(_html_block(b, folder) for b in page.blocks)
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(page.title)}</title>"

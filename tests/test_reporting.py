@@ -1,0 +1,43 @@
+"""reporting/: one page rendered as Markdown and self-contained HTML, from absolute or relative folders."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from flashcheck.reporting import Bullets, Figure, Heading, Page, Styler, Table, Text, write_report
+
+PNG = b"\x89PNG\r\n\x1a\nfake"
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_page_with_figures_from_a_relative_or_absolute_folder(tmp_path, monkeypatch, relative):
+    """Regression: a relative --out (the default `flashcheck-study`) doubled the folder in figure paths."""
+    monkeypatch.chdir(tmp_path)
+    folder = Path("out") if relative else tmp_path / "out"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "figures" / "a.png").write_bytes(PNG)
+    page = Page("title").add(
+        Heading("Verdicts"),
+        Bullets([("claim_1", True, "measured 1.5x"), ("claim_2", "inconclusive", "n=2")]),
+        Text("a | b"),
+        Table(["x", "y"], [["1 | 2", "3"]]),
+        Figure(folder / "figures" / "a.png", "a"),
+    )
+    write_report(folder, page, {"ok": True})
+    md = (folder / "report.md").read_text()
+    html = (folder / "report.html").read_text()
+    assert "![a](figures/a.png)" in md and "| 1 \\| 2 | 3 |" in md
+    assert "**claim_1** — holds" in md and "**claim_2** — inconclusive" in md
+    assert base64.b64encode(PNG).decode() in html and "<span class='holds'>holds</span>" in html
+    assert json.loads((folder / "summary.json").read_text()) == {"ok": True}
+    assert oct((folder / "report.html").stat().st_mode & 0o777) == "0o644"
+
+
+def test_styler_never_reuses_a_colour_within_one_axes():
+    style = Styler()
+    colours = [style(f"s{i}")["color"] for i in range(12)]
+    assert len(set(colours)) == 12 and style("s0") == style("s0")
