@@ -41,8 +41,14 @@ def study(
     from flashcheck.study.runner import run_study
 
     def run() -> tuple[dict, dict]:
+        if ray_address is not None and not ray_address.strip():
+            raise ValueError("--ray-address '' is empty; give HOST:PORT of a running Ray cluster, or leave it out")
+        if not str(preset).strip():
+            raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny")
         if ray_address is not None and executor != Executor.ray:
             raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+        if config is None and not preset.strip():
+            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny")
         cfg = load_config(config) if config is not None else get_preset(preset)
         stats = run_study(cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet)
         return stats, build_report(out)
