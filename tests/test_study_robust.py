@@ -378,6 +378,7 @@ BAD_STUDY = [
     (["--ray-address", "127.0.0.1:1"], "needs --executor ray"),
     (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "'127.0.0.1:1': cannot connect"),
     (["--executor", "ray", "--ray-address", "nohost"], "give HOST:PORT"),
+    (["--executor", "ray", "--ray-address", ""], "--ray-address '' is empty"),
     (["--config", "toml:" + SWEEP + "baseline = 'no'\n"], "baseline='no' must be true or false"),
     (["--config", "toml:" + SWEEP + "causal = 'yes'\n"], "causal='yes' must be true or false"),
     (["--config", "toml:" + SWEEP.replace("[16]", "[true]")], "seq_lens holds True"),
@@ -409,6 +410,11 @@ def test_bad_study_input_exits_2_with_a_message(tmp_path, args, needle):
     assert res.exit_code == 2 and needle in res.output, res.output
     assert "Traceback" not in res.output and isinstance(res.exception, SystemExit | None)
     assert time.monotonic() - start < 20 and not (tmp_path / "o" / "records.jsonl").exists()
+
+
+def test_an_empty_preset_exits_2(tmp_path):
+    res = runner.invoke(app, ["study", "--preset", "", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--preset '' is empty" in res.output and not (tmp_path / "o").exists()
 
 
 def test_config_errors_name_the_file(tmp_path):

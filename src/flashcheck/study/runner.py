@@ -90,7 +90,9 @@ def run_study(
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
     workers = check_workers(workers)
     check_sweeps_can_run(config)
-    if executor == "ray" and ray_address:
+    if ray_address is not None:
+        if not ray_address.strip():
+            raise ValueError(f"--ray-address {ray_address!r} is empty; give HOST:PORT, or leave it out for a local Ray")
         check_ray_address(ray_address)
     path = prepare_out(out)
     with folder_lock(path):
