@@ -90,9 +90,12 @@ def test_kendall_tau_b_matches_scipy_with_ties() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 6, (5, 40), generator=g).to(torch.float64)
     y = x + torch.randint(0, 3, (5, 40), generator=g)
-    ours = cmp.kendall_tau_b(x, y)
+    ours = cmp.kendall_tau_b_pairwise(x, y)  # the fallback without scipy
     for i in range(5):
         assert ours[i].item() == pytest.approx(stats.kendalltau(x[i], y[i]).statistic, abs=1e-12)
+    assert torch.allclose(cmp.kendall_tau_b(x, y), ours, rtol=0, atol=1e-12)
+    same = torch.ones(2, 6, dtype=torch.float64)  # no untied pair: 1 by convention, on both paths
+    assert cmp.kendall_tau_b(same, same).tolist() == cmp.kendall_tau_b_pairwise(same, same).tolist() == [1.0, 1.0]
 
 
 def test_topk_overlap_counts_shared_items() -> None:

@@ -90,8 +90,20 @@ def similarities(emb: torch.Tensor, n_queries: int) -> torch.Tensor:
     return (e[:n_queries] @ e[n_queries:].T).nan_to_num(nan=-2.0)
 
 
-def kendall_tau_b(x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> torch.Tensor:
-    """Kendall's tau-b between each row of x and y ([Q, C]) -> [Q] (1 when a row has no untied pair)."""
+def kendall_tau_b(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Kendall's tau-b between each row of x and y ([Q, C]) -> [Q] (1 when a row has no untied pair):
+    scipy's O(C log C) per row when installed, else the O(C^2) pairwise count."""
+    try:
+        from scipy.stats import kendalltau
+    except ImportError:
+        return kendall_tau_b_pairwise(x, y)
+    xs, ys = x.to(torch.float64).numpy(), y.to(torch.float64).numpy()
+    taus = [kendalltau(a, b).statistic for a, b in zip(xs, ys, strict=True)]
+    return torch.tensor(taus, dtype=torch.float64).nan_to_num(nan=1.0)
+
+
+def kendall_tau_b_pairwise(x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """kendall_tau_b by counting concordant and discordant pairs ([Q, C, C] in chunks of rows)."""
     out = []
     for s in range(0, x.shape[0], chunk):
         a, b = x[s : s + chunk], y[s : s + chunk]
