@@ -34,15 +34,17 @@ def _progress(total: int, label: str):
     return advance
 
 
-def calibrate(cases: int) -> dict:
+def calibrate(cases: int, ratios_file: Path | None = None) -> dict:
     """Ratios of correct kernels on `cases` calibration cases, their quantiles, and the factors."""
     grid = scores.correct_cases(cases, scores.CALIBRATION_SEED)
     ratios = scores.correct_ratios(grid, advance=_progress(len(grid), "calibration case"))
+    if ratios_file:
+        ratios_file.write_text(json.dumps(ratios) + "\n")
     factors = scores.derive_factors(ratios)
     summary = {}
-    for (dtype, kind), f in factors.items():
-        rows = [r for r in ratios if (r["dtype"], r["kind"]) == (dtype, kind)]
-        summary[f"{dtype}/{kind}"] = {
+    for key, f in factors.items():
+        rows = [r for r in ratios if (r["dtype"], r["kind"], r["distribution"]) == key]
+        summary["/".join(key)] = {
             "samples": len(rows),
             "factors": {s: getattr(f, s) for s in STATISTICS},
             "worst": {s: [_where(r, s) for r in sorted(rows, key=lambda r: -r[s])[:3]] for s in STATISTICS},
@@ -70,17 +72,14 @@ def _where(row: dict, stat: str) -> str:
 
 def _print_factors(result: dict) -> None:
     print(f"# {result['command']} ({result['date']}, torch {result['torch']}, {result['runs']} runs)")
-    print("FACTORS: dict[tuple[str, str], Factors] = {")
+    print("FACTORS: dict[tuple[str, str, str], Factors] = {")
     for key, g in result["groups"].items():
-        dtype, kind = key.split("/")
-        f = g["factors"]
-        print(f'    ("{dtype}", "{kind}"): Factors(' + ", ".join(f"{s}={v}" for s, v in f.items()) + "),")
+        name = ", ".join(f'"{part}"' for part in key.split("/"))
+        print(f"    ({name}): Factors(" + ", ".join(f"{s}={v}" for s, v in g["factors"].items()) + "),")
     print("}")
     for key, g in result["groups"].items():
-        q = g[f"quantile {QUANTILE}"]
-        print(
-            f"# {key}: {g['samples']} tensors, quantile {QUANTILE}: " + ", ".join(f"{s} {v:.3f}" for s, v in q.items())
-        )
+        q = ", ".join(f"{s} {v:.3f}" for s, v in g[f"quantile {QUANTILE}"].items())
+        print(f"# {key}: {g['samples']} tensors, quantile {QUANTILE}: {q}")
 
 
 def run_score(size: str) -> dict:
@@ -96,11 +95,12 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=96, help="calibration cases (each run by every correct kernel)")
     ap.add_argument("--size", choices=list(scores.GRIDS), default="full")
     ap.add_argument("--out", type=Path, help="write the result as JSON here")
+    ap.add_argument("--ratios", type=Path, help="with --calibrate: write every run's ratios here (JSON)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest when shared)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.calibrate:
-        result = calibrate(args.cases)
+        result = calibrate(args.cases, args.ratios)
         _print_factors(result)
     else:
         result = run_score(args.size)

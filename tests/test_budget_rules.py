@@ -21,6 +21,7 @@ from flashcheck.core.budget import (
     rel_l2_error,
     row_ratio,
 )
+from flashcheck.core.inputs import DISTRIBUTIONS
 from flashcheck.testing import assert_attention_close
 from flashcheck.testing.mutants import MUTANTS, correct_kernel
 
@@ -85,14 +86,21 @@ def test_rules_share_the_max_and_nonfinite_checks():
 
 
 def test_factors_are_calibrated_and_cover_every_dtype():
-    assert {k for k, _ in FACTORS} == {"bfloat16", "float16", "float32"}
+    assert {d for d, _, _ in FACTORS} == {"bfloat16", "float16", "float32"}
+    assert {dist for _, _, dist in FACTORS} == set(DISTRIBUTIONS)
     assert all(min(f.rel_l2, f.bias, f.row) >= 1 for f in FACTORS.values())  # the baseline passes its own rule
-    assert all(f.max >= (K_GRADIENT if kind == "gradient" else K_FORWARD) for (_, kind), f in FACTORS.items())
-    fp8 = factors_for(torch.float8_e4m3fn, gradient=True)  # uncalibrated: the loosest calibrated factors
-    grads = [f for (_, kind), f in FACTORS.items() if kind == "gradient"]
+    assert all(f.max >= (K_GRADIENT if kind == "gradient" else K_FORWARD) for (_, kind, _), f in FACTORS.items())
+    normal = factors_for(torch.bfloat16, gradient=False, distribution="normal")
+    assert normal == FACTORS[("bfloat16", "output", "normal")]
+    unknown = factors_for(torch.bfloat16, gradient=False)  # inputs not known: the largest over distributions
+    outputs = [f for (d, kind, _), f in FACTORS.items() if (d, kind) == ("bfloat16", "output")]
+    assert unknown == Factors(*(max(getattr(f, a) for f in outputs) for a in STATISTICS))
+    fp8 = factors_for(torch.float8_e4m3fn, gradient=True)  # uncalibrated dtype: the loosest factors
+    grads = [f for (_, kind, _), f in FACTORS.items() if kind == "gradient"]
     assert fp8 == Factors(*(max(getattr(f, a) for f in grads) for a in STATISTICS))
     ref = torch.ones(4, 16, dtype=torch.float64)
-    assert check_budget(ref, ref, ref, dtype=torch.float32, gradient=True).k == FACTORS[("float32", "gradient")].max
+    k32 = check_budget(ref, ref, ref, dtype=torch.float32, gradient=True, distribution="tied").k
+    assert k32 == FACTORS[("float32", "gradient", "tied")].max
     assert check_budget(ref, ref, ref, dtype=torch.float32, gradient=True, rule="peers").k == K_GRADIENT
     assert check_budget(ref, ref, ref, k=5.0).k == 5.0
 

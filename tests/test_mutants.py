@@ -91,19 +91,18 @@ def test_no_false_failures_at_ci_size():
 
 
 def test_derive_factors_is_quantile_times_margin():
+    stats = [{"max": x / 10, "rel_l2": x / 100, "bias": 0.5, "row": 2 * x / 100} for x in range(1, 101)]
     ratios = [
-        {"dtype": "bfloat16", "kind": kind, "max": x / 10, "rel_l2": x / 100, "bias": 0.5, "row": 2 * x / 100}
-        for x in range(1, 101)
-        for kind in ("output", "gradient")
+        {"dtype": "bfloat16", "kind": k, "distribution": "normal", **s} for s in stats for k in ("output", "gradient")
     ]
-    f = scores.derive_factors(ratios, quantile=0.9, margin=1.25)[("bfloat16", "output")]
+    f = scores.derive_factors(ratios, quantile=0.9, margin=1.25)[("bfloat16", "output", "normal")]
     assert f.rel_l2 == pytest.approx(1.2)  # q0.9 of 0.01..1.00 is 0.901 -> x1.25 = 1.126 -> 2 digits up 1.2
     assert f.bias == 1.0  # 0.625 -> at least 1
     assert f.row == pytest.approx(2.3)  # 1.802 x 1.25 = 2.2525 -> 2.3
     assert f.max == pytest.approx(12)  # 9.01 x 1.25 = 11.26 -> 12
-    small = [dict(r, max=0.1) for r in ratios]
-    assert scores.derive_factors(small)[("bfloat16", "output")].max == 2.0  # never below the peers' k
-    assert scores.derive_factors(small)[("bfloat16", "gradient")].max == 3.0
+    small = scores.derive_factors([dict(r, max=0.1) for r in ratios])
+    assert small[("bfloat16", "output", "normal")].max == 2.0  # never below the peers' k
+    assert small[("bfloat16", "gradient", "normal")].max == 3.0
 
 
 def _tiny(monkeypatch):
@@ -129,6 +128,9 @@ def test_cli_json_and_files(monkeypatch, tmp_path):
         "gqa-modulo": {"peers": True, "flashcheck": True},
     }
     assert data["catch_rate"] == {"peers": pytest.approx(2 / 3), "flashcheck": 1.0}
+    failed = sum(m["cases_failed"]["flashcheck"] for m in data["mutants"])
+    active = sum(m["active_cases"] for m in data["mutants"])
+    assert data["cases_caught"]["flashcheck"] == {"failed": failed, "active": active}
     assert data["false_failures"]["runs"] == 4 and data["false_failures"]["failed"] == {"peers": 0, "flashcheck": 0}
     assert json.loads((tmp_path / "summary.json").read_text())["caught"] == {"peers": 2, "flashcheck": 3}
     assert "| scale-1% | bf16 | 2 | missed 0/2 | caught 2/2" in (tmp_path / "report.md").read_text()
@@ -141,6 +143,7 @@ def test_cli_human_output_and_one_rule(monkeypatch, tmp_path):
     assert res.exit_code == 0, res.output
     assert "scale-1%" in res.output and "missed 0/2" in res.output and "total caught" in res.output
     assert "2/3 = 66.7%" in res.output and "flashcheck" not in res.output.split("total caught")[0]
+    assert "mutant cases caught (a case: one mutant on one grid point where its bug shows): peers " in res.output
     assert "false failures over 4 correct-kernel runs: peers 0/4 (0.0%)" in res.output  # 2 cases x 2 kernels
     assert "peers: catches 2/3 mutants (66.7%), 0 false failures in 4 runs: sound" in res.output
 

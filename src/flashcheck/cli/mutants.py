@@ -70,6 +70,7 @@ def _page(result, size: str):
                  "one grid case where the bug changes a tensor (failed/active cases, and the checks that fired)."),
             Heading("Mutant x rule"),
             Table(header, rows),
+            Text(scores.cases_line(result)),
             Heading("False failures"),
             Text(scores.false_failure_line(result)),
         ],
@@ -89,6 +90,7 @@ def _print(result) -> None:
         table.add_row(*row)
     console = _console()
     console.print(table)
+    console.print(scores.cases_line(result))
     console.print(scores.false_failure_line(result))
     for rule in result.rules:
         ff = result.false_failures

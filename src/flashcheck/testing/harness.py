@@ -140,5 +140,6 @@ def judge(
             dtype=prep.case.dtype,
             rule=rule,
             gradient=grad,
+            distribution=prep.case.distribution,
         )
     return res

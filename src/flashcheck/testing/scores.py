@@ -218,6 +218,10 @@ class Score:
     def catch_rate(self, rule: str) -> float:
         return self.caught(rule) / len(self.rows) if self.rows else 0.0
 
+    def cases_caught(self, rule: str) -> tuple[int, int]:
+        """(cases the rule failed, active cases) summed over the mutants: the per-case catch rate."""
+        return sum(r.failed[rule] for r in self.rows), sum(r.active for r in self.rows)
+
     def to_dict(self) -> dict:
         ff = self.false_failures
         return {
@@ -226,6 +230,7 @@ class Score:
             "catch_rate": {r: self.catch_rate(r) for r in self.rules},
             "caught": {r: self.caught(r) for r in self.rules},
             "mutant_count": len(self.rows),
+            "cases_caught": {r: dict(zip(("failed", "active"), self.cases_caught(r), strict=True)) for r in self.rules},
             "false_failures": {
                 "runs": ff.runs,
                 "failed": dict(ff.failed),
@@ -372,27 +377,28 @@ def _ratios(got: dict[str, torch.Tensor], prep: Prepared) -> list[dict]:
     for tensor, ref in prep.reference.items():
         stats = flashcheck_statistics(got[tensor], ref, prep.baseline[tensor], prep.case.dtype)
         row = {s: (v / b if b > 0 else (0.0 if v == 0 else math.inf)) for s, (v, b) in stats.items()}
-        dtype = str(prep.case.dtype).replace("torch.", "")
-        rows.append({"tensor": tensor, "dtype": dtype, "kind": "output" if tensor == "out" else "gradient", **row})
+        dtype, kind = str(prep.case.dtype).replace("torch.", ""), "output" if tensor == "out" else "gradient"
+        rows.append({"tensor": tensor, "dtype": dtype, "kind": kind, "distribution": prep.case.distribution, **row})
     return rows
 
 
 def derive_factors(
     ratios: Sequence[dict], quantile: float = QUANTILE, margin: float = MARGIN
-) -> dict[tuple[str, str], Factors]:
-    """Per (dtype, kind): each statistic's `quantile` over the ratios times `margin`, rounded up to 2
-    significant digits, and at least 1 (max: at least the peers' k, 2 for outputs, 3 for gradients)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+) -> dict[tuple[str, str, str], Factors]:
+    """Per (dtype, kind, distribution): each statistic's `quantile` over the ratios times `margin`, rounded
+    up to 2 significant digits, and at least 1 (max: at least the peers' k, 2 for outputs, 3 for
+    gradients)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in ratios:
-        groups.setdefault((r["dtype"], r["kind"]), []).append(r)
+        groups.setdefault((r["dtype"], r["kind"], r["distribution"]), []).append(r)
     out = {}
-    for (dtype, kind), rows in sorted(groups.items()):
-        least = {"max": K_GRADIENT if kind == "gradient" else K_FORWARD}
+    for key, rows in sorted(groups.items()):
+        least = {"max": K_GRADIENT if key[1] == "gradient" else K_FORWARD}
         vals = {}
         for stat in STATISTICS:
             q = torch.quantile(torch.tensor([r[stat] for r in rows], dtype=torch.float64), quantile).item()
             vals[stat] = max(least.get(stat, 1.0), _round_up(q * margin))
-        out[(dtype, kind)] = Factors(**vals)
+        out[key] = Factors(**vals)
     return out
 
 
@@ -421,6 +427,14 @@ def table_rows(score: Score) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def cases_line(score: Score) -> str:
+    parts = []
+    for rule in score.rules:
+        failed, active = score.cases_caught(rule)
+        parts.append(f"{rule} {failed}/{active} ({100 * failed / active if active else 0:.1f}%)")
+    return "mutant cases caught (a case: one mutant on one grid point where its bug shows): " + ", ".join(parts)
+
+
 def false_failure_line(score: Score) -> str:
     ff = score.false_failures
     parts = [f"{rule} {ff.failed[rule]}/{ff.runs} ({100 * ff.rate(rule):.1f}%)" for rule in score.rules]
@@ -432,4 +446,4 @@ def markdown_table(score: Score) -> str:
     header, rows = table_rows(score)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join([*lines, "", false_failure_line(score)])
+    return "\n".join([*lines, "", cases_line(score), "", false_failure_line(score)])
