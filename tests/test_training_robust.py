@@ -22,8 +22,8 @@ from flashcheck.cli import app
 from flashcheck.training import train as train_mod
 from flashcheck.training.checkpoints import CheckpointError, open_checkpoint, save_safetensors, series
 from flashcheck.training.drift import check_limits, compare_checkpoints, compare_series
-from flashcheck.training.model import GPTConfig
 from flashcheck.training.experiments import train_preset, train_runs
+from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, run_complete, train
 
 runner = CliRunner()
