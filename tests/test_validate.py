@@ -96,6 +96,8 @@ def test_kendall_tau_b_matches_scipy_with_ties() -> None:
     assert torch.allclose(cmp.kendall_tau_b(x, y), ours, rtol=0, atol=1e-12)
     same = torch.ones(2, 6, dtype=torch.float64)  # no untied pair: 1 by convention, on both paths
     assert cmp.kendall_tau_b(same, same).tolist() == cmp.kendall_tau_b_pairwise(same, same).tolist() == [1.0, 1.0]
+    z = torch.rand(3, 300, dtype=torch.float64, generator=g)
+    assert cmp.kendall_tau_b(z, z).tolist() == [1.0, 1.0, 1.0]  # identical rankings: exactly 1
 
 
 def test_topk_overlap_counts_shared_items() -> None:

@@ -99,7 +99,8 @@ def kendall_tau_b(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return kendall_tau_b_pairwise(x, y)
     xs, ys = x.to(torch.float64).numpy(), y.to(torch.float64).numpy()
     taus = [kendalltau(a, b).statistic for a, b in zip(xs, ys, strict=True)]
-    return torch.tensor(taus, dtype=torch.float64).nan_to_num(nan=1.0)
+    # scipy's float arithmetic leaves 1 - 3e-16 for identical rankings; tau's resolution is 2 / C^2, far coarser
+    return torch.tensor(taus, dtype=torch.float64).nan_to_num(nan=1.0).round(decimals=12)
 
 
 def kendall_tau_b_pairwise(x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> torch.Tensor:
