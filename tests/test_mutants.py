@@ -164,6 +164,7 @@ def test_cli_exit_1_on_a_false_failure(monkeypatch, tmp_path):
         (["--rule", ""], "--rule '' is not allowed"),
         (["--size", "huge"], "--size 'huge' is not allowed; expected one of tiny, quick, full"),
         (["--out", ""], "--out '' is empty"),
+        (["--threads", "0"], "--threads 0 is not allowed"),
     ],
 )
 def test_cli_bad_usage(args, message, tmp_path, monkeypatch):

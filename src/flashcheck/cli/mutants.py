@@ -15,6 +15,7 @@ def mutants(
     rule: str = typer.Option("peers,flashcheck", help="Rules to score, comma-separated: peers, flashcheck."),
     size: str = typer.Option("quick", help="Grid: tiny, quick (a few minutes) or full (the benchmark's)."),
     out: str = typer.Option("flashcheck-mutants", help="Folder for summary.json, report.md and report.html."),
+    threads: int = typer.Option(1, help="torch threads (the cases are small: one is usually the fastest)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Score acceptance rules on the mutant catalogue (flashcheck.testing.mutants): per mutant and dtype,
@@ -28,6 +29,8 @@ def mutants(
         rules = _rules(rule)
         if size not in scores.GRIDS:
             raise ValueError(f"--size {size!r} is not allowed; expected one of {', '.join(scores.GRIDS)}")
+        if not 1 <= threads <= 1024:
+            raise ValueError(f"--threads {threads} is not allowed; give an integer from 1 to 1024")
         if not out.strip():
             raise ValueError("--out '' is empty; give a folder for summary.json and the report")
         folder = Path(out)
@@ -36,6 +39,9 @@ def mutants(
         _fail_usage(str(exc))
     except OSError as exc:
         _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
+    import torch
+
+    torch.set_num_threads(threads)
     with _progress(scores.step_count(size), "mutants", as_json) as advance:
         result = scores.score(rules, size, advance=advance)
     data = result.to_dict() | {"size": size}
