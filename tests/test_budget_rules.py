@@ -123,7 +123,6 @@ def _sdpa(which: str):
     return fn
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("which", ["MATH", "FLASH_ATTENTION"])
 def test_default_rule_passes_real_cpu_kernels(which, dtype):
