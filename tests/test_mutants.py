@@ -14,7 +14,7 @@ from flashcheck.cli import app
 from flashcheck.core.budget import check_budget
 from flashcheck.testing import scores
 from flashcheck.testing.harness import Case, prepare, run_kernel
-from flashcheck.testing.mutants import MUTANTS, correct_kernel, get_mutant
+from flashcheck.testing.mutants import CORRECT, MUTANTS, correct_kernel, get_mutant
 
 runner = CliRunner()
 
@@ -44,7 +44,9 @@ def test_clean_kernel_is_correct_in_fp32(heads, kv_heads, length, causal):
 def test_each_mutant_is_the_clean_kernel_plus_its_bug():
     """Every mutant changes the tensors on a case where its bug is live; a backward bug leaves the forward
     output bit-identical; dtype-only bugs are no-ops in fp32."""
+    assert CORRECT.describe() == "none"
     for m in MUTANTS.values():
+        assert m.bug.describe().count("=") == 1, m.name  # exactly one field differs from the correct kernel
         case = Case(heads=4, kv_heads=2, seq_len=97, head_dim=32, dtype=m.dtypes[0], causal=True, backward=True)
         prep = prepare(case)
         clean = run_kernel(correct_kernel, prep.inputs, prep.grad_out, True)
@@ -122,6 +124,7 @@ def test_cli_json_and_files(monkeypatch, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     caught = {m["mutant"]: m["caught"] for m in data["mutants"]}
+    assert [m["bug"] for m in data["mutants"]] == ["scale_error=0.01", "drop_keys=1", "gqa_modulo=True"]
     assert caught == {
         "scale-1%": {"peers": False, "flashcheck": True},
         "drop-last-key": {"peers": True, "flashcheck": True},

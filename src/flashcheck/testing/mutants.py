@@ -47,6 +47,7 @@ class Bug:
     ds_row_error: float = 0.0  # dS = P (dP - (1 + e) delta): dS rows no longer sum to zero
 
     def describe(self) -> str:
+        """The fields that differ from the correct kernel's, as 'name=value' ('none' for the correct one)."""
         changed = [
             f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if getattr(self, f.name) != _NONE[f.name]
         ]
@@ -251,7 +252,7 @@ MUTANTS: dict[str, Mutant] = {
         ),
         _m(
             "ds-row-sum",
-            "dS rows sum to 2^-8 * delta instead of zero (delta one bf16 step off)",
+            "dS rows sum to -2^-8 * delta instead of zero (delta one bf16 step off)",
             ds_row_error=2.0**-8,
             backward=True,
             source="arXiv 2609.34272",

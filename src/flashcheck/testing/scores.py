@@ -174,6 +174,7 @@ class MutantRow:
     dtype: str
     description: str
     source: str
+    bug: str
     active: int
     failed: dict[str, int]
     checks: dict[str, dict[str, int]]
@@ -187,6 +188,7 @@ class MutantRow:
             "dtype": self.dtype,
             "description": self.description,
             "source": self.source,
+            "bug": self.bug,
             "active_cases": self.active,
             "caught": {r: self.caught(r) for r in self.failed},
             "cases_failed": dict(self.failed),
@@ -303,7 +305,14 @@ def score_mutants(
             failed = {r: t.get((m.name, r), 0) for r in rules}
             rows.append(
                 MutantRow(
-                    m.name, dtype_name(dtype), m.description, m.source, t.get((m.name, "active"), 0), failed, checks
+                    m.name,
+                    dtype_name(dtype),
+                    m.description,
+                    m.source,
+                    m.bug.describe(),
+                    t.get((m.name, "active"), 0),
+                    failed,
+                    checks,
                 )
             )
     return rows
