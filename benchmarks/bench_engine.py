@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 torch.set_num_threads(2)
 from flashcheck.core.inputs import InputSpec, make_qkv, make_grad
@@ -50,7 +50,8 @@ base = rss_mb()
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter(); run(); times.append(time.perf_counter() - t0)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: ru_maxrss carries the parent's high-water mark across fork + exec
+peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] / 1024
 print(json.dumps({"seconds": min(times), "peak_mb": peak, "increment_mb": peak - base}))
 """
 

@@ -335,12 +335,13 @@ def test_a_case_too_big_for_memory_is_skipped_with_the_numbers(tmp_path):
 
 
 MEASURE = """
-import json, resource, sys
+import json, sys
 from flashcheck.study.cases import Case, evaluate_group
 from flashcheck.study.memory import estimate_case_bytes
 c = Case(*json.loads(sys.argv[1]))
 evaluate_group([c], lambda r: None)
-print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, estimate_case_bytes(c)]))
+peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] * 1024
+print(json.dumps([peak, estimate_case_bytes(c)]))
 """
 
 

@@ -5,7 +5,7 @@ rounded copies and their FP64 reference copies), the outputs kept for the metric
 set of the stages, which run one after another: the FP64 reference's query chunk (rows x Lk scores, see
 reference._chunk_rows), the standard kernel's L x L scores (about five arrays alive at once, with the
 rounding temporaries), and flash's Lq x Bc score blocks. A backward keeps the graph: the reference's and
-the standard kernel's L x L arrays for every chunk. Against the peak RSS of real runs (ru_maxrss above a
+the standard kernel's L x L arrays for every chunk. Against the peak RSS of real runs (VmHWM above a
 warmed-up process, H=8, D=64): measured / estimated = 0.72, 0.79, 0.83 for compare at L = 1024, 2048,
 4096 (bf16-mixed), 0.61 in fp64, 0.51-0.53 for compare --backend sdpa-math / sdpa-flash (with backward);
 an upper bound within 2x (tests/test_memory.py keeps it one).
