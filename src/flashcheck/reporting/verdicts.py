@@ -1,0 +1,170 @@
+"""Verdicts a statistician would sign: an estimate with n and a 95% interval, and a stated rule that turns it
+into `holds`, `does not hold` or `inconclusive` (or `structural`: fixed by the algorithm, not measured).
+
+Every report (study, train-study, guide) uses these rules, never end points or hand-picked bands:
+- comparison: a ratio's interval (t interval on log ratios) against 1 (or another threshold);
+- band: an interval against a published band (e.g. the paper's 0.2-0.5);
+- trend: Kendall's tau over all points plus a Theil-Sen slope interval, both on log-log axes.
+scipy is imported inside the functions (study reports install it with the `plots` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+LEVEL = 0.95
+MIN_N = 3  # below this, every rule answers "inconclusive"
+STATUSES = ("holds", "does not hold", "inconclusive", "structural")
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A point estimate with its 95% interval over n independent values (low = high = value when n == 1)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    method: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self, fmt: str = ".3g") -> str:
+        if self.n < 2 or not math.isfinite(self.low):
+            return f"{self.value:{fmt}} (n={self.n}, no interval)"
+        return f"{self.value:{fmt}} [{self.low:{fmt}}, {self.high:{fmt}}] (n={self.n})"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """status: one of STATUSES; rule: the rule in words; estimate: what it was applied to; reason: why."""
+
+    status: str
+    rule: str
+    reason: str
+    estimate: Estimate | None = None
+
+    def to_dict(self) -> dict:
+        out = {"status": self.status, "rule": self.rule, "reason": self.reason}
+        if self.estimate is not None:
+            out |= {"estimate": self.estimate.to_dict(), "n": self.estimate.n}
+        return out
+
+    @property
+    def holds(self) -> bool | None:
+        """True / False / None (inconclusive); structural findings hold by construction."""
+        return {"holds": True, "does not hold": False, "structural": True}.get(self.status)
+
+
+def _finite(xs: Sequence[float]) -> list[float]:
+    return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+
+
+def mean_interval(xs: Sequence[float]) -> Estimate:
+    """Mean and Student-t 95% interval of independent values (e.g. one per seed)."""
+    from scipy import stats
+
+    v = _finite(xs)
+    n = len(v)
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "mean, t interval")
+    mean = sum(v) / n
+    if n < 2:
+        return Estimate(mean, math.nan, math.nan, n, "mean, t interval")
+    sd = stats.tstd(v)
+    half = stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd / math.sqrt(n)
+    return Estimate(mean, mean - half, mean + half, n, "mean, t interval")
+
+
+def ratio_interval(num: Sequence[float], den: Sequence[float]) -> Estimate:
+    """Geometric-mean ratio num/den of paired positive values (same seed, same inputs) with a t interval on
+    the log ratios; pairs with a non-positive or non-finite side are dropped."""
+    logs = [math.log(a / b) for a, b in zip(num, den, strict=True) if a and b and a > 0 and b > 0]
+    logs = [x for x in logs if math.isfinite(x)]
+    e = mean_interval(logs)
+    if e.n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "geometric mean of paired ratios, t interval")
+    low, high = (math.exp(e.low), math.exp(e.high)) if e.n >= 2 else (math.nan, math.nan)
+    return Estimate(math.exp(e.value), low, high, e.n, "geometric mean of paired ratios, t interval on logs")
+
+
+def _too_few(rule: str, est: Estimate | None, n: int) -> Verdict | None:
+    if n < MIN_N:
+        return Verdict("inconclusive", rule, f"n={n} < {MIN_N} independent values", est)
+    return None
+
+
+def compare(est: Estimate, *, above: bool = True, threshold: float = 1.0, margin: float = 0.0) -> Verdict:
+    """Claim "value > threshold" (above) or "< threshold": holds when the interval excludes the threshold on
+    the claimed side, does not hold when it excludes it on the other side or lies inside the equivalence
+    margin threshold*(1 +- margin), else inconclusive."""
+    side = ">" if above else "<"
+    rule = f"95% interval of the {est.method} entirely {side} {threshold:g}"
+    if margin:
+        rule += f"; inside {threshold:g} x (1 +- {margin:g}) counts as no effect"
+    bad = _too_few(rule, est, est.n)
+    if bad:
+        return bad
+    lo, hi = est.low, est.high
+    claimed = lo > threshold if above else hi < threshold
+    opposite = hi < threshold if above else lo > threshold
+    equal = margin > 0 and threshold * (1 - margin) <= lo and hi <= threshold * (1 + margin)
+    if claimed:
+        return Verdict("holds", rule, f"interval [{lo:.3g}, {hi:.3g}] is {side} {threshold:g}", est)
+    if opposite or equal:
+        why = "on the other side of" if opposite else "within the no-effect margin of"
+        return Verdict("does not hold", rule, f"interval [{lo:.3g}, {hi:.3g}] is {why} {threshold:g}", est)
+    return Verdict("inconclusive", rule, f"interval [{lo:.3g}, {hi:.3g}] contains {threshold:g}", est)
+
+
+def band(est: Estimate, low: float, high: float) -> Verdict:
+    """Claim "the value lies in [low, high]" (a published band): holds when the interval lies inside it,
+    does not hold when the interval misses it entirely, else inconclusive."""
+    rule = f"95% interval of the {est.method} inside [{low:g}, {high:g}]"
+    bad = _too_few(rule, est, est.n)
+    if bad:
+        return bad
+    iv = f"interval [{est.low:.3g}, {est.high:.3g}]"
+    if low <= est.low and est.high <= high:
+        return Verdict("holds", rule, f"{iv} is inside the band", est)
+    if est.high < low or est.low > high:
+        return Verdict("does not hold", rule, f"{iv} misses the band", est)
+    return Verdict("inconclusive", rule, f"{iv} overlaps the band's edge", est)
+
+
+def trend(xs: Sequence[float], ys: Sequence[float], *, increasing: bool = True, log: bool = True) -> Verdict:
+    """Claim "y grows (or falls) with x" over every point (all seeds): Kendall's tau (p < 0.05) and a Theil-Sen
+    slope whose 95% interval excludes 0 on the claimed side; on log-log axes the slope is an exponent."""
+    from scipy import stats
+
+    pts = [
+        (float(x), float(y)) for x, y in zip(xs, ys, strict=True) if math.isfinite(float(x)) and math.isfinite(float(y))
+    ]
+    if log:
+        pts = [(math.log(x), math.log(y)) for x, y in pts if x > 0 and y > 0]
+    word = "grows" if increasing else "falls"
+    axes = "log y vs log x" if log else "y vs x"
+    rule = f"{word}: Kendall tau p < 0.05 and Theil-Sen slope ({axes}) 95% interval excluding 0"
+    distinct = len({x for x, _ in pts})
+    if len(pts) < MIN_N or distinct < 2:
+        return Verdict("inconclusive", rule, f"n={len(pts)} points at {distinct} x values: too few")
+    x, y = zip(*pts, strict=True)
+    tau = stats.kendalltau(x, y)
+    slope, _, lo, hi = stats.theilslopes(y, x, alpha=LEVEL)
+    est = Estimate(float(slope), float(lo), float(hi), len(pts), f"Theil-Sen slope ({axes})")
+    why = f"tau={tau.statistic:+.2f} (p={tau.pvalue:.2g}), slope {est.text()}"
+    sig = tau.pvalue < 0.05
+    up, down = sig and tau.statistic > 0 and lo > 0, sig and tau.statistic < 0 and hi < 0
+    if (up and increasing) or (down and not increasing):
+        return Verdict("holds", rule, why, est)
+    if up or down or (sig is False and lo <= 0 <= hi and hi - lo < 0.05):
+        return Verdict("does not hold", rule, why, est)
+    return Verdict("inconclusive", rule, why, est)
+
+
+def structural(reason: str, test: str) -> Verdict:
+    """An outcome fixed by the algorithm itself (not a measurement): the reason and the test that checks it."""
+    return Verdict("structural", f"fixed by the algorithm; checked by {test}", reason)

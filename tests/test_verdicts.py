@@ -1,0 +1,64 @@
+"""reporting.verdicts: each rule on synthetic data whose answer is known."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from scipy import stats
+
+from flashcheck.reporting.verdicts import band, compare, mean_interval, ratio_interval, structural, trend
+
+
+def test_mean_interval_is_the_t_interval():
+    xs = [1.0, 2.0, 4.0, 3.5]
+    e = mean_interval(xs)
+    lo, hi = stats.t.interval(0.95, len(xs) - 1, loc=sum(xs) / 4, scale=stats.sem(xs))
+    assert math.isclose(e.low, lo) and math.isclose(e.high, hi) and e.n == 4
+    assert math.isnan(mean_interval([2.0]).low) and "no interval" in mean_interval([2.0]).text()
+
+
+def test_ratio_of_paired_values_with_a_clear_effect_holds():
+    rng = random.Random(0)
+    den = [rng.uniform(1, 2) for _ in range(5)]
+    num = [3 * d * rng.uniform(0.95, 1.05) for d in den]
+    v = compare(ratio_interval(num, den))
+    assert v.status == "holds" and 2.8 < v.estimate.value < 3.2 and v.to_dict()["n"] == 5
+
+
+def test_no_effect_with_noise_is_inconclusive_and_a_tight_no_effect_does_not_hold():
+    rng = random.Random(1)
+    den = [1.0] * 5
+    noisy = [rng.uniform(0.5, 1.5) for _ in range(5)]
+    assert compare(ratio_interval(noisy, den)).status == "inconclusive"
+    tight = [1 + rng.uniform(-0.01, 0.01) for _ in range(5)]
+    assert compare(ratio_interval(tight, den), margin=0.05).status == "does not hold"
+    assert compare(ratio_interval([0.5, 0.52, 0.49], [1, 1, 1])).status == "does not hold"
+
+
+def test_two_seeds_are_never_enough():
+    v = compare(ratio_interval([10, 11], [1, 1]))
+    assert v.status == "inconclusive" and "n=2" in v.reason
+
+
+def test_band():
+    assert band(ratio_interval([0.3, 0.32, 0.31], [1, 1, 1]), 0.2, 0.5).status == "holds"
+    assert band(ratio_interval([0.9, 0.92, 0.88], [1, 1, 1]), 0.2, 0.5).status == "does not hold"
+    assert band(ratio_interval([0.3, 0.7, 0.45], [1, 1, 1]), 0.2, 0.5).status == "inconclusive"
+
+
+def test_trend_clear_flat_and_reversed():
+    rng = random.Random(2)
+    xs = [512, 1024, 2048, 4096, 8192] * 3
+    growing = [x**0.5 * rng.uniform(0.9, 1.1) for x in xs]
+    assert trend(xs, growing).status == "holds"
+    assert trend(xs, growing, increasing=False).status == "does not hold"
+    flat = [rng.uniform(0.5, 1.5) for _ in xs]
+    assert trend(xs, flat).status in ("inconclusive", "does not hold")
+    assert trend(xs[:2], growing[:2]).status == "inconclusive"
+    assert trend([4, 4, 4], [1, 2, 3]).status == "inconclusive"
+
+
+def test_structural_says_why_and_how_it_is_checked():
+    v = structural("rows are independent: Br changes no row's arithmetic", "tests/test_kernels.py::test_br")
+    assert v.status == "structural" and v.holds is True and "test_kernels" in v.rule
