@@ -187,6 +187,8 @@ def amax_scale(x: torch.Tensor, fmt: Format | str, dims: tuple[int, ...] | None 
 
 STAGES = ("input", "score", "stats", "p", "accum", "output")
 GRAD_STAGES = ("grad_input", "delta", "grad_score", "grad_p", "grad_accum", "grad_output")
+DECODE_STAGES = ("merge",)  # split-KV decoding only (kernels.decode); not part of STAGES' attribution
+DELTA_SOURCES = ("forward", "unrounded", "fresh")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,7 +200,14 @@ class Policy:
     output accumulator), `output`. Backward stages default to their forward counterparts: `grad_input`
     (dO), `delta` (the O used in delta = rowsum(dO * O)), `grad_score` (dP and dS), `grad_p` (P and dS
     before their products), `grad_accum` (dQ, dK, dV accumulators), `grad_output` (dq, dk, dv).
-    `matmul` is the precision products are formed and summed in before their result is rounded."""
+    `merge` (split-KV decoding, defaults to `accum`): the partial outputs, their log-sum-exps and the
+    combine. `matmul` is the precision products are formed and summed in before their result is rounded.
+
+    Backward knobs: `delta_source` is the O in delta = rowsum(dO * O) (arXiv 2609.39813): "forward" (O
+    rounded to the `delta` stage, by default the forward's rounded output), "unrounded" (the accumulator
+    before output rounding) or "fresh" (a new stochastic rounding of it to `delta`, seeded by
+    `delta_seed`). `ds_correction` removes the row sums of the rounded dS (arXiv 2609.34272, rank-one
+    corrections of dQ and dK; kernels.flash)."""
 
     name: str = "custom"
     input: Format = Format.FP64
@@ -214,11 +223,15 @@ class Policy:
     grad_p: Format | None = None
     grad_accum: Format | None = None
     grad_output: Format | None = None
+    merge: Format | None = None
     fp8_scaling: str = "tensor"
     hadamard: bool = False
+    delta_source: str = "forward"
+    delta_seed: int = 0
+    ds_correction: bool = False
 
     def __post_init__(self) -> None:
-        for field in (*STAGES, "matmul", *GRAD_STAGES):
+        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, parse_format(value))
@@ -226,6 +239,10 @@ class Policy:
             raise ValueError(f"matmul precision {self.matmul.value!r} not supported; expected fp32 or fp64")
         if self.fp8_scaling not in ("tensor", "block"):
             raise ValueError(f"unknown fp8_scaling {self.fp8_scaling!r}; expected one of tensor, block")
+        if self.delta_source not in DELTA_SOURCES:
+            raise ValueError(f"unknown delta_source {self.delta_source!r}; expected one of {', '.join(DELTA_SOURCES)}")
+        if self.merge is None:
+            object.__setattr__(self, "merge", self.accum)
         defaults = {
             "grad_input": self.input,
             "delta": self.output,
@@ -242,7 +259,7 @@ class Policy:
         return getattr(self, name)
 
     def formats(self) -> dict[str, str]:
-        return {f: getattr(self, f).value for f in (*STAGES, "matmul", *GRAD_STAGES)}
+        return {f: getattr(self, f).value for f in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES)}
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -250,12 +267,15 @@ class Policy:
             **self.formats(),
             "fp8_scaling": self.fp8_scaling,
             "hadamard": self.hadamard,
+            "delta_source": self.delta_source,
+            "delta_seed": self.delta_seed,
+            "ds_correction": self.ds_correction,
         }
 
     @property
     def work_dtype(self) -> torch.dtype:
         """fp64 when any stage needs it, else fp32: every narrower value is exact in the working dtype."""
-        every = [getattr(self, f) for f in (*STAGES, "matmul", *GRAD_STAGES)]
+        every = [getattr(self, f) for f in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES)]
         return torch.float64 if Format.FP64 in every else torch.float32
 
     def replace(self, **changes: object) -> Policy:
@@ -264,6 +284,8 @@ class Policy:
         for f in GRAD_STAGES:
             if f not in changes and _is_default_grad(self, f):
                 base[f] = None
+        if "merge" not in changes and self.merge == self.accum:
+            base["merge"] = None
         base.update(changes)
         if "name" not in changes:
             base["name"] = "custom"
@@ -348,7 +370,8 @@ def parse_policy(spec: str | Policy) -> Policy:
     """A policy from its name (`FMT`, `FMT-mixed`, a named policy) or from keywords.
 
     Keyword form: `bf16-mixed,p=fp32` (a base name then overrides) or `input=bf16,score=fp32,...`
-    (unnamed stages default to fp64). Keys: the stage names, matmul, fp8_scaling, hadamard."""
+    (unnamed stages default to fp64). Keys: the stage names (merge too), matmul, fp8_scaling, hadamard,
+    and the backward knobs delta_source, delta_seed, ds_correction."""
     if isinstance(spec, Policy):
         return spec
     parts = [p.strip() for p in str(spec).split(",") if p.strip()]
@@ -360,7 +383,7 @@ def parse_policy(spec: str | Policy) -> Policy:
     if not parts:
         return base
     changes: dict[str, object] = {}
-    allowed = (*STAGES, "matmul", *GRAD_STAGES, "fp8_scaling", "hadamard")
+    allowed = (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "fp8_scaling", "hadamard", *_KNOBS)
     for part in parts:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
@@ -368,14 +391,26 @@ def parse_policy(spec: str | Policy) -> Policy:
             raise ValueError(
                 f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in {', '.join(allowed)}"
             )
-        if key == "hadamard":
+        if key in ("hadamard", "ds_correction"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key == "fp8_scaling":
+        elif key in ("fp8_scaling", "delta_source"):
             changes[key] = value.strip()
+        elif key == "delta_seed":
+            changes[key] = _int_term(part, value)
         else:
             changes[key] = parse_format(value.strip())
     policy = base.replace(**changes)
     return dataclasses.replace(policy, name=str(spec))
+
+
+_KNOBS = ("delta_source", "delta_seed", "ds_correction")
+
+
+def _int_term(part: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ValueError(f"bad policy term {part!r}: expected an integer") from None
 
 
 def _named_policy(name: str) -> Policy:

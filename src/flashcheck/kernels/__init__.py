@@ -1,10 +1,11 @@
-"""Attention kernels: the FP64 oracle, and the standard and Flash simulators under numerics policies."""
+"""Attention kernels: the FP64 oracle, and the standard, Flash and split-KV simulators under numerics policies."""
 
+from flashcheck.kernels.decode import split_kv_attention
 from flashcheck.kernels.flash import FlashConfig, flash_attention
 from flashcheck.kernels.reference import reference_attention
 from flashcheck.kernels.standard import standard_attention
 
-SIMULATED_KERNELS = ("flash", "standard")
+SIMULATED_KERNELS = ("flash", "standard", "splitkv")
 
 
 def simulate(
@@ -20,9 +21,15 @@ def simulate(
     algorithm: str = "fa2",
     **flash_options,
 ):
-    """Run simulator `kernel` ("flash" or "standard") on [B, H, L, D] inputs; block options apply to flash."""
+    """Run simulator `kernel` ("flash", "standard" or "splitkv") on [B, H, L, D] inputs; block options apply
+    to flash and splitkv (which also takes `splits`, and runs forward only)."""
     if kernel == "standard":
         return standard_attention(q, k, v, policy=policy, causal=causal)
+    if kernel == "splitkv":
+        return split_kv_attention(
+            q, k, v, policy=policy, block_q=block_q, block_k=block_k, algorithm=algorithm, causal=causal,
+            **flash_options,
+        )  # fmt: skip
     if kernel == "flash":
         return flash_attention(
             q,
@@ -44,5 +51,6 @@ __all__ = [
     "flash_attention",
     "reference_attention",
     "simulate",
+    "split_kv_attention",
     "standard_attention",
 ]

@@ -16,6 +16,7 @@ import torch
 
 from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
@@ -172,9 +173,10 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     sc = s_nat * (LOG2E if cfg.exp2 else 1.0)
     exp = torch.exp2 if cfg.exp2 else torch.exp
     do = rnd(dout.to(q.dtype), pol, "grad_input")
-    delta = rnd((do * rnd(out_hi, pol, "delta")).sum(dim=-1, keepdim=True), pol, "grad_score")
+    delta = rnd((do * delta_operand(out_hi, pol)).sum(dim=-1, keepdim=True), pol, "grad_score")
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    fix = RowSumFix(q) if pol.ds_correction else None
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
@@ -182,10 +184,28 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
         dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum")
         dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
         ds = rnd(rnd(p * (dp - delta[..., t.r0 :, :]), pol, "grad_score"), pol, "grad_p")
+        if fix is not None:
+            fix.add(t.r0, ds, k_j, _visible(t, lq, lk, cfg, q.dtype))
         dq_r = rnd(mm(ds, k_j, pol) * s_nat, pol, "grad_accum")
         dq[..., t.r0 :, :] = rnd(dq[..., t.r0 :, :] + dq_r, pol, "grad_accum")
         dk[..., t.c0 : t.c1, :] = rnd(mm(ds.transpose(-1, -2), q_r, pol) * s_nat, pol, "grad_accum")
+    if fix is not None:
+        dq, dk = _remove_ds_row_sums(fix, q, dq, dk, cfg, pol, s_nat)
     return tuple(rnd(g, pol, "grad_output") for g in (dq, dk, dv))
+
+
+def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) -> torch.Tensor:
+    return visible((t.r0, lq), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=dtype)
+
+
+def _remove_ds_row_sums(fix: RowSumFix, q, dq, dk, cfg: FlashConfig, pol: Policy, s_nat: float):
+    """Policy.ds_correction: the rank-one corrections of dQ and dK (kernels.gradfix), a second key pass."""
+    lq, lk = q.shape[-2], dk.shape[-2]
+    dk = dk.clone()
+    for t in _steps(cfg, lq, lk):
+        vis = _visible(t, lq, lk, cfg, q.dtype)
+        dk[..., t.c0 : t.c1, :] = fix.fix_dk_tile(dk[..., t.c0 : t.c1, :], q[..., t.r0 :, :], t.r0, vis, s_nat, pol)
+    return fix.fix_dq(dq, s_nat, pol), dk
 
 
 class _FlashFunction(torch.autograd.Function):

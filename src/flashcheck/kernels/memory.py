@@ -69,9 +69,11 @@ def estimate_bytes(fp: Footprint) -> int:
     if "standard" in fp.kernels:
         arrays = STANDARD_ARRAYS + (BACKWARD_ARRAYS if fp.backward else 0)
         stages.append(arrays * n * lq * lk * w + lq * lk * 9)  # + the causal bias and its bool mask
-    if "flash" in fp.kernels:
+    if "flash" in fp.kernels or "splitkv" in fp.kernels:
         block = min(fp.block_k, lk)
         stages.append(FLASH_ARRAYS * n * lq * block * w + 4 * n * lq * (d + 2) * w + lq * block * 9)
+    if "splitkv" in fp.kernels:  # flash per chunk, plus a chunk mask bias (at most Lq x Lk) and 8 partials
+        stages[-1] += lq * lk * (w + 1) + 8 * n * lq * (d + 1) * w
     return inputs + outputs + max(stages)
 
 

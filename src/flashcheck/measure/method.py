@@ -35,6 +35,7 @@ class Method:
     block_k: int = 128
     algorithm: str = "fa2"
     device: str = "cpu"
+    splits: int = 4  # key chunks of the split-KV simulator ("splitkv"), else unused
 
     @property
     def is_simulator(self) -> bool:
@@ -53,6 +54,8 @@ class Method:
         """The stable string with blocks where they matter (records, tables)."""
         if self.is_simulator and self.kernel == "flash":
             return f"{self}[{self.block_q}x{self.block_k} {self.algorithm}]"
+        if self.kernel == "splitkv":
+            return f"{self}[{self.block_q}x{self.block_k} {self.algorithm} S={self.splits}]"
         return str(self)
 
     def backend(self):
@@ -78,6 +81,8 @@ class Method:
 
     def check_available(self, *, backward: bool = False) -> None:
         """Raise Unavailable with the reason when this method cannot run here."""
+        if self.kernel == "splitkv" and backward:
+            raise Unavailable("splitkv (split-KV decoding) runs forward only")
         if self.is_simulator:
             return
         b = self.backend()
@@ -96,6 +101,8 @@ class Method:
 
     def runner(self, *, causal: bool = False, **flash_options):
         """fn(q, k, v) -> out in the method's own dtype and device (autograd-capable)."""
+        if self.kernel == "splitkv":
+            flash_options = {"splits": self.splits, **flash_options}
         if self.is_simulator:
             return lambda q, k, v: simulate(
                 self.kernel,
@@ -170,10 +177,11 @@ def parse_method(
     algorithm: str = "fa2",
     policy: str | None = None,
     device: str = "cpu",
+    splits: int = 4,
 ) -> Method:
-    """Parse "kernel:policy" (simulators flash/standard), "backend:FORMAT" or a bare backend name (bf16).
+    """Parse "kernel:policy" (simulators flash/standard/splitkv), "backend:FORMAT" or a bare backend name (bf16).
     `preset`, `policy` and the blocks configure the simulator backends (sim-flash, sim-standard); `device`
-    is where a real backend runs.
+    is where a real backend runs; `splits` the number of key chunks of "splitkv".
 
     ValueError names the value and what is allowed, with a "did you mean" for backend names."""
     if isinstance(text, Method):
@@ -186,7 +194,9 @@ def parse_method(
         if name == "standard":
             block_q = block_k = 0
             algorithm = ""
-        return Method(kernel=name, policy=policy, block_q=block_q, block_k=block_k, algorithm=algorithm)
+        if name == "splitkv" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+            raise ValueError(f"splits={splits!r} must be a positive integer")
+        return Method(kernel=name, policy=policy, block_q=block_q, block_k=block_k, algorithm=algorithm, splits=splits)
     from flashcheck.backends import backend_names
 
     names = backend_names()
