@@ -25,7 +25,7 @@ class Executor(StrEnum):
 
 @app.command()
 def study(
-    preset: str = typer.Option("quick", help="quick | paper | fa3 | full | tiny."),
+    preset: str = typer.Option("quick", help="quick | paper | fa3 | full | tiny | guide | guide-full."),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
     workers: int = typer.Option(None, help="Processes (default: the core count; at most 256)."),
@@ -37,6 +37,8 @@ def study(
     cases are tried again). Exit code 1 when a case failed."""
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
+    from flashcheck.study.guide import is_guide, run_guide
+    from flashcheck.study.guide_report import build_guide_report
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
 
@@ -50,11 +52,18 @@ def study(
         if config is None and not preset.strip():
             raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny")
         cfg = load_config(config) if config is not None else get_preset(preset)
+        if config is None and is_guide(cfg):
+            if executor != Executor.local:
+                raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
+            return run_guide(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
         stats = run_study(cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet)
         return stats, build_report(out)
 
     stats, summary = _guarded(run)
-    _print_findings(summary, stats, out, quiet=quiet)
+    if "settings" in summary:  # the guide's summary
+        _print_guide(summary, stats, out, quiet=quiet)
+    else:
+        _print_findings(summary, stats, out, quiet=quiet)
     if summary["failed"]:
         raise typer.Exit(1)
 
@@ -62,10 +71,34 @@ def study(
 @app.command()
 def report(folder: str = typer.Argument(..., help="A study folder (--out of `flashcheck study`).")) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
+    from flashcheck.study.guide_report import build_guide_report, is_guide_folder
     from flashcheck.study.report import build_report
 
+    if is_guide_folder(folder):
+        _print_guide(_guarded(lambda: build_guide_report(folder)), None, folder)
+        return
     summary = _guarded(lambda: build_report(folder))
     _print_findings(summary, None, folder)
+
+
+def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
+    """The guide's claims, one line each: verdict, claim, what was measured (the conditions are in the report)."""
+    from rich.markup import escape
+
+    console = _console()
+    if stats and not quiet:
+        console.print(
+            f"{stats['cases_computed']} error cases computed, {stats['cases_reused']} reused; "
+            f"{stats['guide_tasks_computed']} guide tasks computed; {stats['seconds']:.1f} s"
+        )
+    colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
+    if not quiet:
+        for f in summary["findings"]:
+            word = f"[{colour.get(f['status'], 'dim')}]{f['status']}[/]"
+            console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
+    _print_failures(summary, _console(stderr=True) if quiet else console)
+    if not quiet:
+        console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:

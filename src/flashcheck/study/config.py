@@ -342,7 +342,52 @@ def tiny() -> StudyConfig:
     )
 
 
-PRESETS = {"quick": quick, "paper": paper, "fa3": fa3, "full": full, "tiny": tiny}
+GUIDE_METHODS = (
+    "sdpa-math:bf16",
+    "sdpa-flash:bf16",
+    "flash:bf16-mixed",
+    "sdpa-math:fp16",
+    "sdpa-flash:fp16",
+    "flash:fp16-mixed",
+)
+
+
+def _guide_sweep(lengths: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -> Sweep:
+    """The production guide's error range and slope: real CPU backends and the kernel-realistic simulator at
+    bf16 and fp16 against FP64 (its cost, latency and overflow tasks are study.guide's)."""
+    return Sweep(
+        question="guide_errors",
+        methods=GUIDE_METHODS,
+        seq_lens=lengths,
+        seeds=seeds,
+        heads=heads,
+        algorithm="fa2",
+        baseline=False,
+        metric="rel_l2",
+    )
+
+
+def guide() -> StudyConfig:
+    """The production guide's claims measured (study.guide): a few minutes on 2 cores."""
+    return StudyConfig(name="guide", sweeps=(_guide_sweep((512, 1024, 2048, 4096), 2, (0, 1, 2)),))
+
+
+def guide_full() -> StudyConfig:
+    """The guide at lengths up to 16k for the errors (32k for the cost where memory allows), five seeds."""
+    return StudyConfig(
+        name="guide-full", sweeps=(_guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),)
+    )
+
+
+PRESETS = {
+    "quick": quick,
+    "paper": paper,
+    "fa3": fa3,
+    "full": full,
+    "tiny": tiny,
+    "guide": guide,
+    "guide-full": guide_full,
+}
 
 
 def preset(name: str) -> StudyConfig:

@@ -1,0 +1,294 @@
+"""The production guide's claims, each turned into a verdict (reporting.verdicts) from a guide folder's stored
+measurements: cost exponents, speed, latency spread, fp16 overflow, the error range and its slope, and the
+claims that need a GPU. Computes nothing but statistics over the records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from flashcheck.reporting.verdicts import (
+    Estimate,
+    Verdict,
+    band,
+    compare,
+    mean_interval,
+    median_interval,
+    ratio_interval,
+    structural,
+    trend,
+)
+from flashcheck.study.guide import GuideSettings
+from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
+
+GPU_COMMAND = "flashcheck study --preset guide --out guide-gpu   # on a machine with a CUDA GPU and flash-attn"
+# The nearest integer exponent: an exponent is "2" when nearer to 2 than to 1 or 3.
+EXPONENT_BANDS = {1: (0.5, 1.5), 2: (1.5, 2.5)}
+SQRT_HALF = math.sqrt(0.5)
+
+
+def claim(text: str, verdict: Verdict, measured: str, conditions: str, cid: str) -> dict:
+    """One row of the claims table (and of summary.json's findings)."""
+    return {
+        "id": cid,
+        "claim": text,
+        "measured": measured,
+        "status": verdict.status,
+        "holds": verdict.holds if verdict.status != "inconclusive" else None,
+        "verdict": verdict.to_dict(),
+        "conditions": conditions,
+    }
+
+
+def cost_series(results: dict[str, dict], method: str, backward: bool, what: str) -> tuple[list[int], list[float]]:
+    """(lengths, values) over every repeat of the ok cost tasks: what = "time" (seconds) or "memory" (bytes)."""
+    xs, ys = [], []
+    for r in results.values():
+        pr = r["params"]
+        if r["status"] != "ok" or pr["kind"] != "cost" or pr["method"] != method or pr["backward"] != backward:
+            continue
+        vals = r["result"]["times"] if what == "time" else [r["result"]["peak_bytes"]]
+        xs += [pr["seq_len"]] * len(vals)
+        ys += vals
+    return xs, ys
+
+
+def exponent(results: dict[str, dict], method: str, backward: bool, what: str) -> Verdict:
+    """Kendall + Theil-Sen on log value vs log L over every repeat (verdicts.trend); its estimate is the
+    exponent with its interval."""
+    xs, ys = cost_series(results, method, backward, what)
+    return trend(xs, ys, increasing=True)
+
+
+def _exponent_claim(results, method: str, backward: bool, what: str, power: int, text: str, cid: str) -> dict:
+    t = exponent(results, method, backward, what)
+    p = "forward+backward" if backward else "forward"
+    lengths = sorted(set(cost_series(results, method, backward, what)[0]))
+    cond = f"{method}, {p}, L = {', '.join(map(str, lengths))}, CPU"
+    if t.estimate is None:
+        return claim(text, t, "too few lengths measured", cond, cid)
+    v = band(t.estimate, *EXPONENT_BANDS[power])
+    v = Verdict(v.status, f"{v.rule} (nearest integer exponent {power})", f"{v.reason}; {t.reason}", t.estimate)
+    return claim(text, v, f"exponent {t.estimate.text()}", cond, cid)
+
+
+def cost_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
+    """O(n^2) time for every method, O(n) memory for flash, O(n^2) memory for math; the speedup."""
+    out = []
+    for m in s.cost_methods:
+        for bwd in (False, True):
+            tag = f"{m}/{'fwd+bwd' if bwd else 'fwd'}"
+            out.append(_exponent_claim(results, m, bwd, "time", 2, "Time is O(n^2) in the length", f"time/{tag}"))
+            flash = "flash" in m
+            text = "Flash Attention is O(n) in memory" if flash else "Standard attention is O(n^2) in memory"
+            out.append(_exponent_claim(results, m, bwd, "memory", 1 if flash else 2, text, f"memory/{tag}"))
+    out += _speed_claims(results, s)
+    return out
+
+
+def _medians(results: dict[str, dict], method: str, backward: bool) -> dict[int, float]:
+    xs, ys = cost_series(results, method, backward, "time")
+    by: dict[int, list[float]] = {}
+    for x, y in zip(xs, ys, strict=True):
+        by.setdefault(x, []).append(y)
+    return {n: median_interval(v).value for n, v in by.items()}
+
+
+def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
+    """'Use Flash beyond 512 tokens (benefits scale with length)': the math/flash time ratio of the medians
+    at L >= 512 (paired by length) above 1, and its growth with the length."""
+    out = []
+    for bwd in (False, True):
+        math_t, flash_t = _medians(results, "sdpa-math:bf16", bwd), _medians(results, "sdpa-flash:bf16", bwd)
+        ls = sorted(n for n in math_t if n in flash_t and n >= 512)
+        p = "forward+backward" if bwd else "forward"
+        est = ratio_interval([math_t[n] for n in ls], [flash_t[n] for n in ls])
+        cond = f"sdpa-math vs sdpa-flash at bf16, {p}, median times at L = {', '.join(map(str, ls))}, CPU"
+        v = compare(est, above=True)
+        text = "Flash Attention is faster than standard attention beyond 512 tokens"
+        out.append(claim(text, v, f"math / flash time {est.text()}", cond, f"speedup/{p}"))
+        g = trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True)
+        out.append(claim("Its benefits scale with length", g, g.reason, cond, f"speedup_grows/{p}"))
+    return out
+
+
+def cv(times: Iterable[float]) -> float:
+    """Coefficient of variation (sample std / mean) of one block of call latencies."""
+    v = list(times)
+    mean = sum(v) / len(v)
+    return math.sqrt(sum((t - mean) ** 2 for t in v) / (len(v) - 1)) / mean if len(v) > 1 and mean > 0 else math.nan
+
+
+def latency_claim(results: dict[str, dict], s: GuideSettings) -> dict:
+    """CV of flash / CV of math paired by block (same time window), over every block at every length."""
+    flash, base = [], []
+    for r in results.values():
+        if r["status"] == "ok" and r["params"]["kind"] == "latency":
+            blocks = r["result"]["blocks"]
+            flash += [cv(b) for b in blocks["sdpa-flash:bf16"]]
+            base += [cv(b) for b in blocks["sdpa-math:bf16"]]
+    est = ratio_interval(flash, base)
+    v = compare(est, above=False)
+    calls = s.latency_calls
+    cond = (
+        f"sdpa-flash vs sdpa-math at bf16, forward, L = {', '.join(map(str, s.latency_lengths))}, "
+        f"{calls} calls each in {s.latency_blocks} interleaved blocks, {s.threads} thread(s), shared CPU"
+    )
+    measured = f"CV(flash) / CV(math) {est.text()}"
+    return claim("Flash Attention reduces latency variance", v, measured, cond, "latency_variance")
+
+
+def latency_rows(results: dict[str, dict], s: GuideSettings) -> list[list[str]]:
+    """(method, L, CV mean over blocks with its interval, median latency) rows."""
+    rows = []
+    for r in sorted(results.values(), key=lambda r: r["id"]):
+        if r["status"] != "ok" or r["params"]["kind"] != "latency":
+            continue
+        for m, blocks in r["result"]["blocks"].items():
+            e = mean_interval([cv(b) for b in blocks])
+            med = median_interval([t for b in blocks for t in b])
+            rows.append([m, str(r["params"]["seq_len"]), e.text(), f"{med.value * 1e3:.3g} ms", str(med.n)])
+    return rows
+
+
+def boundary_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
+    """fp16 NaN where bf16 is fine: structural where found (the search, pinned by tests/test_guide.py)."""
+    out = []
+    for m in s.boundary_methods:
+        scales, inside = _scale_text(results, m)
+        sums = _sum_text(results, m)
+        bf = f"{_scale_text(results, twin(m))[0]}; {_sum_text(results, twin(m))}"
+        measured = f"{m}: {scales}; {sums}. bf16 at the same settings: {bf}"
+        if inside or "at Lk" in sums:
+            v = structural(
+                "fp16's largest finite value is 65504; the search found where a stage kept in fp16 passes it "
+                "before the inputs overflow",
+                "tests/test_guide.py",
+            )
+        else:
+            rule = f"search over sigma <= 2^16 and Lk <= {s.sum_keys[1]} keys at the maximum"
+            why = "no Inf/NaN before the fp16 inputs themselves overflow, and no wrong output with keys at the max"
+            v = Verdict("does not hold", rule, why)
+        cond = "Q, K, V = sigma x N(0,1), D = 64; keys all at the row maximum for the sum; CPU"
+        out.append(
+            claim("FP16 produced NaN at very long sequences where BF16 was fine", v, measured, cond, f"fp16/{m}")
+        )
+    return out
+
+
+def _scale_text(results: dict[str, dict], method: str) -> tuple[str, bool]:
+    """The scale boundaries at each length in words, and whether any lies below the inputs' own overflow."""
+    parts, inside = [], False
+    for r in sorted(results.values(), key=lambda r: r["params"].get("seq_len", 0)):
+        p = r["params"]
+        if r["status"] == "ok" and p["kind"] == "scale" and p["method"] == method:
+            i, top = r["result"]["boundary_i"], r["result"].get("inputs_overflow_i")
+            where = "finite up to sigma 2^16" if i is None else f"non-finite from sigma 2^{i / OCTAVE_STEPS:.4g}"
+            if i is not None and top is not None and i >= top:
+                where += " (the fp16 inputs overflow there)"
+            inside = inside or (i is not None and (top is None or i < top))
+            parts.append(f"L={p['seq_len']}: {where}")
+    return ", ".join(parts) or "not measured", inside
+
+
+def _sum_text(results: dict[str, dict], method: str) -> str:
+    r = results.get(f"sum/{method}")
+    if r is None or r["status"] != "ok":
+        return "keys at the maximum: not measured"
+    res = r["result"]
+    if res["boundary_keys"] is None:
+        return "keys at the maximum: ok up to Lk = 2^17"
+    return f"keys at the maximum: {res['outcome']} at Lk = {res['boundary_keys']}"
+
+
+def gpu_claims() -> list[dict]:
+    """The guide's claims that only a GPU can test, with the command that measures them there."""
+    why = "not measured here: needs a GPU"
+    rows = [
+        ("The PyTorch native backend and the flash-attn library share CUDA kernels: identical numerics", "gpu_same"),
+        ("torch.backends.cudnn.deterministic = True may cost Flash Attention speed", "gpu_deterministic"),
+        ("Flash Attention needs an Ampere or newer GPU (flash-attn wheels)", "gpu_arch"),
+    ]
+    v = Verdict("inconclusive", "measured on a CUDA GPU only", why)
+    return [claim(text, v, why, GPU_COMMAND, cid) for text, cid in rows]
+
+
+def log_mean(values: list[float]) -> Estimate:
+    """Geometric mean of positive values with the t interval of their logs."""
+    e = mean_interval([math.log10(x) for x in values if x > 0])
+    if e.n == 0:
+        return e
+    lo, hi = (10**e.low, 10**e.high) if e.n >= 2 else (math.nan, math.nan)
+    return Estimate(10**e.value, lo, hi, e.n, "geometric mean, t interval on logs")
+
+
+def error_series(records: Iterable, method: str, view: str = "errors") -> tuple[list[int], list[float]]:
+    """(lengths, relative L2 errors) of a method's ok study records: view "errors" (vs FP64 of the original
+    inputs) or "errors_rounded" (vs FP64 of the inputs as the method rounded them: its own error)."""
+    xs, ys = [], []
+    for r in records:
+        if r.status == "ok" and r.case.method == method:
+            xs.append(r.case.seq_len)
+            ys.append(getattr(r, view)["rel_l2"])
+    return xs, ys
+
+
+def error_claims(records: list, methods: Iterable[str]) -> list[dict]:
+    """'1e-3 to 1e-2 relative error for FP16/BF16': per method, the geometric mean of its relative L2 errors
+    (all lengths and seeds) against the band, and how much of it is the kernel's own error."""
+    out = []
+    for m in methods:
+        xs, total = error_series(records, m)
+        _, own = error_series(records, m, "errors_rounded")
+        if not total:
+            continue
+        est = log_mean(total)
+        share = ratio_interval(own, total)
+        # independent errors add in quadrature: the kernel's own part is the smaller one below 1/sqrt(2)
+        dom = "input rounding dominates" if share.high < SQRT_HALF else "kernel's own error dominates"
+        dom = dom if share.high < SQRT_HALF or share.low > SQRT_HALF else "comparable parts"
+        measured = f"rel L2 {est.text()}; own / total {share.text('.2f')} ({dom})"
+        cond = f"{m}, L = {', '.join(map(str, sorted(set(xs))))}, N(0,1) inputs, vs FP64, CPU"
+        text = "Relative error is 1e-3 to 1e-2 for FP16/BF16"
+        out.append(claim(text, band(est, 1e-3, 1e-2), measured, cond, f"error_range/{m}"))
+    return out
+
+
+def slope_claims(records: list, explains: dict[int, dict], methods: Iterable[str]) -> list[dict]:
+    """'Deviation grows with sequence length (more tiles)': the trend of each method's error against L, the
+    reason from the stage attribution of the kernel-realistic policy (which stage removes the most)."""
+    out = []
+    reason = attribution_reason(explains)
+    for m in methods:
+        xs, ys = error_series(records, m)
+        if not xs:
+            continue
+        t = trend(xs, ys, increasing=True)
+        _, own = error_series(records, m, "errors_rounded")
+        t_own = trend(xs, own, increasing=True)
+        measured = f"slope {t.estimate.text() if t.estimate else 'n/a'}; own error {t_own.reason}"
+        if m == "flash:bf16-mixed":
+            measured += f". Attribution: {reason}"
+        cond = f"{m}, L = {', '.join(map(str, sorted(set(xs))))}, log rel L2 vs log L over seeds, CPU"
+        out.append(claim("Deviation grows with sequence length", t, measured, cond, f"slope/{m}"))
+    return out
+
+
+def attribution_reason(explains: dict[int, dict]) -> str:
+    """The dominant stage at each length and how each stage's own error moves from the first to the last."""
+    if not explains:
+        return "not measured"
+    ls = sorted(explains)
+    parts = []
+    for n in ls:
+        a = explains[n]
+        dom = a["dominant_stage"]
+        left = a["raised"][dom] / a["full"] if a["full"] > 0 else math.nan
+        parts.append(f"L={n}: raising {dom} to FP64 leaves {left:.0%} of the error")
+    first, last = explains[ls[0]], explains[ls[-1]]
+    moves = ", ".join(
+        f"{st} alone {first['alone'][st]:.2g} -> {last['alone'][st]:.2g}"
+        for st in ("output", "p", "accum", "stats")
+        if st in first["alone"]
+    )
+    return "; ".join(parts) + f"; {moves}"

@@ -1,0 +1,272 @@
+"""The guide's report, from a guide folder's stored records only: the claims table first (claim, measured with
+interval, verdict, conditions), then one section per question with its figure; report.md/html, summary.json."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
+from flashcheck.reporting.figures import Styler, figure, label_axes, matplotlib_available
+from flashcheck.reporting.verdicts import median_interval
+from flashcheck.study import guide_claims as gc
+from flashcheck.study.config import StudyConfig
+from flashcheck.study.guide import GuideSettings, load_results, read_settings
+from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
+from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
+
+
+def _load(folder: Path) -> tuple[StudyConfig, GuideSettings, list, dict[str, dict]]:
+    if not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is not a folder; give the --out folder of `flashcheck study --preset guide`")
+    data = read_study_json(folder)
+    if data is None:
+        raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --preset guide`")
+    config = StudyConfig.from_dict(data, str(folder / "study.json"))
+    records = list(ResultStore(folder).load().values())
+    return config, read_settings(folder), records, load_results(folder)
+
+
+def is_guide_folder(folder: str | Path) -> bool:
+    """Whether `folder` holds guide measurements (its guide.json)."""
+    from flashcheck.study.guide import SETTINGS_FILE
+
+    return (Path(folder) / SETTINGS_FILE).is_file()
+
+
+def build_guide_report(folder: str | Path) -> dict:
+    """Rebuild the guide's figures, report.md, report.html and summary.json from its records (computes no
+    measurement, changes no record)."""
+    folder = Path(folder)
+    config, s, records, results = _load(folder)
+    methods = config.sweeps[0].methods
+    explains = {r["params"]["seq_len"]: r["result"] for r in results.values() if _ok(r, "explain")}
+    claims = [
+        *gc.cost_claims(results, s),
+        gc.latency_claim(results, s),
+        *gc.boundary_claims(results, s),
+        *gc.error_claims(records, methods),
+        *gc.slope_claims(records, explains, methods),
+        *gc.gpu_claims(),
+    ]
+    figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
+    failures = [
+        {"case": r["id"], "error": r.get("reason") or ""} for r in results.values() if r["status"] == "failed"
+    ] + [
+        {"case": f"{r.case.method} L={r.case.seq_len} seed {r.case.seed}", "error": r.error or ""}
+        for r in records
+        if r.status == "failed"
+    ]
+    summary = {
+        "study": config.name,
+        "findings": claims,
+        "cases": len(records) + len(results),
+        "failed": len(failures),
+        "failures": failures,
+        "skipped": [{"task": r["id"], "reason": r.get("reason")} for r in results.values() if r["status"] == "skipped"],
+        "runs": [run for _, run in read_jsonl(folder / "runs.jsonl", "runs")],
+        "settings": s.to_dict(),
+        "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
+    }
+    summary = _strict(summary)
+    write_report(folder, _page(summary, records, results, s, explains, figures, folder), summary)
+    return summary
+
+
+def _strict(obj):
+    """The summary as strict JSON: NaN and infinities (an estimate over no values) become null."""
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_strict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _ok(r: dict, kind: str) -> bool:
+    return r["status"] == "ok" and r["params"]["kind"] == kind
+
+
+def _page(summary, records, results, s, explains, figures, folder) -> Page:
+    page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
+    rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in summary["findings"]]
+    page.add(Heading("The guide's claims"), Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows))
+    page.add(
+        Text(
+            "Rules (reporting.verdicts): exponents are Theil-Sen slopes of log value vs log L over every repeat, "
+            "judged against the nearest-integer band (2: [1.5, 2.5], 1: [0.5, 1.5]); ratios are geometric means of "
+            "paired values with a t interval on logs; 'structural' is fixed by the number format, found by a search "
+            "and pinned by a unit test. Timings are medians of repeated calls on a shared 2-core CPU."
+        )
+    )
+    if summary["failures"]:
+        page.add(
+            Heading("Failed"), Table(["task", "error"], [[f["case"], f["error"][:200]] for f in summary["failures"]])
+        )
+    if summary["skipped"]:
+        page.add(Heading("Skipped"), Table(["task", "reason"], [[k["task"], k["reason"]] for k in summary["skipped"]]))
+    rel = {k: p.relative_to(folder) for k, p in figures.items()}
+    page.add(Heading("Cost against length"), *([Figure(rel["cost"], "time and memory vs L")] if "cost" in rel else []))
+    page.add(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
+    for fam in ("sdpa", "simulator"):
+        if f"error_vs_time_{fam}" in rel:
+            page.add(Figure(rel[f"error_vs_time_{fam}"], f"error vs time, {fam}"))
+    page.add(
+        Heading("Latency variance"),
+        Table(["method", "L", "CV over blocks", "median", "calls"], gc.latency_rows(results, s)),
+    )
+    page.add(Heading("fp16 overflow boundaries"))
+    if "boundary" in rel:
+        page.add(Figure(rel["boundary"], "input scale x length, finite or not, per policy"))
+    page.add(Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)))
+    page.add(Table(["method", "first bad Lk (keys at the max)", "outcome", "tried"], _sum_rows(results)))
+    page.add(Heading("Error against length and its reason"))
+    if "slope" in rel:
+        page.add(Figure(rel["slope"], "relative error vs L"))
+    page.add(Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)))
+    page.add(Heading("Not measured here"), Text(f"Claims needing a CUDA GPU; to measure them: {gc.GPU_COMMAND}"))
+    return page
+
+
+def _cost_rows(results: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for r in sorted(results.values(), key=lambda r: (r["id"].rsplit("=", 1)[0], r["params"].get("seq_len", 0))):
+        if _ok(r, "cost"):
+            p, res = r["params"], r["result"]
+            med = median_interval(res["times"])
+            rows.append(
+                [
+                    p["method"],
+                    "fwd+bwd" if p["backward"] else "fwd",
+                    str(p["seq_len"]),
+                    med.text(".3g"),
+                    f"{res['peak_bytes'] / 2**20:.3g}",
+                ]
+            )
+    return rows
+
+
+def _boundary_rows(results: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for r in sorted(results.values(), key=lambda r: r["id"]):
+        if _ok(r, "scale"):
+            res, p = r["result"], r["params"]
+            i = res["boundary_i"]
+            sig = "none up to 2^16" if i is None else f"2^{i / OCTAVE_STEPS:.4g} = {2 ** (i / OCTAVE_STEPS):.4g}"
+            rows.append([p["method"], str(p["seq_len"]), sig, str(len(res["points"])), str(res["monotone"])])
+    return rows
+
+
+def _sum_rows(results: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for r in sorted(results.values(), key=lambda r: r["id"]):
+        if _ok(r, "sum"):
+            res = r["result"]
+            n = res["boundary_keys"]
+            rows.append(
+                [r["params"]["method"], "none" if n is None else str(n), str(res["outcome"]), str(len(res["points"]))]
+            )
+    return rows
+
+
+def _explain_rows(explains: dict[int, dict]) -> list[list[str]]:
+    return [
+        [str(n), st, f"{a['alone'][st]:.3g}", f"{a['raised'][st]:.3g}"]
+        for n, a in sorted(explains.items())
+        for st in a["alone"]
+    ]
+
+
+def _figures(out: Path, records, results, s: GuideSettings, methods) -> dict[str, Path]:
+    figs = {"cost": out / "cost.png", "boundary": out / "boundary.png", "slope": out / "slope.png"}
+    _draw_cost(figs["cost"], results, s)
+    _draw_boundary(figs["boundary"], results, s)
+    _draw_slope(figs["slope"], records, methods)
+    for fam, members in (("sdpa", ("sdpa-math:bf16", "sdpa-flash:bf16")), ("simulator", ("flash:bf16-mixed",))):
+        path = out / f"error_vs_time_{fam}.png"
+        if _draw_error_vs_time(path, records, results, [m for m in members if m in s.cost_methods]):
+            figs[f"error_vs_time_{fam}"] = path
+    return figs
+
+
+def _draw_cost(path: Path, results, s: GuideSettings) -> None:
+    with figure(path, ncols=2) as (_, (ax_t, ax_m)):
+        style = Styler()
+        for m in s.cost_methods:
+            for bwd in (False, True):
+                label = f"{m} {'fwd+bwd' if bwd else 'fwd'}"
+                for ax, what in ((ax_t, "time"), (ax_m, "memory")):
+                    xs, ys = gc.cost_series(results, m, bwd, what)
+                    ls = sorted(set(xs))
+                    med = [median_interval([y for x, y in zip(xs, ys, strict=True) if x == n]).value for n in ls]
+                    ax.plot(ls, med, linestyle="--" if bwd else "-", **style(label))
+        for ax, what, unit in ((ax_t, "median time", "s"), (ax_m, "peak tensor memory", "bytes")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            label_axes(ax, x="sequence length", y=what, x_unit="tokens", y_unit=unit)
+        ax_t.legend(fontsize=7)
+
+
+def _draw_boundary(path: Path, results, s: GuideSettings) -> None:
+    n = len(s.boundary_methods)
+    with figure(path, ncols=n, size=(3.6, 3.4)) as (_, axes):
+        axes = axes if n > 1 else [axes]
+        for ax, m in zip(axes, s.boundary_methods, strict=True):
+            for name, shift, hollow in ((m, 0.93, False), (twin(m), 1.07, True)):
+                for r in results.values():
+                    if _ok(r, "scale") and r["params"]["method"] == name:
+                        for i, fin in r["result"]["points"].items():
+                            colour = "#2ca02c" if fin else "#d62728"
+                            face = "none" if hollow else colour
+                            ax.scatter(
+                                r["params"]["seq_len"] * shift,
+                                2 ** (int(i) / OCTAVE_STEPS),
+                                s=18,
+                                marker="o" if fin else "X",
+                                edgecolors=colour,
+                                facecolors=face,
+                            )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_title(f"{m} (filled), {twin(m).split(':')[1]} (hollow)", fontsize=8)
+            label_axes(ax, x="L", y="input scale sigma", x_unit="tokens")
+
+
+def _draw_slope(path: Path, records, methods) -> None:
+    with figure(path) as (_, ax):
+        style = Styler()
+        for m in methods:
+            xs, ys = gc.error_series(records, m)
+            ls = sorted(set(xs))
+            ax.plot(ls, [gc.log_mean([y for x, y in zip(xs, ys, strict=True) if x == n]).value for n in ls], **style(m))
+        ax.axhspan(1e-3, 1e-2, color="#dddddd", alpha=0.5, label="guide: 1e-3 .. 1e-2")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        label_axes(ax, x="sequence length", y="relative L2 error vs FP64", x_unit="tokens")
+        ax.legend(fontsize=7)
+
+
+def _draw_error_vs_time(path: Path, records, results, members: list[str]) -> bool:
+    """Error (geometric mean over seeds) against median forward time at each length both were measured."""
+    pts = {}
+    for m in members:
+        xs, ys = gc.error_series(records, m)
+        tx, ty = gc.cost_series(results, m, False, "time")
+        for n in sorted(set(xs) & set(tx)):
+            t = median_interval([y for x, y in zip(tx, ty, strict=True) if x == n]).value
+            e = gc.log_mean([y for x, y in zip(xs, ys, strict=True) if x == n]).value
+            pts.setdefault(m, []).append((t, e, n))
+    if not pts:
+        return False
+    with figure(path) as (_, ax):
+        style = Styler()
+        for m, p in pts.items():
+            ax.plot([t for t, _, _ in p], [e for _, e, _ in p], **style(m))
+            for t, e, n in p:
+                ax.annotate(f"L={n}", (t, e), fontsize=6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        label_axes(ax, x="median forward time", y="relative L2 error vs FP64", x_unit="s")
+        ax.legend(fontsize=7)
+    return True

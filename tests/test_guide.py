@@ -1,0 +1,135 @@
+"""The production guide preset (study.guide): the fp16 overflow boundaries its searches find, pinned by closed
+forms; cost and memory measurements; a small guide run end to end, resumed, reported and printed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flashcheck.cli import app
+from flashcheck.core.numerics import Format, round_to
+from flashcheck.study import guide_measure as gm
+from flashcheck.study.config import StudyConfig, _guide_sweep
+from flashcheck.study.guide import GUIDE_FILE, GuideSettings, load_results, read_settings, run_guide_tasks
+from flashcheck.study.guide_report import build_guide_report
+from flashcheck.study.runner import run_study
+
+FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _max_score(seq_len: int, i: int) -> float:
+    """Closed form: the largest score of the uniform fp16 policy, formed in fp32 from fp16-rounded inputs."""
+    q, k, _ = gm.scaled_inputs(seq_len, i)
+    qr, kr = (round_to(t, Format.FP16).float() for t in (q, k))
+    return float(((qr @ kr.transpose(-1, -2)) * 0.125).max())
+
+
+def test_fp16_score_overflow_boundary_found_by_the_search_and_pinned():
+    """L=256, D=64, N(0,1) x sigma: flash:fp16 (uniform) is finite one step (2^(1/8)) below the boundary its
+    search finds and not finite at it; there, and only there, the largest score passes 65520, so the fp16
+    running max is inf and inf - inf is NaN; the same inputs are finite under bf16 and under fp16-mixed."""
+    found = gm.scale_boundary("flash:fp16", 256)
+    i = found["boundary_i"]
+    assert found["monotone"] and i is not None
+    assert _max_score(256, i - 1) < FP16_INF_FROM <= _max_score(256, i)
+    assert i == gm.fp16_score_boundary_i(256) < gm.fp16_input_overflow_i(256)  # the scores, not the inputs
+    assert gm.finite_at_scale("flash:fp16", 256, i - 1) and not gm.finite_at_scale("flash:fp16", 256, i)
+    assert gm.finite_at_scale("flash:bf16", 256, i) and gm.finite_at_scale("flash:fp16-mixed", 256, i)
+
+
+def test_fp16_softmax_sum_boundary_is_65520_keys_at_the_maximum():
+    """Every key at the row maximum: each P entry is 1, so the fp16 running sum l is the number of keys
+    exactly (steps of 128 are exact below 65536); 65519 rounds to 65504, 65520 to inf, and O / l is 0.
+    fp16-mixed (fp32 statistics) and bf16 stay finite at 65520 keys."""
+    assert round_to(torch.tensor([65519.0], dtype=torch.float64), Format.FP16).item() == 65504.0
+    assert math.isinf(round_to(torch.tensor([FP16_INF_FROM], dtype=torch.float64), Format.FP16).item())
+    assert gm.tied_outcome("flash:fp16", 65519) == "ok"
+    assert gm.tied_outcome("flash:fp16", 65520) != "ok"
+    assert gm.tied_outcome("flash:fp16-mixed", 65520) == "ok"
+    q, k, v = gm.tied_inputs(65520)
+    assert bool(torch.isfinite(gm._method("flash:bf16").run(q, k, v)).all())
+
+
+def test_peak_memory_of_math_holds_the_scores_and_flash_does_not():
+    """sdpa-math's forward keeps the [L, L] fp32 scores (at least 4 L^2 bytes); the CPU flash kernel's peak
+    stays below one such matrix at L = 1024."""
+    math_peak = gm.cost("sdpa-math:bf16", 1024, backward=False, heads=1, head_dim=64, repeats=1)["peak_bytes"]
+    flash = gm.cost("sdpa-flash:bf16", 1024, backward=False, heads=1, head_dim=64, repeats=3)
+    assert math_peak >= 4 * 1024**2 > flash["peak_bytes"] > 0
+    assert len(flash["times"]) == 3 and all(t > 0 for t in flash["times"])
+
+
+TINY = GuideSettings(
+    cost_lengths=(64, 128, 256),
+    repeats=3,
+    latency_lengths=(64, 128),
+    latency_calls=12,
+    latency_blocks=3,
+    boundary_methods=("flash:fp16",),
+    boundary_lengths=(64, 128),
+    sum_methods=("sdpa-math:fp16",),
+    sum_keys=(64, 256),
+    explain_lengths=(64, 128),
+)
+
+
+@pytest.fixture(scope="module")
+def guide_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("guide")
+    torch.set_num_threads(1)
+    run_study(
+        StudyConfig(name="guide-test", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),)), out, workers=1, quiet=True
+    )
+    stats = run_guide_tasks(out, TINY, quiet=True)
+    return out, stats
+
+
+@pytest.mark.slow
+def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
+    out, stats = guide_folder
+    assert stats["tasks_failed"] == 0 and stats["tasks_computed"] == len(load_results(out))
+    again = run_guide_tasks(out, TINY, quiet=True)
+    assert again["tasks_computed"] == 0  # everything stored: nothing recomputed
+    assert read_settings(out) == TINY
+    with pytest.raises(ValueError, match="other settings"):
+        run_guide_tasks(out, GuideSettings(), quiet=True)
+    summary = build_guide_report(out)
+    assert summary["failed"] == 0
+    assert {f["status"] for f in summary["findings"]} <= {"holds", "does not hold", "inconclusive", "structural"}
+    fp16 = next(f for f in summary["findings"] if f["id"] == "fp16/flash:fp16")
+    assert fp16["status"] == "structural" and "non-finite from sigma" in fp16["measured"]
+    md = (out / "report.md").read_text()
+    first_table = md.split("| claim | measured (95% interval) | verdict | conditions |")
+    assert len(first_table) == 2 and "|" not in first_table[0]  # the claims are the report's first table
+    assert "not measured here: needs a GPU" in md and (out / "figures" / "boundary.png").exists()
+    assert json.loads((out / "summary.json").read_text())["findings"] == summary["findings"]
+
+
+@pytest.mark.slow
+def test_report_command_rebuilds_a_guide_folder_in_words(guide_folder):
+    out, _ = guide_folder
+    with (out / GUIDE_FILE).open("a") as f:
+        f.write("{half a line")  # a killed run's last line: dropped with a warning, the rest kept
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "structural: FP16 produced NaN at very long sequences" in result.output
+    assert "Time is O(n^2) in the length" in result.output and "report.html" in result.output
+
+
+def test_guide_preset_refuses_ray_and_a_missing_folder(tmp_path):
+    result = CliRunner().invoke(app, ["study", "--preset", "guide", "--executor", "ray", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "runs locally" in result.output
+    with pytest.raises(ValueError, match="no guide measurements"):
+        read_settings(tmp_path)
