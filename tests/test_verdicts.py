@@ -7,7 +7,7 @@ import random
 
 from scipy import stats
 
-from flashcheck.reporting.verdicts import band, compare, mean_interval, ratio_interval, structural, trend
+from flashcheck.reporting.verdicts import band, compare, every, mean_interval, ratio_interval, structural, trend
 
 
 def test_mean_interval_is_the_t_interval():
@@ -89,3 +89,11 @@ def test_median_interval_covers_the_true_median_as_stated():
         hits += e.low <= math.log(2) <= e.high
     stated = float(median_interval(list(range(15))).method.split("(")[1].rstrip("%)")) / 100
     assert stated >= 0.95 and abs(hits / 2000 - stated) < 0.02
+
+
+def test_every_needs_three_cases_and_falls_to_one_counterexample():
+    assert every([True, True, True], "zeros").status == "holds"
+    assert every([True, True], "zeros").status == "inconclusive"
+    v = every([True, False], "zeros")
+    assert v.status == "does not hold" and "1 of 2" in v.reason
+    assert every([], "zeros").status == "inconclusive"

@@ -186,6 +186,17 @@ def trend(xs: Sequence[float], ys: Sequence[float], *, increasing: bool = True, 
     return Verdict("inconclusive", rule, why, est)
 
 
+def every(outcomes: Sequence[bool], claim: str) -> Verdict:
+    """Claim "every case shows `claim`" (a deterministic outcome, e.g. zeros on a row with no visible key): one
+    counterexample settles it (does not hold); holds when all of n >= 3 cases show it; else inconclusive."""
+    rule = f"all of n >= {MIN_N} cases: {claim}"
+    n, bad = len(outcomes), sum(1 for o in outcomes if not o)
+    est = Estimate(float(n - bad), math.nan, math.nan, n, "cases showing it")
+    if bad:
+        return Verdict("does not hold", rule, f"{bad} of {n} cases do not", est)
+    return _too_few(rule, est, n) or Verdict("holds", rule, f"all {n} cases do", est)
+
+
 def structural(reason: str, test: str) -> Verdict:
     """An outcome fixed by the algorithm itself (not a measurement): the reason and the test that checks it."""
     return Verdict("structural", f"fixed by the algorithm; checked by {test}", reason)
