@@ -3,6 +3,10 @@ own `check_budget`, so the tests judge kernels exactly as users' tests do."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import torch
 
 from flashcheck.core.budget import check_budget
@@ -13,3 +17,25 @@ def budget_ok(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, k: float
     fp32, as flash-attention's tests round it), and the same on the mean error."""
     res = check_budget(out, ref, base, k=k, dtype=torch.float32, rule="peers")
     return res.passed, res.message()
+
+
+@contextlib.contextmanager
+def audited_figures() -> Iterator[list[tuple[str, list[str], list[str]]]]:
+    """Every figure saved inside the block as (file name, reporting.figures.figure_problems, y labels):
+    wraps matplotlib's Figure.savefig, so it audits any report's figures (study, train-study)."""
+    from matplotlib.figure import Figure
+
+    from flashcheck.reporting.figures import figure_problems
+
+    seen: list[tuple[str, list[str], list[str]]] = []
+    original = Figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        seen.append((Path(str(fname)).name, figure_problems(self), [ax.get_ylabel() for ax in self.axes]))
+        return original(self, fname, *args, **kwargs)
+
+    Figure.savefig = savefig
+    try:
+        yield seen
+    finally:
+        Figure.savefig = original

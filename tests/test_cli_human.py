@@ -240,11 +240,14 @@ def test_study_and_report_human(small_study):
     one_line(res.output, "4 cases computed, 0 reused from the store")
     rebuilt = human(["report", str(out)])
     findings = json.loads((out / "summary.json").read_text())["findings"]
-    assert any(f["holds"] is not None for f in findings)
-    for f in findings:
-        verdict = {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
-        for output in (res.output, rebuilt.output):
-            one_line(output, f"{f['id']}: {verdict} — {f['measured']}")
+    assert any(f["status"] != "not measured" for f in findings)
+    summary = json.loads((out / "summary.json").read_text())
+    for output in (res.output, rebuilt.output):
+        one_line(output, "Conclusion")
+        for c in summary["conclusion"]:
+            one_line(output, f"- {c['text']}")
+        for f in findings:
+            one_line(output, f"{f['id']}: {f['status']} — {f['measured']}")
 
 
 def test_a_long_verdict_stays_on_one_line(capsys):

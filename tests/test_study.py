@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -65,11 +66,17 @@ def errors_by_case(folder: Path) -> dict[str, dict]:
 
 def test_tiny_preset_end_to_end(tmp_path):
     out = tmp_path / "study"
-    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
+    with audited_figures() as seen:  # every figure's metadata: labels, legend = drawn series, colours
+        res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
     assert res.exit_code == 0, res.output
+    assert len(seen) == len(preset("tiny").sweeps)
+    assert {name: problems for name, problems, _ in seen if problems} == {}
+    assert all(y for _, _, ylabels in seen for y in ylabels)
     summary = json.loads((out / "summary.json").read_text())
     assert {f["id"] for f in summary["findings"]} >= FINDING_IDS
-    assert all(set(f) >= {"id", "claim", "measured", "holds"} for f in summary["findings"])
+    keys = {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
+    assert all(set(f) >= keys for f in summary["findings"])
+    assert summary["conclusion"] and all(c["text"] and c["section"] for c in summary["conclusion"])
     assert summary["failed"] == 0 and summary["cases"] == len(expand(preset("tiny")))
     for name in ("report.md", "report.html", "records.jsonl"):
         assert (out / name).stat().st_size > 0
@@ -77,7 +84,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert figs == sorted(f"{s.question}.png" for s in preset("tiny").sweeps)
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figs)
-    assert html.index("Verdicts") < html.index("<img")
+    assert html.index("Conclusion") < html.index("Verdicts") < html.index("<img")
     md = (out / "report.md").read_text()
     assert "9.1e-03" in md  # the FA3 paper's values beside ours
     stats = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
@@ -283,7 +290,7 @@ def test_real_backends_in_a_sweep(tmp_path):
     ratio = next(
         p.ratio for p in sweep_points(cfg.sweeps[0], ResultStore(tmp_path).load()) if p.method == "sdpa-flash:bf16"
     )
-    assert ratio == recs["sdpa-flash"].errors["rel_l2"] / recs["eager"].errors["rel_l2"]
+    assert ratio == pytest.approx(recs["sdpa-flash"].errors["rel_l2"] / recs["eager"].errors["rel_l2"], rel=1e-12)
     if not torch.cuda.is_available():
         assert recs["flash-attn"].status == "skipped" and "GPU" in recs["flash-attn"].error
         assert build_report(tmp_path)["skipped"][0]["method"] == "flash-attn:bf16"

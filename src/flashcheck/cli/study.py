@@ -123,6 +123,19 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
             typer.echo(f"warning: {text}", err=True)
 
 
+STATUS_STYLE = {
+    "holds": "[green]holds[/]",
+    "does not hold": "[red]does not hold[/]",
+    "inconclusive": "[yellow]inconclusive[/]",
+    "structural": "[blue]structural[/]",
+}
+
+
+def finding_status(f: dict) -> str:
+    """A finding's status; older summaries carry only `holds`."""
+    return f.get("status") or {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
+
+
 def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
     from rich.markup import escape
 
@@ -134,12 +147,27 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             f"{stats['reference_computations']} FP64 references, {stats['seconds']:.1f} s"
         )
     if not quiet:
+        if summary.get("conclusion"):
+            console.print("[bold]Conclusion[/]")
+            for c in summary["conclusion"]:
+                console.print(f"- {escape(c['text'])}")
+            console.print("[bold]Verdicts[/] (95% intervals; rule and n in report.md, summary.json)")
         for f in summary["findings"]:
-            mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[dim]not measured[/]"}[f["holds"]]
+            status = finding_status(f)
+            mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
             console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+    if not quiet:
+        _print_skipped(summary, console)
     _print_failures(summary, _console(stderr=True) if quiet else console)
     if not quiet:
         console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+
+
+def _print_skipped(summary: dict, console) -> None:
+    from rich.markup import escape
+
+    for s in summary.get("skipped", []):
+        console.print(f"skipped: {escape(s['method'])}, {s['cases']} case(s): {escape(s['reason'] or 'no reason')}")
 
 
 def _print_failures(summary: dict, console) -> None:

@@ -12,7 +12,15 @@ from pathlib import Path
 from flashcheck.core.fileio import write_atomic
 
 VERDICT_WORDS = {True: "holds", False: "does not hold", None: "not measured", "inconclusive": "inconclusive"}
-_VERDICT_CLASS = {True: "holds", False: "fails", None: "none", "inconclusive": "none"}
+_VERDICT_CLASS = {
+    True: "holds",
+    False: "fails",
+    None: "none",
+    "inconclusive": "none",
+    "holds": "holds",
+    "does not hold": "fails",
+    "structural": "structural",
+}
 
 
 def verdict_word(holds: bool | str | None) -> str:
@@ -22,8 +30,11 @@ def verdict_word(holds: bool | str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Heading:
+    """anchor: an id other blocks link to (Sentences)."""
+
     text: str
     level: int = 2
+    anchor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,13 @@ class Bullets:
 
     items: list[tuple[str, bool | str | None, str]]
     with_verdict: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Sentences:
+    """Plain sentences, each linking to the section (a Heading's anchor) that holds its evidence."""
+
+    items: list[tuple[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +91,10 @@ def _resolve(path: Path, folder: Path) -> Path:
 
 def _md_block(b, folder: Path) -> list[str]:
     if isinstance(b, Heading):
-        return ["#" * b.level + " " + b.text, ""]
+        anchor = [f'<a id="{b.anchor}"></a>', ""] if b.anchor else []
+        return [*anchor, "#" * b.level + " " + b.text, ""]
+    if isinstance(b, Sentences):
+        return [*(f"- {text} ([{anchor}](#{anchor}))" for text, anchor in b.items), ""]
     if isinstance(b, Text):
         return [b.text, ""]
     if isinstance(b, Bullets):
@@ -104,7 +125,11 @@ def render_markdown(page: Page, folder: Path) -> str:
 def _html_block(b, folder: Path) -> str:
     esc = html.escape
     if isinstance(b, Heading):
-        return f"<h{b.level}>{esc(b.text)}</h{b.level}>"
+        anchor = f" id='{esc(b.anchor)}'" if b.anchor else ""
+        return f"<h{b.level}{anchor}>{esc(b.text)}</h{b.level}>"
+    if isinstance(b, Sentences):
+        items = (f"<li>{esc(t)} (<a href='#{esc(a)}'>{esc(a)}</a>)</li>" for t, a in b.items)
+        return "<ul class='conclusion'>" + "".join(items) + "</ul>"
     if isinstance(b, Text):
         return f"<p>{esc(b.text)}</p>"
     if isinstance(b, Bullets):
@@ -131,7 +156,7 @@ def _html_block(b, folder: Path) -> str:
 _STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
-    ".holds{color:#070}.fails{color:#b00}.none{color:#777}img{max-width:100%}"
+    ".holds{color:#070}.fails{color:#b00}.none{color:#777}.structural{color:#05a}img{max-width:100%}"
 )
 
 

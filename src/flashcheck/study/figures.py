@@ -1,0 +1,208 @@
+"""The study's figures, one PNG per question, drawn from points only: the error in the paper's view, and the
+ratio to the baseline in the paper's view (metric vs FP64 of the original inputs) and the kernel's own view
+(relative L2 vs FP64 of the rounded inputs), each with its 95% interval. Every axes names its metric and
+baseline; tiles are labelled Br x Bc; series get distinct colours (reporting.Styler)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from flashcheck.reporting import Styler, figure, matplotlib_available
+from flashcheck.reporting.verdicts import Estimate
+from flashcheck.study.cases import CaseRecord
+from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
+from flashcheck.study.points import Point, sweep_points
+
+METRIC = {"max_abs": "max-abs", "mean_abs": "mean-abs", "std": "std", "rmse": "RMSE", "rel_l2": "rel-L2"}
+OWN = "rel-L2 (rounded inputs)"
+
+
+def draw_figures(config: StudyConfig, records: dict[str, CaseRecord], folder: Path) -> dict[str, Path]:
+    """One PNG per question with points; {} when matplotlib is not installed."""
+    if not matplotlib_available():
+        return {}
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for sw in config.sweeps:
+        points = sweep_points(sw, records)
+        if not points:
+            continue
+        path = folder / f"{sw.question}.png"
+        tmp = path.with_suffix(".tmp.png")
+        draw_question(sw, points, tmp, config.name)
+        tmp.replace(path)
+        paths[sw.question] = path
+    return paths
+
+
+def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -> None:
+    """The figure of one question into `path`."""
+    seeds = len(sw.seeds)
+    title = f"{sw.question} ({study} study): {sw.distributions[0]} inputs, {seeds} seed(s); mean and 95% interval"
+    if sw.question == "fa3":
+        with figure(path, ncols=1 + len(sw.head_dims), size=(5.5, 4.2)) as (fig, axes):
+            _draw_fa3(axes, points, sw)
+            fig.suptitle(title)
+        return
+    with figure(path, ncols=3, size=(5.4, 4.2)) as (fig, axes):
+        x = x_axis(sw)
+        _draw_errors(axes[0], points, sw, x)
+        _draw_ratios(axes[1], points, x, own=False, metric=sw.metric)
+        _draw_ratios(axes[2], points, x, own=True, metric=sw.metric)
+        fig.suptitle(title)
+
+
+def x_axis(sw: Sweep) -> str:
+    if len(sw.seq_lens) > 1:
+        return "seq_len"
+    if len(sw.blocks) > 1:
+        return "tile"
+    if len(sw.head_dims) > 1:
+        return "head_dim"
+    return "policy"
+
+
+X_LABEL = {
+    "seq_len": "sequence length L [tokens]",
+    "head_dim": "head dim D",
+    "tile": "tile Br x Bc (Bc = keys per block)",
+    "policy": "policy (number format of every stage; -mixed: fp32 statistics and accumulator)",
+}
+
+
+def _categories(points: list[Point], x: str) -> list:
+    if x == "tile":
+        return sorted({p.block for p in points if p.block != (0, 0)}, key=lambda b: (b[0] * b[1], b[1], b[0]))
+    return list(dict.fromkeys(p.method.partition(":")[2] for p in points))
+
+
+def _xpos(p: Point, x: str, cats: list) -> float:
+    if x == "seq_len":
+        return p.seq_len
+    if x == "head_dim":
+        return p.head_dim
+    return cats.index(p.block if x == "tile" else p.method.partition(":")[2])
+
+
+def _set_x(ax, points: list[Point], x: str) -> None:
+    cats = _categories(points, x)
+    if x in ("seq_len", "head_dim"):
+        ax.set_xscale("log", base=2)
+        vals = sorted({_xpos(p, x, cats) for p in points})
+        ax.set_xticks(vals, [str(int(v)) for v in vals])
+        ax.minorticks_off()
+    else:
+        names = [f"{b[0]}x{b[1]}" for b in cats] if x == "tile" else cats
+        ax.set_xticks(range(len(cats)), names, rotation=30, ha="right")
+    ax.set_xlabel(X_LABEL[x])
+
+
+def _yerr(ests: list[Estimate | None]) -> tuple[list[float], list[list[float]]]:
+    """Values and asymmetric 95% error bars (0 where there is no interval)."""
+    ys, lo, hi = [], [], []
+    for e in ests:
+        v = math.nan if e is None or e.n == 0 else e.value
+        ys.append(v)
+        ok = e is not None and e.n >= 2 and math.isfinite(e.low)
+        lo.append(v - e.low if ok else 0.0)
+        hi.append(e.high - v if ok else 0.0)
+    return ys, [lo, hi]
+
+
+def _series(points: list[Point], x: str) -> dict[str, list[Point]]:
+    """Points per drawn series: per method, or per kernel when the x axis is the policy."""
+    out: dict[str, list[Point]] = {}
+    for p in points:
+        out.setdefault(p.method.partition(":")[0] if x == "policy" else p.method, []).append(p)
+    return out
+
+
+def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
+    """The metric vs FP64 of the original inputs for every method, baselines included (their own trend)."""
+    style, cats = Styler(), _categories(points, x)
+    for name, ps in _series(points, x).items():
+        ys, err = _yerr([p.estimate() for p in ps])
+        if x == "tile" and ps[0].block == (0, 0):  # a baseline has no tiles: one line across
+            st = style(f"{name} (no tiles)")
+            ax.axhline(ys[0], color=st["color"], ls="--", lw=1.2, label=st["label"])
+            continue
+        ps = sorted(ps, key=lambda p: _xpos(p, x, cats))
+        ys, err = _yerr([p.estimate() for p in ps])
+        xs = [_xpos(p, x, cats) for p in ps]
+        ax.errorbar(xs, ys, yerr=err, capsize=3, ls="none" if x == "policy" else "-", **style(name))
+    _set_x(ax, points, x)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{METRIC[sw.metric]} vs FP64 (original inputs)")
+    ax.set_title("error, paper's view: vs FP64 of the original inputs", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28), ncol=2)
+
+
+def _baseline_words(points: list[Point]) -> str:
+    bases = {p.baseline.partition(":")[0] for p in points if p.baseline}
+    if bases == {"standard"}:
+        return "standard (same policy)"
+    if bases == {"eager"}:
+        return "eager (same dtype)"
+    return "baseline (legend)"
+
+
+def _draw_ratios(ax, points: list[Point], x: str, *, own: bool, metric: str) -> None:
+    """Per-method ratio to its baseline with 95% intervals; a grey line at 1 (no difference)."""
+    style, cats = Styler(), _categories(points, x)
+    drawn = []
+    for name, ps in _series([p for p in points if p.baseline], x).items():
+        ps = sorted(ps, key=lambda p: _xpos(p, x, cats))
+        ests = [p.own_ratio_estimate() if own else p.ratio_estimate() for p in ps]
+        ys, err = _yerr(ests)
+        base = "standard" if x == "policy" else ps[0].baseline
+        ls = "none" if x == "policy" else "-"
+        ax.errorbar([_xpos(p, x, cats) for p in ps], ys, yerr=err, capsize=3, ls=ls, **style(f"{name} ÷ {base}"))
+        drawn += [y for y in ys if math.isfinite(y) and y > 0]
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    _set_x(ax, points, x)
+    if drawn and max(drawn) / min(drawn) > 10:
+        ax.set_yscale("log")
+    name = OWN if own else METRIC[metric]
+    ax.set_ylabel(f"{name} ratio ÷ {_baseline_words(points)}")
+    title = (
+        "kernel's own view: rel-L2 vs FP64 of the rounded inputs"
+        if own
+        else "paper's view: vs FP64 of the original inputs"
+    )
+    ax.set_title(f"ratio, {title}", fontsize=9)
+    if drawn:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28))
+
+
+def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
+    """FA3's Table 3: our RMSE (geometric mean over lengths, head dims, seeds) beside the paper's; then RMSE vs
+    the length, one panel per head dim."""
+    methods = list(sw.methods)
+    ours = []
+    for m in methods:
+        vals = [v for p in points if p.method == m for v in p.values if v > 0]
+        ours.append(math.exp(sum(map(math.log, vals)) / len(vals)) if vals else math.nan)
+    idx = range(len(methods))
+    style = Styler()
+    axes[0].bar([i - 0.2 for i in idx], ours, width=0.4, color=style("flashcheck")["color"], label="flashcheck")
+    paper = [FA3_PAPER_RMSE.get(m, math.nan) for m in methods]
+    axes[0].bar([i + 0.2 for i in idx], paper, width=0.4, color=style("FA3 paper")["color"], label="FA3 paper, Table 3")
+    axes[0].set_yscale("log")
+    axes[0].set_xticks(list(idx), methods, rotation=30, ha="right", fontsize=7)
+    axes[0].set_xlabel("method (geometric mean over L, D and seeds)")
+    axes[0].set_ylabel("RMSE vs FP64 of the original inputs")
+    top = max((v for v in [*ours, *paper] if math.isfinite(v)), default=1.0)
+    axes[0].set_ylim(top=top * 20)  # headroom: the legend sits above the bars
+    axes[0].legend(fontsize=7, loc="upper left", ncol=2)
+    for ax, d in zip(axes[1:], sw.head_dims, strict=True):
+        style = Styler()
+        for m in methods:
+            ps = sorted((p for p in points if p.method == m and p.head_dim == d), key=lambda p: p.seq_len)
+            ys, err = _yerr([p.estimate() for p in ps])
+            ax.errorbar([p.seq_len for p in ps], ys, yerr=err, capsize=3, **style(m))
+        _set_x(ax, [p for p in points if p.head_dim == d], "seq_len")
+        ax.set_yscale("log")
+        ax.set_ylabel("RMSE vs FP64 of the original inputs")
+        ax.set_title(f"head dim D={d}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28), ncol=2)

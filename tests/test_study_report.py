@@ -1,0 +1,181 @@
+"""The study report on synthetic records whose answer is known: verdicts (rule, interval, n), the structural
+Br finding, the conclusion's sentences and links, the two views of error, figures' metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from tests.helpers import audited_figures
+
+from flashcheck.study.cases import CaseRecord, expand
+from flashcheck.study.conclusion import conclusion
+from flashcheck.study.config import StudyConfig, Sweep
+from flashcheck.study.findings import findings
+from flashcheck.study.points import sweep_points
+from flashcheck.study.report import build_report
+
+SEEDS = (0, 1, 2)
+LENGTHS = (512, 1024, 2048, 4096)
+
+
+def config(seeds=SEEDS) -> StudyConfig:
+    both = ("flash:bf16", "flash:bf16-mixed")
+    common = {"heads": 1, "seeds": seeds}
+    return StudyConfig(
+        name="synthetic",
+        sweeps=(
+            Sweep(question="seq_len", methods=both, seq_lens=LENGTHS, blocks=((16, 16),), **common),
+            Sweep(question="block_area", methods=both, seq_lens=(1024,), blocks=((8, 8), (16, 16), (32, 32)), **common),
+            Sweep(question="swapped", methods=both, seq_lens=(1024,), blocks=((16, 64), (64, 16)), **common),
+        ),
+    )
+
+
+def known_error(c, growth: float) -> float:
+    """Baseline 1e-3 (falling as L^-0.2); all-bf16 Flash 2x (L/512)^growth x (Bc/16)^-0.5 of it; bf16-mixed
+    0.9x of it; +-2% noise per case. Br has no effect (the same value for the same Bc, as in the kernel)."""
+    base = 1e-3 * (c.seq_len / 512) ** -0.2 * (1 + 0.02 * math.sin(7 * c.seed + c.seq_len))
+    if c.kernel == "standard":
+        return base
+    if c.policy == "bf16-mixed":
+        return base * 0.9 * (1 + 0.01 * math.cos(3 * c.seed))
+    noise = 1 + 0.02 * math.sin(11 * c.seed + c.block_k + c.seq_len)
+    return base * 2 * (c.seq_len / 512) ** growth * (c.block_k / 16) ** -0.5 * noise
+
+
+def write_study(folder: Path, cfg: StudyConfig, growth: float = 0.5) -> dict[str, CaseRecord]:
+    """study.json and records.jsonl with the known errors (both views)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "study.json").write_text(json.dumps(cfg.to_dict()))
+    records = {}
+    for c in expand(cfg):
+        e = known_error(c, growth)
+        d = {
+            "case_id": c.case_id,
+            "case": dataclasses.asdict(c),
+            "status": "ok",
+            "errors": {"max_abs": e, "rel_l2": e / 10},
+            "errors_rounded": {"max_abs": e / 2, "rel_l2": e / 20},
+            "seconds": 0.1,
+        }
+        records[c.case_id] = CaseRecord.from_dict(d)
+    (folder / "records.jsonl").write_text("".join(r.to_json() + "\n" for r in records.values()))
+    return records
+
+
+def by_id(found: list[dict]) -> dict[str, dict]:
+    return {f["id"]: f for f in found}
+
+
+def test_verdicts_on_a_known_answer(tmp_path):
+    cfg = config()
+    found = by_id(findings(cfg, write_study(tmp_path, cfg)))
+    paper = found["flash_vs_baseline_bf16"]
+    assert paper["status"] == "holds" and paper["holds"] is True and paper["n"] == 3
+    truth = 2 * (4096 / 512) ** 0.5
+    assert paper["interval"][0] < truth < paper["interval"][1] and "t interval" in paper["rule"]
+    mixed = found["flash_vs_baseline_bf16_mixed"]
+    assert mixed["status"] == "holds" and mixed["interval"][1] < 1  # 0.9x: lower than Baseline
+    grows = found["grows_with_seq_len"]
+    assert grows["status"] == "holds" and grows["n"] == len(LENGTHS) * 3
+    assert grows["interval"][0] < 0.5 < grows["interval"][1] and "Kendall" in grows["rule"]
+    base = grows["baseline_trend"]["estimate"]
+    assert base["low"] < -0.2 < base["high"] and base["high"] < 0  # the Baseline's own fall is reported
+    assert found["shrinks_with_block_area"]["status"] == "holds"
+    assert found["swapped_blocks"]["status"] == "holds"  # Bc=16 worse than Bc=64
+    br = found["br_no_effect"]
+    assert br["status"] == "structural" and "test_block_q_does_not_change_forward_rows" in br["rule"]
+    assert br["measured"].startswith("2 of 2 pairs")  # 16x16 (seq_len, block_area) vs 64x16 (swapped), 2 policies
+    for f in found.values():
+        assert set(f) >= {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
+
+
+def test_a_flat_trend_and_too_few_seeds_give_no_verdict(tmp_path):
+    cfg = config()
+    found = by_id(findings(cfg, write_study(tmp_path / "flat", cfg, growth=0.0)))
+    assert found["grows_with_seq_len"]["status"] in ("inconclusive", "does not hold")
+    two = config(seeds=(0, 1))
+    found = by_id(findings(two, write_study(tmp_path / "two", two)))
+    assert found["flash_vs_baseline_bf16"]["status"] == "inconclusive" and found["flash_vs_baseline_bf16"]["n"] == 2
+    assert found["swapped_blocks"]["status"] == "inconclusive"
+
+
+def test_points_carry_both_views_paired_by_seed(tmp_path):
+    cfg = config()
+    records = write_study(tmp_path, cfg)
+    p = next(p for p in sweep_points(cfg.sweeps[0], records) if p.method == "flash:bf16" and p.seq_len == 4096)
+    assert p.seeds == SEEDS and p.baseline == "standard:bf16"
+    assert p.ratios() == pytest.approx([a / b for a, b in zip(p.values, p.base_values, strict=True)])
+    assert p.own_ratio_estimate().value == pytest.approx(p.ratio_estimate().value)  # own = e/20 vs base/20
+
+
+def test_conclusion_states_the_numbers_and_links_each_sentence(tmp_path):
+    cfg = config()
+    records = write_study(tmp_path, cfg)
+    found = findings(cfg, records)
+    pts = {sw.question: sweep_points(sw, records) for sw in cfg.sweeps}
+    sentences = conclusion(found, pts, (0, 0))
+    text = " ".join(t for t, _ in sentences)
+    realistic, paper = sentences[0][0], sentences[1][0]
+    assert realistic.startswith("Kernel-realistic") and "lower than it at 95% confidence" in realistic
+    assert re.search(r"is 0\.9\d*x \[", realistic) and "L=4096" in realistic
+    assert paper.startswith("Paper's policy") and re.search(r"5\.\d+x \[", paper)
+    assert "Baseline's own max-abs falling" in text and "Bc" in text
+    assert re.search(r"within \d+% of standard attention's|below standard attention's", text)
+    assert {a for _, a in sentences} <= {"seq_len", "block_area", "problems"}
+
+
+def test_report_opens_with_the_conclusion_and_its_links_resolve(tmp_path):
+    cfg = config()
+    write_study(tmp_path, cfg)
+    with audited_figures() as seen:
+        summary = build_report(tmp_path)
+    md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## Conclusion", "## Verdicts", "## Skipped and failed cases"]
+    for c in summary["conclusion"]:
+        assert f"](#{c['section']})" in md and f'<a id="{c["section"]}"></a>' in md
+        assert f"href='#{c['section']}'" in page and f"id='{c['section']}'" in page
+    assert page.index("Conclusion") < page.index("Verdicts") < page.index("<img")
+    assert "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own)" in md  # the second view, labelled
+    assert re.search(r"\| flash:bf16 \| 4096 \| 64 \| 16x16 \| 3 \| [\d.e-]+ \[", md)  # mean [95%], n
+    assert sorted(name for name, _, _ in seen) == ["block_area.tmp.png", "seq_len.tmp.png", "swapped.tmp.png"]
+    for name, problems, ylabels in seen:
+        assert problems == [], (name, problems)
+        assert all(re.search(r"max-abs|rel-L2", y) for y in ylabels if y), (name, ylabels)
+
+
+def test_figure_problems_catches_what_the_old_figures_did(tmp_path):
+    """A legend entry for a series drawn nowhere (x = 0 on a log axis), a repeated colour, one tick label for
+    every tile, a linear axis over decades: each is reported."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1e-4, 1], color="C0", label="flash")
+    ax.plot([0], [0.5], color="C0", label="standard")  # nothing visible on the log x axis
+    ax.set_xscale("log")
+    ax.set_xticks([1, 2], ["64x16", "64x16"])
+    ax.legend()
+    problems = " ".join(figure_problems(fig))
+    assert "no x label" in problems and "repeated x tick labels" in problems
+    assert "legend ['flash', 'standard'] but drawn ['flash']" in problems and "colour" in problems
+    assert "linear y axis" in problems
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2], color="C0", label="a")
+    ax.plot([1, 2], [2, 3], color="C1", label="b")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.legend()
+    assert figure_problems(fig) == []
+    plt.close(fig)
