@@ -284,10 +284,10 @@ def test_drift_human(tmp_path):
 def test_train_study_human(tmp_path):
     out = tmp_path / "t"
     res = human(["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
-    findings = json.loads((out / "summary.json").read_text())["findings"]
-    assert findings
-    for f in findings:
-        one_line(res.output, f"{f['id']}: {'holds' if f['holds'] else 'does not hold'} — {f['measured']}")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["findings"] == []  # tiny is a smoke test: no verdicts, and it says so
+    one_line(res.output, f"no verdicts: {summary['note']}")
+    assert not re.search(r": (holds|does not hold|inconclusive) — ", res.output), res.output
     one_line(res.output, f"report: {out}/report.html")
 
 

@@ -137,14 +137,14 @@ def test_run_killed_at_every_write_resumes_bit_identically(tmp_path, monkeypatch
 def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_path, monkeypatch):
     """The issue's case through the CLI: run `base` has its last weights and state but no losses.json."""
     study = train_preset("tiny")
-    base = next(r for r in study.runs if r.name == "base")
+    base = next(r for r in study.runs if r.name == "base-s0")
     out = tmp_path / "killed"
     _writes(monkeypatch, kill_at=6)  # losses.json: see the order above
     with pytest.raises(Killed):
-        train(base, out / "runs" / "base")
+        train(base, out / "runs" / "base-s0")
     monkeypatch.undo()
-    assert (out / "runs" / "base" / "weights" / f"step_{base.steps:06d}.pt").exists()
-    assert not (out / "runs" / "base" / "losses.json").exists()
+    assert (out / "runs" / "base-s0" / "weights" / f"step_{base.steps:06d}.pt").exists()
+    assert not (out / "runs" / "base-s0" / "losses.json").exists()
     res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
     assert res.exit_code == 0, res.output
     ref = tmp_path / "ref"
@@ -158,13 +158,18 @@ def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_pa
 
 
 def _check_train_study_human(res, out: Path) -> None:
-    """Human output: one verdict line per finding, a row per pair, the report line; progress on stderr."""
+    """Human output (tiny: the smoke-test note and no verdict), a row per ratio and per pair and seed, the
+    report line; progress on stderr."""
     summary = json.loads((out / "summary.json").read_text())
-    for f in summary["findings"]:
-        verdict = "holds" if f["holds"] else "does not hold"
-        assert sum(ln.startswith(f"{f['id']}: {verdict} — ") for ln in res.stdout.splitlines()) == 1, res.stdout
+    assert summary["findings"] == [] and f"no verdicts: {summary['note']}" in res.stdout.splitlines()
+    assert not re.search(r": (holds|does not hold|inconclusive) — ", res.stdout), res.stdout
+    for name, r in summary["ratios"].items():
+        assert _row(res.stdout, name, f"{r['value']:.3g}", "no interval", "1"), res.stdout
     for name, p in summary["pairs"].items():
-        assert _row(res.stdout, name, p["factor"], f"{p['wasserstein'][-1]:.3e}", f"{p['max_abs'][-1]:.3e}")
+        for seed, c in p["seeds"].items():
+            lo, hi = c["fit"]["window"]
+            cells = (name, seed, f"{c['wasserstein'][-1]:.3e}", f"{c['max_abs'][-1]:.3e}", f"{c['fit']['slope']:+.3e}")
+            assert _row(res.stdout, *cells) and f"steps {lo}-{hi}" in res.stdout, res.stdout
     assert f"report: {out}/report.html" in res.stdout
     total = sum(r.steps for r in train_preset("tiny").runs)
     assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run \w+ step \d+", res.stderr.splitlines()[-1])
@@ -176,17 +181,20 @@ def test_tied_max_human_output_and_progress(tmp_path, monkeypatch):
 
     from flashcheck.training import tied_max
 
-    small = functools.partial(tied_max.tied_max_report, steps=6, seq_len=32, heads=2, head_dim=16)
+    small = functools.partial(tied_max.tied_max_report, seq_len=32, heads=2, head_dim=16)
     monkeypatch.setattr(tied_max, "tied_max_report", small)
-    res = runner.invoke(app, ["train-study", "--preset", "tied-max", "--out", str(tmp_path)])
+    res = runner.invoke(app, ["train-study", "--preset", "tied-max", "--out", str(tmp_path), "--steps", "4"])
     assert res.exit_code == 0 and "Traceback" not in res.output, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [f["id"] for f in summary["findings"]] == ["tied_max_bias", "delta_fp32_fix", "max_adjust_fix"]
+    ids = ["tied_max_bias", "tied_max_sign", "delta_fp32_fix", "max_adjust_fix"]
+    assert [f["id"] for f in summary["findings"]] == ids and summary["seeds"] == 3
     for f in summary["findings"]:
-        verdict = "holds" if f["holds"] else "does not hold"
-        assert f"{f['id']}: {verdict} — {f['measured']}" in res.stdout.splitlines(), res.stdout
+        assert f"{f['id']}: {f['status']} — {f['measured']}" in res.stdout.splitlines(), res.stdout
+        assert "99th percentile of the untied control" in f["measured"]
     assert f"report: {tmp_path}/report.html, report.md, summary.json" in res.stdout
-    assert re.fullmatch(r"train-study 12/12, \d+ s, untied control", res.stderr.splitlines()[-1]), res.stderr
+    assert re.fullmatch(r"train-study 24/24, \d+ s, untied control seed 2", res.stderr.splitlines()[-1]), res.stderr
+    res = runner.invoke(app, ["train-study", "--preset", "tied-max", "--out", str(tmp_path), "--lr", "0.1"])
+    assert res.exit_code == 2 and "--lr not allowed with --preset tied-max" in res.output
 
 
 def test_run_folder_of_another_configuration_or_in_use_is_refused(tmp_path):
@@ -219,7 +227,7 @@ def test_train_runs_progress_counts_every_step(tmp_path):
     total = sum(r.steps for r in runs)
     assert seen and all(t == total for _, t, _ in seen) and seen[-1][0] == total
     assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
-    assert all(re.fullmatch(r"run (base|flash) step \d+", n) for _, _, n in seen)
+    assert all(re.fullmatch(r"run (base|flash)-s0 step \d+", n) for _, _, n in seen)
 
 
 # ---- drift: malformed safetensors headers ------------------------------------------------------------

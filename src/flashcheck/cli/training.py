@@ -55,60 +55,99 @@ def _fail_check(message: str) -> None:
 
 @app.command("train-study")
 def train_study(
-    preset: str = typer.Option("quick", help="quick | paper | full | tiny | tied-max."),
+    preset: str = typer.Option("quick", help="quick | paper | full | tiny (smoke test, no verdicts) | tied-max."),
     out: str = typer.Option("flashcheck-train-study", help="Folder for runs, figures and the report."),
     workers: int = typer.Option(None, help="Runs trained in parallel (default: the core count)."),
+    steps: int = typer.Option(None, help="Training steps instead of the preset's (saves about 8 times)."),
+    save_every: int = typer.Option(None, help="Save the weights every N steps instead of the preset's."),
+    seeds: int = typer.Option(None, help="Seed groups instead of the preset's 3 (verdicts need 3 or more)."),
+    lr: float = typer.Option(None, help="Learning rate instead of 3e-3."),
+    policy: str = typer.Option(None, help="Attention numerics policy of every run (default bf16-mixed)."),
     quiet: bool = typer.Option(False, help="No progress and no findings on the terminal."),
 ) -> None:
-    """Train runs that differ in one factor (attention, format, seed) and compare their weights.
-    A run killed at any point resumes where it stopped when the command is run again."""
+    """Train runs that differ in one factor (attention, format, seed), one group per seed, and compare their
+    weights. A run killed at any point resumes where it stopped when the command is run again."""
     from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
 
     try:
-        for flag, value in (("--preset", preset), ("--out", out)):
-            if not value.strip():
+        for flag, value in (("--preset", preset), ("--out", out), ("--policy", policy)):
+            if value is not None and not value.strip():
                 raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
         if workers is not None and not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
+        overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
         if preset == "tied-max":
-            from flashcheck.training.tied_max import tied_max_report
-
-            with _Progress("train-study", quiet) as on_progress:
-                summary = tied_max_report(out, on_progress=on_progress)
+            summary = _tied_max(out, quiet, seeds, steps, overrides)
         else:
             from flashcheck.training.experiments import run_train_study, train_preset
 
-            study = train_preset(preset)
+            for flag, value in (("steps", steps), ("save-every", save_every), ("seeds", seeds)):
+                if value is not None and value < 1:
+                    raise ValueError(f"--{flag} {value} is not allowed; give a positive integer")
+            study = train_preset(preset, **{k: v for k, v in overrides.items() if v is not None})
             with _Progress("train-study", quiet) as on_progress:
                 summary = run_train_study(study, out, workers=workers, on_progress=on_progress)
     except ValueError as exc:
-        _fail_usage(str(exc))
+        _fail_usage(str(exc).replace("save_every=", "--save-every ").replace("lr=", "--lr "))
     except (StudyInterrupted, NonFiniteWeights) as exc:
         _fail_check(str(exc))
     if not quiet:
         _print_train_study(summary, out)
 
 
+def _tied_max(out: str, quiet: bool, seeds: int | None, steps: int | None, overrides: dict) -> dict:
+    from flashcheck.training.tied_max import tied_max_report
+
+    unused = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None and k not in ("seeds", "steps")]
+    if unused:
+        raise ValueError(f"{', '.join(unused)} not allowed with --preset tied-max (it takes --seeds and --steps)")
+    kw = {k: v for k, v in (("seeds", seeds), ("steps", steps)) if v is not None}
+    with _Progress("train-study", quiet) as on_progress:
+        return tied_max_report(out, on_progress=on_progress, **kw)
+
+
 def _print_train_study(summary: dict, out: str) -> None:
     c = _console()
+    for line in summary.get("conclusion", []):
+        c.print(line, markup=False)
+    if summary.get("note"):
+        c.print(f"no verdicts: {summary['note']}", markup=False)
     for f in summary["findings"]:
-        c.print(f"{f['id']}: {'holds' if f['holds'] else 'does not hold'} — {f['measured']}", markup=False)
+        c.print(f"{f['id']}: {f['status']} — {f['measured']}", markup=False)
+    if "ratios" in summary:
+        _print_ratios(c, summary["ratios"])
     if "pairs" in summary:
-        from rich.table import Table
-
-        table = Table(title="weight deviation at the last step")
-        for col in ("pair", "factor", "Wasserstein-1", "max |A-B|", "W1 slope / step"):
-            table.add_column(col)
-        for name, p in summary["pairs"].items():
-            table.add_row(
-                name,
-                p["factor"],
-                f"{p['wasserstein'][-1]:.3e}",
-                f"{p['max_abs'][-1]:.3e}",
-                f"{p['slope_wasserstein']:.3e}",
-            )
-        c.print(table)
+        _print_pairs(c, summary["pairs"])
     c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
+
+
+def _print_ratios(c, ratios: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="ratios over seeds (geometric mean, 95% interval)")
+    for col in ("ratio", "value", "95% interval", "n"):
+        table.add_column(col)
+    for name, r in ratios.items():
+        iv = f"[{r['low']:.3g}, {r['high']:.3g}]" if r["n"] >= 2 and math.isfinite(r["low"]) else "no interval"
+        table.add_row(name, f"{r['value']:.3g}", iv, str(r["n"]))
+    c.print(table)
+
+
+def _print_pairs(c, pairs: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="weight deviation at the last step (per seed)")
+    for col in ("pair", "seed", "Wasserstein-1", "max |A-B|", "W1 slope / step", "fit window"):
+        table.add_column(col)
+    for name, p in pairs.items():
+        for seed, s in p["seeds"].items():
+            fit = s["fit"]
+            grows = fit["growing"] and fit["slope"] > 0
+            window = f"steps {fit['window'][0]}-{fit['window'][1]}" + ("" if grows else " (no growth)")
+            table.add_row(
+                name, seed, f"{s['wasserstein'][-1]:.3e}", f"{s['max_abs'][-1]:.3e}", f"{fit['slope']:+.3e}", window
+            )
+    c.print(table)
 
 
 def _within(name: str, lo: int, hi: int):

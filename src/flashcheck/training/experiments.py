@@ -15,67 +15,95 @@ from pathlib import Path
 from queue import Empty
 
 from flashcheck.core.fileio import write_atomic
-from flashcheck.reporting import (
-    Bullets,
-    Figure,
-    Heading,
-    Page,
-    Styler,
-    Table,
-    Text,
-    figure,
-    matplotlib_available,
-    write_report,
-)
-from flashcheck.reporting.figures import label_axes
-from flashcheck.training.drift import compare_series, slope
+from flashcheck.training.drift import compare_series
 from flashcheck.training.model import GPTConfig
+from flashcheck.training.ratios import conclusion, describe_slope, findings, growth_fit, ratio_by_step, ratios
 from flashcheck.training.train import RunConfig, run_complete, train
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainStudy:
-    """A base run and its one-factor variants. Pairs (name, run a, run b, factor)."""
+    """Seed groups of runs that differ in one factor. pairs: (pair name, run a, run b, factor, seed), one of
+    each pair per seed, so every ratio has one value per seed. verdicts: False for a smoke test (tiny)."""
 
     name: str
     runs: tuple[RunConfig, ...]
-    pairs: tuple[tuple[str, str, str, str], ...]
+    pairs: tuple[tuple[str, str, str, str, int], ...]
+    verdicts: bool = True
+    overrides: dict = dataclasses.field(default_factory=dict)
 
 
-def _groups(name: str, steps: int, save_every: int, model: GPTConfig, batch: int, attention: str) -> TrainStudy:
-    base = RunConfig(
-        name="base", attention=f"standard:{attention}", steps=steps, save_every=save_every, batch=batch, model=model
-    )
-    runs = (
-        base,
-        dataclasses.replace(base, name="flash", attention=f"flash:{attention}"),
-        dataclasses.replace(base, name="seed1", seed=1),
-        dataclasses.replace(base, name="bf16", precision="bf16"),
-        dataclasses.replace(base, name="fp16", precision="fp16"),
-    )
-    pairs = (
-        ("flash_vs_baseline", "base", "flash", "attention"),
-        ("seed_vs_seed", "base", "seed1", "seed"),
-        ("bf16_vs_fp32", "base", "bf16", "format"),
-        ("fp16_vs_fp32", "base", "fp16", "format"),
-    )
-    return TrainStudy(name=name, runs=runs, pairs=pairs)
+PAIRS = ("flash_vs_baseline", "seed_vs_seed", "bf16_vs_fp32", "fp16_vs_fp32")
+RESEED = 1000  # the re-seeded run of seed group s initialises with seed s + RESEED
 
 
-TRAIN_PRESETS = {
-    "tiny": lambda: _groups("tiny", 12, 4, GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32), 4, "bf16-mixed"),
-    "quick": lambda: _groups("quick", 300, 25, GPTConfig(), 16, "bf16-mixed"),
-    "paper": lambda: _groups("paper", 1500, 50, GPTConfig(layers=4, dim=192, heads=6), 32, "bf16-mixed"),
-    "full": lambda: _groups("full", 5000, 100, GPTConfig(layers=6, dim=256, heads=8, seq_len=256), 32, "bf16-mixed"),
+def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool = True) -> TrainStudy:
+    """Per seed s (initialisation s, batch order s): base (standard attention, fp32 model), flash (Flash
+    attention, same policy), reseed (initialisation s + RESEED), bf16 and fp16 (autocast)."""
+    runs, pairs = [], []
+    for s in range(seeds):
+        b = dataclasses.replace(base, name=f"base-s{s}", attention=f"standard:{policy}", seed=s, data_seed=s)
+        runs += [
+            b,
+            dataclasses.replace(b, name=f"flash-s{s}", attention=f"flash:{policy}"),
+            dataclasses.replace(b, name=f"reseed-s{s}", seed=s + RESEED),
+            dataclasses.replace(b, name=f"bf16-s{s}", precision="bf16"),
+            dataclasses.replace(b, name=f"fp16-s{s}", precision="fp16"),
+        ]
+        names = (f"flash-s{s}", f"reseed-s{s}", f"bf16-s{s}", f"fp16-s{s}")
+        factors = ("attention", "seed", "format", "format")
+        pairs += [(p, b.name, n, f, s) for p, n, f in zip(PAIRS, names, factors, strict=True)]
+    return TrainStudy(name=name, runs=tuple(runs), pairs=tuple(pairs), verdicts=verdicts)
+
+
+# name: (model, batch, steps, save_every, seeds); every preset's attention policy is bf16-mixed (fp32 softmax
+# statistics and accumulator, what real kernels do) unless --policy says otherwise
+PRESET_SIZES = {
+    "tiny": (GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32), 4, 12, 4, 1),
+    "quick": (GPTConfig(vocab=64, seq_len=64, layers=2, heads=4, dim=64), 8, 120, 10, 3),
+    "paper": (GPTConfig(layers=4, dim=192, heads=6), 32, 1500, 50, 3),
+    "full": (GPTConfig(layers=6, dim=256, heads=8, seq_len=256), 32, 5000, 100, 3),
 }
+TRAIN_PRESETS = tuple(PRESET_SIZES)
 
 
-def train_preset(name: str) -> TrainStudy:
-    try:
-        return TRAIN_PRESETS[name]()
-    except KeyError:
+def train_preset(
+    name: str,
+    *,
+    steps: int | None = None,
+    save_every: int | None = None,
+    seeds: int | None = None,
+    lr: float | None = None,
+    policy: str | None = None,
+) -> TrainStudy:
+    """A preset, optionally with fewer/more steps, another save interval, seed count, learning rate or
+    attention policy (a study at other conditions). With steps and no save_every, saves about 8 times."""
+    if name not in PRESET_SIZES:
         allowed = ", ".join([*TRAIN_PRESETS, "tied-max"])
-        raise ValueError(f"unknown train-study preset {name!r}; expected one of {allowed}") from None
+        raise ValueError(f"unknown train-study preset {name!r}; expected one of {allowed}")
+    model, batch, n_steps, every, n_seeds = PRESET_SIZES[name]
+    for flag, value in (("steps", steps), ("save_every", save_every), ("seeds", seeds)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ValueError(f"{flag}={value!r} is not allowed; it must be a positive integer")
+    if lr is not None and not (isinstance(lr, float | int) and 0 < lr < 1):
+        raise ValueError(f"lr={lr!r} is not allowed; it must be a number in (0, 1)")
+    if policy is not None:
+        from flashcheck.core.numerics import parse_policy
+
+        parse_policy(policy)  # ValueError naming the allowed policies
+    if steps is not None and save_every is None:
+        every = min(every, max(1, steps // 8))
+    base = RunConfig(
+        name="base",
+        steps=steps or n_steps,
+        save_every=save_every or every,
+        batch=batch,
+        lr=float(lr) if lr is not None else RunConfig.__dataclass_fields__["lr"].default,
+        model=model,
+    )
+    overrides = {k: v for k, v in dict(steps=steps, save_every=save_every, seeds=seeds, lr=lr, policy=policy).items()}
+    study = _groups(name, base, seeds or n_seeds, policy or "bf16-mixed", verdicts=name != "tiny")
+    return dataclasses.replace(study, overrides={k: v for k, v in overrides.items() if v is not None})
 
 
 _QUEUE = None  # a worker process's queue to the parent, for progress
@@ -179,73 +207,84 @@ def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> 
     queue.join_thread()
 
 
+def _pair_curve(out: Path, pname: str, a: str, b: str) -> dict:
+    """One pair of one seed: W1 and max-abs over the model, per layer and per tensor, at every saved step,
+    and the growth-phase fit of W1 (NonFiniteWeights if a run diverged)."""
+    res = compare_series(out / "runs" / a / "weights", out / "runs" / b / "weights")
+    _check_finite(pname, a, b, res)
+    steps, w1 = [p.step for p in res], [p.wasserstein for p in res]
+    return {
+        "runs": [a, b],
+        "steps": steps,
+        "max_abs": [p.max_abs for p in res],
+        "wasserstein": w1,
+        "per_layer": {name: [p.per_layer[name]["wasserstein"] for p in res] for name in res[-1].per_layer},
+        "per_tensor": {
+            name: {m: [p.per_tensor[name][m] for p in res] for m in ("max_abs", "wasserstein")}
+            for name in res[-1].per_tensor
+        },
+        "fit": growth_fit(steps, w1),
+    }
+
+
 def _curves(study: TrainStudy, out: Path) -> dict:
-    """Per pair: weight deviation at every saved step and its slopes (NonFiniteWeights if a run diverged)."""
-    curves = {}
-    for pname, a, b, factor in study.pairs:
-        pairs = compare_series(out / "runs" / a / "weights", out / "runs" / b / "weights")
-        _check_finite(pname, a, b, pairs)
-        curves[pname] = {
-            "factor": factor,
-            "steps": [p.step for p in pairs],
-            "max_abs": [p.max_abs for p in pairs],
-            "wasserstein": [p.wasserstein for p in pairs],
-            "per_layer_final": pairs[-1].per_layer,
-            "per_tensor_final": {k: v for k, v in pairs[-1].per_tensor.items()},
-        }
-        c = curves[pname]
-        c["slope_wasserstein"] = slope(c["steps"], c["wasserstein"])
-        c["slope_max_abs"] = slope(c["steps"], c["max_abs"])
+    """{pair: {factor, seeds: {seed: curve}}} for every pair of every seed group."""
+    curves: dict = {}
+    for pname, a, b, factor, seed in study.pairs:
+        entry = curves.setdefault(pname, {"factor": factor, "seeds": {}})
+        entry["seeds"][str(seed)] = _pair_curve(out, pname, a, b)
     return curves
 
 
-def analyse(study: TrainStudy, out: Path) -> dict:
-    """Deviation curves of each pair, slopes, the paper's ratios, findings; writes summary.json and the report."""
-    curves = _curves(study, out)
-    fl = curves["flash_vs_baseline"]
-
-    def div(a: float, b: float) -> float:
-        return a / b if b != 0 else (0.0 if a == 0 else float("inf"))
-
-    ratios = {
-        "flash_over_bf16": div(fl["slope_wasserstein"], curves["bf16_vs_fp32"]["slope_wasserstein"]),
-        "flash_over_fp16": div(fl["slope_wasserstein"], curves["fp16_vs_fp32"]["slope_wasserstein"]),
-        "flash_over_seed": div(fl["slope_wasserstein"], curves["seed_vs_seed"]["slope_wasserstein"]),
-        "flash_over_seed_final": div(fl["wasserstein"][-1], curves["seed_vs_seed"]["wasserstein"][-1]),
-        "flash_over_seed_max_abs_final": div(fl["max_abs"][-1], curves["seed_vs_seed"]["max_abs"][-1]),
+def _conditions(study: TrainStudy) -> dict:
+    base = study.runs[0]
+    return {
+        "model": dataclasses.asdict(base.model),
+        "batch": base.batch,
+        "steps": base.steps,
+        "save_every": base.save_every,
+        "lr": base.lr,
+        "attention_policy": base.attention.partition(":")[2],
+        "seeds": len({p[4] for p in study.pairs}),
+        "overrides": study.overrides,
     }
-    lowp = max(ratios["flash_over_bf16"], ratios["flash_over_fp16"])
-    findings = [
-        {
-            "id": "flash_below_lowprec",
-            "claim": "Flash-vs-Baseline weight deviation grows slower than the deviation "
-            "a lower number format causes (slope of Wasserstein-1 over steps)",
-            "measured": f"slope ratio {ratios['flash_over_bf16']:.3f} vs bf16, {ratios['flash_over_fp16']:.3f} vs fp16",
-            "holds": lowp < 1,
-            "paper": "2-5x smaller than FP16 vs FP32 (ratio 0.2-0.5)",
-        },
-        {
-            "id": "flash_comparable_to_seed",
-            "claim": "Flash-vs-Baseline weight deviation is at or below that of a re-seeded run",
-            "measured": f"final W1 ratio {ratios['flash_over_seed_final']:.3f}, final max-abs ratio "
-            f"{ratios['flash_over_seed_max_abs_final']:.3f} (W1 slope ratio {ratios['flash_over_seed']:.3f})",
-            "holds": ratios["flash_over_seed_final"] <= 1 and ratios["flash_over_seed_max_abs_final"] <= 1,
-            "paper": "comparable to or below",
-        },
-    ]
-    losses = {r.name: json.loads((out / "runs" / r.name / "losses.json").read_text()) for r in study.runs}
+
+
+SMOKE_NOTE = (
+    "tiny is a smoke test (one seed, a few steps): it checks that training, resuming and the report work "
+    "and gives no verdicts; run --preset quick or paper for ratios with intervals"
+)
+
+
+def analyse(study: TrainStudy, out: Path) -> dict:
+    """Deviation curves of each pair and seed, growth-phase slopes, the paper's ratios with intervals over
+    seeds, findings (none for a smoke test); writes summary.json, report.md/html and the figures."""
+    from flashcheck.training.train_report import write_train_report
+
+    curves = _curves(study, out)
+    r = ratios(curves)
+    losses = {run.name: json.loads((out / "runs" / run.name / "losses.json").read_text()) for run in study.runs}
     summary = {
         "study": study.name,
-        "ratios": ratios,
-        "findings": findings,
+        "conditions": _conditions(study),
+        "verdicts": study.verdicts,
+        "note": "" if study.verdicts else SMOKE_NOTE,
+        "ratios": r,
+        "ratio_by_step": ratio_by_step(curves),
+        "findings": findings(r) if study.verdicts else [],
+        "slopes": {p: {s: describe_slope(p, c["fit"]) for s, c in e["seeds"].items()} for p, e in curves.items()},
         "pairs": curves,
-        "runs": [r.to_dict() for r in study.runs],
+        "runs": [run.to_dict() for run in study.runs],
         "final_loss": {k: v[-1] for k, v in losses.items()},
     }
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
-    figures = _figures(curves, losses, out / "figures")
-    _write_report(summary, figures, out)
+    summary["conclusion"] = conclusion(summary)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    write_train_report(summary, losses, out)
     return summary
+
+
+def _json_default(x):
+    raise TypeError(f"not JSON serialisable: {x!r}")
 
 
 def _check_finite(pname: str, a: str, b: str, pairs: list) -> None:
@@ -256,44 +295,3 @@ def _check_finite(pname: str, a: str, b: str, pairs: list) -> None:
     ]
     if bad:
         raise NonFiniteWeights(f"pair {pname}: NaN/Inf weights (the run diverged): {'; '.join(bad[:5])}")
-
-
-def _figures(curves: dict, losses: dict, folder: Path) -> list[str]:
-    """Weight deviation (W1, max abs) per pair over steps, and the runs' losses; [] without matplotlib."""
-    if not matplotlib_available():
-        return []
-    names = []
-    for metric, what in (("wasserstein", "Wasserstein-1"), ("max_abs", "max |W_a - W_b|")):
-        with figure(folder / f"{metric}.png") as (_, ax):
-            style = Styler()
-            for pname, c in curves.items():
-                ax.plot(c["steps"], c[metric], ms=3, **style(pname))
-            label_axes(ax, x="training step", y=f"{what} between weights", x_unit="steps")
-            ax.set_yscale("symlog", linthresh=1e-9)
-            ax.legend(fontsize=8)
-        names.append(f"figures/{metric}.png")
-    with figure(folder / "loss.png") as (_, ax):
-        style = Styler()
-        for name, ls in losses.items():
-            ax.plot(range(1, len(ls) + 1), ls, lw=1, color=style(name)["color"], label=name)
-        label_axes(ax, x="training step", y="training loss", x_unit="steps", y_unit="nats/token")
-        ax.legend(fontsize=8)
-    return [*names, "figures/loss.png"]
-
-
-def _write_report(summary: dict, figures: list[str], out: Path) -> None:
-    """report.md and report.html (reporting.Page): verdicts, the pairs' table, final losses, figures."""
-    page = Page(f"flashcheck train-study {summary['study']}: does attention numerics move the weights?")
-    items = [
-        (f["id"], f["holds"], f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}).")
-        for f in summary["findings"]
-    ]
-    rows = [
-        [pname, c["factor"], f"{c['wasserstein'][-1]:.3e}", f"{c['max_abs'][-1]:.3e}", f"{c['slope_wasserstein']:.3e}"]
-        for pname, c in summary["pairs"].items()
-    ]
-    page.add(Heading("Verdicts"), Bullets(items))
-    page.add(Table(["pair", "factor", "final W1", "final max abs", "W1 slope / step"], rows))
-    page.add(Text("Final losses: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["final_loss"].items())))
-    page.add(*(Figure(out / f, Path(f).stem) for f in figures))
-    write_report(out, page)

@@ -5,9 +5,17 @@ gradient of each variant is compared with the FP64 one at the same parameters.
 
 Trained: Q [B, H, L, D] and V; K is fixed and holds `tied_keys` identical rows that every query favours,
 so ties persist. Loss 0.5 * ||O - T||^2 with a fixed target T: dO = O - T is correlated over steps, as in
-training. Metrics per variant and per gradient (dQ, dV): the bias growth G = ||sum_t e_t|| /
-sqrt(sum_t ||e_t||^2) (about 1 for errors that cancel, up to sqrt(steps) for errors of one sign) and the
-sign consistency mean_i |mean_t sign(e_t,i)| (0 random, 1 always the same sign)."""
+training. Metrics per variant, from the delta errors e [T steps, B, H, L rows]:
+- bias ratio |mean(e)| / rms(e) (0 for errors that cancel, 1 for a constant error);
+- sign consistency mean_i |mean_t sign(e_t,i)|: per row i, how often its error keeps one sign over the steps
+  (about sqrt(2 / (pi T)) for random signs, 1 always the same sign). Per row, because each row of Q is its own
+  parameter here: its error accumulates when that row's error keeps its sign, whatever the other rows do
+  (rows of opposite signs would cancel in a mean over rows, yet each still drifts);
+- dQ bias growth G = ||sum_t e_t|| / sqrt(sum_t ||e_t||^2) of the dQ error (about 1 for errors that cancel,
+  up to sqrt(T) for errors of one sign).
+The thresholds of the verdicts are not chosen: they are the 99th percentile over seeds of the same statistic
+on the untied control (normal inputs, same variants), and each verdict compares the tied runs' 95% interval
+over seeds with it (`reporting.verdicts.compare`)."""
 
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from flashcheck.core.fileio import write_atomic
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import Format, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention
-from flashcheck.reporting import Bullets, Heading, Page, Table, write_report
+from flashcheck.reporting import Bullets, Heading, Page, Table, Text, write_report
 
 VARIANTS = {
     "bf16-mixed": {"policy": "bf16-mixed"},
@@ -108,13 +116,19 @@ def _record(q, k, v, target, variants: dict, *, steps: int, lr: float, seq_len: 
     return rec
 
 
+def sign_consistency(d: torch.Tensor) -> float:
+    """d [T, ...rows]: mean over rows of |mean over steps of sign(d_t,row)| (0 random signs, 1 one sign)."""
+    return float(torch.sign(d.flatten(1)).mean(0).abs().mean())
+
+
 def _variant_metrics(r: dict) -> dict:
     d, e = torch.stack(r["delta"]), torch.stack(r["dq"])
     rms = float(d.pow(2).mean().sqrt())
     return {
         "delta_mean_error": float(d.mean()),
+        "delta_abs_mean_error": abs(float(d.mean())),
         "delta_bias_ratio": abs(float(d.mean())) / rms if rms > 0 else 0.0,
-        "delta_sign_consistency_over_steps": float(torch.sign(d.flatten(1).mean(1)).mean().abs()),
+        "delta_sign_consistency": sign_consistency(d),
         "delta_rms_error": rms,
         **_bias(e),
     }
@@ -131,79 +145,178 @@ def _bias(e: torch.Tensor) -> dict:
     }
 
 
-def tied_max_report(out: str | Path, on_progress: Callable[[int, int, str], None] | None = None, **kw) -> dict:
-    """Run the tied-maxima experiment and its untied control; write summary.json and report.md.
-    on_progress(steps done, steps of both, note) after each training step."""
+PERCENTILE = 99  # a threshold is this percentile of the untied control's values over seeds
+
+
+def tied_max_report(
+    out: str | Path, on_progress: Callable[[int, int, str], None] | None = None, *, seeds: int = 3, **kw
+) -> dict:
+    """Run the tied-maxima experiment and its untied control for seeds 0..seeds-1 (keyword arguments as
+    run_tied_max); write summary.json and the report. on_progress(steps done, steps of all runs, note)."""
+    if type(seeds) is not int or seeds < 1:
+        raise ValueError(f"seeds={seeds!r} is not allowed; it must be a positive integer")
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
     steps = kw.get("steps", 40)
-    tied = run_tied_max(**kw, on_step=on_progress and (lambda i: on_progress(i, 2 * steps, "tied")))
-    control = run_tied_max(
-        **{**kw, "distribution": "normal"},
-        on_step=on_progress and (lambda i: on_progress(steps + i, 2 * steps, "untied control")),
-    )
-    summary = {"study": "tied-max", "tied": tied, "control": control, "findings": _findings(tied, control)}
+    runs: dict[str, list[dict]] = {"tied": [], "control": []}
+    for i, (label, dist) in enumerate(
+        (r, d) for r, d in (("tied", "tied"), ("control", "normal")) for _ in range(seeds)
+    ):
+        seed, done = i % seeds, i * steps
+        note = f"{'tied' if label == 'tied' else 'untied control'} seed {seed}"
+        step_fn = on_progress and (lambda k, done=done, note=note: on_progress(done + k, 2 * seeds * steps, note))
+        runs[label].append(run_tied_max(**{**kw, "distribution": dist, "seed": seed}, on_step=step_fn))
+    thresholds = _thresholds(runs["control"])
+    summary = {
+        "study": "tied-max",
+        "seeds": seeds,
+        "config": runs["tied"][0]["config"] | {"seed": list(range(seeds))},
+        "tied": runs["tied"],
+        "control": runs["control"],
+        "thresholds": thresholds,
+        "findings": _findings(runs, thresholds),
+    }
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     _write_report(summary, out)
     return summary
 
 
-def _findings(tied: dict, control: dict) -> list[dict]:
-    b, d, a = (tied["variants"][n] for n in ("bf16-mixed", "delta-fp32", "max-adjust"))
-    c = control["variants"]["bf16-mixed"]
-    findings = [
-        {
-            "id": "tied_max_bias",
-            "claim": "With tied maxima, rounding O to bf16 biases delta = rowsum(dO * O): its "
-            "error keeps one sign across rows and steps",
-            "measured": f"|mean|/rms of the delta error "
-            f"{b['delta_bias_ratio']:.2f} (untied control {c['delta_bias_ratio']:.2f}); sign consistency over steps "
-            f"{b['delta_sign_consistency_over_steps']:.2f} (control {c['delta_sign_consistency_over_steps']:.2f}); "
-            f"dQ error growth {b['dq_bias_growth']:.2f} of at most {b['max_growth']:.2f}",
-            "holds": b["delta_bias_ratio"] > 3 * c["delta_bias_ratio"],
-            "paper": "biased rounding of delta makes the dW error accumulate; loss explodes (arXiv 2510.04212)",
-        },
-        {
-            "id": "delta_fp32_fix",
-            "claim": "Computing O in fp32 for delta removes the bias",
-            "measured": f"mean delta error {d['delta_mean_error']:+.2e} vs {b['delta_mean_error']:+.2e} with bf16 O",
-            "holds": abs(d["delta_mean_error"]) < 0.1 * abs(b["delta_mean_error"]),
-            "paper": "removes the failure",
-        },
-        {
-            "id": "max_adjust_fix",
-            "claim": "Subtracting beta * max on tied rows removes the bias",
-            "measured": f"mean delta error {a['delta_mean_error']:+.2e} (beta {tied['config']['beta']:g}), "
-            f"|mean|/rms {a['delta_bias_ratio']:.2f}, sign consistency over steps "
-            f"{a['delta_sign_consistency_over_steps']:.2f}",
-            "holds": abs(a["delta_mean_error"]) < 0.5 * abs(b["delta_mean_error"]),
-            "paper": "removes the failure (beta 2-7)",
-        },
-    ]
-    return findings
+def _values(runs: list[dict], variant: str, metric: str) -> list[float]:
+    return [r["variants"][variant][metric] for r in runs]
+
+
+def _thresholds(control: list[dict]) -> dict:
+    """{metric: {value, from}}: the PERCENTILE-th percentile over seeds of the untied control's bf16-mixed
+    variant (numpy's linear interpolation: with few seeds it is close to the largest value)."""
+    import numpy as np
+
+    out = {}
+    for metric in ("delta_bias_ratio", "delta_sign_consistency", "delta_abs_mean_error"):
+        vals = _values(control, "bf16-mixed", metric)
+        out[metric] = {
+            "value": float(np.percentile(vals, PERCENTILE)),
+            "from": f"{PERCENTILE}th percentile of the untied control (bf16-mixed) over {len(vals)} seeds",
+            "control_values": vals,
+        }
+    return out
+
+
+# id, variant, metric, claimed side (True: above the control's threshold), claim
+CLAIMS = (
+    (
+        "tied_max_bias",
+        "bf16-mixed",
+        "delta_bias_ratio",
+        True,
+        "With tied maxima, rounding O to bf16 biases delta = rowsum(dO * O): |mean|/rms of its error is above the "
+        "untied control's",
+    ),
+    (
+        "tied_max_sign",
+        "bf16-mixed",
+        "delta_sign_consistency",
+        True,
+        "With tied maxima, each row's delta error keeps its sign over the steps more than without ties",
+    ),
+    (
+        "delta_fp32_fix",
+        "delta-fp32",
+        "delta_abs_mean_error",
+        False,
+        "Computing O in fp32 for delta brings the systematic delta error below what bf16 gives without ties",
+    ),
+    (
+        "max_adjust_fix",
+        "max-adjust",
+        "delta_abs_mean_error",
+        False,
+        "Subtracting beta * max on tied rows brings the systematic delta error below what bf16 gives without ties",
+    ),
+)
+PAPER = {
+    "tied_max_bias": "biased rounding of delta makes the dW error accumulate; loss explodes (arXiv 2510.04212)",
+    "tied_max_sign": "the error has one sign, so it accumulates (arXiv 2510.04212)",
+    "delta_fp32_fix": "removes the failure",
+    "max_adjust_fix": "removes the failure (beta 2-7)",
+}
+
+
+def _findings(runs: dict, thresholds: dict) -> list[dict]:
+    """Each claim: the tied runs' 95% interval over seeds against the control-derived threshold."""
+    from flashcheck.reporting.verdicts import compare, mean_interval
+
+    out = []
+    for fid, variant, metric, above, claim in CLAIMS:
+        thr = thresholds[metric]["value"]
+        est = mean_interval(_values(runs["tied"], variant, metric))
+        v = compare(est, above=above, threshold=thr)
+        out.append(
+            {
+                "id": fid,
+                "claim": claim,
+                "measured": f"{metric} of {variant} on tied inputs {est.text()}; threshold {thr:.3g} "
+                f"({thresholds[metric]['from']})",
+                "status": v.status,
+                "holds": v.holds,
+                "verdict": v.to_dict(),
+                "threshold": thresholds[metric],
+                "paper": PAPER[fid],
+            }
+        )
+    return out
+
+
+def _rows(summary: dict) -> list[list[str]]:
+    """Per inputs and variant: each metric's mean over seeds and its range."""
+    rows = []
+    for label in ("tied", "control"):
+        for name in VARIANTS:
+            cells = [label if label == "tied" else "untied control", name]
+            for metric, fmt in (
+                ("delta_mean_error", "+.2e"),
+                ("delta_bias_ratio", ".2f"),
+                ("delta_sign_consistency", ".2f"),
+                ("dq_bias_growth", ".2f"),
+                ("dq_mean_abs_error", ".2e"),
+            ):
+                vals = _values(summary[label], name, metric)
+                cells.append(f"{sum(vals) / len(vals):{fmt}} ({min(vals):{fmt}} .. {max(vals):{fmt}})")
+            rows.append(cells)
+    return rows
 
 
 def _write_report(summary: dict, out: Path) -> None:
-    """report.md and report.html (reporting.Page): verdicts and the delta/dQ error table per variant."""
-    findings, tied, control = summary["findings"], summary["tied"], summary["control"]
+    """report.md and report.html (reporting.Page): thresholds, verdicts, the per-variant table."""
     page = Page("flashcheck train-study tied-max (arXiv 2510.04212)")
-    items = [(f["id"], f["holds"], f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}).") for f in findings]
-    header = ["inputs", "variant", "delta mean error", "delta |mean|/rms", "delta sign consistency"]
-    header += ["dQ error growth", "dQ error from bf16 O in delta"]
-    rows = [
-        [
-            label,
-            name,
-            f"{m['delta_mean_error']:+.2e}",
-            f"{m['delta_bias_ratio']:.2f}",
-            f"{m['delta_sign_consistency_over_steps']:.2f}",
-            f"{m['dq_bias_growth']:.2f} / {m['max_growth']:.2f}",
-            f"{m['dq_mean_abs_error']:.2e}",
-        ]
-        for label, res in (("tied", tied), ("untied control", control))
-        for name, m in res["variants"].items()
+    cfg = summary["config"]
+    thr = [
+        (metric, None, f"{t['value']:.3g}: {t['from']} (values {', '.join(f'{v:.3g}' for v in t['control_values'])})")
+        for metric, t in summary["thresholds"].items()
     ]
-    write_report(out, page.add(Heading("Verdicts"), Bullets(items), Table(header, rows)))
+    items = [
+        (
+            f["id"],
+            {"holds": True, "does not hold": False}.get(f["status"], f["status"]),
+            f"{f['claim']}. Measured: {f['measured']}. Rule: {f['verdict']['rule']}; {f['verdict']['reason']} "
+            f"(paper: {f['paper']}).",
+        )
+        for f in summary["findings"]
+    ]
+    header = ["inputs", "variant", "delta mean error", "delta |mean|/rms", "delta sign consistency (per row)"]
+    header += ["dQ error growth", "dQ error from bf16 O in delta"]
+    page.add(
+        Text(
+            f"{summary['seeds']} seeds, {cfg['steps']} steps, L={cfg['seq_len']}, {cfg['heads']} heads of "
+            f"{cfg['head_dim']}, {cfg['tied_keys']} tied keys, lr {cfg['lr']:g}, beta {cfg['beta']:g}. Table cells: "
+            f"mean over seeds (smallest .. largest); dQ growth at most {math.sqrt(cfg['steps']):.2f} (sqrt of steps)."
+        ),
+        Heading("Thresholds (from the untied control, not chosen)"),
+        Bullets(thr, with_verdict=False),
+        Heading("Verdicts"),
+        Bullets(items),
+        Table(header, _rows(summary)),
+    )
+    write_report(out, page)

@@ -1,0 +1,198 @@
+"""The paper's weight-deviation ratios from the seed groups of a train-study, with intervals and verdicts.
+
+Per pair and seed, the deviation curve (Wasserstein-1 between the two runs' weights at every saved step) is
+fitted in its growth phase only: from step 0 to the first saved step where it reaches GROWTH_END of its
+largest value (past that it has saturated), at least 3 points. A ratio Flash / low-precision is formed per
+seed (the runs of one seed share initialisation and batch order) and summarised by
+`reporting.verdicts.ratio_interval`; verdicts come from `compare` (against 1) and `band` (the paper's
+0.2-0.5) separately."""
+
+from __future__ import annotations
+
+import math
+
+from flashcheck.reporting.verdicts import Estimate, band, compare, ratio_interval
+from flashcheck.training.drift import slope
+
+GROWTH_END = 0.9  # a curve's growth phase ends where it first reaches this share of its largest value
+PAPER_BAND = (0.2, 0.5)  # arXiv 2405.02803: Flash's weight deviation is 2-5x below FP16-vs-FP32's
+LOWPREC = ("bf16", "fp16")
+
+
+def growth_fit(steps: list[int], values: list[float]) -> dict:
+    """Least-squares slope over the growth phase: points 0..e where e is the first index whose value reaches
+    GROWTH_END x max (at least 3 points when there are). growing: False when the curve is largest at its
+    first point (it falls from the start: a deviation set at initialisation, not a growth)."""
+    finite = [(s, v) for s, v in zip(steps, values, strict=True) if v is not None and math.isfinite(v)]
+    if len(finite) < 2:
+        return {"window": [steps[0], steps[-1]] if steps else [0, 0], "slope": math.nan, "points": 0, "growing": False}
+    xs, ys = zip(*finite, strict=True)
+    top = max(ys)
+    end = next(i for i, y in enumerate(ys) if y >= GROWTH_END * top)
+    end = min(len(ys) - 1, max(end, 2))
+    growing = ys.index(top) > 0 and ys[end] > ys[0]
+    return {
+        "window": [xs[0], xs[end]],
+        "slope": slope(list(xs[: end + 1]), list(ys[: end + 1])),
+        "points": end + 1,
+        "growing": growing,
+    }
+
+
+def _per_seed(pairs: dict, num: str, den: str, key) -> tuple[list[float], list[float], list[str]]:
+    """Paired values (numerator pair, denominator pair) per seed, and notes on seeds a ratio cannot use."""
+    a, b, notes = [], [], []
+    for seed, ca in pairs[num]["seeds"].items():
+        cb = pairs[den]["seeds"].get(seed)
+        if cb is None:
+            continue
+        x, y = key(ca), key(cb)
+        a.append(x)
+        b.append(y)
+        if not (x > 0 and y > 0):
+            notes.append(f"seed {seed}: {num} {x:.3g}, {den} {y:.3g} (not both > 0, left out)")
+    return a, b, notes
+
+
+def _slope(c: dict) -> float:
+    return c["fit"]["slope"]
+
+
+def _final(metric: str):
+    return lambda c: c[metric][-1]
+
+
+def ratios(pairs: dict) -> dict:
+    """{name: Estimate dict + values + notes}: Flash over bf16 / fp16 (growth-phase W1 slopes, final W1, final
+    max-abs) and over the re-seeded pair (final W1 and max-abs: a seed pair has no growth phase)."""
+    plan = [(f"slope_flash_over_{f}", f"{f}_vs_fp32", _slope) for f in LOWPREC]
+    plan += [(f"final_w1_flash_over_{f}", f"{f}_vs_fp32", _final("wasserstein")) for f in LOWPREC]
+    plan += [(f"final_max_abs_flash_over_{f}", f"{f}_vs_fp32", _final("max_abs")) for f in LOWPREC]
+    plan += [("final_w1_flash_over_seed", "seed_vs_seed", _final("wasserstein"))]
+    plan += [("final_max_abs_flash_over_seed", "seed_vs_seed", _final("max_abs"))]
+    out = {}
+    for name, den, key in plan:
+        num_v, den_v, notes = _per_seed(pairs, "flash_vs_baseline", den, key)
+        est = ratio_interval(num_v, den_v)
+        out[name] = {**est.to_dict(), "numerator": num_v, "denominator": den_v, "notes": notes}
+    return out
+
+
+def ratio_by_step(pairs: dict) -> dict:
+    """{flash_over_bf16 / flash_over_fp16: [{step, estimate}]}: the W1 ratio at every saved step past 0."""
+    out = {}
+    for f in LOWPREC:
+        fl, lp = pairs["flash_vs_baseline"]["seeds"], pairs[f"{f}_vs_fp32"]["seeds"]
+        seeds = [s for s in fl if s in lp]
+        steps = fl[seeds[0]]["steps"] if seeds else []
+        rows = []
+        for i, step in enumerate(steps):
+            if step == 0:
+                continue
+            est = ratio_interval([fl[s]["wasserstein"][i] for s in seeds], [lp[s]["wasserstein"][i] for s in seeds])
+            rows.append({"step": step, **est.to_dict()})
+        out[f"flash_over_{f}"] = rows
+    return out
+
+
+def _estimate(d: dict) -> Estimate:
+    return Estimate(d["value"], d["low"], d["high"], d["n"], d["method"])
+
+
+def findings(r: dict) -> list[dict]:
+    """Verdicts: Flash below each low-precision format (interval vs 1), inside the paper's band (interval vs
+    0.2-0.5), and below the re-seeded pair (final W1 ratio vs 1)."""
+    out = []
+    for f in LOWPREC:
+        est = _estimate(r[f"slope_flash_over_{f}"])
+        measured = f"W1 growth-phase slope ratio Flash / {f} {est.text()}"
+        v = compare(est, above=False)
+        out.append(
+            _finding(
+                f"flash_below_{f}",
+                f"Flash-vs-Baseline weight deviation grows slower than {f}-vs-fp32's",
+                measured,
+                v,
+                "below (ratio < 1)",
+            )
+        )
+        v = band(est, *PAPER_BAND)
+        out.append(
+            _finding(
+                f"paper_band_{f}",
+                f"The Flash / {f} slope ratio lies in the paper's 0.2-0.5",
+                measured,
+                v,
+                "0.2-0.5 (vs fp16)",
+            )
+        )
+    est = _estimate(r["final_w1_flash_over_seed"])
+    v = compare(est, above=False)
+    claim = "Flash-vs-Baseline weight deviation at the last step is below that of a re-seeded run"
+    out.append(
+        _finding("flash_below_seed", claim, f"final W1 ratio Flash / re-seeded {est.text()}", v, "comparable or below")
+    )
+    return out
+
+
+def _finding(fid: str, claim: str, measured: str, verdict, paper: str) -> dict:
+    return {
+        "id": fid,
+        "claim": claim,
+        "measured": measured,
+        "status": verdict.status,
+        "holds": verdict.holds,
+        "verdict": verdict.to_dict(),
+        "paper": paper,
+    }
+
+
+def describe_slope(pname: str, fit: dict) -> str:
+    """What a fitted slope means, in words (a falling curve is no growth rate)."""
+    lo, hi = fit["window"]
+    if not math.isfinite(fit["slope"]):
+        return f"{pname}: too few finite points to fit"
+    if fit["growing"] and fit["slope"] > 0:
+        return f"{pname}: grows {fit['slope']:.3g} per step over steps {lo}-{hi} (growth phase)"
+    return (
+        f"{pname}: no growth phase — largest at step {lo} and {'falling' if fit['slope'] < 0 else 'flat'} "
+        f"({fit['slope']:+.3g} per step over steps {lo}-{hi}); its deviation is set at the start (for the "
+        "re-seeded pair: a different initialisation that training partly forgets), so no slope ratio is formed"
+    )
+
+
+def _where(c: dict) -> str:
+    m = c["model"]
+    return (
+        f"{m['layers']} layers x {m['dim']} wide, {c['steps']} steps, learning rate {c['lr']:g}, attention policy "
+        f"{c['attention_policy']}, {c['seeds']} seed(s)"
+    )
+
+
+def conclusion(summary: dict) -> list[str]:
+    """Plain sentences from the measured ratios: is Flash-vs-Baseline drift below low-precision drift here?"""
+    c = summary["conditions"]
+    if not summary["verdicts"]:
+        return [f"Smoke test at {_where(c)}: no verdicts (a smoke test checks that the pipeline runs)."]
+    out = []
+    by_id = {f["id"]: f for f in summary["findings"]}
+    for f in LOWPREC:
+        r = summary["ratios"][f"slope_flash_over_{f}"]
+        below, paper = by_id[f"flash_below_{f}"]["status"], by_id[f"paper_band_{f}"]["status"]
+        est = _estimate(r)
+        answer = {
+            "holds": "grows slower than",
+            "does not hold": "does not grow slower than",
+            "inconclusive": "cannot be told apart (at this n) from",
+        }[below]
+        out.append(
+            f"Flash-vs-Baseline weight drift {answer} {f}-vs-fp32 drift: growth-phase slope ratio {est.text()}; "
+            f"the paper's 0.2-0.5 band: {paper}."
+        )
+    seed = _estimate(summary["ratios"]["final_w1_flash_over_seed"])
+    out.append(
+        f"At the last step Flash-vs-Baseline drift is {seed.text()} x that of a re-seeded run "
+        f"({by_id['flash_below_seed']['status']} that it is below)."
+    )
+    out.append(f"Conditions: {_where(c)}; other conditions can give other answers (see the table by step).")
+    return out
