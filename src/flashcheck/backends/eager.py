@@ -7,10 +7,13 @@ import torch
 from flashcheck.backends.base import Backend
 from flashcheck.backends.profiling import CUDA_SOFTMAX
 from flashcheck.kernels.masks import tile_bias
+from flashcheck.kernels.validation import expand_kv_heads
 
 
 def eager_attention(q, k, v, *, causal=False, scale=None, mask=None) -> torch.Tensor:
-    """softmax(scale * q k^T + mask) v with every op in q's dtype; [B, H, L, D]; fully masked rows 0."""
+    """softmax(scale * q k^T + mask) v with every op in q's dtype; [B, H, L, D] (K/V [B, Hkv, L, D] with
+    grouped-query heads); fully masked rows 0."""
+    k, v = expand_kv_heads(q, k, v)
     lq, lk = q.shape[-2], k.shape[-2]
     s = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * s
@@ -34,5 +37,6 @@ def eager_backends() -> list[Backend]:
             "plain PyTorch ops in the input dtype (the peers' same-precision baseline)",
             proof={"cpu": (r"^aten::_?softmax$",), "cuda": (r"^aten::_?softmax$", CUDA_SOFTMAX)},
             dtypes=(torch.float64, torch.float32, torch.bfloat16, torch.float16),
+            supports_gqa=True,
         )
     ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.backends.base import Availability, Backend, cuda_capability
+from flashcheck.kernels.validation import expand_kv_heads
 
 
 def _module(name: str) -> object | None:
@@ -28,6 +29,7 @@ class FlashAttnBackend(Backend):
 
     module: str = "flash_attn"
     min_arch: tuple[int, int] = (8, 0)
+    supports_gqa: bool = True  # native: K/V [B, L, Hkv, D]
 
     def _available(self, device: str) -> Availability:
         cap = cuda_capability()
@@ -49,6 +51,8 @@ class FlashAttnBackend(Backend):
 
 @dataclass
 class XformersBackend(Backend):
+    supports_gqa: bool = True  # K/V heads repeated (its native grouped layout is 5-D)
+
     def _available(self, device: str) -> Availability:
         if _module("xformers.ops") is None:
             return Availability(False, "xformers is not installed or fails to import")
@@ -61,6 +65,7 @@ class XformersBackend(Backend):
             bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
         if mask is not None:
             raise ValueError("xformers adapter takes causal only, no arbitrary mask")
+        k, v = expand_kv_heads(q, k, v)
         out = xops.memory_efficient_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias, scale=scale
         )
@@ -86,6 +91,8 @@ def flex_function(device_type: str) -> Callable:
 @dataclass
 class FlexBackend(Backend):
     """torch.nn.attention.flex_attention: eager on the CPU, torch.compile'd on CUDA."""
+
+    supports_gqa: bool = True  # enable_gqa
 
     def _available(self, device: str) -> Availability:
         if _module("torch.nn.attention.flex_attention") is None:
@@ -117,7 +124,8 @@ class FlexBackend(Backend):
         with warnings.catch_warnings(), patch:
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             fn = flex_function(q.device.type)
-            return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+            gqa = q.shape[1] != k.shape[1]
+            return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
     def backward_reason(self, device: str | None = None) -> str | None:
         if (device or self.default_device()) == "cpu":

@@ -8,6 +8,7 @@ import torch
 
 from flashcheck.backends.base import Backend
 from flashcheck.backends.profiling import CUDA_SOFTMAX
+from flashcheck.kernels.validation import expand_kv_heads
 
 
 @dataclass
@@ -16,6 +17,7 @@ class SdpaBackend(Backend):
 
     which: str = "MATH"
     lowp_math: bool = False
+    supports_gqa: bool = True  # enable_gqa for MATH and FLASH_ATTENTION; K/V heads repeated for the others
 
     def forward(self, q, k, v, *, causal=False, scale=None, mask=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -27,6 +29,10 @@ class SdpaBackend(Backend):
                 f"{self.name} on cuda takes no mask: causal only with Lq == Lk (got Lq={q.shape[-2]}, "
                 f"Lk={k.shape[-2]}, mask {'given' if mask is not None else 'none'})"
             )
+        gqa = q.shape[1] != k.shape[1]
+        if gqa and self.which not in ("MATH", "FLASH_ATTENTION"):
+            k, v = expand_kv_heads(q, k, v)
+            gqa = False
         prev = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(self.lowp_math)
         try:
@@ -38,6 +44,7 @@ class SdpaBackend(Backend):
                     attn_mask=attn_mask,
                     is_causal=causal and mask is None and q.shape[-2] == k.shape[-2],
                     scale=scale,
+                    enable_gqa=gqa,
                 )
         finally:
             torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(prev)

@@ -24,6 +24,7 @@ class SimBackend(Backend):
     block_q: int = 128
     block_k: int = 128
     algorithm: str = "fa2"
+    supports_gqa: bool = True
 
     def configured(
         self,

@@ -1,4 +1,7 @@
-"""Error metrics between an output and a reference: pure functions of two tensors, computed in fp64."""
+"""Error metrics between an output and a reference: pure functions of two tensors, computed in fp64.
+
+`mask` (optional, bool, broadcastable to the tensors' shape, True = counted) restricts a metric to some
+positions, e.g. the query rows that are not padding ([B, 1, Lq, 1] for outputs [B, H, Lq, D])."""
 
 from __future__ import annotations
 
@@ -9,51 +12,62 @@ import torch
 from flashcheck.core.numerics import Format, spacing
 
 
-def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    return a.detach().to(torch.float64), b.detach().to(torch.float64)
+    a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    if mask is None:
+        return a, b
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = counted); got {getattr(mask, 'dtype', type(mask))}")
+    try:
+        keep = torch.broadcast_to(mask.to(a.device), a.shape)
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to {tuple(a.shape)}") from None
+    return a[keep], b[keep]
 
 
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+def max_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |a - b| (nan if any difference is nan)."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     d = (a - b).abs()
     if d.numel() == 0:
         return 0.0
     return float("nan") if torch.isnan(d).any() else float(d.max())
 
 
-def mean_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+def mean_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """mean |a - b|."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     return float((a - b).abs().mean()) if a.numel() else 0.0
 
 
-def std_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+def std_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """Standard deviation of the signed difference a - b."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     return float((a - b).std(unbiased=False)) if a.numel() else 0.0
 
 
-def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+def rmse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """sqrt(mean((a - b)^2))."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     return float(torch.sqrt(((a - b) ** 2).mean())) if a.numel() else 0.0
 
 
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_l2(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """||a - b||_2 / ||b||_2 with b the reference (inf when b is zero and a is not)."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     num, den = torch.linalg.vector_norm(a - b), torch.linalg.vector_norm(b)
     if den == 0:
         return 0.0 if num == 0 else math.inf
     return float(num / den)
 
 
-def max_ulp(a: torch.Tensor, b: torch.Tensor, fmt: Format | str = Format.FP32) -> float:
+def max_ulp(
+    a: torch.Tensor, b: torch.Tensor, fmt: Format | str = Format.FP32, mask: torch.Tensor | None = None
+) -> float:
     """max |a - b| in units of the last place of `fmt` at the reference b's magnitude."""
-    a, b = _pair(a, b)
+    a, b = _pair(a, b, mask)
     if a.numel() == 0:
         return 0.0
     d = (a - b).abs() / spacing(b, fmt)
@@ -94,9 +108,9 @@ def wasserstein1(a: torch.Tensor, b: torch.Tensor) -> float:
 ERROR_METRICS = {"max_abs": max_abs, "mean_abs": mean_abs, "rmse": rmse, "rel_l2": rel_l2}
 
 
-def error_summary(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    """The four headline errors of `out` against `ref`: max_abs, mean_abs, rmse, rel_l2."""
-    return {name: fn(out, ref) for name, fn in ERROR_METRICS.items()}
+def error_summary(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """The four headline errors of `out` against `ref`: max_abs, mean_abs, rmse, rel_l2 (over `mask`)."""
+    return {name: fn(out, ref, mask) for name, fn in ERROR_METRICS.items()}
 
 
 def ratio(num: dict[str, float], den: dict[str, float]) -> dict[str, float]:

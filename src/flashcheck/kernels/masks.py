@@ -44,3 +44,29 @@ def tile_bias(
         m = torch.zeros(m.shape, dtype=dtype).masked_fill(~m, float("-inf")) if m.dtype == torch.bool else m.to(dtype)
         bias = m if bias is None else bias + m
     return bias
+
+
+PADDING_SIDES = ("right", "left")
+
+
+def key_padding_mask(lengths: list[int] | tuple[int, ...], length: int, *, side: str = "right") -> torch.Tensor:
+    """bool [B, 1, 1, length], True at each sequence's real tokens: first (`side` "right": padding after)
+    or last ("left": padding first, as decoders batch prompts). A length of 0 is all padding."""
+    if side not in PADDING_SIDES:
+        raise ValueError(f"unknown padding side {side!r}; expected one of {', '.join(PADDING_SIDES)}")
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length]
+    if bad:
+        raise ValueError(f"padding lengths {bad} must be integers in [0, {length}]")
+    pos = torch.arange(length)
+    n = torch.tensor(list(lengths), dtype=torch.long).unsqueeze(-1)
+    keep = pos < n if side == "right" else pos >= length - n
+    return keep[:, None, None, :]
+
+
+def rows_with_keys(lq: int, lk: int, *, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
+    """bool, broadcastable to [B, H, Lq, 1]: True where a query row sees at least one key."""
+    bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
+    if bias is None:
+        return torch.ones(1, 1, lq, 1, dtype=torch.bool)
+    seen = torch.isfinite(bias).any(dim=-1, keepdim=True)
+    return seen.reshape((1,) * (4 - seen.dim()) + tuple(seen.shape))
