@@ -97,3 +97,12 @@ def test_every_needs_three_cases_and_falls_to_one_counterexample():
     v = every([True, False], "zeros")
     assert v.status == "does not hold" and "1 of 2" in v.reason
     assert every([], "zeros").status == "inconclusive"
+
+
+def test_trend_on_flat_data_with_a_narrow_slope_interval_does_not_hold():
+    """1% noise around a constant at 4 lengths x 3 seeds: tau not significant and the exponent's interval
+    inside +-0.025 around 0, so "grows" does not hold (scipy's p-value comparison is a numpy bool)."""
+    rng = random.Random(0)
+    xs = [2**k for k in range(9, 13) for _ in range(3)]
+    v = trend(xs, [1e-3 * (1 + 0.01 * rng.gauss(0, 1)) for _ in xs])
+    assert v.status == "does not hold" and v.estimate.high - v.estimate.low < 0.05

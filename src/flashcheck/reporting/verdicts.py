@@ -177,7 +177,7 @@ def trend(xs: Sequence[float], ys: Sequence[float], *, increasing: bool = True, 
     slope, _, lo, hi = stats.theilslopes(y, x, alpha=LEVEL)
     est = Estimate(float(slope), float(lo), float(hi), len(pts), f"Theil-Sen slope ({axes})")
     why = f"tau={tau.statistic:+.2f} (p={tau.pvalue:.2g}), slope {est.text()}"
-    sig = tau.pvalue < 0.05
+    sig = bool(tau.pvalue < 0.05)  # a numpy bool is never `is False`
     up, down = sig and tau.statistic > 0 and lo > 0, sig and tau.statistic < 0 and hi < 0
     if (up and increasing) or (down and not increasing):
         return Verdict("holds", rule, why, est)
