@@ -42,7 +42,8 @@ class GuideSettings:
     boundary_lengths: tuple[int, ...] = (256, 1024, 4096)
     sum_methods: tuple[str, ...] = ("flash:fp16", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16")
     sum_keys: tuple[int, int] = (2**15, 2**17)
-    explain_lengths: tuple[int, ...] = (512, 4096)
+    search_twins: bool = False  # the sum's bf16 twins searched too (else tried at both ends and at 65520 keys)
+    explain_lengths: tuple[int, ...] = (512, 2048)
     head_dim: int = 64
     threads: int = 1  # torch threads while timing (the machine is shared; one thread varies least)
 
@@ -58,6 +59,7 @@ GUIDE_PRESETS = {
         boundary_lengths=(256, 1024, 4096, 16384),
         explain_lengths=(512, 4096, 16384),
         sum_methods=("flash:fp16", "flash:fp16@fa1", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16"),
+        search_twins=True,
         repeats=9,
     ),
 }
@@ -75,8 +77,9 @@ def tasks(s: GuideSettings) -> list[tuple[str, dict]]:
             for n in s.boundary_lengths:
                 out.append((f"scale/{name}/L={n}", {"kind": "scale", "method": name, "seq_len": n}))
     for m in s.sum_methods:
-        for name in (m, gm.twin(m)):
-            out.append((f"sum/{name}", {"kind": "sum", "method": name}))
+        out.append((f"sum/{m}", {"kind": "sum", "method": m}))
+        kind = "sum" if s.search_twins else "sum_points"
+        out.append((f"sum/{gm.twin(m)}", {"kind": kind, "method": gm.twin(m)}))
     for n in s.latency_lengths:
         out.append((f"latency/L={n}", {"kind": "latency", "seq_len": n}))
     for n in s.explain_lengths:
@@ -96,6 +99,9 @@ def run_task(params: dict, s: GuideSettings) -> dict:
         return gm.scale_boundary(params["method"], params["seq_len"], head_dim=d)
     if kind == "sum":
         return gm.sum_boundary(params["method"], *s.sum_keys, head_dim=d)
+    if kind == "sum_points":
+        lo, hi = s.sum_keys
+        return gm.sum_points(params["method"], sorted({lo, gm.FP16_SUM_OVERFLOW, hi}), head_dim=d)
     if kind == "latency":
         return gm.latency(
             s.latency_methods,

@@ -159,7 +159,7 @@ def boundary_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
         sums = _sum_text(results, m)
         bf = f"{_scale_text(results, twin(m))[0]}; {_sum_text(results, twin(m))}"
         measured = f"{m}: {scales}; {sums}. bf16 at the same settings: {bf}"
-        if inside or "at Lk" in sums:
+        if inside or "from Lk" in sums:
             v = structural(
                 "fp16's largest finite value is 65504; the search found where a stage kept in fp16 passes it "
                 "before the inputs overflow",
@@ -196,9 +196,12 @@ def _sum_text(results: dict[str, dict], method: str) -> str:
     if r is None or r["status"] != "ok":
         return "keys at the maximum: not measured"
     res = r["result"]
+    if not res.get("searched", True):
+        tried = ", ".join(f"{o} at Lk = {n}" for n, o in res["points"].items())
+        return f"keys at the maximum: {tried}"
     if res["boundary_keys"] is None:
-        return "keys at the maximum: ok up to Lk = 2^17"
-    return f"keys at the maximum: {res['outcome']} at Lk = {res['boundary_keys']}"
+        return f"keys at the maximum: ok up to Lk = {max(map(int, res['points']))}"
+    return f"keys at the maximum: {res['outcome']} from Lk = {res['boundary_keys']}"
 
 
 def gpu_claims() -> list[dict]:

@@ -19,6 +19,7 @@ from flashcheck.measure.method import Method, parse_method
 
 OCTAVE_STEPS = 8  # the scale search's resolution: sigma = 2 ** (i / 8), about 9% per step
 SCALE_TOP = 16 * OCTAVE_STEPS  # sigma = 2**16 overflows every fp16 input
+FP16_SUM_OVERFLOW = 65520  # keys at the row maximum from which an fp16 softmax sum (= the key count) is inf
 WRONG = 0.5  # relative L2 error vs the exact output above which a finite output counts as wrong
 
 
@@ -192,6 +193,21 @@ def sum_boundary(method: str, lo: int, hi: int, *, queries: int = 16, head_dim: 
         "outcome": None if found is None else outcome[found],
         "points": {str(n): outcome[n] for n in sorted(seen)},
         "monotone": monotone,
+        "searched": True,
+    }
+
+
+def sum_points(method: str, keys: list[int], *, queries: int = 16, head_dim: int = 64) -> dict:
+    """The outcome with `keys` keys all at the row maximum, at each given number of keys (no search): the
+    same record as sum_boundary, the first bad point standing for the boundary."""
+    outcome = {n: tied_outcome(method, n, queries=queries, head_dim=head_dim) for n in sorted(keys)}
+    bad = [n for n, o in outcome.items() if o != "ok"]
+    return {
+        "boundary_keys": bad[0] if bad else None,
+        "outcome": outcome[bad[0]] if bad else None,
+        "points": {str(n): o for n, o in outcome.items()},
+        "monotone": all(outcome[n] != "ok" for n in outcome if bad and n >= bad[0]),
+        "searched": False,
     }
 
 

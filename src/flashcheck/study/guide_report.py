@@ -161,12 +161,11 @@ def _boundary_rows(results: dict[str, dict]) -> list[list[str]]:
 def _sum_rows(results: dict[str, dict]) -> list[list[str]]:
     rows = []
     for r in sorted(results.values(), key=lambda r: r["id"]):
-        if _ok(r, "sum"):
+        if _ok(r, "sum") or _ok(r, "sum_points"):
             res = r["result"]
             n = res["boundary_keys"]
-            rows.append(
-                [r["params"]["method"], "none" if n is None else str(n), str(res["outcome"]), str(len(res["points"]))]
-            )
+            tried = str(len(res["points"])) if res.get("searched", True) else "at " + ", ".join(res["points"])
+            rows.append([r["params"]["method"], "none" if n is None else str(n), str(res["outcome"]), tried])
     return rows
 
 
