@@ -133,3 +133,19 @@ def test_guide_preset_refuses_ray_and_a_missing_folder(tmp_path):
     assert result.exit_code == 2 and "runs locally" in result.output
     with pytest.raises(ValueError, match="no guide measurements"):
         read_settings(tmp_path)
+
+
+def test_gpu_claims_are_listed_with_their_command_here_and_judged_from_a_gpu_record():
+    """Without a GPU every GPU claim says so and names the command; a gpu/same record from a GPU run (its
+    shape as guide_measure.gpu_same writes it) is judged by bit identity, a missing flash-attn is a reason."""
+    from flashcheck.study.guide_claims import GPU_COMMAND, gpu_claims
+
+    listed = gpu_claims()
+    assert all(c["status"] == "inconclusive" and c["conditions"] == GPU_COMMAND for c in listed)
+    assert all("needs a GPU" in c["measured"] for c in listed)
+    same = {"available": True, "identical": False, "max_abs": 9.8e-4, "seq_len": 2048}
+    judged = {c["id"]: c for c in gpu_claims({"gpu/same": {"status": "ok", "result": same}})}
+    assert judged["gpu_same"]["status"] == "does not hold" and "0.00098" in judged["gpu_same"]["measured"]
+    missing = {"available": False, "reason": "flash-attn is not installed"}
+    judged = {c["id"]: c for c in gpu_claims({"gpu/same": {"status": "ok", "result": missing}})}
+    assert judged["gpu_same"]["status"] == "inconclusive" and "not installed" in judged["gpu_same"]["measured"]

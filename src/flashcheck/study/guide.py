@@ -84,6 +84,8 @@ def tasks(s: GuideSettings) -> list[tuple[str, dict]]:
         out.append((f"latency/L={n}", {"kind": "latency", "seq_len": n}))
     for n in s.explain_lengths:
         out.append((f"explain/L={n}", {"kind": "explain", "seq_len": n}))
+    if torch.cuda.is_available():  # the claims only a GPU can test, measured where there is one
+        out += [("gpu/same", {"kind": "gpu_same"}), ("gpu/deterministic", {"kind": "gpu_deterministic"})]
     for m in s.cost_methods:
         for backward in (False, True):
             for n in s.cost_lengths:
@@ -111,6 +113,10 @@ def run_task(params: dict, s: GuideSettings) -> dict:
             calls=s.latency_calls,
             blocks=s.latency_blocks,
         )
+    if kind == "gpu_same":
+        return gm.gpu_same(head_dim=d)
+    if kind == "gpu_deterministic":
+        return gm.gpu_deterministic(head_dim=d)
     if kind == "explain":
         return gm.explain(params["seq_len"], heads=s.cost_heads * 2, head_dim=d)
     if kind == "cost":

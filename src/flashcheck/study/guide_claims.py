@@ -204,16 +204,46 @@ def _sum_text(results: dict[str, dict], method: str) -> str:
     return f"keys at the maximum: {res['outcome']} from Lk = {res['boundary_keys']}"
 
 
-def gpu_claims() -> list[dict]:
-    """The guide's claims that only a GPU can test, with the command that measures them there."""
+GPU_CLAIMS = {
+    "gpu_same": "The PyTorch native backend and the flash-attn library share CUDA kernels: identical numerics",
+    "gpu_deterministic": "torch.backends.cudnn.deterministic = True may cost Flash Attention speed",
+    "gpu_arch": "Flash Attention needs an Ampere or newer GPU (flash-attn wheels)",
+}
+
+
+def gpu_claims(results: dict[str, dict] | None = None) -> list[dict]:
+    """The guide's claims that only a GPU can test: measured where the guide ran on one (gpu/* tasks), else
+    listed as not measured with the command that measures them."""
+    results = results or {}
     why = "not measured here: needs a GPU"
-    rows = [
-        ("The PyTorch native backend and the flash-attn library share CUDA kernels: identical numerics", "gpu_same"),
-        ("torch.backends.cudnn.deterministic = True may cost Flash Attention speed", "gpu_deterministic"),
-        ("Flash Attention needs an Ampere or newer GPU (flash-attn wheels)", "gpu_arch"),
-    ]
-    v = Verdict("inconclusive", "measured on a CUDA GPU only", why)
-    return [claim(text, v, why, GPU_COMMAND, cid) for text, cid in rows]
+    out = []
+    for cid, text in GPU_CLAIMS.items():
+        r = results.get(cid.replace("_", "/", 1))
+        if r is not None and r["status"] == "ok" and r["result"].get("available", True):
+            out.append(_gpu_measured(cid, text, r["result"]))
+        else:
+            reason = r["result"].get("reason", why) if r is not None and r["status"] == "ok" else why
+            out.append(
+                claim(text, Verdict("inconclusive", "measured on a CUDA GPU only", reason), reason, GPU_COMMAND, cid)
+            )
+    return out
+
+
+def _gpu_measured(cid: str, text: str, res: dict) -> dict:
+    if cid == "gpu_same":
+        same = res["identical"]
+        v = Verdict(
+            "holds" if same else "does not hold",
+            "bit-identical outputs (torch.equal)",
+            f"max |sdpa-flash - flash-attn| = {res['max_abs']:.3g}",
+        )
+        cond = f"fp16, L = {res['seq_len']}, H = 8, D = 64, CUDA"
+        return claim(text, v, v.reason, cond, cid)
+    on = [median_interval(b).value for b in res["blocks"]["on"]]
+    off = [median_interval(b).value for b in res["blocks"]["off"]]
+    est = ratio_interval(on, off)
+    cond = f"SDPA default backend, bf16, L = {res['seq_len']}, H = 16, blocks interleaved, CUDA"
+    return claim(text, compare(est, above=True), f"time on / off {est.text()}", cond, cid)
 
 
 def log_mean(values: list[float]) -> Estimate:

@@ -241,3 +241,44 @@ def explain(seq_len: int, *, heads: int, head_dim: int, policy: str = "bf16-mixe
 
     spec = InputSpec(batch=1, heads=heads, seq_len=seq_len, head_dim=head_dim, seed=0)
     return attribute(parse_policy(policy), spec, block_q=128, block_k=128, algorithm="fa2").to_dict()
+
+
+def gpu_same(*, seq_len: int = 2048, heads: int = 8, head_dim: int = 64) -> dict:
+    """On a CUDA GPU: are SDPA's flash backend and flash-attn bit-identical on the same fp16 inputs?"""
+    from flashcheck.backends import get_backend
+
+    q, k, v = (t.to(torch.float16) for t in make_qkv(InputSpec(batch=1, heads=heads, seq_len=seq_len, seed=0)))
+    fa = get_backend("flash-attn")
+    avail = fa.available(torch.float16, "cuda")
+    if not avail.ok:
+        return {"available": False, "reason": avail.reason}
+    a = get_backend("sdpa-flash").run(q, k, v, device="cuda")
+    b = fa.run(q, k, v, device="cuda")
+    diff = float((a.double() - b.double()).abs().max())
+    return {"available": True, "identical": bool(torch.equal(a, b)), "max_abs": diff, "seq_len": seq_len}
+
+
+def gpu_deterministic(*, seq_len: int = 4096, heads: int = 16, head_dim: int = 64, calls: int = 50) -> dict:
+    """On a CUDA GPU: SDPA's default forward timed with torch.backends.cudnn.deterministic off and on, in
+    interleaved blocks of `calls` calls (CUDA-synchronised), five blocks each."""
+    spec = InputSpec(batch=1, heads=heads, seq_len=seq_len, head_dim=head_dim, seed=0)
+    q, k, v = (t.to("cuda", torch.bfloat16) for t in make_qkv(spec))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    prev = torch.backends.cudnn.deterministic
+    out: dict[str, list[list[float]]] = {"off": [], "on": []}
+    try:
+        for _ in range(5):
+            for name, flag in (("off", False), ("on", True)):
+                torch.backends.cudnn.deterministic = flag
+                sdpa(q, k, v)
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    sdpa(q, k, v)
+                    torch.cuda.synchronize()
+                    ts.append(time.perf_counter() - start)
+                out[name].append(ts)
+    finally:
+        torch.backends.cudnn.deterministic = prev
+    return {"blocks": out, "seq_len": seq_len}

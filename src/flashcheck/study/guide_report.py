@@ -47,7 +47,7 @@ def build_guide_report(folder: str | Path) -> dict:
         *gc.boundary_claims(results, s),
         *gc.error_claims(records, methods),
         *gc.slope_claims(records, explains, methods),
-        *gc.gpu_claims(),
+        *gc.gpu_claims(results),
     ]
     figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
     failures = [
