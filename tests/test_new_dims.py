@@ -265,3 +265,15 @@ def test_delta_source_reads_the_chosen_copy_of_o():
     assert not torch.equal(err["fresh"], err["fresh-1"])
     with pytest.raises(ValueError, match="delta_source"):
         parse_policy("bf16-mixed,delta_source=cached")
+
+
+def test_compare_runs_the_split_kv_kernel_human_output():
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    args = "compare --kernel splitkv --numerics bf16-mixed --seq-len 96 --heads 2 --block-k 16 --causal"
+    res = CliRunner().invoke(app, args.split())
+    assert res.exit_code == 0, res.output
+    assert "splitkv [bf16-mixed] vs standard [bf16-mixed]" in res.output
+    assert "rel_l2" in res.output and "causal" in res.output

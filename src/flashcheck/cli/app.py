@@ -36,6 +36,7 @@ app = typer.Typer(
 class Kernel(StrEnum):
     flash = "flash"
     standard = "standard"
+    splitkv = "splitkv"
 
 
 class Algorithm(StrEnum):

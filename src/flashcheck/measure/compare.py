@@ -58,12 +58,13 @@ class CompareConfig:
 
     def case(self) -> Case:
         """The measure.Case: the kernel under the candidate policy, standard attention under the baseline's."""
+        tiled = self.kernel in ("flash", "splitkv")  # splitkv: flash chunks (4 splits)
         cand = Method(
             kernel=self.kernel,
             policy=self.candidate_policy(),
-            block_q=self.block_q if self.kernel == "flash" else 0,
-            block_k=self.block_k if self.kernel == "flash" else 0,
-            algorithm=self.algorithm if self.kernel == "flash" else "",
+            block_q=self.block_q if tiled else 0,
+            block_k=self.block_k if tiled else 0,
+            algorithm=self.algorithm if tiled else "",
         )
         base = Method(kernel="standard", policy=self.baseline_policy(), block_q=0, block_k=0, algorithm="")
         return Case(inputs=self.inputs, method=cand, baseline=base, causal=self.causal)
