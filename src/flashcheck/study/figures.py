@@ -67,7 +67,7 @@ X_LABEL = {
     "seq_len": "sequence length L [tokens]",
     "head_dim": "head dim D",
     "tile": "tile Br x Bc (Bc = keys per block)",
-    "policy": "policy (number format of every stage; -mixed: fp32 statistics and accumulator)",
+    "policy": "policy (-mixed: fp32 statistics and accumulator)",
 }
 
 
@@ -135,7 +135,12 @@ def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
     ax.set_yscale("log")
     ax.set_ylabel(f"{METRIC[sw.metric]} vs FP64 (original inputs)")
     ax.set_title("error, paper's view: vs FP64 of the original inputs", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28), ncol=2)
+    _legend_below(ax, x)
+
+
+def _legend_below(ax, x: str, ncol: int = 2) -> None:
+    """The legend under the axes (never over the data), below rotated tick labels where there are some."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.4 if x in ("tile", "policy") else -0.22), ncol=ncol)
 
 
 def _baseline_words(points: list[Point]) -> str:
@@ -172,7 +177,7 @@ def _draw_ratios(ax, points: list[Point], x: str, *, own: bool, metric: str) -> 
     )
     ax.set_title(f"ratio, {title}", fontsize=9)
     if drawn:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28))
+        _legend_below(ax, x, ncol=1)
 
 
 def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
@@ -205,4 +210,4 @@ def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
         ax.set_yscale("log")
         ax.set_ylabel("RMSE vs FP64 of the original inputs")
         ax.set_title(f"head dim D={d}", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.28), ncol=2)
+        _legend_below(ax, "seq_len")

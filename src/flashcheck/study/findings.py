@@ -106,9 +106,7 @@ def _length_findings(points: list[Point]) -> list[dict]:
         return [*out, finding("grows_with_seq_len", claim, NOT_MEASURED, None, paper="grows", section="seq_len")]
     v = trend_of(points, PAPER, lambda p: p.seq_len)
     base = trend_of(points, PAPER, lambda p: p.seq_len, ratio=False)
-    slope = v.estimate.text(".2f") if v.estimate else v.reason
-    bslope = base.estimate.text(".2f") if base.estimate else base.reason
-    measured = f"ratio ~ L^slope, slope {slope}; Baseline's own max-abs ~ L^slope, slope {bslope}"
+    measured = f"ratio ~ L^slope, {_slope(v)}; Baseline's own max-abs ~ L^slope, {_slope(base)}"
     grows = finding("grows_with_seq_len", claim, measured, v, paper="grows", section="seq_len")
     grows["baseline_trend"] = base.to_dict()  # the Baseline's own max-abs vs L: where it drives the ratio
     return [*out, grows]
@@ -125,7 +123,7 @@ def _tile_findings(pts: dict[str, list[Point]]) -> list[dict]:
     claim = "Larger tiles give less deviation; here a Bc effect: the all-bf16 ratio falls as Bc grows"
     if len({p.block for p in area}) > 1:
         v = trend_of(area, PAPER, lambda p: p.block[1], increasing=False)
-        measured = f"ratio ~ Bc^slope over tiles {', '.join(p.label for p in area)}: slope {_slope(v)}"
+        measured = f"ratio ~ Bc^slope over tiles {', '.join(p.label for p in area)}: {_slope(v)}"
         out.append(finding("shrinks_with_block_area", claim, measured, v, paper="shrinks", section="block_area"))
     else:
         out.append(finding("shrinks_with_block_area", claim, NOT_MEASURED, None, section="block_area"))
@@ -138,7 +136,7 @@ def _tile_findings(pts: dict[str, list[Point]]) -> list[dict]:
     if len({p.block[1] for p in sq}) > 1:
         v = trend_of(sq, PAPER, lambda p: p.block[1], increasing=False)
         tiles = ", ".join(f"{p.label} {ratio_text(p.ratio_estimate())}" for p in sorted(sq, key=lambda p: p.block[1]))
-        measured = f"{tiles}; ratio ~ Bc^slope, slope {_slope(v)}"
+        measured = f"{tiles}; ratio ~ Bc^slope, {_slope(v)}"
         out.append(finding("square_tiles", claim, measured, v, paper="no change", section="square"))
     else:
         out.append(finding("square_tiles", claim, NOT_MEASURED, None, paper="no change", section="square"))
@@ -146,7 +144,7 @@ def _tile_findings(pts: dict[str, list[Point]]) -> list[dict]:
 
 
 def _slope(v: Verdict) -> str:
-    return v.estimate.text(".2f") if v.estimate is not None else v.reason
+    return f"slope {v.estimate.text('.2f')}" if v.estimate is not None else f"no slope ({v.reason})"
 
 
 def _br_finding(pts: dict[str, list[Point]]) -> dict:
