@@ -41,3 +41,20 @@ def test_styler_never_reuses_a_colour_within_one_axes():
     style = Styler()
     colours = [style(f"s{i}")["color"] for i in range(12)]
     assert len(set(colours)) == 12 and style("s0") == style("s0")
+
+
+def test_sentences_link_to_heading_anchors(tmp_path):
+    from flashcheck.reporting.page import Sentences
+
+    page = Page("t").add(
+        Heading("Conclusion"),
+        Sentences([("Flash is within 5% & fine.", "seq_len")]),
+        Bullets([("br", "structural", "fixed"), ("g", "does not hold", "no")]),
+        Heading("seq_len", anchor="seq_len"),
+    )
+    write_report(tmp_path, page)
+    md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "- Flash is within 5% & fine. ([seq_len](#seq_len))" in md and '<a id="seq_len"></a>\n\n## seq_len' in md
+    assert "<li>Flash is within 5% &amp; fine. (<a href='#seq_len'>seq_len</a>)</li>" in html
+    assert "<h2 id='seq_len'>seq_len</h2>" in html
+    assert "<span class='structural'>structural</span>" in html and "<span class='fails'>does not hold</span>" in html

@@ -179,3 +179,21 @@ def test_figure_problems_catches_what_the_old_figures_did(tmp_path):
     ax.legend()
     assert figure_problems(fig) == []
     plt.close(fig)
+
+
+def test_the_cli_prints_the_conclusion_skipped_and_failed_cases(capsys):
+    from flashcheck.cli.study import _print_findings
+
+    summary = {
+        "conclusion": [{"text": "Flash is fine at bf16-mixed.", "section": "seq_len"}],
+        "findings": [{"id": "br_no_effect", "measured": "2 of 2 pairs", "status": "structural", "holds": True}],
+        "skipped": [{"method": "flash-attn:bf16", "cases": 3, "reason": "needs a GPU"}],
+        "failed": 1,
+        "failures": [{"case": "flash:fa3-fp8 L=16", "error": "ValueError: power-of-two head dim"}],
+    }
+    _print_findings(summary, None, "out")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["Conclusion", "- Flash is fine at bf16-mixed."]
+    assert "br_no_effect: structural — 2 of 2 pairs" in lines
+    assert "skipped: flash-attn:bf16, 3 case(s): needs a GPU" in lines
+    assert "  flash:fa3-fp8 L=16: ValueError: power-of-two head dim" in lines
