@@ -126,6 +126,7 @@ def test_report_command_rebuilds_a_guide_folder_in_words(guide_folder):
     assert result.exit_code == 0, result.output
     assert "structural: FP16 produced NaN at very long sequences" in result.output
     assert "Time is O(n^2) in the length" in result.output and "report.html" in result.output
+    assert "Is the deviation worth it? At bf16 on this CPU, the flash kernel's relative error" in result.output
 
 
 def test_guide_preset_refuses_ray_and_a_missing_folder(tmp_path):

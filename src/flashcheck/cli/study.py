@@ -93,6 +93,7 @@ def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = Fals
         )
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
     if not quiet:
+        console.print(escape(summary["answer"]))
         for f in summary["findings"]:
             word = f"[{colour.get(f['status'], 'dim')}]{f['status']}[/]"
             console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")

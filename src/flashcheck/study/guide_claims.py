@@ -324,4 +324,49 @@ def attribution_reason(explains: dict[int, dict]) -> str:
         for st in ("output", "p", "accum", "stats")
         if st in first["alone"]
     )
-    return "; ".join(parts) + f"; {moves}"
+    tiles = max(last["alone"].get(st, 0.0) for st in ("accum", "stats"))
+    per_element = max(last["alone"].get(st, 0.0) for st in ("input", "p", "output"))
+    why = (
+        f"the stages that accumulate over tiles (accum, stats) alone give at most {tiles:.2g} at L={ls[-1]}, "
+        f"the per-element roundings (input, p, output) up to {per_element:.2g}"
+    )
+    return "; ".join(parts) + f"; {moves}; {why}"
+
+
+def answer(records: list, results: dict[str, dict]) -> str:
+    """The user's question in one paragraph: what the CPU flash kernel's extra deviation is (its error over
+    math's on the same inputs) beside the time and memory it saves, all at bf16."""
+    errs = {}
+    for r in records:
+        if r.status == "ok" and r.case.method in ("sdpa-flash:bf16", "sdpa-math:bf16"):
+            errs.setdefault(r.case.method, {})[(r.case.seq_len, r.case.seed)] = r.errors["rel_l2"]
+    pairs = sorted(set(errs.get("sdpa-flash:bf16", {})) & set(errs.get("sdpa-math:bf16", {})))
+    if not pairs:
+        return "Not enough measurements to weigh the deviation against the cost."
+    dev = ratio_interval([errs["sdpa-flash:bf16"][p] for p in pairs], [errs["sdpa-math:bf16"][p] for p in pairs])
+    flash_t, math_t = _medians(results, "sdpa-flash:bf16", False), _medians(results, "sdpa-math:bf16", False)
+    both = sorted(set(flash_t) & set(math_t))
+    top = both[-1] if both else None
+    mem = {
+        m: max(cost_series(results, m, False, "memory")[1] or [math.nan]) for m in ("sdpa-flash:bf16", "sdpa-math:bf16")
+    }
+    cost = (
+        f" and at L={top} its forward takes {flash_t[top]:.3g} s against {math_t[top]:.3g} s, with a peak of "
+        f"{mem['sdpa-flash:bf16'] / 2**20:.3g} MiB against {mem['sdpa-math:bf16'] / 2**20:.3g} MiB"
+        if top
+        else ""
+    )
+    return (
+        f"Is the deviation worth it? At bf16 on this CPU, the flash kernel's relative error against FP64 is "
+        f"{dev.text('.3g')} times the math kernel's on the same inputs{_input_share(records)}{cost}."
+    )
+
+
+def _input_share(records: list) -> str:
+    """A clause saying that input rounding is most of both kernels' error, when the two error views say so."""
+    shares = []
+    for m in ("sdpa-flash:bf16", "sdpa-math:bf16"):
+        _, total = error_series(records, m)
+        _, own = error_series(records, m, "errors_rounded")
+        shares.append(ratio_interval(own, total).high)
+    return " (most of both is the rounding of the inputs to bf16)" if max(shares) < SQRT_HALF else ""

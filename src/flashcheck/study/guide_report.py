@@ -65,6 +65,7 @@ def build_guide_report(folder: str | Path) -> dict:
         "failures": failures,
         "skipped": [{"task": r["id"], "reason": r.get("reason")} for r in results.values() if r["status"] == "skipped"],
         "runs": [run for _, run in read_jsonl(folder / "runs.jsonl", "runs")],
+        "answer": gc.answer(records, results),
         "settings": s.to_dict(),
         "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
     }
@@ -92,6 +93,7 @@ def _page(summary, records, results, s, explains, figures, folder) -> Page:
     page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
     rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in summary["findings"]]
     page.add(Heading("The guide's claims"), Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows))
+    page.add(Text(summary["answer"]))
     page.add(
         Text(
             "Rules (reporting.verdicts): exponents are Theil-Sen slopes of log value vs log L over every repeat, "
