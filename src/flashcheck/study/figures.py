@@ -15,7 +15,7 @@ from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
 from flashcheck.study.points import Point, sweep_points
 
 METRIC = {"max_abs": "max-abs", "mean_abs": "mean-abs", "std": "std", "rmse": "RMSE", "rel_l2": "rel-L2"}
-OWN = "rel-L2 (rounded inputs)"
+OWN = "rel-L2 vs FP64 of the rounded inputs"
 
 
 def draw_figures(config: StudyConfig, records: dict[str, CaseRecord], folder: Path) -> dict[str, Path]:
@@ -41,11 +41,11 @@ def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -
     seeds = len(sw.seeds)
     title = f"{sw.question} ({study} study): {sw.distributions[0]} inputs, {seeds} seed(s); mean and 95% interval"
     if sw.question == "fa3":
-        with figure(path, ncols=1 + len(sw.head_dims), size=(5.5, 4.2)) as (fig, axes):
+        with figure(path, ncols=1 + len(sw.head_dims), size=(5.5, 5.6)) as (fig, axes):
             _draw_fa3(axes, points, sw)
             fig.suptitle(title)
         return
-    with figure(path, ncols=3, size=(5.4, 4.2)) as (fig, axes):
+    with figure(path, ncols=3, size=(5.4, 5.6)) as (fig, axes):
         x = x_axis(sw)
         _draw_errors(axes[0], points, sw, x)
         _draw_ratios(axes[1], points, x, own=False, metric=sw.metric)
@@ -132,7 +132,7 @@ def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
         xs = [_xpos(p, x, cats) for p in ps]
         ax.errorbar(xs, ys, yerr=err, capsize=3, ls="none" if x == "policy" else "-", **style(name))
     _set_x(ax, points, x)
-    ax.set_yscale("log")
+    _log_if_decades(ax, [v for p in points for v in p.values])
     ax.set_ylabel(f"{METRIC[sw.metric]} vs FP64 (original inputs)")
     ax.set_title("error, paper's view: vs FP64 of the original inputs", fontsize=9)
     _legend_below(ax, x)
@@ -140,7 +140,14 @@ def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
 
 def _legend_below(ax, x: str, ncol: int = 2) -> None:
     """The legend under the axes (never over the data), below rotated tick labels where there are some."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.4 if x in ("tile", "policy") else -0.22), ncol=ncol)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.42 if x in ("tile", "policy") else -0.2), ncol=ncol)
+
+
+def _log_if_decades(ax, values: list[float]) -> None:
+    """A log y axis where the drawn values span more than a decade."""
+    pos = [v for v in values if math.isfinite(v) and v > 0]
+    if pos and max(pos) / min(pos) > 10:
+        ax.set_yscale("log")
 
 
 def _baseline_words(points: list[Point]) -> str:
@@ -160,16 +167,15 @@ def _draw_ratios(ax, points: list[Point], x: str, *, own: bool, metric: str) -> 
         ps = sorted(ps, key=lambda p: _xpos(p, x, cats))
         ests = [p.own_ratio_estimate() if own else p.ratio_estimate() for p in ps]
         ys, err = _yerr(ests)
-        base = "standard" if x == "policy" else ps[0].baseline
+        base = ps[0].baseline.partition(":")[0] if x == "policy" else ps[0].baseline
         ls = "none" if x == "policy" else "-"
         ax.errorbar([_xpos(p, x, cats) for p in ps], ys, yerr=err, capsize=3, ls=ls, **style(f"{name} ÷ {base}"))
         drawn += [y for y in ys if math.isfinite(y) and y > 0]
     ax.axhline(1.0, color="0.6", lw=0.8)
     _set_x(ax, points, x)
-    if drawn and max(drawn) / min(drawn) > 10:
-        ax.set_yscale("log")
-    name = OWN if own else METRIC[metric]
-    ax.set_ylabel(f"{name} ratio ÷ {_baseline_words(points)}")
+    _log_if_decades(ax, drawn)
+    name = OWN if own else f"{METRIC[metric]} vs FP64 of the original inputs"
+    ax.set_ylabel(f"{name},\nratio ÷ {_baseline_words(points)}")
     title = (
         "kernel's own view: rel-L2 vs FP64 of the rounded inputs"
         if own
