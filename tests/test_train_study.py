@@ -4,7 +4,6 @@ over seeds, verdicts against 1 and the paper's band, the figures' metadata; tied
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -13,57 +12,9 @@ import torch
 from flashcheck.training.experiments import train_preset
 from flashcheck.training.ratios import GROWTH_END, describe_slope, findings, growth_fit, ratio_by_step, ratios
 from flashcheck.training.tied_max import sign_consistency
+from helpers import audited_figures
 
 STEPS = list(range(0, 130, 10))
-
-
-@dataclass
-class FigureChecks:
-    count: int = 0
-    problems: list = field(default_factory=list)
-
-
-def _own_problems(fig) -> list[str]:
-    """The core of reporting.figures.figure_problems: labels, legend = labelled series, no repeated colour."""
-    out = []
-    for i, ax in enumerate(fig.axes):
-        handles, labels = ax.get_legend_handles_labels()
-        if not (handles or ax.lines or ax.images):
-            continue
-        out += [f"axes {i}: no {n} label" for n, t in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())) if not t]
-        legend = ax.get_legend()
-        entries = [t.get_text() for t in legend.get_texts()] if legend else []
-        if handles and sorted(entries) != sorted(labels):
-            out.append(f"axes {i}: legend {entries} but drawn {labels}")
-        colours = [h.get_color() for h in handles if hasattr(h, "get_color")]
-        if len(colours) != len(set(colours)):
-            out.append(f"axes {i}: repeated colour among {labels}")
-    return out
-
-
-def check_figures(monkeypatch) -> FigureChecks:
-    """Every figure saved from now on in the test is checked first (reporting.figures.figure_problems where
-    present, and this file's own check)."""
-    from matplotlib.figure import Figure
-
-    try:
-        from flashcheck.reporting.figures import figure_problems
-    except ImportError:
-        figure_problems = _own_problems
-    checks, save = FigureChecks(), Figure.savefig
-
-    def checked(fig, *args, **kw):
-        checks.count += 1
-        checks.problems += [f"{args[0] if args else ''}: {p}" for p in figure_problems(fig) + _own_problems(fig)]
-        return save(fig, *args, **kw)
-
-    monkeypatch.setattr(Figure, "savefig", checked)
-    return checks
-
-
-@pytest.fixture
-def figure_checks(monkeypatch) -> FigureChecks:
-    return check_figures(monkeypatch)
 
 
 def _curve(w1: list[float], layers: int = 2) -> dict:
@@ -147,7 +98,7 @@ def test_ratio_by_step_has_an_interval_per_saved_step():
     assert all(row["n"] == 3 and row["low"] <= row["value"] <= row["high"] for row in rows)
 
 
-def test_train_study_figures_pass_the_metadata_check(tmp_path, figure_checks):
+def test_train_study_figures_pass_the_metadata_check(tmp_path):
     """The report's figures on a synthetic 3-seed study (quick's shape: 4 pairs, 3 seeds, 13 saved steps)."""
     pytest.importorskip("matplotlib")
     from flashcheck.training.ratios import conclusion
@@ -178,8 +129,12 @@ def test_train_study_figures_pass_the_metadata_check(tmp_path, figure_checks):
     }
     summary["conclusion"] = conclusion(summary)
     losses = {f"{k}-s0": [3.0, 2.5, 2.0] for k in ("base", "flash", "reseed", "bf16", "fp16")}
-    write_train_report(summary, losses, tmp_path)
-    assert figure_checks.count == 5 and figure_checks.problems == [], figure_checks.problems
+    with audited_figures() as seen:
+        write_train_report(summary, losses, tmp_path)
+    assert len(seen) == 5 and all(problems == [] for _, problems, _ in seen), seen
+    ylabels = {name: labels for name, _, labels in seen}
+    assert "W1 ratio (Flash vs base) / (format vs base)" in ylabels["ratio.png"]
+    assert all("(variant, base)" in y for y in ylabels["wasserstein.png"] + ylabels["max_abs.png"])
     report = (tmp_path / "report.md").read_text()
     assert report.index("Conclusion") < report.index("Verdicts")
     assert "grows slower than fp16-vs-fp32 drift" in report and "0.2-0.5 band: holds" in report

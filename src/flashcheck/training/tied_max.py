@@ -15,10 +15,11 @@ training. Metrics per variant, from the delta errors e [T steps, B, H, L rows]:
   up to sqrt(T) for errors of one sign).
 The thresholds of the verdicts are not chosen: they are the 99th percentile over seeds of the same statistic
 on the untied control (normal inputs, same variants), and each verdict compares the tied runs' 95% interval
-over seeds with it (`reporting.verdicts.compare`)."""
+over seeds (geometric mean, t interval on logs) with it (`reporting.verdicts.compare`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -244,14 +245,23 @@ PAPER = {
 }
 
 
+def geometric_interval(values: list[float]):
+    """Geometric mean over seeds with a t interval on the logs (every statistic here is positive and spreads
+    by factors between seeds), as reporting.verdicts.ratio_interval over a denominator of ones."""
+    from flashcheck.reporting.verdicts import ratio_interval
+
+    est = ratio_interval(values, [1.0] * len(values))
+    return dataclasses.replace(est, method="geometric mean over seeds, t interval on logs")
+
+
 def _findings(runs: dict, thresholds: dict) -> list[dict]:
-    """Each claim: the tied runs' 95% interval over seeds against the control-derived threshold."""
-    from flashcheck.reporting.verdicts import compare, mean_interval
+    """Each claim: the tied runs' 95% interval over seeds (geometric) against the control-derived threshold."""
+    from flashcheck.reporting.verdicts import compare
 
     out = []
     for fid, variant, metric, above, claim in CLAIMS:
         thr = thresholds[metric]["value"]
-        est = mean_interval(_values(runs["tied"], variant, metric))
+        est = geometric_interval(_values(runs["tied"], variant, metric))
         v = compare(est, above=above, threshold=thr)
         out.append(
             {

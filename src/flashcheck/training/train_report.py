@@ -180,6 +180,18 @@ def _pair_rows(pairs: dict) -> list[list[str]]:
     return rows
 
 
+def _method_text(c: dict) -> str:
+    m = c["model"]
+    return (
+        "Slopes are least-squares fits of W1 over the growth phase of each curve: from step 0 to the first saved "
+        "step where it reaches 90% of its largest value (at least 3 points); the window is in the table and "
+        f"dashed in the figure. Runs: model {m['layers']} layers, dim {m['dim']}, {m['heads']} heads, "
+        f"{m['seq_len']} tokens, vocabulary {m['vocab']}; batch {c['batch']}, {c['steps']} steps saved every "
+        f"{c['save_every']}, lr {c['lr']:g}, attention policy {c['attention_policy']}, {c['seeds']} seed(s); "
+        f"overrides of the preset: {c['overrides'] or 'none'}."
+    )
+
+
 def write_train_report(summary: dict, losses: dict, out: Path) -> None:
     """report.md and report.html: conclusion first, verdicts, ratio table, pair table, slopes, figures."""
     c = summary["conditions"]
@@ -200,15 +212,7 @@ def write_train_report(summary: dict, losses: dict, out: Path) -> None:
         page.add(Heading("No verdicts"), Text(summary["note"] + "."))
     page.add(Heading("Ratios (geometric mean over seeds, 95% t interval on log ratios)"))
     page.add(Table(["ratio", "value", "95% interval", "n", "per seed", "left out"], _ratio_rows(summary["ratios"])))
-    page.add(
-        Text(
-            "Slopes are least-squares fits of W1 over the growth phase of each curve: from step 0 to the first saved "
-            "step where it reaches 90% of its largest value (at least 3 points); the window is in the table and "
-            "dashed in the figure. Runs: " + f"model {c['model']}, batch {c['batch']}, {c['steps']} steps saved every "
-            f"{c['save_every']}, lr {c['lr']:g}, attention policy {c['attention_policy']}, {c['seeds']} seed(s); "
-            f"overrides of the preset: {c['overrides'] or 'none'}."
-        )
-    )
+    page.add(Text(_method_text(c)))
     header = ["pair", "seed", "runs", "final W1", "final max abs", "W1 slope / step", "fit window (steps)", "phase"]
     page.add(Heading("Pairs"), Table(header, _pair_rows(summary["pairs"])))
     notes = [
