@@ -109,7 +109,7 @@ def test_train_study_figures_pass_the_metadata_check(tmp_path):
     summary = {
         "study": "synthetic",
         "conditions": {
-            "model": {"layers": 2, "dim": 64},
+            "model": {"layers": 2, "dim": 64, "heads": 4, "seq_len": 64, "vocab": 64},
             "batch": 8,
             "steps": 120,
             "save_every": 10,
