@@ -106,3 +106,12 @@ def test_trend_on_flat_data_with_a_narrow_slope_interval_does_not_hold():
     xs = [2**k for k in range(9, 13) for _ in range(3)]
     v = trend(xs, [1e-3 * (1 + 0.01 * rng.gauss(0, 1)) for _ in xs])
     assert v.status == "does not hold" and v.estimate.high - v.estimate.low < 0.05
+
+
+def test_identical_values_give_a_zero_width_interval_without_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        e = ratio_interval([1.1, 1.1, 1.1], [1.0, 1.0, 1.0])
+    assert math.isclose(e.low, 1.1) and math.isclose(e.high, 1.1) and e.n == 3

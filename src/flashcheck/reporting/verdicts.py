@@ -75,7 +75,7 @@ def mean_interval(xs: Sequence[float]) -> Estimate:
     mean = sum(v) / n
     if n < 2:
         return Estimate(mean, math.nan, math.nan, n, "mean, t interval")
-    sd = stats.tstd(v)
+    sd = statistics.stdev(v)  # exact for identical values, where scipy's tstd warns of precision loss
     half = stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd / math.sqrt(n)
     return Estimate(mean, mean - half, mean + half, n, "mean, t interval")
 

@@ -229,4 +229,25 @@ def _backend_findings(points: list[Point]) -> list[dict]:
         measured = f"{ratio_text(est)}; kernel's own error (rel-L2 vs FP64 of the rounded inputs) {ratio_text(own)}"
         fid = "backend_" + method.replace(":", "_")
         out.append(finding(fid, claim, measured, compare(est, above=False), section="backends"))
+    return out + _flash_vs_math(points)
+
+
+def _flash_vs_math(points: list[Point]) -> list[dict]:
+    """The real CPU flash kernel against SDPA math in the same format, on the same inputs: the kernel's own
+    error (relative L2 against FP64 of the rounded inputs) separates the algorithm from input rounding."""
+    out = []
+    for p_flash in {p.method: p for p in points if p.method.startswith("sdpa-flash:")}.values():
+        fmt = p_flash.method.partition(":")[2]
+        flash = [p for p in points if p.method == p_flash.method]
+        math_ = {(p.seq_len, p.head_dim, p.distribution): p for p in points if p.method == f"sdpa-math:{fmt}"}
+        pairs = [(f, math_.get((f.seq_len, f.head_dim, f.distribution))) for f in flash]
+        pairs = [(f, m) for f, m in pairs if m is not None and f.seeds == m.seeds]
+        if not pairs:
+            continue
+        own = ratio_interval([v for f, _ in pairs for v in f.own], [v for _, m in pairs for v in m.own])
+        view = ratio_interval([v for f, _ in pairs for v in f.values], [v for _, m in pairs for v in m.values])
+        claim = f"sdpa-flash:{fmt} deviates more than sdpa-math:{fmt} on the same rounded inputs (kernel's own rel-L2)"
+        measured = f"kernel's own error {ratio_text(own)}; rel-L2 vs FP64 of the original inputs {ratio_text(view)}"
+        fid = f"backend_flash_vs_math_{fmt}"
+        out.append(finding(fid, claim, measured, compare(own), section="backends"))
     return out
