@@ -134,7 +134,8 @@ def test_train_study_figures_pass_the_metadata_check(tmp_path):
     assert len(seen) == 5 and all(problems == [] for _, problems, _ in seen), seen
     ylabels = {name: labels for name, _, labels in seen}
     assert "W1 ratio (Flash vs base) / (format vs base)" in ylabels["ratio.png"]
-    assert all("(variant, base)" in y for y in ylabels["wasserstein.png"] + ylabels["max_abs.png"])
+    assert ylabels["wasserstein.png"] == ["Wasserstein-1(W_variant, W_base) [weight units]"]
+    assert ylabels["max_abs.png"] == ["max |W_variant - W_base| [weight units]"]
     report = (tmp_path / "report.md").read_text()
     assert report.index("Conclusion") < report.index("Verdicts")
     assert "grows slower than fp16-vs-fp32 drift" in report and "0.2-0.5 band: holds" in report

@@ -22,7 +22,7 @@ from flashcheck.reporting import (
 from flashcheck.training.ratios import PAPER_BAND
 
 BASE = "the base run (standard attention, fp32 model)"
-WHAT = {"wasserstein": "Wasserstein-1", "max_abs": "max |W_variant - W_base|"}
+WHAT = {"wasserstein": "Wasserstein-1(W_variant, W_base)", "max_abs": "max |W_variant - W_base|"}
 
 
 def _mean(rows: list[list[float]]) -> list[float]:
@@ -52,8 +52,9 @@ def _deviation_figure(pairs: dict, metric: str, path: Path) -> None:
                 _draw_fit(ax, seeds[0], st["color"])
         ax.set_yscale("log")
         n = len(next(iter(pairs.values()))["seeds"])
-        label_axes(ax, x="training step", y=f"{WHAT[metric]}(variant, base)", x_unit="steps", y_unit="weight units")
-        ax.set_title(f"variant vs {BASE}; mean of {n} seed(s), seeds thin; fit window dashed", fontsize=9)
+        label_axes(ax, x="training step", y=WHAT[metric], x_unit="steps", y_unit="weight units")
+        title = f"variant vs {BASE}; mean of {n} seed(s), seeds thin; seed 0's growth-phase fit dashed"
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
 
 
