@@ -44,11 +44,12 @@ class Point:
         return len(self.values)
 
     def estimate(self) -> Estimate:
-        """Mean of the metric over seeds with its t interval."""
-        return mean_interval(self.values)
+        """Geometric mean of the metric over seeds, t interval on the logs (errors are positive: the interval
+        stays positive, as on the figures' log axes)."""
+        return geometric(self.values)
 
     def own_estimate(self) -> Estimate:
-        return mean_interval(self.own)
+        return geometric(self.own)
 
     def ratio_estimate(self) -> Estimate | None:
         """Geometric mean of the per-seed ratios to the baseline (t interval on logs); None for a baseline."""
@@ -70,6 +71,13 @@ class Point:
     def ratios(self) -> list[float]:
         """Per-seed ratios (pairs with a missing or zero baseline dropped)."""
         return [a / b for a, b in zip(self.values, self.base_values, strict=True) if b > 0 and math.isfinite(b)]
+
+
+def geometric(xs: tuple[float, ...]) -> Estimate:
+    """Geometric mean of positive values with a t interval on their logs (non-positive values dropped)."""
+    e = mean_interval([math.log(x) for x in xs if x > 0 and math.isfinite(x)])
+    exp = [math.exp(v) if math.isfinite(v) else math.nan for v in (e.value, e.low, e.high)]
+    return Estimate(*exp, e.n, "geometric mean, t interval on logs")
 
 
 def _is_baseline(method: str) -> bool:

@@ -46,7 +46,7 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
             "D",
             "tiles",
             "n",
-            f"{METRIC[sw.metric]} vs FP64 of the original inputs, mean [95%]",
+            f"{METRIC[sw.metric]} vs FP64 of the original inputs, geometric mean [95%]",
             "ratio to baseline (paper's view) [95%]",
             "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own) [95%]",
             "paper",
