@@ -189,10 +189,18 @@ def conclusion(summary: dict) -> list[str]:
             f"Flash-vs-Baseline weight drift {answer} {f}-vs-fp32 drift: growth-phase slope ratio {est.text()}; "
             f"the paper's 0.2-0.5 band: {paper}."
         )
-    seed = _estimate(summary["ratios"]["final_w1_flash_over_seed"])
-    out.append(
-        f"At the last step Flash-vs-Baseline drift is {seed.text()} x that of a re-seeded run "
-        f"({by_id['flash_below_seed']['status']} that it is below)."
+    r = summary["ratios"]
+    levels = ", ".join(
+        f"{what} Flash / {f} {_estimate(r[f'final_{key}_flash_over_{f}']).text()}"
+        for key, what in (("w1", "W1"), ("max_abs", "max-abs"))
+        for f in LOWPREC
     )
-    out.append(f"Conditions: {_where(c)}; other conditions can give other answers (see the table by step).")
+    out.append(f"At the last step (levels, not growth): {levels}.")
+    seed = _estimate(r["final_w1_flash_over_seed"])
+    word = {"holds": "below it", "does not hold": "not below it", "inconclusive": "not distinguishable from it"}
+    out.append(
+        f"At the last step Flash-vs-Baseline W1 drift is {seed.text()} x that of a re-seeded run: "
+        f"{word[by_id['flash_below_seed']['status']]}."
+    )
+    out.append(f"Conditions: {_where(c)}; other conditions can give other answers (see the ratio-by-step figure).")
     return out
