@@ -69,7 +69,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     with audited_figures() as seen:  # every figure's metadata: labels, legend = drawn series, colours
         res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
     assert res.exit_code == 0, res.output
-    assert len(seen) == len(preset("tiny").sweeps)
+    assert len(seen) == len(preset("tiny").sweeps) + 1  # and the error model's (study.errormodel)
     assert {name: problems for name, problems, _ in seen if problems} == {}
     assert all(y for _, _, ylabels in seen for y in ylabels)
     summary = json.loads((out / "summary.json").read_text())
@@ -81,7 +81,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     for name in ("report.md", "report.html", "records.jsonl"):
         assert (out / name).stat().st_size > 0
     figs = sorted(p.name for p in (out / "figures").glob("*.png"))
-    assert figs == sorted(f"{s.question}.png" for s in preset("tiny").sweeps)
+    assert figs == sorted([*(f"{s.question}.png" for s in preset("tiny").sweeps), "error_model.png"])
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figs)
     assert html.index("Conclusion") < html.index("Verdicts") < html.index("<img")
@@ -193,7 +193,8 @@ def test_presets_are_valid_and_quick_is_a_subset_of_paper_questions():
     for name in PRESETS:
         assert expand(preset(name))
     questions = {s.question for s in preset("quick").sweeps}
-    assert questions == {"formats", "seq_len", "block_area", "swapped", "square", "backends", "fa3"}
+    dims = {"causal", "gqa", "padding", "decoding", "head_dim", "backward", "captured"}  # study.findings_dims
+    assert questions - dims == {"formats", "seq_len", "block_area", "swapped", "square", "backends", "fa3"}
 
 
 @pytest.mark.parametrize(

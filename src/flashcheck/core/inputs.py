@@ -1,4 +1,4 @@
-"""Seeded input generators for attention: Q, K, V in [B, H, L, D], float64."""
+"""Seeded input generators for attention: Q [B, H, Lq, D], K and V [B, Hkv, Lk, D], float64; the padding mask."""
 
 from __future__ import annotations
 
@@ -8,6 +8,26 @@ from dataclasses import dataclass
 import torch
 
 DISTRIBUTIONS = ("normal", "uniform", "outliers", "sharp", "tied")
+CAPTURED = "captured"  # "captured:MODEL": Q, K, V recorded from a real model (core.captured)
+PADDING_SIDES = ("none", "left", "right")
+
+
+def is_captured(distribution: str) -> bool:
+    return isinstance(distribution, str) and distribution.startswith(CAPTURED + ":")
+
+
+def parse_padding(spec: str) -> tuple[str, float]:
+    """("none", 0.0), or (side, fraction) from "left:0.25" / "right:0.5"; ValueError names what is allowed."""
+    side, _, frac = str(spec).partition(":")
+    if side == "none" and not frac:
+        return "none", 0.0
+    try:
+        f = float(frac)
+    except ValueError:
+        f = -1.0
+    if side not in PADDING_SIDES[1:] or not 0.0 < f < 1.0:
+        raise ValueError(f"padding {spec!r}; expected 'none', 'left:F' or 'right:F' with 0 < F < 1 (e.g. 'left:0.25')")
+    return side, f
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +45,9 @@ class InputSpec:
     seed: int = 0
     sharpness: float = 3.0
     tied_keys: int = 4
+    kv_heads: int | None = None
+    padding: str = "none"
+    layer: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len", "head_dim"):
@@ -32,21 +55,59 @@ class InputSpec:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
         if self.seq_len_k is not None and self.seq_len_k < 1:
             raise ValueError(f"seq_len_k={self.seq_len_k} must be a positive integer")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}")
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise ValueError(f"kv_heads={self.kv_heads} must be a positive divisor of heads={self.heads}")
+        if self.distribution not in DISTRIBUTIONS and not is_captured(self.distribution):
+            raise ValueError(
+                f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)} "
+                "or captured:MODEL (a local Hugging Face model folder, or minilm for the bundled one)"
+            )
+        parse_padding(self.padding)
+        if self.layer < 0:
+            raise ValueError(f"layer={self.layer} must be a non-negative integer")
 
     @property
     def lk(self) -> int:
         return self.seq_len if self.seq_len_k is None else self.seq_len_k
 
+    @property
+    def hkv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
 
 def make_qkv(spec: InputSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q [B, H, Lq, D], K and V [B, H, Lk, D], float64, reproducible from spec.seed."""
+    """Q [B, H, Lq, D], K and V [B, Hkv, Lk, D], float64, reproducible from spec.seed (and, for captured:MODEL,
+    from the model and the bundled text: core.captured)."""
     g = torch.Generator().manual_seed(spec.seed)
     b, h, d = spec.batch, spec.heads, spec.head_dim
-    shape_q, shape_k = (b, h, spec.seq_len, d), (b, h, spec.lk, d)
+    shape_q, shape_k = (b, h, spec.seq_len, d), (b, spec.hkv, spec.lk, d)
+    if is_captured(spec.distribution):
+        from flashcheck.core.captured import captured_qkv
+
+        return captured_qkv(spec.distribution.split(":", 1)[1], spec.layer, shape_q, shape_k, spec.seed)
     draw = _DRAW[spec.distribution]
     return draw(spec, g, shape_q, shape_k)
+
+
+def make_mask(spec: InputSpec) -> torch.Tensor | None:
+    """The padding mask of `spec`: bool [B, 1, Lq, Lk] (True = keep), or None without padding.
+
+    Batch element b pads a fraction F * (b + 1) / B of its keys (at least one, at most Lk - 1) on the given side
+    (variable lengths across the batch, as in a padded batch); its query rows at padded positions (aligned to the
+    end of the keys when Lq < Lk) see no key at all: the rows whose output each implementation defines its own
+    way (zeros, NaN, ...). With a causal mask as well, left padding also leaves the rows before the first real
+    key without a visible key."""
+    side, frac = parse_padding(spec.padding)
+    if side == "none":
+        return None
+    b, lq, lk = spec.batch, spec.seq_len, spec.lk
+    keep_k = torch.ones(b, lk, dtype=torch.bool)
+    for bi in range(b):
+        n = min(lk - 1, max(1, round(frac * (bi + 1) / b * lk)))
+        keep_k[bi, :n] = False if side == "left" else keep_k[bi, :n]
+        keep_k[bi, lk - n :] = False if side == "right" else keep_k[bi, lk - n :]
+    keep_q = keep_k[:, lk - lq :] if lq <= lk else torch.ones(b, lq, dtype=torch.bool)
+    return (keep_q[:, :, None] & keep_k[:, None, :])[:, None]
 
 
 def make_grad(shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """One measurement: a Case (inputs, method, baseline, what to measure) run against the FP64 reference into a
 frozen Record. `compare`, `compare --backend`, study cases and `explain` all go through `run_case`.
 
-Legend: q [B, H, Lq, D]; k, v [B, H, Lk, D]; float64 on the CPU unless a method moves them."""
+Legend: q [B, H, Lq, D]; k, v [B, Hkv, Lk, D]; mask [B, 1, Lq, Lk] (InputSpec.padding); float64 on the CPU
+unless a method moves them. Rows with no visible key are left out of every error (as the peers do); what the
+method returns on them is recorded (`dead_rows`: zeros, nan, other)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.core.budget import K_FORWARD, K_GRADIENT, check_budget
-from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
+from flashcheck.core.inputs import InputSpec, make_grad, make_mask, make_qkv
 from flashcheck.core.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
-from flashcheck.kernels import reference_attention
+from flashcheck.kernels import reference_attention, standard_attention
 from flashcheck.measure.method import Method, Unavailable
 from flashcheck.measure.runs import run_float64 as _run
 
@@ -67,6 +69,7 @@ class Record:
     budget: dict | None = None
     grad: dict | None = None
     determinism: dict | None = None
+    dead_rows: str | None = None
 
     @property
     def ratio(self) -> dict[str, float]:
@@ -80,7 +83,12 @@ class References:
     def __init__(self, spec: InputSpec, *, causal: bool = False) -> None:
         self.spec, self.causal = spec, causal
         self.q, self.k, self.v = make_qkv(spec)
-        self.reference = reference_attention(self.q, self.k, self.v, causal=causal)
+        self.mask = make_mask(spec)
+        self.reference, lse = reference_attention(
+            self.q, self.k, self.v, causal=causal, mask=self.mask, return_lse=True
+        )
+        live = torch.isfinite(lse)
+        self.live: torch.Tensor | None = None if bool(live.all()) else live  # [B, H, Lq] rows with a visible key
         self._rounded: dict[tuple, torch.Tensor] = {}
 
     @property
@@ -95,12 +103,40 @@ class References:
             return self.reference
         if key not in self._rounded:
             qr, kr, vr = method.rounded_inputs(self.q, self.k, self.v)
-            self._rounded[key] = reference_attention(qr, kr, vr, causal=self.causal)
+            self._rounded[key] = reference_attention(qr, kr, vr, causal=self.causal, mask=self.mask)
         return self._rounded[key]
 
 
-def _errors(out: torch.Tensor, ref: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
+def _errors(
+    out: torch.Tensor, ref: torch.Tensor, names: tuple[str, ...], live: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Each metric of out vs ref over the rows in `live` ([B, H, Lq] bool; None: every row)."""
+    if live is not None:
+        out, ref = out[live], ref[live]
     return {name: METRICS[name](out, ref) for name in names}
+
+
+def dead_row_outcome(out: torch.Tensor, live: torch.Tensor | None) -> str | None:
+    """What `out` [B, H, Lq, Dv] holds on rows with no visible key: "nan" (any non-finite value), "zeros" or
+    "other" (finite, not all zero); None when every row sees a key."""
+    if live is None:
+        return None
+    dead = out[~live]
+    if not bool(torch.isfinite(dead).all()):
+        return "nan"
+    return "zeros" if bool((dead == 0).all()) else "other"
+
+
+def _runner(m: Method, causal: bool, mask: torch.Tensor | None):
+    """m's function with the padding mask passed through (the simulators' and backends' own mask argument)."""
+    if mask is None:
+        return m.runner(causal=causal)
+    if m.kernel == "standard":
+        return lambda q, k, v: standard_attention(q, k, v, policy=m.policy, causal=causal, mask=mask)
+    if m.is_simulator:
+        return m.runner(causal=causal, mask=mask)
+    b, dev = m.backend(), m.run_device
+    return lambda q, k, v: b.run(q, k, v, device=dev, causal=causal, mask=mask)
 
 
 def run_case(case: Case, refs: References | None = None) -> Record:
@@ -129,18 +165,21 @@ def _measure(case: Case, refs: References) -> Record:
     m, names = case.method, case.metrics
     qkv = (refs.q, refs.k, refs.v)
     do = make_grad(refs.q.shape, case.inputs.seed) if case.backward else None
-    cand, cand_g = _run(m.runner(causal=case.causal), m.prepare(*qkv), do)
-    fields: dict = {"candidate": _errors(cand, refs.reference, names)}
-    fields["candidate_rounded"] = _errors(cand, refs.rounded(m), names)
+    cand, cand_g = _run(_runner(m, case.causal, refs.mask), m.prepare(*qkv), do)
+    fields: dict = {"candidate": _errors(cand, refs.reference, names, refs.live)}
+    fields["candidate_rounded"] = _errors(cand, refs.rounded(m), names, refs.live)
+    fields["dead_rows"] = dead_row_outcome(cand, refs.live)
+    if case.backward and not case.with_baseline:
+        fields["grad"] = _grads_alone(case, m, refs, cand_g)
     if case.with_baseline:
         bm = case.baseline_method()
-        base, base_g = _run(bm.runner(causal=case.causal), bm.prepare(*qkv), do)
+        base, base_g = _run(_runner(bm, case.causal, refs.mask), bm.prepare(*qkv), do)
         fields.update(baseline=_errors(base, refs.reference, names), baseline_name=bm.label())
         if not m.is_simulator:
             budget = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype(), rule="peers")
             fields["budget"] = budget.to_dict()
         if case.backward:
-            fields["grad"] = _grads(case, qkv, do, cand_g, base_g)
+            fields["grad"] = _grads(case, qkv, do, cand_g, base_g, refs.mask)
     if case.verify_kernel and not m.is_simulator:
         from flashcheck.backends.profiling import attention_ops, proves
 
@@ -157,9 +196,29 @@ def _measure(case: Case, refs: References) -> Record:
     return Record(case=case, status="ok", **fields)
 
 
-def _grads(case: Case, qkv, do, cand_g, base_g) -> dict:
+def _grads_alone(case: Case, m: Method, refs: References, cand_g) -> dict:
+    """dQ, dK, dV errors vs FP64 autograd through the reference, on the original inputs ("candidate") and on the
+    method's rounded inputs ("candidate_rounded": the kernel's own error); dQ over rows with a visible key."""
+    do = make_grad(refs.q.shape, case.inputs.seed)
+
+    def ref(a, b, c):
+        return reference_attention(a, b, c, causal=case.causal, mask=refs.mask)
+
+    _, ref_g = _run(ref, (refs.q, refs.k, refs.v), do)
+    _, rnd_g = _run(ref, m.rounded_inputs(refs.q, refs.k, refs.v), do) if m.rounding_key() else (None, ref_g)
+    out = {}
+    for i, name in enumerate(("dq", "dk", "dv")):
+        live = refs.live if name == "dq" else None
+        out[name] = {
+            "candidate": _errors(cand_g[i], ref_g[i], case.metrics, live),
+            "candidate_rounded": _errors(cand_g[i], rnd_g[i], case.metrics, live),
+        }
+    return out
+
+
+def _grads(case: Case, qkv, do, cand_g, base_g, mask: torch.Tensor | None = None) -> dict:
     """Per-gradient errors vs FP64 autograd through the reference, the ratio and the peers' k=3 budget."""
-    _, ref_g = _run(lambda a, b, c: reference_attention(a, b, c, causal=case.causal), qkv, do)
+    _, ref_g = _run(lambda a, b, c: reference_attention(a, b, c, causal=case.causal, mask=mask), qkv, do)
     dtype = case.method.dtype()
     out = {}
     for name, cg, bg, rg in zip(("dq", "dk", "dv"), cand_g, base_g, ref_g, strict=True):

