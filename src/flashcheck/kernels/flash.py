@@ -1,9 +1,11 @@
 """Tiled Flash Attention (FA1 and FA2 forward, FA2 backward) with every stage under a numerics policy.
 
-Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]. The Python loop runs over key blocks
-only; each step updates all query rows at once (a row's result depends on the key tiling, not on
-block_q, which sets FP8 block scales and which rows a causal tile touches). Suffixes: _r rows of a
-step, _j the current key block.
+Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]. The forward runs over query tiles of
+TILE_BYTES' worth of score rows (so a step's block stays in cache), and within a tile over key blocks,
+each step updating the tile's rows at once (a row's result depends on the key tiling, not on block_q,
+which sets FP8 block scales and which rows a causal tile touches, nor on the query tiles: see
+kernels.tiles). The backward's loop runs over key blocks only. Suffixes: _r rows of a step, _j the
+current key block.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 ALGORITHMS = ("fa1", "fa2")
 KEY_ORDERS = ("forward", "reverse", "shuffle")
 LOG2E = math.log2(math.e)
+TILE_BYTES = 2 * 2**20  # one forward step's score block [B, H, rows, Bc]: cache-sized
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,25 +108,21 @@ def _scores(q_r, k_j, t: _Tiles, lq: int, lk: int, cfg: FlashConfig, pol: Policy
     return s
 
 
-def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
+def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None):
     """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
-    the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2)."""
+    the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
+    (None: sized by TILE_BYTES; Lq: one tile, every row at once) give bit-identical results."""
     b, h, lq, _ = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
     work = q.dtype
-    sc = resolve_scale(cfg.scale, q.shape[-1]) * (LOG2E if cfg.exp2 else 1.0)
-    exp = torch.exp2 if cfg.exp2 else torch.exp
-    o = torch.zeros(b, h, lq, dv, dtype=work)
-    m = torch.full((b, h, lq, 1), -math.inf, dtype=work)
-    l = torch.zeros(b, h, lq, 1, dtype=work)
-    step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
-    extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
-    for t in _steps(cfg, lq, lk):
-        s = _scores(q[..., t.r0 :, :], k[..., t.c0 : t.c1, :], t, lq, lk, cfg, pol, sc)
-        o_r, m_r, l_r = step(
-            s, v[..., t.c0 : t.c1, :], o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :], pol, exp, **extra
-        )
-        o[..., t.r0 :, :], m[..., t.r0 :, :], l[..., t.r0 :, :] = o_r, m_r, l_r
+    if tile_rows is None:
+        tile_rows = rows_per_chunk(lq, b * h * min(cfg.block_k, lk) * work.itemsize, TILE_BYTES)
+    o = torch.empty(b, h, lq, dv, dtype=work, device=q.device)
+    m = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
+    l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
+    steps = _steps(cfg, lq, lk)
+    for r0, r1 in row_chunks(lq, tile_rows):
+        o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = _query_tile(q, k, v, (r0, r1), steps, cfg, pol)
     dead = l == 0
     if cfg.algorithm == "fa2":
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
@@ -131,7 +131,48 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy):
     return o, rnd(o, pol, "output"), lse
 
 
-def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, tie_beta: float | None = None):
+def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
+    """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
+    those rows alone, each step on the rows its key block reaches (from max(r0, t.r0))."""
+    r0, r1 = rows
+    b, h, _, dv = v.shape
+    sc = resolve_scale(cfg.scale, q.shape[-1]) * (LOG2E if cfg.exp2 else 1.0)
+    exp = torch.exp2 if cfg.exp2 else torch.exp
+    o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype, device=q.device)
+    m = torch.full((b, h, r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
+    l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
+    step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
+    extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
+    for t in steps:
+        a = max(r0, t.r0)
+        if a >= r1:
+            continue
+        s = _tile_scores(q, k, (a, r1), t, cfg, pol, sc)
+        i, untiled = a - r0, q.shape[-2] - t.r0  # untiled: the rows this step's products had unchunked
+        o_r, m_r, l_r = step(
+            s, v[..., t.c0 : t.c1, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], pol, exp, untiled, **extra
+        )
+        if i:
+            o[..., i:, :], m[..., i:, :], l[..., i:, :] = o_r, m_r, l_r
+        else:
+            o, m, l = o_r, m_r, l_r
+    return o, m, l
+
+
+def _tile_scores(q, k, rows: tuple[int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float):
+    """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 and key block t: [B, H, r1 - r0,
+    c1 - c0]."""
+    (r0, r1), lq, lk = rows, q.shape[-2], k.shape[-2]
+    prod = mm_rows(q[..., r0:r1, :], k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0)
+    s = rnd(prod.mul_(sc), pol, "score")
+    bias = tile_bias((r0, r1), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
+    if bias is not None:
+        bias = bias.to(s.device)
+        s = s + (bias * LOG2E if cfg.exp2 else bias)
+    return s
+
+
+def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, tie_beta: float | None = None):
     """Rescale the unnormalised accumulator; P~ stays in the working dtype until the P·V product.
 
     With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
@@ -145,12 +186,12 @@ def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, tie_beta: float | None = None):
     alpha = rnd(exp(m - ms), pol, "stats")
     p = exp(s.sub_(ms))
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
-    pv = rnd(mm(rnd(p, pol, "p"), v_j, pol), pol, "accum")
+    pv = rnd(mm_rows(rnd(p, pol, "p"), v_j, pol, untiled), pol, "accum")
     o = rnd(rnd(alpha * o, pol, "accum") + pv, pol, "accum")
     return o, m_new, l
 
 
-def _fa1_step(s, v_j, o, m, l, pol: Policy, exp):
+def _fa1_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int):
     """FlashAttention-1 Algorithm 1: the output is kept normalised after every key block."""
     mt = s.amax(dim=-1, keepdim=True)
     pt = rnd(exp(s.sub_(safe_max(mt))), pol, "p")
@@ -160,7 +201,7 @@ def _fa1_step(s, v_j, o, m, l, pol: Policy, exp):
     a = rnd(exp(m - ms), pol, "stats")
     bt = rnd(exp(mt - ms), pol, "stats")
     l_new = rnd(a * l + bt * lt, pol, "stats")
-    pv = rnd(mm(pt, v_j, pol), pol, "accum")
+    pv = rnd(mm_rows(pt, v_j, pol, untiled), pol, "accum")
     num = rnd(rnd(l * a, pol, "stats") * o + bt * pv, pol, "accum")
     o = rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum")
     return o, m_new, l_new

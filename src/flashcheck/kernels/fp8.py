@@ -54,7 +54,7 @@ def round_inputs(
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
     if policy.hadamard:
-        rot = incoherence_matrix(q.shape[-1], hadamard_seed)
+        rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
         q, k = q @ rot, k @ rot
     fmt = policy.input
     if fmt not in FP8_FORMATS:

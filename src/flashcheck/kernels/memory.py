@@ -3,9 +3,10 @@
 The model (bytes, N = B * H, w = the policy's working itemsize, 4 or 8): the inputs (FP64 originals, the
 rounded copies and their FP64 reference copies), the outputs kept for the metrics, and the largest working
 set of the stages, which run one after another: the FP64 reference's query chunk (rows x Lk scores, see
-reference._chunk_rows), the standard kernel's L x L scores (about five arrays alive at once, with the
-rounding temporaries), and flash's Lq x Bc score blocks. A backward keeps the graph: the reference's and
-the standard kernel's L x L arrays for every chunk. Against the peak RSS of real runs (VmHWM above a
+reference._chunk_rows), the standard kernel's query chunk (rows x Lk scores, about five arrays alive at
+once with the rounding temporaries, see standard.CHUNK_BYTES), and flash's query tile x Bc score blocks
+(flash.TILE_BYTES) beside its O(L) state. A backward keeps the graph: the reference's and the standard
+kernel's arrays for every chunk, L x L in all. Against the peak RSS of real runs (VmHWM above a
 warmed-up process, H=8, D=64): measured / estimated = 0.72, 0.79, 0.83 for compare at L = 1024, 2048,
 4096 (bf16-mixed), 0.61 in fp64, 0.51-0.53 for compare --backend sdpa-math / sdpa-flash (with backward);
 an upper bound within 2x (tests/test_memory.py keeps it one).
@@ -18,13 +19,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashcheck.kernels.flash import TILE_BYTES
+from flashcheck.kernels.reference import REFERENCE_BLOCK_BYTES
+from flashcheck.kernels.standard import CHUNK_BYTES
+from flashcheck.kernels.tiles import rows_per_chunk
+
 # Arrays of the largest size alive at once, counted from the code (see the module docstring).
 STANDARD_ARRAYS = 5  # scores, exp(scores - m), P, and the rounding temporaries of one of them
 FLASH_ARRAYS = 5  # the same for one Lq x Bc block
 REFERENCE_ARRAYS = 3  # a chunk's scores (updated in place), its bias and its P·V product
 BACKWARD_ARRAYS = 3  # autograd keeps scores, P and the mask of every chunk
 OUTPUT_ARRAYS = 10  # reference, candidate, baseline, reference of rounded inputs, metric temporaries
-REFERENCE_BLOCK_BYTES = 256 * 2**20  # reference._chunk_rows's cap on one chunk's FP64 scores
 HEADROOM = 0.9  # share of the available memory a run may plan to use
 
 
@@ -67,14 +72,23 @@ def estimate_bytes(fp: Footprint) -> int:
     outputs = OUTPUT_ARRAYS * n * lq * d * 8
     stages = [_reference_bytes(n, lq, lk, fp.backward)]
     if "standard" in fp.kernels:
-        arrays = STANDARD_ARRAYS + (BACKWARD_ARRAYS if fp.backward else 0)
-        stages.append(arrays * n * lq * lk * w + lq * lk * 9)  # + the causal bias and its bool mask
+        stages.append(_standard_bytes(n, lq, lk, d, w, fp.backward))
     if "flash" in fp.kernels or "splitkv" in fp.kernels:
         block = min(fp.block_k, lk)
-        stages.append(FLASH_ARRAYS * n * lq * block * w + 4 * n * lq * (d + 2) * w + lq * block * 9)
+        rows = min(lq, rows_per_chunk(lq, n * block * w, TILE_BYTES))  # one query tile's score blocks
+        stages.append(FLASH_ARRAYS * n * rows * block * w + 4 * n * lq * (d + 2) * w + rows * block * 9)
     if "splitkv" in fp.kernels:  # flash per chunk, plus a chunk mask bias (at most Lq x Lk) and 8 partials
         stages[-1] += lq * lk * (w + 1) + 8 * n * lq * (d + 1) * w
     return inputs + outputs + max(stages)
+
+
+def _standard_bytes(n: int, lq: int, lk: int, d: int, w: int, backward: bool) -> int:
+    """One query chunk's arrays (+ the causal bias and its bool mask), and the chunks' outputs before and
+    after they are joined; with a backward, the graph of every chunk (L x L in all)."""
+    if backward:
+        return (STANDARD_ARRAYS + BACKWARD_ARRAYS) * n * lq * lk * w + lq * lk * 9
+    rows = min(lq, rows_per_chunk(lq, n * lk * w, CHUNK_BYTES))
+    return STANDARD_ARRAYS * n * rows * lk * w + rows * lk * 9 + 2 * n * lq * d * w
 
 
 def _reference_bytes(n: int, lq: int, lk: int, backward: bool) -> int:

@@ -7,6 +7,8 @@ import torch
 from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
+REFERENCE_BLOCK_BYTES = 64 * 2**20  # cap on one query chunk's FP64 scores [B, H, rows, Lk]
+
 
 def reference_attention(
     q: torch.Tensor,
@@ -45,6 +47,7 @@ def reference_attention(
             scores = scores.mul_(s) if inplace else scores * s
             bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
             if bias is not None:
+                bias = bias.to(scores.device)
                 scores = scores.add_(bias) if inplace else scores + bias
             m = scores.detach().amax(dim=-1, keepdim=True)
             m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -57,6 +60,6 @@ def reference_attention(
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
 
 
-def _chunk_rows(chunk: int, row_elems: int, max_bytes: int = 256 * 2**20) -> int:
+def _chunk_rows(chunk: int, row_elems: int, max_bytes: int = REFERENCE_BLOCK_BYTES) -> int:
     """Query rows per chunk: at most `chunk`, and few enough that one fp64 score block fits max_bytes."""
     return max(1, min(chunk, max_bytes // (8 * row_elems)))

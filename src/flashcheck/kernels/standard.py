@@ -1,4 +1,9 @@
-"""Standard ("baseline") attention: materialised scores, softmax, P·V, each stage under a policy."""
+"""Standard ("baseline") attention: scores, softmax, P·V, each stage under a policy, in query chunks.
+
+A query row's result depends on its own scores only, so the kernel runs over chunks of query rows whose
+score block [B, H, rows, Lk] fits CHUNK_BYTES: memory O(rows * Lk), the same numbers as one L x L block.
+No chunk has fewer than kernels.tiles.MIN_ROWS rows (BLAS sums smaller products in another order), so
+chunked and unchunked results are bit-identical (tests/test_scale.py checks it against chunk_rows=Lq)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.kernels.tiles import row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
+
+CHUNK_BYTES = 32 * 2**20  # one chunk's scores [B, H, rows, Lk] in the working dtype
 
 
 def standard_attention(
@@ -21,30 +29,45 @@ def standard_attention(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
     hadamard_seed: int = 0,
+    chunk_rows: int | None = None,
 ) -> torch.Tensor:
     """Baseline attention under `policy`; differentiable (autograd rounds gradients at the same casts).
 
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
     the policy's working dtype, its values in policy.output. Causal masks are bottom-right aligned;
     `mask` is bool (True = keep) or additive, broadcastable to [B, H, Lq, Lk]; Lk = 0 gives zeros
-    (kernels.validation has the input rule). Memory O(Lq * Lk)."""
+    (kernels.validation has the input rule). `chunk_rows`: query rows per chunk (None: sized by
+    CHUNK_BYTES; Lq: one L x L block; at least MIN_ROWS). Memory O(chunk_rows * Lk) (O(Lq * Lk) with autograd)."""
     pol = parse_policy(policy)
     s = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     if pol.fp8_scaling == "block":
         raise ValueError("fp8_scaling='block' needs tiles; the standard kernel supports 'tensor' only")
+    if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"chunk_rows={chunk_rows!r} must be a positive integer (or None)")
     if is_empty(q, k, v):
         return empty_attention(q, k, v, dtype=pol.work_dtype)[0]
     k, v = expand_kv_heads(q, k, v)
     lq, lk = q.shape[-2], k.shape[-2]
+    if chunk_rows is None:
+        row_bytes = q.shape[0] * q.shape[1] * lk * pol.work_dtype.itemsize
+        chunk_rows = rows_per_chunk(lq, row_bytes, CHUNK_BYTES)
     with torch.autocast(device_type=q.device.type, enabled=False):
         qr, kr, vr, _ = round_inputs(q, k, v, pol, hadamard_seed=hadamard_seed)
-        scores = rnd(mm(qr, kr.transpose(-1, -2), pol) * s, pol, "score")
-        bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
-        if bias is not None:
-            scores = scores + bias
-        m = safe_max(scores.detach().amax(dim=-1, keepdim=True))
-        e = rnd(torch.exp(scores - m), pol, "p")
-        denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
-        denom = torch.where(denom == 0, torch.ones_like(denom), denom)
-        p = rnd(e / denom, pol, "p")
-        return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")
+        kt = kr.transpose(-1, -2)
+        outs = [_rows(qr, kt, vr, rows, (lq, lk), pol, s, causal, mask) for rows in row_chunks(lq, chunk_rows)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy, s: float, causal: bool, mask):
+    """Output rows r0:r1 [B, H, r1 - r0, Dv]: scores, softmax and P·V of those query rows alone."""
+    (r0, r1), (lq, lk) = rows, lens
+    scores = rnd(mm(qr[..., r0:r1, :], kt, pol) * s, pol, "score")
+    bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
+    if bias is not None:
+        scores = scores + bias.to(scores.device)
+    m = safe_max(scores.detach().amax(dim=-1, keepdim=True))
+    e = rnd(torch.exp(scores - m), pol, "p")
+    denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
+    denom = torch.where(denom == 0, torch.ones_like(denom), denom)
+    p = rnd(e / denom, pol, "p")
+    return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")
