@@ -108,7 +108,7 @@ def test_failures_exit_1_and_are_listed_in_the_output_and_reports(tmp_path):
     assert "power-of-two head dim; got 12" in line and "1 case(s) failed" in res.output
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "## Failed cases (1)" in md and re.search(rf"\| {re.escape(label)} \| ValueError: Hadamard", md)
-    assert "<h2>Failed cases (1)</h2>" in page and label in page
+    assert "<h2 id='problems'>Failed cases (1)</h2>" in page and label in page  # the conclusion links to it
     again = runner.invoke(app, [*args, "--quiet"])  # tried again, fails again; --quiet still names it
     assert again.exit_code == 1 and label in again.stderr and again.stdout == "", again.output
     assert [r["cases_computed"] for r in _lines(out / "runs.jsonl")] == [2, 1]
