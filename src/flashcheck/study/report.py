@@ -16,6 +16,7 @@ from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
+from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
 from flashcheck.study.tables_dims import dims_sections
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "findings", "sweep_points"]
@@ -153,6 +154,9 @@ NOTES = {
     "is standard attention under the same policy.",
     "fa3": "Metric RMSE with outlier inputs; the comparisons are the verdicts fa3_fp16 and fa3_fp8.",
 }
+
+
+NOTES |= DIMS_NOTES  # the attention-variant questions and the error model (study.tables_dims)
 
 
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:

@@ -12,6 +12,20 @@ from flashcheck.study.errormodel import evaluate
 from flashcheck.study.errormodel import table as error_model_table
 from flashcheck.study.findings_dims import QUESTIONS, dead_row_table, err, records_of
 
+NOTES = {
+    "causal": "Kernel's own error (rel-L2 vs FP64 of the rounded inputs); causal masks are bottom-right aligned.",
+    "gqa": "8 query heads sharing 8, 2 or 1 K/V heads (x axis: K/V heads), causal.",
+    "padding": "Batch of 2 sequences padded on the left or right (a quarter and a half of the keys); errors over "
+    "the rows that see a key. The next table counts what each implementation returns on the rows that see none.",
+    "decoding": "Lq of 1 and 16 queries against a KV cache (x axis: its length), GQA 8:1, causal; splitkv merges "
+    "its chunks through their log-sum-exp in the policy's merge format.",
+    "backward": "dQ, dK, dV against FP64 autograd through the reference on the rounded inputs (the kernel's own).",
+    "captured": "Q, K, V recorded at layers 0 and 5 of the bundled all-MiniLM-L6-v2 on the bundled text (D=32), "
+    "against N(0, 1) inputs of the same shape (x axis: layer; N(0, 1) at 0).",
+    "error_model": "Prediction by flashcheck.measure.predict (stage unit roundoffs, key tiles per row, D and the "
+    "case's input statistics) over the measured kernel error, worst first; real backends are not modelled. "
+    "The model ignores range: where a format underflows (P in fp8 e4m3 for diffuse rows) it under-predicts.",
+}
 X_AXIS = {"gqa": "kv_heads", "decoding": "lk", "production_decoding": "lk", "head_dim": "head_dim", "captured": "layer"}
 
 
