@@ -148,7 +148,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             f"{stats['reference_computations']} FP64 references, {stats['seconds']:.1f} s"
         )
     if not quiet:
-        if summary.get("conclusion"):
+        if summary.get("conclusion") and summary.get("study") != "production":  # production: verdicts first
             console.print("[bold]Conclusion[/]")
             for c in summary["conclusion"]:
                 console.print(f"- {escape(c['text'])}")
