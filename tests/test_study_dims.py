@@ -210,3 +210,40 @@ def test_captured_activations_are_recorded_once_and_cached(tmp_path, monkeypatch
     assert not torch.equal(q, make_qkv(dataclasses.replace(spec, layer=5))[0])
     with pytest.raises(ValueError, match="head_dim 32; head_dim=64"):
         make_qkv(dataclasses.replace(spec, head_dim=64))
+
+
+PRODUCTION_TOML = """name = "production"
+[[sweeps]]
+question = "production_decoding"
+methods = ["flash:bf16-mixed", "splitkv:bf16-mixed"]
+seq_lens = [1]
+seq_lens_k = [64, 256]
+heads = 2
+kv_heads = [1]
+causal = true
+head_dims = [16]
+blocks = [[16, 16]]
+splits = [4]
+seeds = [0, 1, 2]
+algorithm = "fa2"
+metric = "rel_l2"
+"""
+
+
+def test_production_prints_and_reports_its_verdicts_first(tmp_path):
+    """A study named production: the CLI's human output and report.md open with the verdicts."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PRODUCTION_TOML)
+    res = CliRunner().invoke(app, ["study", "--config", str(cfg), "--out", str(tmp_path / "o"), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("cases ")]  # progress
+    assert "cases computed" in lines[0]
+    assert lines[1].startswith("production_decoding_splitkv_more_error: ")  # the verdicts come first
+    assert "Conclusion" not in res.output and "Traceback" not in res.output
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert md.index("## Verdicts") < md.index("## Conclusion")
+    assert "production_decoding_grows_with_kv" in md and "error_model_within_2x" in md
