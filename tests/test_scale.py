@@ -136,3 +136,67 @@ def test_tiled_flash_gradients_unchanged(monkeypatch):
         flash_attention(*leaves, policy="bf16-mixed", block_k=16, causal=True).sum().backward()
         grads.append([t.grad for t in leaves])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+# ---- memory-aware scheduling ----------------------------------------------------------------------------
+
+
+def _groups(seeds: int = 4):
+    from flashcheck.study.cases import expand, group_by_inputs
+    from flashcheck.study.config import StudyConfig, Sweep
+
+    sweep = Sweep(
+        question="q", methods=("flash:bf16",), seq_lens=(16,), blocks=((8, 8),), heads=1, seeds=tuple(range(seeds))
+    )
+    return group_by_inputs(expand(StudyConfig(name="s", sweeps=(sweep,))))
+
+
+def _count_running(cases) -> int:
+    """Pool task: mark this group running for a second, note how many groups ran at once, then evaluate it."""
+    import os
+    import time
+    from pathlib import Path
+
+    from flashcheck.study.cases import evaluate_group
+    from flashcheck.study.executors import emit
+
+    folder = Path(os.environ["FC_TEST_RUNNING"])
+    mine = folder / f"run-{cases[0].seed}"
+    mine.touch()
+    time.sleep(1.0)
+    (folder / f"seen-{cases[0].seed}").write_text(str(len(list(folder.glob("run-*")))))
+    mine.unlink()
+    return evaluate_group(cases, emit)
+
+
+@pytest.mark.parametrize("fit,expected", [(2.5, 2), (1.2, 1), (10.0, 3)])
+def test_the_local_pool_runs_only_as_many_groups_as_fit_in_memory(tmp_path, monkeypatch, fit, expected):
+    """Each group's estimate (study.memory.estimate_case_bytes) against a fake available memory that holds
+    `fit` of them: with 3 workers, at most floor(fit) groups (at least one) run at once."""
+    from flashcheck.kernels.memory import HEADROOM
+    from flashcheck.study.executors import run_local
+    from flashcheck.study.memory import estimate_case_bytes
+
+    monkeypatch.setenv("FC_TEST_RUNNING", str(tmp_path))
+    groups = _groups()
+    need = max(estimate_case_bytes(c) for g in groups for c in g)
+    got = []
+    run_local(groups, 3, got.append, task=_count_running, available=int(fit * need / HEADROOM))
+    assert sorted(r.case_id for r in got) == sorted(c.case_id for g in groups for c in g)
+    seen = [int(p.read_text()) for p in tmp_path.glob("seen-*")]
+    assert len(seen) == 4 and max(seen) == expected, seen
+
+
+def test_plan_starts_a_group_only_while_the_running_estimates_fit():
+    from flashcheck.kernels.memory import HEADROOM
+    from flashcheck.study.executors import _Plan
+
+    plan = _Plan({0: 600, 1: 300, 2: 500}, int(1000 / HEADROOM) + 1)
+    assert plan.fits(0, 0)
+    plan.start(0, 0)
+    assert plan.fits(1, 1) and not plan.fits(2, 1)
+    plan.start(1, 1)
+    plan.end(0)
+    assert plan.fits(2, 1) and plan.peak_running == 2
+    assert _Plan({0: 10**15}, 10).fits(0, 0)  # one group always runs: it fitted alone (runner checks that)
+    assert _Plan({0: 10**15}, None).fits(0, 5)  # unknown memory: only the worker count limits

@@ -3,6 +3,10 @@
 A worker that dies (killed, out of memory) breaks the local pool: no record already received is
 touched; the cases not reported yet run again on a new pool (see run_local), and only a group that
 kills its worker when run alone is recorded as failed.
+
+The local pool is memory-aware: each group's peak is estimated before it starts (study.memory, the estimate
+that refuses impossible sizes), and a group starts only while the estimates of the groups running, its own
+included, fit HEADROOM x the available memory (one group always runs, however big: it fitted alone).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
+from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0
@@ -50,18 +55,24 @@ def run_local(
     workers: int,
     on_record: Callable[[CaseRecord], None],
     task: Task = _pool_task,
+    *,
+    available: int | None = None,
 ) -> int:
-    """Run groups on up to `workers` spawned processes; call on_record once per case as it finishes.
-    `task` runs in a worker and reports each record with `emit`. Returns the FP64 references computed.
+    """Run groups on up to `workers` spawned processes, as many at once as fit in memory (`available`
+    bytes, default: what this machine has now; see the module docstring); call on_record once per case
+    as it finishes. `task` runs in a worker and reports each record with `emit`. Returns the FP64
+    references computed.
 
     When a worker dies the pool breaks; a new pool runs every case not reported yet. A group that may
     have been running at two breaks is then run alone, and if it kills its worker alone as well, its
     unreported cases are recorded as failed."""
     todo = {i: list(g) for i, g in enumerate(groups) if g}
+    avail = available_bytes() if available is None else available
+    plan = _Plan({i: max(estimate_case_bytes(c) for c in g) for i, g in todo.items()}, avail)
     strikes: dict[int, int] = {}
     refs = 0
     while todo:
-        n, suspects, broken = _run_pool(todo, workers, on_record, task)
+        n, suspects, broken = _run_pool(todo, workers, on_record, task, plan)
         refs += n
         if broken is None:  # the pool ended normally: anything unreported is lost, not retried
             _fail_all(todo, "no record came back from the worker", on_record)
@@ -75,7 +86,7 @@ def run_local(
 
 def _run_alone(gi: int, cases: list[Case], on_record: Callable[[CaseRecord], None], task: Task) -> int:
     alone = {gi: cases}
-    refs, _, broken = _run_pool(alone, 1, on_record, task)
+    refs, _, broken = _run_pool(alone, 1, on_record, task, _Plan({}, None))
     why = f"{type(broken).__name__}: {broken}" if broken else "no record came back"
     _fail_all(alone, f"worker died twice in a pool, then alone ({why})", on_record)
     return refs
@@ -88,12 +99,33 @@ def _fail_all(todo: dict[int, list[Case]], message: str, on_record: Callable[[Ca
     todo.clear()
 
 
+class _Plan:
+    """Which groups may start now: each group's estimated peak (`need`, bytes) against HEADROOM x
+    `available` (None: unknown, only the worker count limits). `peak_running` records the most groups
+    that ran at once (for tests and reports)."""
+
+    def __init__(self, need: dict[int, int], available: int | None) -> None:
+        self.need, self.budget = need, None if available is None else int(HEADROOM * available)
+        self.in_use, self.peak_running = 0, 0
+
+    def fits(self, gi: int, running: int) -> bool:
+        return running == 0 or self.budget is None or self.in_use + self.need.get(gi, 0) <= self.budget
+
+    def start(self, gi: int, running: int) -> None:
+        self.in_use += self.need.get(gi, 0)
+        self.peak_running = max(self.peak_running, running + 1)
+
+    def end(self, gi: int) -> None:
+        self.in_use -= self.need.get(gi, 0)
+
+
 def _run_pool(
-    todo: dict[int, list[Case]], workers: int, on_record: Callable[[CaseRecord], None], task: Task
+    todo: dict[int, list[Case]], workers: int, on_record: Callable[[CaseRecord], None], task: Task, plan: _Plan
 ) -> tuple[int, list[int], BaseException | None]:
     """One pool over the unfinished cases of `todo`, removing each case whose record arrives and each
-    group that raised (its unreported cases are recorded as failed). Returns (references computed,
-    the groups that may have been running when a worker died, the BrokenProcessPool or None)."""
+    group that raised (its unreported cases are recorded as failed); groups start as `plan` lets them.
+    Returns (references computed, the groups that were running when a worker died, the
+    BrokenProcessPool or None)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     owner = {c.case_id: gi for gi, cases in todo.items() for c in cases}
@@ -112,14 +144,18 @@ def _run_pool(
                 todo[gi] = [c for c in todo[gi] if c.case_id != rec.case_id]
                 on_record(rec)
 
+    waiting, pending, started = list(todo), {}, []
     with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
-        pending = {pool.submit(task, list(cases)): gi for gi, cases in todo.items()}
-        order = list(pending.values())
-        while pending:
+        while True:
+            if broken is None:
+                _start_fitting(pool, task, todo, waiting, pending, started, plan, slots)
+            if not pending:
+                break
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             drain(0)
             for fut in done:
                 gi = pending.pop(fut)
+                plan.end(gi)
                 try:
                     refs += fut.result()
                     finished.add(gi)
@@ -132,9 +168,26 @@ def _run_pool(
         _fail_all({gi: todo[gi]}, message, on_record)
     for gi in [gi for gi, cases in todo.items() if not cases] + list(errors):
         todo.pop(gi, None)
-    # the pool feeds groups in submission order: at most slots + 1 unfinished ones had started
-    suspects = [gi for gi in order if gi in todo and gi not in finished][: slots + 1] or list(todo)
+    suspects = [gi for gi in started if gi in todo and gi not in finished] or list(todo)
     return refs, suspects if broken else [], broken
+
+
+def _start_fitting(pool, task: Task, todo, waiting: list[int], pending: dict, started: list[int], plan, slots) -> None:
+    """Submit waiting groups, in order, while a slot is free and `plan` has room (a group that does not fit
+    now waits; a smaller one after it may start)."""
+    for gi in list(waiting):
+        if len(pending) >= slots:
+            return
+        if not plan.fits(gi, len(pending)):
+            continue
+        try:
+            fut = pool.submit(task, list(todo[gi]))
+        except BrokenProcessPool:
+            return
+        plan.start(gi, len(pending))
+        waiting.remove(gi)
+        pending[fut] = gi
+        started.append(gi)
 
 
 def _host_port(address: str) -> tuple[str, int]:

@@ -108,7 +108,7 @@ def _run_locked(
     current = store.load()
     cases = expand(config)
     todo = [c for c in cases if not _done(current.get(c.case_id))]
-    runnable, skips = _fit_memory(todo, current, workers)
+    runnable, skips = _fit_memory(todo, current)
     groups = group_by_inputs(runnable)
     start = time.perf_counter()
     written = {"ok": 0, "skipped": 0, "failed": 0}
@@ -149,16 +149,16 @@ def _run_locked(
     return stats
 
 
-def _fit_memory(todo: list[Case], current: dict[str, CaseRecord], workers: int) -> tuple[list[Case], list[CaseRecord]]:
-    """Split `todo` into cases that fit in memory and skip records for those that do not (none for a
-    case already recorded as too big, so that a rerun writes nothing)."""
+def _fit_memory(todo: list[Case], current: dict[str, CaseRecord]) -> tuple[list[Case], list[CaseRecord]]:
+    """Split `todo` into cases that fit in memory alone and skip records for those that do not (none for
+    a case already recorded as too big, so that a rerun writes nothing); the local executor then runs
+    only as many at once as fit."""
     avail = available_bytes()
     if not avail:
         return todo, []
-    parallel = max(1, min(workers, len(group_by_inputs(todo))))
     fits, skips, env = [], [], None
     for c in todo:
-        why = too_big(c, avail, parallel)
+        why = too_big(c, avail, 1)
         if why is None:
             fits.append(c)
             continue

@@ -1,0 +1,174 @@
+"""Scale (issue 15), each figure beside its peer, each measurement in a fresh process (peak = its VmHWM):
+
+- `flashcheck compare --seq-len L` (defaults: flash bf16-mixed vs standard, B=1 H=8 D=64): time and peak,
+  against 2 GB at 32768 and 4 GB / 5 minutes at 65536;
+- the flash simulator's forward (bf16-mixed, 128 x 128 blocks, fp32 inputs) from 4k to 64k: time, the time
+  ratio per doubling (target <= 4.5) and peak, beside SDPA's CPU flash kernel in fp32 (target <= 1.5x at
+  8k, 16k, 32k);
+- the quick study: total time and the peak of each worker (target < 1.5 GB), polled from /proc.
+
+    python benchmarks/bench_scale.py                                   # everything (tens of minutes)
+    python benchmarks/bench_scale.py --compare 4096 --flash 4096,8192 --no-study   # a quick look
+Every figure is reproducible from this command (inputs seeded: InputSpec seed 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HWM = "[int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')][0] * 1024"
+FLASH = f"""
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.kernels import flash_attention
+from torch.nn.attention import SDPBackend, sdpa_kernel
+impl, L = sys.argv[1], int(sys.argv[2])
+q, k, v = (t.float() for t in make_qkv(InputSpec(batch=1, heads=8, seq_len=L, head_dim=64)))
+t0 = time.perf_counter()
+with torch.no_grad():
+    if impl == "flash-sim":
+        flash_attention(q, k, v, policy="bf16-mixed", block_q=128, block_k=128)
+    else:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+print(json.dumps({{"seconds": time.perf_counter() - t0, "peak": {HWM}}}))
+"""
+COMPARE = f"""
+import json, sys, time
+from typer.testing import CliRunner
+from flashcheck.cli import app
+t0 = time.perf_counter()
+res = CliRunner().invoke(app, ["compare", "--seq-len", sys.argv[1], "--json"])
+assert res.exit_code == 0, res.output
+print(json.dumps({{"seconds": time.perf_counter() - t0, "peak": {HWM}}}))
+"""
+GB = 2**30
+
+
+def child(code: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def verdict(value: float, limit: float) -> str:
+    return "meets" if value <= limit else "MISSES"
+
+
+def bench_compare(lengths: list[int]) -> None:
+    limits = {32768: (2 * GB, None), 65536: (4 * GB, 300.0)}
+    for n in lengths:
+        r = child(COMPARE, str(n))
+        if "error" in r:
+            print(f"compare --seq-len {n}: failed: {r['error']}")
+            continue
+        mem, secs = limits.get(n, (None, None))
+        line = f"compare --seq-len {n:>6}: {r['seconds']:7.1f} s, peak {r['peak'] / GB:5.2f} GB"
+        if mem:
+            line += f"  (peak vs {mem / GB:.0f} GB: {r['peak'] / mem:.2f}x, {verdict(r['peak'], mem)})"
+        if secs:
+            line += f"  (time vs {secs:.0f} s: {r['seconds'] / secs:.2f}x, {verdict(r['seconds'], secs)})"
+        print(line, flush=True)
+
+
+def bench_flash(lengths: list[int], threads: int) -> None:
+    print(f"flash simulator (bf16-mixed, 128x128, B=1 H=8 D=64, fp32 inputs, {threads} threads) vs SDPA CPU flash fp32")
+    print(f"{'L':>6} {'sim s':>8} {'x prev':>7} {'sim GB':>7} {'sdpa s':>8} {'x prev':>7} {'sim/sdpa':>9}")
+    prev = None
+    for n in lengths:
+        sim, ref = child(FLASH, "flash-sim", str(n), str(threads)), child(FLASH, "sdpa-flash", str(n), str(threads))
+        if "error" in sim or "error" in ref:
+            print(f"{n:>6} failed: {sim.get('error') or ref.get('error')}")
+            continue
+        ratio = sim["seconds"] / ref["seconds"]
+        growth = f"{sim['seconds'] / prev[0]:7.2f}" if prev else f"{'':>7}"
+        sgrowth = f"{ref['seconds'] / prev[1]:7.2f}" if prev else f"{'':>7}"
+        note = "  (target <= 1.5x: " + verdict(ratio, 1.5) + ")" if n in (8192, 16384, 32768) else ""
+        if prev and sim["seconds"] / prev[0] > 4.5:
+            note += "  (doubling > 4.5x: MISSES)"
+        print(
+            f"{n:>6} {sim['seconds']:8.2f} {growth} {sim['peak'] / GB:7.2f} {ref['seconds']:8.2f} {sgrowth} "
+            f"{ratio:8.2f}x{note}",
+            flush=True,
+        )
+        prev = (sim["seconds"], ref["seconds"])
+
+
+def _hwm(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def bench_study(preset: str, workers: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--preset", preset, "--out", tmp]
+        cmd += ["--workers", str(workers), "--quiet"]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peaks: dict[int, int] = {}
+        while proc.poll() is None:
+            for pid in _children(proc.pid):
+                if pid not in peaks or True:
+                    peaks[pid] = max(peaks.get(pid, 0), _hwm(pid))
+            time.sleep(0.2)
+        secs = time.perf_counter() - t0
+        err = proc.stderr.read() if proc.stderr else ""
+    workers_peaks = sorted((p for p in peaks.values() if p > 0), reverse=True)
+    top = workers_peaks[0] if workers_peaks else 0
+    print(
+        f"study --preset {preset} --workers {workers}: {secs:.1f} s (exit {proc.returncode}); peak per worker "
+        f"{', '.join(f'{p / GB:.2f}' for p in workers_peaks[: workers + 2])} GB "
+        f"(largest vs 1.5 GB: {top / (1.5 * GB):.2f}x, {verdict(top, 1.5 * GB)})"
+        + (f"; stderr: {err[-200:]}" if proc.returncode else ""),
+        flush=True,
+    )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", default="32768,65536", help="compare --seq-len values ('' to skip)")
+    parser.add_argument("--flash", default="4096,8192,16384,32768,65536", help="flash simulator lengths")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads (flash)")
+    parser.add_argument("--study", default="quick", help="study preset")
+    parser.add_argument("--workers", type=int, default=2, help="study workers")
+    parser.add_argument("--no-study", action="store_true")
+    args = parser.parse_args()
+    if args.flash:
+        bench_flash(_ints(args.flash), args.threads)
+    if args.compare:
+        bench_compare(_ints(args.compare))
+    if not args.no_study:
+        bench_study(args.study, args.workers)
+
+
+if __name__ == "__main__":
+    main()
