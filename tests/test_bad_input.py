@@ -282,6 +282,19 @@ MUTANTS = [  # run only once `flashcheck mutants` exists
     r("mutants-extra-argument", "mutants extra", "extra"),
 ]
 
+PREDICT = [
+    r("predict-numerics-missing", "predict --seq-len 8", "--numerics"),
+    r("predict-numerics-unknown", "predict --numerics bf17 --seq-len 8", "bf17"),
+    r("predict-seq-len-zero", "predict --numerics bf16 --seq-len 0", "--seq-len", "0"),
+    r("predict-seq-len-text", "predict --numerics bf16 --seq-len lots", "--seq-len", "lots"),
+    r("predict-seq-len-k-negative", "predict --numerics bf16 --seq-len 8 --seq-len-k -1", "--seq-len-k", "-1"),
+    r("predict-block-k-zero", "predict --numerics bf16 --seq-len 8 --block-k 0", "--block-k", "0"),
+    r("predict-kernel-unknown", "predict --numerics bf16 --seq-len 8 --kernel eager", "eager"),
+    r("predict-distribution-unknown", "predict --numerics bf16 --seq-len 8 --distribution zipf", "zipf"),
+    r("predict-draw-distribution-unknown", "predict --numerics bf16 --seq-len 8 --draw --distribution zipf", "zipf"),
+    r("predict-splits-zero", "predict --numerics bf16 --seq-len 8 --kernel splitkv --splits 0", "--splits", "0"),
+]
+
 VALIDATE = [  # run only once `flashcheck validate` exists
     r("validate-unknown-flag", "validate --no-such-flag", "--no-such-flag"),
     r("validate-model-empty", "validate --model ''", "--model"),
@@ -299,6 +312,7 @@ ROWS = [
     *TRAIN_STUDY,
     *DRIFT,
     *MUTANTS,
+    *PREDICT,
     *VALIDATE,
 ]
 SUBPROCESS = {  # a few as real processes (each pays torch's import, several seconds)
