@@ -172,7 +172,7 @@ def _check_train_study_human(res, out: Path) -> None:
             assert _row(res.stdout, *cells) and f"steps {lo}-{hi}" in res.stdout, res.stdout
     assert f"report: {out}/report.html" in res.stdout
     total = sum(r.steps for r in train_preset("tiny").runs)
-    assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run \w+ step \d+", res.stderr.splitlines()[-1])
+    assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run [\w-]+ step \d+", res.stderr.splitlines()[-1])
 
 
 def test_tied_max_human_output_and_progress(tmp_path, monkeypatch):
