@@ -200,3 +200,76 @@ def test_plan_starts_a_group_only_while_the_running_estimates_fit():
     assert plan.fits(2, 1) and plan.peak_running == 2
     assert _Plan({0: 10**15}, 10).fits(0, 0)  # one group always runs: it fitted alone (runner checks that)
     assert _Plan({0: 10**15}, None).fits(0, 5)  # unknown memory: only the worker count limits
+
+
+# ---- devices ---------------------------------------------------------------------------------------------
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def test_compare_carries_the_device_to_both_simulators_and_the_reference(monkeypatch):
+    """device="cpu" given explicitly: the same numbers as the default; the methods and the References built
+    by run_case are on that device (a fake References records what it was asked for)."""
+    from flashcheck.core.inputs import InputSpec
+    from flashcheck.measure import case as case_mod
+    from flashcheck.measure.compare import CompareConfig, run_compare
+
+    spec = InputSpec(heads=1, seq_len=64)
+    default, explicit = run_compare(CompareConfig(inputs=spec)), run_compare(CompareConfig(inputs=spec, device="cpu"))
+    assert explicit.candidate == default.candidate and explicit.baseline == default.baseline
+    cfg = CompareConfig(inputs=spec, device="cuda")
+    assert cfg.case().method.run_device == "cuda" and cfg.case().baseline.run_device == "cuda"
+    asked = []
+
+    class Refs(case_mod.References):
+        def __init__(self, spec, *, causal=False, device="cpu"):
+            asked.append(device)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(case_mod, "References", Refs)
+    rec = case_mod.run_case(cfg.case())
+    assert asked == ["cuda"] and rec.status == "failed"
+    with pytest.raises(ValueError, match="device 'gpu' is not allowed"):
+        CompareConfig(inputs=spec, device="gpu")
+
+
+def test_references_on_an_explicit_device_come_back_on_the_cpu():
+    from flashcheck.core.inputs import InputSpec
+    from flashcheck.measure.case import References
+
+    spec = InputSpec(heads=1, seq_len=32)
+    a, b = References(spec, causal=True), References(spec, causal=True, device="cpu")
+    assert torch.equal(a.reference, b.reference) and b.reference.device.type == "cpu"
+
+
+@pytest.mark.skipif(_cuda(), reason="a CUDA device is present: the refusal is for CPU-only machines")
+def test_compare_device_cuda_without_a_gpu_is_bad_usage():
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    res = CliRunner().invoke(app, ["compare", "--seq-len", "16", "--heads", "1", "--device", "cuda"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--device cuda: there is no CUDA device here" in res.output and "use --device cpu" in res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (simulators and the FP64 reference on the GPU)")
+def test_simulators_and_reference_on_the_gpu_agree_with_the_cpu_and_are_fast():
+    """compare at L=8192 on cuda: the work lands on the GPU (memory allocated there), it takes seconds, and the
+    errors match the CPU's at a smaller length to the rounding of the FP64 reference's sums."""
+    import time
+
+    from flashcheck.core.inputs import InputSpec
+    from flashcheck.measure.compare import CompareConfig, run_compare
+
+    small = InputSpec(heads=2, seq_len=512)
+    cpu, gpu = (run_compare(CompareConfig(inputs=small, device=d)) for d in ("cpu", "cuda"))
+    for key, value in cpu.candidate.items():
+        assert gpu.candidate[key] == pytest.approx(value, rel=0.05), key
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run_compare(CompareConfig(inputs=InputSpec(seq_len=8192), device="cuda"))
+    assert time.perf_counter() - start < 60 and torch.cuda.max_memory_allocated() > 0

@@ -29,7 +29,10 @@ NUMERICS_HELP = (
     "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16)."
 )
 BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
-DEVICE_HELP = "Where real backends run: cpu or cuda (default: cuda where available, else cpu); simulators: the CPU."
+DEVICE_HELP = (
+    "cpu or cuda: where real backends run (default: cuda where available), or the simulators and the FP64 "
+    "reference (default: cpu)."
+)
 DETERMINISM_HELP = "Repeated runs bit-identical, batch invariance (with --backend)."
 
 
@@ -70,7 +73,7 @@ def compare(
         lengths = _int_list(seq_len, "--seq-len")
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, backward or determinism)
-            cfg, result = _simulate(kernel.value, numerics, lengths, extra, (shape, opts))
+            cfg, result = _simulate(kernel.value, numerics, lengths, extra, (shape, opts | {"device": device or "cpu"}))
         else:
             steps = {"preset": preset, "backward": backward, "determinism": runs if determinism else 0}
             cases = _backend_cases(backend or "sim-flash", numerics, lengths, (shape, opts | steps))
@@ -143,8 +146,6 @@ def _device(device: str | None, backend: str | None, preset: str | None) -> str:
         raise ValueError(f"--device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
     if device == "cuda" and (why := cuda_unavailable_reason()):
         raise ValueError(f"--device cuda: there is no CUDA device here ({why}); use --device cpu")
-    if device == "cuda" and backend is None and preset is None:
-        raise ValueError("--device cuda applies to real backends (--backend); the simulators run on the CPU")
     return device
 
 

@@ -80,13 +80,11 @@ class References:
     """The inputs of one input set and their FP64 references: one for the original inputs, one per distinct
     input rounding (computed on first use, then reused by every method on this input set)."""
 
-    def __init__(self, spec: InputSpec, *, causal: bool = False) -> None:
-        self.spec, self.causal = spec, causal
+    def __init__(self, spec: InputSpec, *, causal: bool = False, device: str = "cpu") -> None:
+        self.spec, self.causal, self.device = spec, causal, torch.device(device)
         self.q, self.k, self.v = make_qkv(spec)
         self.mask = make_mask(spec)
-        self.reference, lse = reference_attention(
-            self.q, self.k, self.v, causal=causal, mask=self.mask, return_lse=True
-        )
+        self.reference, lse = self._reference(self.q, self.k, self.v, return_lse=True)
         live = torch.isfinite(lse)
         self.live: torch.Tensor | None = None if bool(live.all()) else live  # [B, H, Lq] rows with a visible key
         self._rounded: dict[tuple, torch.Tensor] = {}
@@ -103,8 +101,15 @@ class References:
             return self.reference
         if key not in self._rounded:
             qr, kr, vr = method.rounded_inputs(self.q, self.k, self.v)
-            self._rounded[key] = reference_attention(qr, kr, vr, causal=self.causal, mask=self.mask)
+            self._rounded[key] = self._reference(qr, kr, vr)
         return self._rounded[key]
+
+    def _reference(self, q, k, v, return_lse: bool = False):
+        """The FP64 reference computed on self.device, returned on the CPU (inputs stay on the CPU)."""
+        dev = self.device
+        mask = None if self.mask is None else self.mask.to(dev)
+        out = reference_attention(q.to(dev), k.to(dev), v.to(dev), causal=self.causal, mask=mask, return_lse=return_lse)
+        return tuple(t.cpu() for t in out) if return_lse else out.cpu()
 
 
 def _errors(
@@ -145,7 +150,8 @@ def run_case(case: Case, refs: References | None = None) -> Record:
     try:
         case.method.check_available(backward=case.backward)
         reuse = refs is not None and refs.spec == case.inputs and refs.causal == case.causal
-        refs = refs if reuse else References(case.inputs, causal=case.causal)
+        dev = case.method.run_device if case.method.is_simulator else "cpu"  # where the FP64 reference runs
+        refs = refs if reuse else References(case.inputs, causal=case.causal, device=dev)
         rec = _measure(case, refs)
     except Unavailable as exc:
         return Record(case=case, status="skipped", reason=str(exc), seconds=time.perf_counter() - start)

@@ -32,8 +32,11 @@ class CompareConfig:
     causal: bool = False
     fp8_scaling: str | None = None
     hadamard: bool = False
+    device: str = "cpu"  # where both simulators and the FP64 references run (cpu or cuda)
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is not allowed; expected one of {', '.join(DEVICES)}")
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
         for role, pol in (("candidate", self.candidate_policy()), ("baseline", self.baseline_policy())):
@@ -65,8 +68,11 @@ class CompareConfig:
             block_q=self.block_q if tiled else 0,
             block_k=self.block_k if tiled else 0,
             algorithm=self.algorithm if tiled else "",
+            device=self.device,
         )
-        base = Method(kernel="standard", policy=self.baseline_policy(), block_q=0, block_k=0, algorithm="")
+        base = Method(
+            kernel="standard", policy=self.baseline_policy(), block_q=0, block_k=0, algorithm="", device=self.device
+        )
         return Case(inputs=self.inputs, method=cand, baseline=base, causal=self.causal)
 
     def footprint(self) -> Footprint:

@@ -94,8 +94,9 @@ class Method:
 
     @property
     def run_device(self) -> str:
-        """Where the method runs: simulators (and the sim-* backends) on the CPU, real backends on `device`."""
-        if self.is_simulator or self.kernel.startswith("sim-"):
+        """Where the method runs: simulators (pure torch) and real backends on `device`, the sim-* backends on
+        the CPU."""
+        if self.kernel.startswith("sim-"):
             return "cpu"
         return self.device
 
@@ -104,11 +105,13 @@ class Method:
         if self.kernel == "splitkv":
             flash_options = {"splits": self.splits, **flash_options}
         if self.is_simulator:
+            dev = torch.device(self.device)
+            flash_options = {n: x.to(dev) if isinstance(x, torch.Tensor) else x for n, x in flash_options.items()}
             return lambda q, k, v: simulate(
                 self.kernel,
-                q,
-                k,
-                v,
+                q.to(dev),
+                k.to(dev),
+                v.to(dev),
                 policy=self.policy,
                 causal=causal,
                 block_q=self.block_q,
@@ -196,7 +199,15 @@ def parse_method(
             algorithm = ""
         if name == "splitkv" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
             raise ValueError(f"splits={splits!r} must be a positive integer")
-        return Method(kernel=name, policy=policy, block_q=block_q, block_k=block_k, algorithm=algorithm, splits=splits)
+        return Method(
+            kernel=name,
+            policy=policy,
+            block_q=block_q,
+            block_k=block_k,
+            algorithm=algorithm,
+            splits=splits,
+            device=device,
+        )
     from flashcheck.backends import backend_names
 
     names = backend_names()
