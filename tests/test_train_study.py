@@ -163,3 +163,22 @@ def test_sign_consistency_is_per_row_over_steps():
     random = torch.randn(steps, 4096, generator=g)
     expected = math.sqrt(2 / (math.pi * steps))  # E|mean of T random signs|, large T
     assert sign_consistency(random) == pytest.approx(expected, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "0"], "--seeds 0 is not allowed"),
+        (["--steps", "-3"], "--steps -3 is not allowed"),
+        (["--lr", "2"], "--lr 2.0 is not allowed"),
+        (["--policy", "nope"], "unknown numerics policy 'nope'"),
+        (["--preset", "tied-max", "--policy", "bf16"], "--policy not allowed with --preset tied-max"),
+    ],
+)
+def test_bad_train_study_flags_exit_2_with_one_line(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    res = CliRunner().invoke(app, ["train-study", "--out", str(tmp_path), *args])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
