@@ -273,3 +273,29 @@ def test_simulators_and_reference_on_the_gpu_agree_with_the_cpu_and_are_fast():
     start = time.perf_counter()
     run_compare(CompareConfig(inputs=InputSpec(seq_len=8192), device="cuda"))
     assert time.perf_counter() - start < 60 and torch.cuda.max_memory_allocated() > 0
+
+
+# ---- drift: one tensor at a time ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exact_limit", [0, 10**9])
+def test_drift_one_tensor_at_a_time_gives_the_same_figures(tmp_path, monkeypatch, exact_limit):
+    """Every tensor through the spilled path (SPILL_BYTES = 0: A's copies on disk, compared in chunks of 7)
+    gives the same per-tensor, per-layer and whole-model figures as holding both tensors."""
+    from flashcheck.training import drift
+    from flashcheck.training.checkpoints import save_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    paths = []
+    for side in range(2):
+        tensors = {f"blocks.{i}.w": torch.randn(50 + 13 * i, generator=g) * (1 + side) for i in range(3)}
+        tensors["blocks.0.bad"] = torch.tensor([1.0, float("nan") if side else 2.0, 3.0])
+        tensors["blocks.0.half"] = torch.randn(40, generator=g).half()
+        paths.append(tmp_path / f"{side}.safetensors")
+        save_safetensors(tensors, paths[-1])
+    monkeypatch.setattr(drift, "CHUNK", 7)
+    kw = {"sketch_points": 16, "exact_limit": exact_limit}
+    held = drift.compare_checkpoints(*paths, **kw).to_dict()
+    monkeypatch.setattr(drift, "SPILL_BYTES", 0)
+    spilled = drift.compare_checkpoints(*paths, **kw).to_dict()
+    assert spilled == held and held["nonfinite"]["blocks.0.bad"]["b"] == 1

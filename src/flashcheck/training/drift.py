@@ -4,12 +4,17 @@ Per tensor: max |A - B| and exact Wasserstein-1 of the value distributions (by s
 whole model: W1 exact when the values fit `exact_limit`, else from per-tensor quantile sketches merged
 as a weighted mixture. The stated error bound is sum_t (n_t / N) * (W1(A_t, sketch A_t) + W1(B_t, sketch
 B_t)), each term computed exactly while the tensor is sorted (triangle inequality; W1 of mixtures is at
-most the weighted W1 of their parts), so it never exceeds sum_t (n_t / N) * (range_A,t + range_B,t) / K."""
+most the weighted W1 of their parts), so it never exceeds sum_t (n_t / N) * (range_A,t + range_B,t) / K.
+
+Memory: a pair of tensors under SPILL_BYTES each is held at once; a bigger one is compared holding one tensor
+at a time: A is read, written unsorted and sorted to a temporary folder, and dropped, then B is read and
+compared against A's copies in chunks (so the peak is the largest tensor plus chunk buffers)."""
 
 from __future__ import annotations
 
 import math
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +26,7 @@ from flashcheck.core.metrics import wasserstein1_weighted
 from flashcheck.training.checkpoints import CheckpointError, Reader, open_checkpoint, series
 
 CHUNK = 1 << 22
+SPILL_BYTES = 64 * 2**20  # a tensor at least this big is compared one tensor at a time (see above)
 
 
 def _values(t: torch.Tensor) -> np.ndarray:
@@ -57,22 +63,31 @@ class _Sketch:
     n: int = 0
 
     def add(self, a_sorted: np.ndarray, b_sorted: np.ndarray, points: int) -> None:
-        n = a_sorted.size
-        if n <= points:
-            self.xa.append(a_sorted.astype(np.float64))
-            self.xb.append(b_sorted.astype(np.float64))
-            self.w.append(np.ones(n))
-        else:
-            idx = ((np.arange(points) + 0.5) * n / points).astype(np.int64)
-            self.xa.append(a_sorted[idx].astype(np.float64))
-            self.xb.append(b_sorted[idx].astype(np.float64))
-            self.w.append(np.full(points, n / points))
-            self.bound_mass += n * (_sketch_error(a_sorted, idx, points) + _sketch_error(b_sorted, idx, points))
+        self.add_sides(_side(a_sorted, points), _side(b_sorted, points))
+
+    def add_sides(self, sa: tuple[np.ndarray, float, int], sb: tuple[np.ndarray, float, int]) -> None:
+        """Add one tensor from each side's (atoms, W1 to its sketch, size) (see _side)."""
+        n, points = sa[2], sa[0].size
+        self.xa.append(sa[0])
+        self.xb.append(sb[0])
+        self.w.append(np.ones(n) if n <= points else np.full(points, n / points))
+        if n > points:
+            self.bound_mass += n * (sa[1] + sb[1])
         self.n += n
 
     def w1(self) -> tuple[float, float]:
         xa, xb, w = (torch.from_numpy(np.concatenate(x)) for x in (self.xa, self.xb, self.w))
         return wasserstein1_weighted(xa, w, xb, w), self.bound_mass / self.n
+
+
+def _side(sorted_vals: np.ndarray, points: int) -> tuple[np.ndarray, float, int]:
+    """One side of a tensor's sketch: its atoms (every value when there are at most `points`), the exact W1
+    between the tensor and them, and the tensor's size."""
+    n = sorted_vals.size
+    if n <= points:
+        return sorted_vals.astype(np.float64), 0.0, n
+    idx = ((np.arange(points) + 0.5) * n / points).astype(np.int64)
+    return sorted_vals[idx].astype(np.float64), _sketch_error(sorted_vals, idx, points), n
 
 
 def _sketch_error(sorted_vals: np.ndarray, idx: np.ndarray, points: int) -> float:
@@ -162,8 +177,44 @@ class _Pair:
         b.sort()
         self.per_tensor[name] = {"max_abs": mx, "wasserstein": _mean_abs_sorted(a, b), "numel": int(a.size)}
         self.max_abs = max(self.max_abs, mx)
-        self.whole.add(a, b, self.points)
-        self.layers.setdefault(layer_of(name), _Sketch()).add(a, b, self.points)
+        self._sides(name, _side(a, self.points), _side(b, self.points))
+
+    def _sides(self, name: str, sa: tuple, sb: tuple) -> None:
+        self.whole.add_sides(sa, sb)
+        self.layers.setdefault(layer_of(name), _Sketch()).add_sides(sa, sb)
+
+    def add_spilled(
+        self, name: str, load_a: Callable[[], np.ndarray], load_b: Callable[[], np.ndarray], folder: Path
+    ) -> None:
+        """As add, holding one tensor at a time: A's unsorted and sorted copies go to `folder` first."""
+        a = load_a()
+        bad_a, raw, srt = _nonfinite(a), folder / "a.raw", folder / "a.sorted"
+        a.tofile(raw)
+        a.sort()
+        a.tofile(srt)
+        side_a, dtype = _side(a, self.points), a.dtype
+        del a
+        b = load_b()
+        bad_b = _nonfinite(b)
+        if bad_a or bad_b:
+            self.nonfinite[name] = {"a": bad_a, "b": bad_b, "numel": int(b.size)}
+            return
+        mx = _chunks_of_file(raw, dtype, b, lambda x, y: float(np.max(np.abs(x - y), initial=0.0)), max)
+        b.sort()
+        total = _chunks_of_file(srt, dtype, b, lambda x, y: float(np.abs(x - y).sum()), lambda s, t: s + t)
+        self.per_tensor[name] = {"max_abs": mx, "wasserstein": total / b.size, "numel": int(b.size)}
+        self.max_abs = max(self.max_abs, mx)
+        self._sides(name, side_a, _side(b, self.points))
+
+
+def _chunks_of_file(path: Path, dtype: np.dtype, b: np.ndarray, fn: Callable, join: Callable) -> float:
+    """join over chunks of fn(A chunk as float64, the same slice of b), A read from `path` in order."""
+    acc = 0.0
+    with open(path, "rb") as f:
+        for i in range(0, b.size, CHUNK):
+            a = np.fromfile(f, dtype=dtype, count=min(CHUNK, b.size - i)).astype(np.float64)
+            acc = join(acc, fn(a, b[i : i + CHUNK]))
+    return acc
 
 
 def compare_checkpoints(
@@ -196,19 +247,19 @@ def _compare(ra: Reader, rb: Reader, step: int, sketch_points: int, exact_limit:
     total = sum(math.prod(ka[k][0]) for k in common if ka[k][0] == kb[k][0])
     exact = total <= exact_limit
     acc = _Pair(points=total + 1 if exact else sketch_points)
-    for i, name in enumerate(common, 1):
-        (sa, da), (sb, db) = ka[name], kb[name]
-        if sa != sb:
-            mism["shape"].append({"name": name, "a": list(sa), "b": list(sb)})
-        else:
-            if da != db:
-                mism["dtype"].append({"name": name, "a": str(da), "b": str(db)})  # compared all the same
-            a, b = _values(ra.tensor(name)), _values(rb.tensor(name))
-            if a.size:
-                acc.add(name, a, b)
-            del a, b
-        if on_progress is not None:
-            on_progress(i, len(common), name)
+    with tempfile.TemporaryDirectory(prefix="flashcheck-drift-") as tmp:
+        for i, name in enumerate(common, 1):
+            (sa, da), (sb, db) = ka[name], kb[name]
+            if sa != sb:
+                mism["shape"].append({"name": name, "a": list(sa), "b": list(sb)})
+            elif math.prod(sa) == 0:
+                pass
+            else:
+                if da != db:
+                    mism["dtype"].append({"name": name, "a": str(da), "b": str(db)})  # compared all the same
+                _add_pair(acc, name, ra, rb, math.prod(sa) * max(4, da.itemsize, db.itemsize), Path(tmp))
+            if on_progress is not None:
+                on_progress(i, len(common), name)
     if not acc.per_tensor and not acc.nonfinite:
         raise CheckpointError(f"{str(ra.path)!r} and {str(rb.path)!r} have no tensor in common to compare")
     w, bound = acc.whole.w1() if acc.per_tensor else (math.nan, math.nan)
@@ -219,6 +270,15 @@ def _compare(ra: Reader, rb: Reader, step: int, sketch_points: int, exact_limit:
     max_all = acc.max_abs if acc.per_tensor else math.nan
     method = "exact" if exact else f"sketch({sketch_points})"
     return PairResult(step, max_all, w, bound, method, acc.per_tensor, per_layer, mism, acc.nonfinite)
+
+
+def _add_pair(acc: _Pair, name: str, ra: Reader, rb: Reader, nbytes: int, tmp: Path) -> None:
+    """Tensor `name` of both checkpoints into acc: both held at once, or one at a time from SPILL_BYTES."""
+    if nbytes >= SPILL_BYTES:
+        acc.add_spilled(name, lambda: _values(ra.tensor(name)), lambda: _values(rb.tensor(name)), tmp)
+        return
+    a, b = _values(ra.tensor(name)), _values(rb.tensor(name))
+    acc.add(name, a, b)
 
 
 def series_pairs(a: str | Path, b: str | Path) -> list[tuple[int, Path, Path]]:
