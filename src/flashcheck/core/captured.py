@@ -75,7 +75,7 @@ def _token_stream(tokenizer, n_tokens: int) -> list[int]:
     text = _CORPUS.read_text(encoding="utf-8").split("\n") if _CORPUS.is_file() else []
     ids: list[int] = []
     for line in (t for t in text if t.strip()):
-        ids.extend(tokenizer(line, add_special_tokens=False)["input_ids"])
+        ids.extend(tokenizer(line, add_special_tokens=False, verbose=False)["input_ids"])
         if len(ids) >= n_tokens:
             break
     if len(ids) < n_tokens:
@@ -87,7 +87,10 @@ def _capture(folder: Path, windows: int) -> list[dict]:
     """Run the model on `windows` consecutive windows; per layer {"q","k","v": [Hm, T, D] float32}."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AttentionInterface, AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # no weight-loading bars or long-line warnings in a study's output
+    hf_logging.disable_progress_bar()
     AttentionInterface.register("fc_record", _record)
     cfg = AutoConfig.from_pretrained(folder)
     width = min(WINDOW, int(getattr(cfg, "max_position_embeddings", WINDOW) or WINDOW))
