@@ -121,14 +121,36 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     m = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     steps = _steps(cfg, lq, lk)
-    for r0, r1 in row_chunks(lq, tile_rows):
-        o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = _query_tile(q, k, v, (r0, r1), steps, cfg, pol)
+    tiles = row_chunks(lq, tile_rows)
+    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol), strict=True):
+        o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
     dead = l == 0
     if cfg.algorithm == "fa2":
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
     return o, rnd(o, pol, "output"), lse
+
+
+def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
+    """_query_tile of every tile. On the CPU, tiles run side by side on torch's intra-op thread count, each
+    op single-threaded: a step's ops are small, and one parallel region per op waits on every core (on a
+    busy machine, milliseconds per op). Every op sees the same tensors either way."""
+    workers = min(len(tiles), torch.get_num_threads()) if q.device.type == "cpu" else 1
+    if workers <= 1:
+        return [_query_tile(q, k, v, rows, steps, cfg, pol) for rows in tiles]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rows: tuple[int, int]):
+        torch.set_num_threads(1)
+        return _query_tile(q, k, v, rows, steps, cfg, pol)
+
+    threads = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, tiles))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
