@@ -299,3 +299,26 @@ def test_drift_one_tensor_at_a_time_gives_the_same_figures(tmp_path, monkeypatch
     monkeypatch.setattr(drift, "SPILL_BYTES", 0)
     spilled = drift.compare_checkpoints(*paths, **kw).to_dict()
     assert spilled == held and held["nonfinite"]["blocks.0.bad"]["b"] == 1
+
+
+@pytest.mark.skipif(_cuda(), reason="a CUDA device is present: the refusal is for CPU-only machines")
+def test_study_device_cuda_without_a_gpu_is_bad_usage(tmp_path):
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    res = CliRunner().invoke(app, ["study", "--preset", "tiny", "--out", str(tmp_path), "--device", "cuda"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--device cuda: there is no CUDA device here" in res.output
+
+
+def test_study_device_cpu_explicit_reaches_the_workers(tmp_path, monkeypatch):
+    """--device cpu travels to each worker (the pool's initializer) and into evaluate_group's References."""
+    from flashcheck.study import executors
+    from flashcheck.study.runner import check_device
+
+    got, groups = [], _groups(1)
+    executors.run_local(groups, 1, got.append, device="cpu")
+    assert [r.status for r in got] == ["ok"] * len(groups[0])
+    with pytest.raises(ValueError, match="--device 'gpu' is not allowed"):
+        check_device("gpu")

@@ -32,6 +32,7 @@ def study(
     executor: Executor = typer.Option(Executor.local, help="local process pool or ray."),
     ray_address: str = typer.Option(None, help="Address of a running Ray cluster (default: start a local one)."),
     quiet: bool = typer.Option(False, help="No progress and no findings; failures are still listed."),
+    device: str = typer.Option("cpu", help="Where the simulators and the FP64 references run: cpu or cuda."),
 ) -> None:
     """Reproduce the published studies; resumable (run the same command again to continue, failed
     cases are tried again). Exit code 1 when a case failed."""
@@ -56,7 +57,8 @@ def study(
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
             return run_guide(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
-        stats = run_study(cfg, out, workers=workers, executor=executor.value, ray_address=ray_address, quiet=quiet)
+        kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
+        stats = run_study(cfg, out, quiet=quiet, **kw)
         return stats, build_report(out)
 
     stats, summary = _guarded(run)

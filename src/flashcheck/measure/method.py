@@ -199,15 +199,8 @@ def parse_method(
             algorithm = ""
         if name == "splitkv" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
             raise ValueError(f"splits={splits!r} must be a positive integer")
-        return Method(
-            kernel=name,
-            policy=policy,
-            block_q=block_q,
-            block_k=block_k,
-            algorithm=algorithm,
-            splits=splits,
-            device=device,
-        )
+        kw = {"block_q": block_q, "block_k": block_k, "algorithm": algorithm, "splits": splits, "device": device}
+        return Method(kernel=name, policy=policy, **kw)
     from flashcheck.backends import backend_names
 
     names = backend_names()

@@ -83,10 +83,13 @@ class Case:
             layer=self.layer,
         )
 
-    def measure_case(self) -> MeasureCase:
-        """This case as a measurement: its method alone (the baseline is a case of its own), every metric."""
+    def measure_case(self, device: str = "cpu") -> MeasureCase:
+        """This case as a measurement: its method alone (the baseline is a case of its own), every metric;
+        a simulator runs on `device`."""
         extra = {"splits": self.splits} if self.splits else {}
-        m = parse_method(self.method, block_q=self.block_q, block_k=self.block_k, algorithm=self.algorithm, **extra)
+        m = parse_method(
+            self.method, block_q=self.block_q, block_k=self.block_k, algorithm=self.algorithm, device=device, **extra
+        )
         spec = self.input_spec()
         return MeasureCase(
             inputs=spec,
@@ -223,16 +226,16 @@ def environment() -> dict[str, str]:
     }
 
 
-def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None]) -> int:
-    """Evaluate cases sharing one input set through measure.run_case, emitting each record as it finishes.
-    Returns how many FP64 references were computed (one for the original inputs, one per distinct input
-    rounding: measure.References shares them between the cases)."""
+def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], device: str = "cpu") -> int:
+    """Evaluate cases sharing one input set through measure.run_case, emitting each record as it finishes;
+    simulators and the FP64 references run on `device`. Returns how many FP64 references were computed (one
+    for the original inputs, one per distinct input rounding: measure.References shares them)."""
     torch.set_num_threads(1)  # determinism across executors and worker counts; parallelism is by process
     env = environment()
-    refs = References(cases[0].input_spec(), causal=cases[0].causal)
+    refs = References(cases[0].input_spec(), causal=cases[0].causal, device=device)
     stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
     for c in cases:
-        rec = run_case(c.measure_case(), refs)
+        rec = run_case(c.measure_case(device), refs)
         errs, errs_r = dict(rec.candidate), dict(rec.candidate_rounded)
         for name, g in (rec.grad or {}).items():  # backward cases: dq_rel_l2, dk_max_abs, ...
             errs |= {f"{name}_{k}": v for k, v in g["candidate"].items()}

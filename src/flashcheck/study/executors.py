@@ -27,17 +27,18 @@ from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_byt
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0
 _QUEUE = None
+_DEVICE = "cpu"
 
 Task = Callable[[list[Case]], int]
 
 
-def _init_worker(q) -> None:
-    global _QUEUE
-    _QUEUE = q
+def _init_worker(q, device: str = "cpu") -> None:
+    global _QUEUE, _DEVICE
+    _QUEUE, _DEVICE = q, device
 
 
 def _pool_task(cases: list[Case]) -> int:
-    return evaluate_group(cases, lambda rec: _QUEUE.put(rec.to_json()))
+    return evaluate_group(cases, lambda rec: _QUEUE.put(rec.to_json()), device=_DEVICE)
 
 
 def emit(rec: CaseRecord) -> None:
@@ -57,18 +58,19 @@ def run_local(
     task: Task = _pool_task,
     *,
     available: int | None = None,
+    device: str = "cpu",
 ) -> int:
     """Run groups on up to `workers` spawned processes, as many at once as fit in memory (`available`
     bytes, default: what this machine has now; see the module docstring); call on_record once per case
-    as it finishes. `task` runs in a worker and reports each record with `emit`. Returns the FP64
-    references computed.
+    as it finishes. `task` runs in a worker and reports each record with `emit`; the default task runs the
+    simulators and FP64 references on `device`. Returns the FP64 references computed.
 
     When a worker dies the pool breaks; a new pool runs every case not reported yet. A group that may
     have been running at two breaks is then run alone, and if it kills its worker alone as well, its
     unreported cases are recorded as failed."""
     todo = {i: list(g) for i, g in enumerate(groups) if g}
     avail = available_bytes() if available is None else available
-    plan = _Plan({i: max(estimate_case_bytes(c) for c in g) for i, g in todo.items()}, avail)
+    plan = _Plan({i: max(estimate_case_bytes(c) for c in g) for i, g in todo.items()}, avail, device)
     strikes: dict[int, int] = {}
     refs = 0
     while todo:
@@ -80,13 +82,13 @@ def run_local(
         for gi in suspects:
             strikes[gi] = strikes.get(gi, 0) + 1
             if strikes[gi] >= 2:
-                refs += _run_alone(gi, todo.pop(gi), on_record, task)
+                refs += _run_alone(gi, todo.pop(gi), on_record, task, device)
     return refs
 
 
-def _run_alone(gi: int, cases: list[Case], on_record: Callable[[CaseRecord], None], task: Task) -> int:
+def _run_alone(gi: int, cases: list[Case], on_record: Callable[[CaseRecord], None], task: Task, device: str) -> int:
     alone = {gi: cases}
-    refs, _, broken = _run_pool(alone, 1, on_record, task, _Plan({}, None))
+    refs, _, broken = _run_pool(alone, 1, on_record, task, _Plan({}, None, device))
     why = f"{type(broken).__name__}: {broken}" if broken else "no record came back"
     _fail_all(alone, f"worker died twice in a pool, then alone ({why})", on_record)
     return refs
@@ -104,8 +106,9 @@ class _Plan:
     `available` (None: unknown, only the worker count limits). `peak_running` records the most groups
     that ran at once (for tests and reports)."""
 
-    def __init__(self, need: dict[int, int], available: int | None) -> None:
+    def __init__(self, need: dict[int, int], available: int | None, device: str = "cpu") -> None:
         self.need, self.budget = need, None if available is None else int(HEADROOM * available)
+        self.device = device
         self.in_use, self.peak_running = 0, 0
 
     def fits(self, gi: int, running: int) -> bool:
@@ -145,7 +148,8 @@ def _run_pool(
                 on_record(rec)
 
     waiting, pending, started = list(todo), {}, []
-    with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
+    init = (q, plan.device)
+    with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
         while True:
             if broken is None:
                 _start_fitting(pool, task, todo, waiting, pending, started, plan, slots)

@@ -68,6 +68,18 @@ def check_workers(workers: int | None) -> int:
     return workers
 
 
+def check_device(device: str, executor: str = "local") -> None:
+    """ValueError unless `device` is cpu, or cuda with a CUDA device here and the local executor."""
+    from flashcheck.backends.base import DEVICES, cuda_unavailable_reason
+
+    if device not in DEVICES:
+        raise ValueError(f"--device {device!r} is not allowed; expected one of {', '.join(DEVICES)}")
+    if device == "cuda" and (why := cuda_unavailable_reason()):
+        raise ValueError(f"--device cuda: there is no CUDA device here ({why}); use --device cpu")
+    if device == "cuda" and executor != "local":
+        raise ValueError("--device cuda runs on the local executor; leave out --executor ray")
+
+
 def _done(rec: CaseRecord | None) -> bool:
     """A case is done when ok or skipped for good; failed and memory-skipped cases are tried again."""
     if rec is None or rec.status == "failed":
@@ -83,12 +95,14 @@ def run_study(
     executor: str = "local",
     ray_address: str | None = None,
     quiet: bool = False,
+    device: str = "cpu",
 ) -> dict:
     """Compute every case of `config` not yet done in `out`'s store (failed cases again). Holds the
     folder's lock while it runs (FolderLocked when another study has it). Returns this run's statistics."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
     workers = check_workers(workers)
+    check_device(device, executor)
     check_sweeps_can_run(config)
     if ray_address is not None:
         if not ray_address.strip():
@@ -97,11 +111,11 @@ def run_study(
     path = prepare_out(out)
     with folder_lock(path):
         save_config(path, config)
-        return _run_locked(config, path, workers, executor, ray_address, quiet)
+        return _run_locked(config, path, workers, executor, ray_address, quiet, device)
 
 
 def _run_locked(
-    config: StudyConfig, path: Path, workers: int, executor: str, ray_address: str | None, quiet: bool
+    config: StudyConfig, path: Path, workers: int, executor: str, ray_address: str | None, quiet: bool, device: str
 ) -> dict:
     store = ResultStore(path)
     store.repair()
@@ -131,7 +145,7 @@ def _run_locked(
         elif executor == "ray":
             refs = run_ray(groups, workers, on_record, ray_address, temp_dir=_ray_temp(path))
         else:
-            refs = run_local(groups, workers, on_record)
+            refs = run_local(groups, workers, on_record, device=device)
     stats = {
         "cases_total": len(cases),
         "cases_computed": len(runnable),
