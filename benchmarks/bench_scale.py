@@ -132,9 +132,8 @@ def bench_study(preset: str, workers: int) -> None:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peaks: dict[int, int] = {}
         while proc.poll() is None:
-            for pid in _children(proc.pid):
-                if pid not in peaks or True:
-                    peaks[pid] = max(peaks.get(pid, 0), _hwm(pid))
+            for pid in _children(proc.pid):  # VmHWM is a high-water mark: the last poll before exit holds it
+                peaks[pid] = max(peaks.get(pid, 0), _hwm(pid))
             time.sleep(0.2)
         secs = time.perf_counter() - t0
         err = proc.stderr.read() if proc.stderr else ""
