@@ -14,7 +14,14 @@ from flashcheck.cli import app
 from flashcheck.core.numerics import Format, round_to
 from flashcheck.study import guide_measure as gm
 from flashcheck.study.config import StudyConfig, _guide_sweep
-from flashcheck.study.guide import GUIDE_FILE, GuideSettings, load_results, read_settings, run_guide_tasks
+from flashcheck.study.guide import (
+    GUIDE_FILE,
+    GUIDE_PRESETS,
+    GuideSettings,
+    load_results,
+    read_settings,
+    run_guide_tasks,
+)
 from flashcheck.study.guide_report import build_guide_report
 from flashcheck.study.runner import run_study
 
@@ -71,18 +78,7 @@ def test_peak_memory_of_math_holds_the_scores_and_flash_does_not():
     assert len(flash["times"]) == 3 and all(t > 0 for t in flash["times"])
 
 
-TINY = GuideSettings(
-    cost_lengths=(64, 128, 256),
-    repeats=3,
-    latency_lengths=(64, 128),
-    latency_calls=12,
-    latency_blocks=3,
-    boundary_methods=("flash:fp16",),
-    boundary_lengths=(64, 128),
-    sum_methods=("sdpa-math:fp16",),
-    sum_keys=(64, 256),
-    explain_lengths=(64, 128),
-)
+TINY = GUIDE_PRESETS["guide-tiny"]
 
 
 @pytest.fixture(scope="module")

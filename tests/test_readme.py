@@ -47,6 +47,8 @@ def small(words: list[str]) -> list[str]:
     cmd, args = words[1], list(words[2:])
     if cmd in ("study", "train-study") and not any(a in args for a in STUDY_ARGS):
         args += ["--preset", "tiny"]
+    if cmd == "study" and "--preset" in args and args[args.index("--preset") + 1] in ("guide", "guide-full"):
+        args[args.index("--preset") + 1] = "guide-tiny"
     if cmd == "mutants":
         args = [a for i, a in enumerate(args) if a != "--size" and (i == 0 or args[i - 1] != "--size")]
         args += ["--size", "tiny"]

@@ -25,7 +25,9 @@ class Executor(StrEnum):
 
 @app.command()
 def study(
-    preset: str = typer.Option("quick", help="quick | paper | fa3 | full | tiny | guide | guide-full."),
+    preset: str = typer.Option(
+        "quick", help="quick | paper | fa3 | full | tiny | production | guide | guide-full | guide-tiny."
+    ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
     workers: int = typer.Option(None, help="Processes (default: the core count; at most 256)."),

@@ -489,6 +489,11 @@ def guide_full() -> StudyConfig:
     )
 
 
+def guide_tiny() -> StudyConfig:
+    """Seconds: the guide's pipeline at toy sizes (a smoke test; its verdicts mean nothing)."""
+    return StudyConfig(name="guide-tiny", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),))
+
+
 PRESETS = {
     "quick": quick,
     "paper": paper,
@@ -498,6 +503,7 @@ PRESETS = {
     "production": production,
     "guide": guide,
     "guide-full": guide_full,
+    "guide-tiny": guide_tiny,
 }
 
 

@@ -64,6 +64,19 @@ GUIDE_PRESETS = {
         search_twins=True,
         repeats=9,
     ),
+    # seconds: every task kind at toy sizes (a smoke test, like the study's tiny; its verdicts mean nothing)
+    "guide-tiny": GuideSettings(
+        cost_lengths=(64, 128, 256),
+        repeats=3,
+        latency_lengths=(64, 128),
+        latency_calls=12,
+        latency_blocks=3,
+        boundary_methods=("flash:fp16",),
+        boundary_lengths=(64, 128),
+        sum_methods=("sdpa-math:fp16",),
+        sum_keys=(64, 256),
+        explain_lengths=(64, 128),
+    ),
 }
 
 
