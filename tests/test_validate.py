@@ -398,3 +398,12 @@ def test_without_room_for_fp64_fp32_is_judged_by_its_rounding_floor(tiny_bert: P
     eager, sdpa = result.comparisons
     assert eager.b == "eager:fp32" and eager.max_abs == 0 and eager.passed  # the reference against itself
     assert sdpa.format_only_max_abs == 0 and all(d.bound > 0 for d in sdpa.layers)  # the floor alone
+
+
+def test_validate_without_transformers_is_a_one_line_usage_error(monkeypatch, tmp_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    result = CliRunner().invoke(app, ["validate", "--impls", "eager", "--samples", "4", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "flashcheck[validate]" in result.output and len(result.output.strip().splitlines()) == 1

