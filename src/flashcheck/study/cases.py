@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashcheck.core import captured
 from flashcheck.core.inputs import InputSpec, is_captured
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
@@ -232,6 +233,11 @@ def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], device
     for the original inputs, one per distinct input rounding: measure.References shares them)."""
     torch.set_num_threads(1)  # determinism across executors and worker counts; parallelism is by process
     env = environment()
+    why = captured.unavailable(cases[0].distribution)
+    if why:  # e.g. captured:minilm without transformers: skipped with the install command, not failed
+        for c in cases:
+            emit(CaseRecord(c.case_id, c, "skipped", {}, {}, 0.0, why, env))
+        return 0
     refs = References(cases[0].input_spec(), causal=cases[0].causal, device=device)
     stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
     for c in cases:

