@@ -76,6 +76,7 @@ COMPARE = [
     r("compare-seq-len-negative", "compare --seq-len -8", "--seq-len", "-8"),
     r("compare-seq-len-text", "compare --seq-len abc", "--seq-len", "abc"),
     r("compare-seq-len-float", "compare --seq-len 64.5", "--seq-len", "64.5"),
+    r("compare-seq-len-empty-item", "compare --backend sdpa-math --seq-len 64,,128", "--seq-len", "64,,128"),
     r("compare-seq-len-list-without-backend", "compare --seq-len 64,128", "--seq-len", "64,128"),
     r("compare-seq-len-10M", "compare --seq-len 10000000", "10000000", "available", "largest seq_len"),
     r("compare-seq-len-1e11", "compare --seq-len 99999999999", "99999999999", "available"),

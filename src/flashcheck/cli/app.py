@@ -73,7 +73,7 @@ def _positive(name: str):
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
-        vals = [int(x) for x in str(text).split(",") if x.strip()]
+        vals = [int(x) for x in str(text).split(",")]  # an empty item ("64,,128") is an error, not dropped
     except ValueError:
         vals = []
     if not vals or any(v < 1 for v in vals):
