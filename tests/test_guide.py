@@ -146,3 +146,51 @@ def test_gpu_claims_are_listed_with_their_command_here_and_judged_from_a_gpu_rec
     missing = {"available": False, "reason": "flash-attn is not installed"}
     judged = {c["id"]: c for c in gpu_claims({"gpu/same": {"status": "ok", "result": missing}})}
     assert judged["gpu_same"]["status"] == "inconclusive" and "not installed" in judged["gpu_same"]["measured"]
+
+
+@pytest.mark.slow
+def test_guide_summary_has_the_readme_keys_and_a_conclusion(guide_folder):
+    """README's summary.json schema: findings with top-level id, claim, measured, status, holds, rule, interval,
+    n; a conclusion of sentences each naming a section the report anchors. guide-tiny stops below 512, so the
+    speed-up rows say so and are inconclusive."""
+    out, _ = guide_folder
+    summary = build_guide_report(out)
+    keys = {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
+    assert all(keys <= set(f) for f in summary["findings"])
+    exps = [f for f in summary["findings"] if f["id"].startswith("time/")]
+    assert all(f["n"] == f["verdict"]["n"] and len(f["interval"]) == 2 for f in exps)
+    md = (out / "report.md").read_text()
+    assert summary["conclusion"] and summary["conclusion"][0]["text"] == summary["answer"]
+    for c in summary["conclusion"]:
+        assert c["text"] and f'<a id="{c["section"]}"></a>' in md
+    speed = [f for f in summary["findings"] if f["id"].startswith("speedup")]
+    assert len(speed) == 4 and all(f["status"] == "inconclusive" for f in speed)
+    assert all("lengths stop at 256 (< 512)" in f["measured"] and "L = ," not in f["conditions"] for f in speed)
+
+
+def _record(method: str, seq_len: int, err: float):
+    from types import SimpleNamespace
+
+    case = SimpleNamespace(method=method, seq_len=seq_len, seed=0)
+    errs = {"rel_l2": err}
+    return SimpleNamespace(status="ok", case=case, errors=errs, errors_rounded=errs)
+
+
+def test_slope_shows_tau_and_says_when_too_few_lengths_for_the_trend_rule():
+    """Three lengths, one seed, a perfectly rising error: the slope interval excludes 0 but Kendall's p is 1/3
+    at best (scipy on 0, 1, 2 vs itself), so the verdict is inconclusive and says why; five lengths reach
+    p = 1/60 < 0.05 and the claim holds."""
+    from scipy import stats
+
+    from flashcheck.study.guide_claims import best_trend_p, slope_claims
+
+    best = stats.kendalltau([0, 1, 2], [0, 1, 2]).pvalue
+    assert best_trend_p([64, 128, 256]) == pytest.approx(best) and best > 0.05
+    assert best_trend_p([64, 64, 128, 128, 256, 256]) < 0.05  # seeds at each length give ties, and power
+    m = "flash:bf16"
+    three = slope_claims([_record(m, n, 1e-3 * n**0.1) for n in (64, 128, 256)], {}, [m])[0]
+    assert three["status"] == "inconclusive" and "tau=+1.00 (p=0.33)" in three["measured"]
+    assert "too few lengths for the trend rule" in three["verdict"]["reason"]
+    five = slope_claims([_record(m, n, 1e-3 * n**0.1) for n in (64, 128, 256, 512, 1024)], {}, [m])[0]
+    assert five["status"] == "holds" and "too few lengths" not in five["verdict"]["reason"]
+    assert five["interval"][0] > 0 and five["n"] == 5

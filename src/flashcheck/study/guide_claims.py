@@ -25,16 +25,23 @@ GPU_COMMAND = "flashcheck study --preset guide --out guide-gpu   # on a machine 
 # The nearest integer exponent: an exponent is "2" when nearer to 2 than to 1 or 3.
 EXPONENT_BANDS = {1: (0.5, 1.5), 2: (1.5, 2.5)}
 SQRT_HALF = math.sqrt(0.5)
+SPEEDUP_FROM = 512  # the guide's "use Flash beyond 512 tokens"
 
 
 def claim(text: str, verdict: Verdict, measured: str, conditions: str, cid: str) -> dict:
-    """One row of the claims table (and of summary.json's findings)."""
+    """One row of the claims table (and of summary.json's findings): README's keys (id, claim, measured, status,
+    holds, rule, interval [low, high] or None, n or None) with the full verdict and the conditions beside them."""
+    est = verdict.estimate
+    interval = [est.low, est.high] if est is not None and est.n >= 2 and math.isfinite(est.low) else None
     return {
         "id": cid,
         "claim": text,
         "measured": measured,
         "status": verdict.status,
         "holds": verdict.holds if verdict.status != "inconclusive" else None,
+        "rule": verdict.rule,
+        "interval": interval,
+        "n": est.n if est is not None else None,
         "verdict": verdict.to_dict(),
         "conditions": conditions,
     }
@@ -100,8 +107,11 @@ def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
     out = []
     for bwd in (False, True):
         math_t, flash_t = _medians(results, "sdpa-math:bf16", bwd), _medians(results, "sdpa-flash:bf16", bwd)
-        ls = sorted(n for n in math_t if n in flash_t and n >= 512)
+        ls = sorted(n for n in math_t if n in flash_t and n >= SPEEDUP_FROM)
         p = "forward+backward" if bwd else "forward"
+        if not ls:
+            out += _speed_unmeasured(sorted(set(math_t) & set(flash_t)), p)
+            continue
         est = ratio_interval([math_t[n] for n in ls], [flash_t[n] for n in ls])
         cond = f"sdpa-math vs sdpa-flash at bf16, {p}, median times at L = {', '.join(map(str, ls))}, CPU"
         v = compare(est, above=True)
@@ -110,6 +120,19 @@ def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
         g = trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True)
         out.append(claim("Its benefits scale with length", g, g.reason, cond, f"speedup_grows/{p}"))
     return out
+
+
+def _speed_unmeasured(lengths: list[int], p: str) -> list[dict]:
+    """The two speed-up rows when no length reaches SPEEDUP_FROM: inconclusive, saying where the lengths stop."""
+    stop = f"stop at {lengths[-1]}" if lengths else "are none"
+    why = f"not measured: this preset's lengths {stop} (< {SPEEDUP_FROM})"
+    cond = f"sdpa-math vs sdpa-flash at bf16, {p}, needs L >= {SPEEDUP_FROM}, CPU"
+    rule = f"measured at L >= {SPEEDUP_FROM} only"
+    v = Verdict("inconclusive", rule, why)
+    return [
+        claim("Flash Attention is faster than standard attention beyond 512 tokens", v, why, cond, f"speedup/{p}"),
+        claim("Its benefits scale with length", v, why, cond, f"speedup_grows/{p}"),
+    ]
 
 
 def cv(times: Iterable[float]) -> float:
@@ -296,15 +319,37 @@ def slope_claims(records: list, explains: dict[int, dict], methods: Iterable[str
         xs, ys = error_series(records, m)
         if not xs:
             continue
-        t = trend(xs, ys, increasing=True)
+        t = _with_floor(trend(xs, ys, increasing=True), xs)
         _, own = error_series(records, m, "errors_rounded")
         t_own = trend(xs, own, increasing=True)
-        measured = f"slope {t.estimate.text() if t.estimate else 'n/a'}; own error {t_own.reason}"
+        measured = f"{t.reason}; own error {t_own.reason}"
         if m == "flash:bf16-mixed":
             measured += f". Attribution: {reason}"
         cond = f"{m}, L = {', '.join(map(str, sorted(set(xs))))}, log rel L2 vs log L over seeds, CPU"
         out.append(claim("Deviation grows with sequence length", t, measured, cond, f"slope/{m}"))
     return out
+
+
+def best_trend_p(xs: Iterable[float]) -> float:
+    """The smallest Kendall tau p-value these x values allow: that of a perfectly monotone y (strictly rising
+    in sorted order; y = x too, which ties where x ties), so the trend rule's p < 0.05 is out of reach above 0.05."""
+    from scipy import stats
+
+    sx = sorted(xs)
+    if len(set(sx)) < 2:
+        return 1.0
+    ranks = list(range(len(sx)))
+    return float(min(stats.kendalltau(sx, ranks).pvalue, stats.kendalltau(sx, sx).pvalue))
+
+
+def _with_floor(t: Verdict, xs: list[int]) -> Verdict:
+    """t with "too few lengths for the trend rule" in its reason where even a perfect trend gives p >= 0.05."""
+    best = best_trend_p(xs)
+    if best < 0.05:
+        return t
+    why = f"{t.reason}; too few lengths for the trend rule ({len(set(xs))} lengths: even a perfectly monotone "
+    why += f"error gives p = {best:.2g} >= 0.05)"
+    return Verdict(t.status, t.rule, why, t.estimate)
 
 
 def attribution_reason(explains: dict[int, dict]) -> str:

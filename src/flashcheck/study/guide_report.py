@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.figures import Styler, figure, label_axes, matplotlib_available
+from flashcheck.reporting.page import Sentences
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study import guide_claims as gc
 from flashcheck.study.config import StudyConfig
@@ -57,6 +58,7 @@ def build_guide_report(folder: str | Path) -> dict:
         for r in records
         if r.status == "failed"
     ]
+    answer = gc.answer(records, results)
     summary = {
         "study": config.name,
         "findings": claims,
@@ -65,13 +67,49 @@ def build_guide_report(folder: str | Path) -> dict:
         "failures": failures,
         "skipped": [{"task": r["id"], "reason": r.get("reason")} for r in results.values() if r["status"] == "skipped"],
         "runs": [run for _, run in read_jsonl(folder / "runs.jsonl", "runs")],
-        "answer": gc.answer(records, results),
+        "answer": answer,
+        "conclusion": conclusion(claims, answer),
         "settings": s.to_dict(),
         "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
     }
     summary = _strict(summary)
     write_report(folder, _page(summary, records, results, s, explains, figures, folder), summary)
     return summary
+
+
+SECTIONS = {  # a finding's id prefix -> the report section (Heading anchor) holding its evidence
+    "time": "cost",
+    "memory": "cost",
+    "speedup": "cost",
+    "speedup_grows": "cost",
+    "latency_variance": "latency",
+    "fp16": "fp16",
+    "error_range": "error",
+    "slope": "error",
+}
+
+
+def conclusion(findings: list[dict], answer: str) -> list[dict]:
+    """summary.json's conclusion: sentences ({"text", "section"}), each naming the section (a Heading anchor
+    of the report) that holds its evidence: per section, how many claims hold / do not / are inconclusive."""
+    by: dict[str, list[dict]] = {}
+    for f in findings:
+        by.setdefault(SECTIONS.get(f["id"].split("/")[0], "gpu"), []).append(f)
+    names = {
+        "cost": "cost against length",
+        "latency": "latency variance",
+        "fp16": "fp16 overflow",
+        "error": "error against length",
+        "gpu": "claims needing a CUDA GPU",
+    }
+    out = [{"text": answer, "section": "cost"}]
+    for sec, fs in by.items():
+        counts = {
+            st: sum(f["status"] == st for f in fs) for st in ("holds", "does not hold", "inconclusive", "structural")
+        }
+        parts = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+        out.append({"text": f"{names[sec].capitalize()}: of {len(fs)} claims, {parts}.", "section": sec})
+    return out
 
 
 def _strict(obj):
@@ -93,7 +131,10 @@ def _page(summary, records, results, s, explains, figures, folder) -> Page:
     page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
     rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in summary["findings"]]
     page.add(Heading("The guide's claims"), Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows))
-    page.add(Text(summary["answer"]))
+    page.add(
+        Heading("Conclusion", anchor="conclusion"),
+        Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
+    )
     page.add(
         Text(
             "Rules (reporting.verdicts): exponents are Theil-Sen slopes of log value vs log L over every repeat, "
@@ -109,25 +150,31 @@ def _page(summary, records, results, s, explains, figures, folder) -> Page:
     if summary["skipped"]:
         page.add(Heading("Skipped"), Table(["task", "reason"], [[k["task"], k["reason"]] for k in summary["skipped"]]))
     rel = {k: p.relative_to(folder) for k, p in figures.items()}
-    page.add(Heading("Cost against length"), *([Figure(rel["cost"], "time and memory vs L")] if "cost" in rel else []))
+    page.add(
+        Heading("Cost against length", anchor="cost"),
+        *([Figure(rel["cost"], "time and memory vs L")] if "cost" in rel else []),
+    )
     page.add(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
     for fam in ("sdpa", "simulator"):
         if f"error_vs_time_{fam}" in rel:
             page.add(Figure(rel[f"error_vs_time_{fam}"], f"error vs time, {fam}"))
     page.add(
-        Heading("Latency variance"),
+        Heading("Latency variance", anchor="latency"),
         Table(["method", "L", "CV over blocks", "median", "calls"], gc.latency_rows(results, s)),
     )
-    page.add(Heading("fp16 overflow boundaries"))
+    page.add(Heading("fp16 overflow boundaries", anchor="fp16"))
     if "boundary" in rel:
         page.add(Figure(rel["boundary"], "input scale x length, finite or not, per policy"))
     page.add(Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)))
     page.add(Table(["method", "first bad Lk (keys at the max)", "outcome", "tried"], _sum_rows(results)))
-    page.add(Heading("Error against length and its reason"))
+    page.add(Heading("Error against length and its reason", anchor="error"))
     if "slope" in rel:
         page.add(Figure(rel["slope"], "relative error vs L"))
     page.add(Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)))
-    page.add(Heading("Not measured here"), Text(f"Claims needing a CUDA GPU; to measure them: {gc.GPU_COMMAND}"))
+    page.add(
+        Heading("Not measured here", anchor="gpu"),
+        Text(f"Claims needing a CUDA GPU; to measure them: {gc.GPU_COMMAND}"),
+    )
     return page
 
 
