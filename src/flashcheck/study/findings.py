@@ -130,8 +130,8 @@ def _tile_findings(pts: dict[str, list[Point]]) -> list[dict]:
     out.append(_swapped_finding(_bc_points(pts.get("swapped", []))))
     sq = _bc_points(pts.get("square", []))
     claim = (
-        "Square tiles change nothing beyond their area; here, at equal area, the ratio is set by Bc alone "
-        "(it falls as Bc grows, the square tile sitting where its Bc puts it)"
+        "At equal tile area the ratio falls as Bc grows, the square tile sitting where its Bc puts it (the "
+        "paper: square tiles change nothing beyond their area; a holding verdict here contradicts that)"
     )
     if len({p.block[1] for p in sq}) > 1:
         v = trend_of(sq, PAPER, lambda p: p.block[1], increasing=False)
