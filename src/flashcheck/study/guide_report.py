@@ -96,11 +96,11 @@ def conclusion(findings: list[dict], answer: str) -> list[dict]:
     for f in findings:
         by.setdefault(SECTIONS.get(f["id"].split("/")[0], "gpu"), []).append(f)
     names = {
-        "cost": "cost against length",
-        "latency": "latency variance",
+        "cost": "Cost against length",
+        "latency": "Latency variance",
         "fp16": "fp16 overflow",
-        "error": "error against length",
-        "gpu": "claims needing a CUDA GPU",
+        "error": "Error against length",
+        "gpu": "Claims needing a CUDA GPU",
     }
     out = [{"text": answer, "section": "cost"}]
     for sec, fs in by.items():
@@ -108,7 +108,7 @@ def conclusion(findings: list[dict], answer: str) -> list[dict]:
             st: sum(f["status"] == st for f in fs) for st in ("holds", "does not hold", "inconclusive", "structural")
         }
         parts = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
-        out.append({"text": f"{names[sec].capitalize()}: of {len(fs)} claims, {parts}.", "section": sec})
+        out.append({"text": f"{names[sec]}: of {len(fs)} claim{'s' * (len(fs) != 1)}, {parts}.", "section": sec})
     return out
 
 
