@@ -291,7 +291,8 @@ def test_the_default_relative_out_folder(tmp_path, monkeypatch):
     res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--quiet"])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "flashcheck-study" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 1
+    pngs = list((tmp_path / "flashcheck-study" / "figures").glob("*.png"))  # seq_len and the error model
+    assert len(pngs) >= 2 and page.count("data:image/png;base64,") == len(pngs)  # each one embedded
     assert "](figures/seq_len.png)" in (tmp_path / "flashcheck-study" / "report.md").read_text()
     assert runner.invoke(app, ["report", "flashcheck-study"]).exit_code == 0
 
@@ -381,7 +382,7 @@ BAD_STUDY = [
     (["--executor", "ray", "--ray-address", "nohost"], "give HOST:PORT"),
     (["--executor", "ray", "--ray-address", ""], "--ray-address '' is empty"),
     (["--config", "toml:" + SWEEP + "baseline = 'no'\n"], "baseline='no' must be true or false"),
-    (["--config", "toml:" + SWEEP + "causal = 'yes'\n"], "causal='yes' must be true or false"),
+    (["--config", "toml:" + SWEEP + "causal = 'yes'\n"], "causal='yes' must be true, false or a list of them"),
     (["--config", "toml:" + SWEEP.replace("[16]", "[true]")], "seq_lens holds True"),
     (["--config", "toml:" + SWEEP.replace("[16]", "[1.5]")], "seq_lens holds 1.5"),
     (["--config", "toml:" + SWEEP + "heads = true\n"], "heads=True must be a positive integer"),
