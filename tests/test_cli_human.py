@@ -338,3 +338,33 @@ def test_installed_script_output_is_plain_and_stderr_quiet(tmp_path):
     assert "flash_attention" in _row(res.stdout, "sdpa-flash", "cpu")
     wide = max(len(line) for line in res.stdout.splitlines())
     assert 100 < wide <= 160  # 160 columns off a terminal, not 80
+
+
+@pytest.mark.parametrize(
+    "flags,spec",
+    [
+        (["--heads", "4", "--kv-heads", "2"], {"heads": 4, "kv_heads": 2, "seq_len": 64}),
+        (
+            ["--heads", "2", "--seq-len", "4", "--seq-len-k", "96", "--kernel", "splitkv"],
+            {"heads": 2, "seq_len": 4, "seq_len_k": 96},
+        ),
+        (
+            ["--heads", "2", "--batch", "2", "--padding", "left:0.25"],
+            {"heads": 2, "batch": 2, "seq_len": 64, "padding": "left:0.25"},
+        ),
+    ],
+)
+def test_compare_takes_gqa_decoding_and_padding(flags, spec):
+    """The new input dimensions reach the measured inputs: the printed rel_l2 is the engine's on that InputSpec."""
+    from flashcheck.core.inputs import InputSpec
+    from flashcheck.measure.compare import CompareConfig, run_compare
+
+    args = ["compare", "--causal", "--block-q", "32", "--block-k", "32", *flags]
+    args += [] if "--seq-len" in flags else ["--seq-len", "64"]
+    res = human(args)
+    kernel = "splitkv" if "splitkv" in flags else "flash"
+    cfg = CompareConfig(
+        kernel=kernel, numerics="bf16-mixed", inputs=InputSpec(**spec), causal=True, block_q=32, block_k=32
+    )
+    expected = run_compare(cfg).candidate["rel_l2"]
+    assert f"{expected:.3e}" in _row(res.output, "rel_l2"), res.output

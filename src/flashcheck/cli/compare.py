@@ -34,6 +34,18 @@ DEVICE_HELP = (
     "reference (default: cpu)."
 )
 DETERMINISM_HELP = "Repeated runs bit-identical, batch invariance (with --backend)."
+KV_HELP = "K/V heads for grouped-query attention (divides --heads; 1 = multi-query; default: --heads)."
+SEQ_LEN_K_HELP = "Key length (KV cache) when it differs from the query length, e.g. decoding: --seq-len 1."
+PADDING_HELP = "Key padding: none, left:F or right:F (fraction F of the keys padded in all but the first row)."
+
+
+def _positive_or_none(name: str):
+    def check(value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise typer.BadParameter(f"{value} is not allowed; {name} must be a positive integer")
+        return value
+
+    return check
 
 
 @app.command()
@@ -51,6 +63,9 @@ def compare(
     seq_len: str = typer.Option("1024", help="Sequence length (with --backend: a comma-separated list)."),
     head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
     causal: bool = typer.Option(False, help="Causal mask (bottom-right aligned)."),
+    kv_heads: int = typer.Option(None, callback=_positive_or_none("--kv-heads"), help=KV_HELP),
+    seq_len_k: int = typer.Option(None, callback=_positive_or_none("--seq-len-k"), help=SEQ_LEN_K_HELP),
+    padding: str = typer.Option("none", help=PADDING_HELP),
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
     hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
@@ -63,6 +78,7 @@ def compare(
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
+    shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
     opts["baseline_numerics"] = baseline_numerics
     simulators = backend is None and preset is None
@@ -75,6 +91,11 @@ def compare(
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, backward or determinism)
             cfg, result = _simulate(kernel.value, numerics, lengths, extra, (shape, opts | {"device": device or "cpu"}))
         else:
+            if backward and padding != "none":
+                raise ValueError(
+                    f"--padding {padding!r} with --backward: gradients on rows with no visible key are not "
+                    "compared here yet (eager's are NaN); use the study's padding question, or drop --backward"
+                )
             steps = {"preset": preset, "backward": backward, "determinism": runs if determinism else 0}
             cases = _backend_cases(backend or "sim-flash", numerics, lengths, (shape, opts | steps))
             results = _run_all(cases, dev, as_json)
