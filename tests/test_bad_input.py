@@ -106,6 +106,9 @@ COMPARE = [
     r("compare-backward-without-backend", "compare --backward", "--backward"),
     r("compare-determinism-without-backend", "compare --determinism", "--determinism"),
     r("compare-unknown-flag", "compare --no-such-flag", "--no-such-flag"),
+    r("compare-flag-without-value", "compare --heads", "--heads"),
+    r("compare-kernel-choice", "compare --kernel tiled", "tiled", "flash", "standard", "splitkv"),
+    r("compare-heads-text", "compare --heads eight", "--heads", "'eight' is not a valid integer"),
     r("compare-extra-argument", "compare extra", "extra"),
     r("compare-preset-empty", "compare --preset ''", "--preset"),
     r("compare-preset-unknown", "compare --preset fa9-gpu --seq-len 64 --heads 1", "fa9-gpu"),
@@ -165,6 +168,7 @@ EXPLAIN = [
     r("explain-out-empty", "explain --out ''", "--out"),
     r("explain-out-is-a-file", "explain --out {file} --seq-len 32 --heads 1", "{file}"),
     r("explain-out-under-a-file", "explain --out {file}/sub --seq-len 32 --heads 1", "{file}"),
+    r("explain-out-missing-parent", "explain --out {missing}/sub --seq-len 32 --heads 1", "{missing}", "not exist"),
     r("explain-hadamard-head-dim-48", "explain --numerics fp64,hadamard=true --head-dim 48 --seq-len 32", "48"),
     r("explain-unknown-flag", "explain --no-such-flag", "--no-such-flag"),
     r("explain-extra-argument", "explain extra", "extra"),
@@ -221,6 +225,7 @@ STUDY = [
     r("study-out-empty", "study --preset tiny --out ''", "--out"),
     r("study-out-is-a-file", "study --preset tiny --out {file}", "{file}"),
     r("study-out-under-a-file", "study --preset tiny --out {file}/sub", "{file}"),
+    r("study-out-missing-parent", "study --preset tiny --out {missing}/sub", "{missing}", "not exist"),
     r("study-workers-zero", "study --preset tiny --workers 0", "--workers", "0"),
     r("study-workers-negative", "study --preset tiny --workers -2", "--workers", "-2"),
     r("study-workers-huge", f"study --preset tiny --workers {HUGE}", "--workers", HUGE),
@@ -250,6 +255,8 @@ TRAIN_STUDY = [
     r("train-study-preset-unknown", "train-study --preset enormous", "enormous"),
     r("train-study-out-empty", "train-study --preset tiny --out ''", "--out"),
     r("train-study-out-is-a-file", "train-study --preset tiny --out {file}", "{file}"),
+    r("train-study-out-missing-parent", "train-study --preset tiny --out {missing}/a/b", "{missing}", "not exist"),
+    r("train-study-tied-max-out-missing-parent", "train-study --preset tied-max --out {missing}/a", "{missing}"),
     r("train-study-workers-zero", "train-study --preset tiny --workers 0", "--workers", "0"),
     r("train-study-workers-huge", f"train-study --preset tiny --workers {HUGE}", "--workers", HUGE),
     r("train-study-workers-text", "train-study --workers two", "--workers", "two"),
@@ -280,6 +287,7 @@ DRIFT = [
     r("drift-exact-limit-negative", "drift {st_ok} {st_ok} --exact-limit -5", "--exact-limit", "-5"),
     r("drift-exact-limit-text", "drift {st_ok} {st_ok} --exact-limit lots", "--exact-limit", "lots"),
     r("drift-one-argument", "drift {st_ok}", "B"),
+    r("drift-sketch-points-float", "drift {st_ok} {st_ok} --sketch-points 2.5", "--sketch-points", "2.5"),
 ]
 
 MUTANTS = [  # run only once `flashcheck mutants` exists
@@ -290,6 +298,7 @@ MUTANTS = [  # run only once `flashcheck mutants` exists
     r("mutants-size-unknown", "mutants --size enormous", "enormous"),
     r("mutants-out-empty", "mutants --size tiny --out ''", "--out"),
     r("mutants-out-is-a-file", "mutants --size tiny --out {file}", "{file}"),
+    r("mutants-out-missing-parent", "mutants --size tiny --out {missing}/sub", "{missing}", "not exist"),
     r("mutants-extra-argument", "mutants extra", "extra"),
 ]
 
@@ -310,6 +319,8 @@ VALIDATE = [  # run only once `flashcheck validate` exists
     r("validate-unknown-flag", "validate --no-such-flag", "--no-such-flag"),
     r("validate-model-empty", "validate --model ''", "--model"),
     r("validate-out-empty", "validate --out ''", "--out"),
+    r("validate-out-missing-parent", "validate --out {missing}/sub", "{missing}", "not exist"),
+    r("validate-out-is-a-file", "validate --out {file}", "{file}"),
 ]
 
 ROWS = [
@@ -423,7 +434,8 @@ def _squash(text: str) -> str:
 
 
 def problems(row: Row, code: int, output: str, exception: BaseException | None, fragments: list[str]) -> list[str]:
-    """What is wrong with one run: TRACEBACK, EXIT (wrong code), MESSAGE (a fragment missing)."""
+    """What is wrong with one run: TRACEBACK, EXIT (wrong code), MESSAGE (a fragment missing), LINES (a usage
+    error over more than one line: rich's framed box, usage lines, a log)."""
     out = []
     if "Traceback" in output or (exception is not None and not isinstance(exception, SystemExit)):
         out.append(f"TRACEBACK {type(exception).__name__ if exception else ''}".strip())
@@ -432,6 +444,8 @@ def problems(row: Row, code: int, output: str, exception: BaseException | None, 
     missing = [f for f in fragments if _squash(f) not in _squash(output)]
     if missing:
         out.append(f"MESSAGE without {missing}")
+    if code == 2 and len(output.strip().splitlines()) != 1:
+        out.append(f"LINES {len(output.strip().splitlines())} (a usage error is one line)")
     return out
 
 
@@ -519,10 +533,10 @@ def run_process(argv: list[str], cwd: Path, memory_bytes: int | None = None) -> 
 
 
 def tally(memory_gib: float = 6.0) -> dict[str, list[str]]:
-    """Every row as a real process: {kind: [row ids]} for TRACEBACK, EXIT, MESSAGE, HANG and ok."""
+    """Every row as a real process: {kind: [row ids]} for TRACEBACK, EXIT, MESSAGE, LINES, HANG and ok."""
     import tempfile
 
-    kinds: dict[str, list[str]] = {"ok": [], "TRACEBACK": [], "EXIT": [], "MESSAGE": [], "HANG": [], "skipped": []}
+    kinds: dict[str, list[str]] = {k: [] for k in ("ok", "TRACEBACK", "EXIT", "MESSAGE", "LINES", "HANG", "skipped")}
     registered = _registered()
     with tempfile.TemporaryDirectory() as tmp:
         files = make_files(Path(tmp))

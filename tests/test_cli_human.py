@@ -189,6 +189,43 @@ def test_help_of_every_command():
         assert f" {name} [OPTIONS]" in " ".join(res.output.split()), res.output
 
 
+INVALID = "error: Invalid value for"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["compare", "--heads", "0"], f"{INVALID} '--heads': 0 is not allowed; --heads must be a positive integer"),
+        (["compare", "--kernel", "tiled"], f"{INVALID} '--kernel': 'tiled' is not one of 'flash', 'standard'"),
+        (["doctor", "--seq-len", "x"], f"{INVALID} '--seq-len': 'x' is not a valid integer"),
+        (["study", "--executor", "dask"], f"{INVALID} '--executor': 'dask' is not one of 'local', 'ray'."),
+        (["compare", "--no-such"], "error: No such option: --no-such"),
+        (["no-such-command"], "error: No such command 'no-such-command'; see 'root --help'"),
+        (["drift", "a"], "error: Missing argument 'b'; see 'root drift --help'"),
+    ],
+)  # fmt: skip
+def test_usage_errors_are_one_line_with_exit_2(args, message):
+    """typer's own parsing errors read like the commands' checks: one line on stderr, no framed box."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and res.stderr.startswith(message), res.stderr
+
+
+def test_no_arguments_still_prints_the_help():
+    res = runner.invoke(app, [])
+    assert "Usage:" in res.output and "│ compare" in res.output and "error:" not in res.output
+
+
+def test_out_creates_the_last_folder_only(tmp_path):
+    """--out NEW is created; --out MISSING/NEW is refused before any work, and nothing is created."""
+    human(["explain", *SMALL, "--out", str(tmp_path / "new")])
+    assert (tmp_path / "new" / "summary.json").is_file()
+    res = runner.invoke(app, ["explain", *SMALL, "--out", str(tmp_path / "typo" / "new")])
+    assert res.exit_code == 2 and not (tmp_path / "typo").exists(), res.output
+    one_line(res.output, "error: --out", "the folder", "typo' does not exist", "create it first")
+    assert "explain 13/13" not in res.output  # refused before the measurement
+
+
 def test_backends_human():
     res = human(["backends"])
     assert "yes" in _row(res.output, "sdpa-math") and "yes" in _row(res.output, "sim-flash")

@@ -2,26 +2,62 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from enum import StrEnum
+from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
 
+# click's base of every usage error (typer vendors click in newer releases, so found through typer's own class)
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _one_line(exc: Exception) -> str:
+    """A click error as one line: typer's parsing errors say which value they got ("(got 'abc')"),
+    without pydantic's "Value error, " prefix; where the command is known, the help to read."""
+    message = exc.format_message()
+    errors = getattr(exc.__cause__, "errors", None)
+    value = errors()[0].get("input") if callable(errors) and errors() else None
+    message = message.replace("Value error, ", "")
+    if value is not None:  # "Input should be a valid integer, unable to parse ..." -> "'abc' is not a valid integer"
+        message = re.sub(r"Input should be (a valid \w+)[^(]*", lambda m: f"{value!r} is not {m[1]}", message)
+    if value is not None and str(value) not in message:
+        message = f"{message} (got {value!r})"
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and type(exc).__name__ != "BadParameter":
+        message = f"{message.rstrip('.')}; see '{ctx.command_path} --help'"
+    return " ".join(message.split())
+
 
 class _Group(TyperGroup):
-    """typer's group; a usage error about a value that does not name it (typer's own integer parsing:
-    "Input should be a valid integer") gets "(got VALUE)" added."""
+    """typer's group, whose usage errors (an unknown option or command, a value out of range or of the
+    wrong type, a missing argument) are one line on stderr, "error: ...", and exit code 2, like the
+    commands' own checks; rich's framed error box and the usage lines are left out."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: typer.Context | None = None, **extra: object
+    ) -> typer.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _CLICK_ERROR as exc:
+            _usage_error(exc)
 
     def invoke(self, ctx: typer.Context) -> object:
         try:
             return super().invoke(ctx)
-        except typer.BadParameter as exc:
-            errors = getattr(exc.__cause__, "errors", None)
-            value = errors()[0].get("input") if callable(errors) and errors() else None
-            if value is not None and str(value) not in exc.message:
-                exc.message = f"{exc.message} (got {value!r})"
-            raise
+        except _CLICK_ERROR as exc:
+            _usage_error(exc)
+
+
+def _usage_error(exc: Exception) -> None:
+    """Print a click error on one line and exit with its code; `flashcheck` alone still prints the help."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        raise exc
+    typer.echo(f"error: {_one_line(exc)}", err=True)
+    raise typer.Exit(getattr(exc, "exit_code", 2))
 
 
 app = typer.Typer(
@@ -101,6 +137,30 @@ def _no_empty(options: dict[str, str | None]) -> None:
     for flag, value in options.items():
         if value is not None and not str(value).strip():
             raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
+
+
+def _out_folder(out: str, flag: str = "--out") -> Path:
+    """The folder a command writes into, checked before any work and without creating anything: not empty,
+    not a file, writable. A missing folder is created later, but only as the last part of the path (like
+    mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
+    ValueError names the value and what is wrong."""
+    if not str(out).strip():
+        raise ValueError(f"{flag} {out!r} is empty; give a folder")
+    path = Path(out).expanduser()
+    full = path.absolute()
+    lowest = next(p for p in [full, *full.parents] if p.exists())  # the deepest part that exists
+    if not lowest.is_dir():
+        what = "it" if lowest == full else repr(str(lowest))
+        raise ValueError(f"{flag} {out!r} is not writable: {what} is a file, not a folder; give a folder")
+    if lowest not in (full, full.parent):
+        missing = next(p for p in reversed(full.parents) if not p.exists())
+        raise ValueError(
+            f"{flag} {out!r}: the folder {str(missing)!r} does not exist; create it first or give another "
+            f"{flag} (only its last folder is created)"
+        )
+    if not os.access(lowest, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out!r} is not writable: no write permission in {str(lowest)!r}")
+    return path
 
 
 def _names(text: str, flag: str) -> list[str]:

@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _progress, app
+from flashcheck.cli.app import _console, _fail_usage, _out_folder, _progress, app
 
 
 @app.command()
@@ -20,8 +20,6 @@ def mutants(
 ) -> None:
     """Score acceptance rules on the mutant catalogue (flashcheck.testing.mutants): per mutant and dtype,
     caught or not; and the false failures over correct kernels. Exit 1 when a rule fails a correct kernel."""
-    from pathlib import Path
-
     from flashcheck.reporting.page import write_report
     from flashcheck.testing import scores
 
@@ -31,10 +29,8 @@ def mutants(
             raise ValueError(f"--size {size!r} is not allowed; expected one of {', '.join(scores.GRIDS)}")
         if not 1 <= threads <= 1024:
             raise ValueError(f"--threads {threads} is not allowed; give an integer from 1 to 1024")
-        if not out.strip():
-            raise ValueError("--out '' is empty; give a folder for summary.json and the report")
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _out_folder(out)
+        folder.mkdir(exist_ok=True)
     except ValueError as exc:
         _fail_usage(str(exc))
     except OSError as exc:

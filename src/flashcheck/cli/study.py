@@ -12,6 +12,7 @@ import typer
 from flashcheck.cli.app import (
     _console,
     _fail_usage,
+    _out_folder,
     app,
 )
 
@@ -46,6 +47,7 @@ def study(
     from flashcheck.study.runner import run_study
 
     def run() -> tuple[dict, dict]:
+        _out_folder(out)
         if ray_address is not None and not ray_address.strip():
             raise ValueError("--ray-address '' is empty; give HOST:PORT of a running Ray cluster, or leave it out")
         if not str(preset).strip():

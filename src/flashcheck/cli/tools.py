@@ -18,6 +18,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _int_range,
     _no_empty,
+    _out_folder,
     _positive,
     _progress,
     app,
@@ -97,15 +98,14 @@ def explain(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
-    from pathlib import Path
-
     from flashcheck.core.fileio import atomic_target, write_atomic
     from flashcheck.core.inputs import InputSpec
     from flashcheck.measure.attribution import STEPS, attribute
     from flashcheck.reporting.attribution import draw_attribution
 
     try:
-        _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric, "--out": out})
+        _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric})
+        folder = _out_folder(out)
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
         pol, kern = _explain_kernel(preset, numerics, algorithm, (block_q, block_k), (seq_len, head_dim, causal))
@@ -114,7 +114,6 @@ def explain(
         )
         with _progress(STEPS, "explain", as_json) as advance:
             attr = attribute(pol, spec, kernel=kernel.value, causal=causal, metric=metric, on_step=advance, **kern)
-        folder = Path(out)
         (folder / "figures").mkdir(parents=True, exist_ok=True)
     except ValueError as exc:
         _fail_usage(str(exc))

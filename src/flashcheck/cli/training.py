@@ -12,6 +12,7 @@ import typer
 from flashcheck.cli.app import (
     _console,
     _fail_usage,
+    _out_folder,
     app,
 )
 
@@ -75,6 +76,7 @@ def train_study(
                 raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
         if workers is not None and not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
+        _out_folder(out)
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)

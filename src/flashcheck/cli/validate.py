@@ -9,7 +9,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, app
+from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
@@ -118,8 +118,7 @@ def validate(
     from flashcheck.validate import validate_model
 
     try:
-        if not out.strip():
-            raise ValueError(f"--out {out!r} is not allowed; give a folder name")
+        _out_folder(out)
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None and not pin.strip():
