@@ -237,6 +237,24 @@ def test_doctor_human():
     one_line(res.output, "SDPA picks for [1, 8, 64, 64] bfloat16 on cpu:", "scaled_dot_product")
     assert re.search(r"^  sdpa-math\s+yes$", res.output, flags=re.M), res.output
     one_line(res.output, "flash-attn:")
+    assert "NONE" not in res.output and "None" not in res.output.splitlines()[0], res.output
+    if torch.version.cuda is None:  # the CPU build: no wheel fits; the one a CUDA build would need
+        one_line(res.output, "OS ", "torch", ", the CPU build (no CUDA)")
+        one_line(res.output, "no flash-attn wheel fits torch's CPU build")
+        one_line(res.output, "with a CUDA build of this torch: flash_attn-VERSION+cuXtorch")
+
+
+def test_doctor_wheel_tag_names_the_cuda_major(monkeypatch):
+    """flash-attn's release wheels say cu12 (not cu12.4, not cuNONE)."""
+    from flashcheck import doctor
+
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    fa = doctor._flash_attn_wheel()
+    assert "+cu12torch" in fa["wheel_tag"] and fa["cuda_tag"] == "cu12", fa
+    monkeypatch.setattr(torch.version, "cuda", None)
+    fa = doctor._flash_attn_wheel()
+    assert fa["wheel_tag"] is None and fa["cuda_tag"] is None and "+cuXtorch" in fa["wheel_tag_with_cuda"], fa
+    assert any("the CPU build (no CUDA)" in p for p in fa["problems"]), fa
 
 
 def test_explain_human_heading_one_line_and_progress(tmp_path):

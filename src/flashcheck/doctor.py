@@ -11,18 +11,25 @@ import torch
 
 
 def _flash_attn_wheel() -> dict:
-    """The flash-attn release wheel this environment would need, and why one may be missing."""
+    """The flash-attn release wheel this environment would need, and why one may be missing. On torch's CPU
+    build no wheel fits: `wheel_tag` is None and `wheel_tag_with_cuda` is the one a CUDA build of the same
+    torch would need, X standing for that build's CUDA major version (release wheels say cu12, not
+    cu12.4)."""
     cuda = torch.version.cuda
     abi = "TRUE" if getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False) else "FALSE"
     tv = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     plat = f"{platform.system().lower()}_{platform.machine()}"
-    tag = f"flash_attn-VERSION+cu{cuda.split('.')[0] if cuda else 'NONE'}torch{tv}cxx11abi{abi}-{py}-{py}-{plat}.whl"
+    cuda_tag = f"cu{cuda.split('.')[0]}" if cuda else None
+
+    def tag(cu: str) -> str:
+        return f"flash_attn-VERSION+{cu}torch{tv}cxx11abi{abi}-{py}-{py}-{plat}.whl"
+
     problems = []
     if platform.system() != "Linux":
         problems.append(f"flash-attn publishes Linux wheels only; this is {platform.system()}")
     if not cuda:
-        problems.append(f"torch {torch.__version__} is a CPU build: flash-attn needs a CUDA build of torch")
+        problems.append(f"torch {torch.__version__} is the CPU build (no CUDA): flash-attn needs a CUDA build of torch")
     if platform.machine() not in ("x86_64", "AMD64"):
         problems.append(f"release wheels are built for x86_64; this is {platform.machine()} (build from source)")
     if torch.cuda.is_available():
@@ -32,9 +39,10 @@ def _flash_attn_wheel() -> dict:
     elif cuda:
         problems.append("no CUDA device visible (CUDA_VISIBLE_DEVICES, driver)")
     return {
-        "wheel_tag": tag,
+        "wheel_tag": tag(cuda_tag) if cuda_tag else None,
+        "wheel_tag_with_cuda": tag(cuda_tag or "cuX"),
         "torch_tag": f"torch{tv}",
-        "cuda_tag": f"cu{cuda}" if cuda else None,
+        "cuda_tag": cuda_tag,
         "cxx11_abi": abi,
         "python_tag": py,
         "platform_tag": plat,

@@ -196,18 +196,10 @@ def doctor(
     from rich.markup import escape
 
     c = _console()
-    c.print(
-        f"OS {escape(report['os'])}; Python {report['python']}; torch {report['torch']}; CUDA {report['cuda']}; "
-        f"cuDNN {report['cudnn']}"
-    )
+    cuda = f"CUDA {report['cuda']}; cuDNN {report['cudnn']}" if report["cuda"] else "the CPU build (no CUDA)"
+    c.print(f"OS {escape(report['os'])}; Python {report['python']}; torch {report['torch']}, {cuda}")
     c.print(f"GPU: {report['gpu'] or 'none visible'}")
-    fa = report["flash_attn"]
-    if fa["importable"]:
-        c.print("flash-attn: importable")
-    else:
-        c.print(f"flash-attn: not importable; this environment needs the wheel {escape(fa['wheel_tag'])}")
-        for p in fa["problems"]:
-            c.print(f"  - {escape(p)}")
+    _print_flash_attn(c, report["flash_attn"])
     c.print(f"SDPA backends enabled: {report['sdpa_backends_enabled']}")
     ch = report["sdpa_choice"]
     c.print(
@@ -217,3 +209,20 @@ def doctor(
     c.print(f"determinism: {report['determinism']}")
     for b in report["backends"]:
         c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}")
+
+
+def _print_flash_attn(c, fa: dict) -> None:
+    """Whether flash-attn imports; if not, the wheel this environment needs (on the CPU build: none fits, and
+    the one a CUDA build of this torch would need) and every reason it would not run."""
+    from rich.markup import escape
+
+    if fa["importable"]:
+        c.print("flash-attn: importable")
+    elif fa["wheel_tag"]:
+        c.print(f"flash-attn: not importable; this environment needs the wheel {escape(fa['wheel_tag'])}")
+    else:
+        c.print("flash-attn: not importable; no flash-attn wheel fits torch's CPU build")
+        tag = escape(fa["wheel_tag_with_cuda"])
+        c.print(f"  with a CUDA build of this torch: {tag} (X: its CUDA major version, e.g. 12)")
+    for p in fa.get("problems", []):
+        c.print(f"  - {escape(p)}")
