@@ -37,6 +37,16 @@ DETERMINISM_HELP = "Repeated runs bit-identical, batch invariance (with --backen
 KV_HELP = "K/V heads for grouped-query attention (divides --heads; 1 = multi-query; default: --heads)."
 SEQ_LEN_K_HELP = "Key length (KV cache) when it differs from the query length, e.g. decoding: --seq-len 1."
 PADDING_HELP = "Key padding: none, left:F or right:F (fraction F of the keys padded in all but the first row)."
+SPLITS_HELP = (
+    "Split-KV decoding: the splitkv kernel with S key chunks merged through their log-sum-exps, for each S of a "
+    "comma-separated list, beside the flash kernel (use with --seq-len-k; simulators only, forward only)."
+)
+BACKWARD_HELP = "dQ, dK, dV errors vs FP64 too: candidate and standard baseline under their policies."
+DELTA_SOURCE_HELP = (
+    "Which O the flash backward's delta = rowsum(dO*O) reads: forward (its rounded output, the default), "
+    "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
+)
+DS_CORRECTION_HELP = "Remove the row sums of the rounded dS in the flash backward (arXiv 2609.34272); needs --backward."
 
 
 def _positive_or_none(name: str):
@@ -69,7 +79,10 @@ def compare(
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
     hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
-    backward: bool = typer.Option(False, "--backward", help="Gradients too (with --backend)."),
+    splits: str = typer.Option(None, help=SPLITS_HELP),
+    backward: bool = typer.Option(False, "--backward", help=BACKWARD_HELP),
+    delta_source: str = typer.Option(None, help=DELTA_SOURCE_HELP),
+    ds_correction: bool = typer.Option(False, "--ds-correction", help=DS_CORRECTION_HELP),
     determinism: bool = typer.Option(False, "--determinism", help=DETERMINISM_HELP),
     runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Repeated runs for --determinism."),
     seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the inputs."),
@@ -80,31 +93,47 @@ def compare(
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
     shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
-    opts["baseline_numerics"] = baseline_numerics
+    opts |= {"baseline_numerics": baseline_numerics, "backward": backward}
+    knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
     simulators = backend is None and preset is None
     try:
         _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
-        _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device})
+        _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs)
         dev = _device(device, backend, preset)
         lengths = _int_list(seq_len, "--seq-len")
         if simulators:
-            extra = (fp8_scaling.value if fp8_scaling else None, hadamard, backward or determinism)
-            cfg, result = _simulate(kernel.value, numerics, lengths, extra, (shape, opts | {"device": device or "cpu"}))
+            extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
+            cfgs = _sim_configs(
+                kernel.value, numerics, lengths, (extra, knobs), (shape, opts | {"device": device or "cpu"})
+            )
+            records = _run_sims(cfgs, as_json)
         else:
-            steps = {"preset": preset, "backward": backward, "determinism": runs if determinism else 0}
+            _simulators_only(knobs)
+            steps = {"preset": preset, "determinism": runs if determinism else 0}
             cases = _backend_cases(backend or "sim-flash", numerics, lengths, (shape, opts | steps))
             results = _run_all(cases, dev, as_json)
     except ValueError as exc:
         _fail_usage(str(exc))
     if simulators:
-        from flashcheck.measure.compare import compare_dict
+        _finish_sims(cfgs, records, as_json)
+    else:
+        _finish_backends(results, as_json)
 
-        if as_json:
-            typer.echo(json.dumps(compare_dict(cfg, result), indent=2))
-        else:
-            _print_compare(cfg, result)
-        return
-    _finish_backends(results, as_json)
+
+def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
+    """Print the simulator comparison: one configuration's table (and its gradients' with --backward), or
+    the split-KV decoding table of several."""
+    from flashcheck.measure.compare import compare_dict
+
+    if as_json:
+        dicts = [compare_dict(c, r) for c, r in zip(cfgs, records, strict=True)]
+        typer.echo(json.dumps(dicts[0] if len(dicts) == 1 else {"comparisons": dicts}, indent=2))
+    elif len(cfgs) == 1:
+        _print_compare(cfgs[0], records[0])
+        if records[0].grad is not None:
+            _print_grads(cfgs[0], records[0])
+    else:
+        _print_decoding(cfgs, records)
 
 
 def _finish_backends(results: list, as_json: bool) -> None:
@@ -125,27 +154,78 @@ def _no_padded_gradients(padding: str, backward: bool) -> None:
         )
 
 
-def _simulate(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, fields: tuple[dict, dict]):
-    """(CompareConfig, Record) of the simulator comparison at one length; `extra` = (fp8 scaling, hadamard,
-    whether --backward or --determinism was given, which need --backend); `fields` = (input shape, options)."""
+def _sim_configs(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, fields: tuple[dict, dict]):
+    """The simulator comparison's CompareConfigs at one length: one, or with --splits flash then splitkv at
+    each S. `extra` = ((fp8 scaling, hadamard, --determinism), the decoding/backward knobs by flag);
+    `fields` = (input shape, options)."""
     from flashcheck.core.inputs import InputSpec
-    from flashcheck.measure.compare import CompareConfig, run_compare
+    from flashcheck.measure.compare import CompareConfig, decoding_configs
 
-    fp8_scaling, hadamard, backend_only = extra
-    if backend_only:
-        raise ValueError("--backward and --determinism need --backend (e.g. --backend sim-flash)")
+    (fp8_scaling, hadamard, determinism), knobs = extra
+    if determinism:
+        raise ValueError("--determinism needs --backend (e.g. --backend sim-flash)")
     if len(lengths) > 1:
         raise ValueError(f"--seq-len {','.join(map(str, lengths))!r}: a list needs --backend; give one length")
     shape, opts = fields
+    splits = _sim_knobs(kernel, knobs, opts["backward"])
     cfg = CompareConfig(
         kernel=kernel,
         numerics=numerics or "bf16-mixed",
         inputs=InputSpec(seq_len=lengths[0], **shape),
         fp8_scaling=fp8_scaling,
         hadamard=hadamard,
+        delta_source=knobs["--delta-source"],
+        ds_correction=bool(knobs["--ds-correction"]),
         **opts,
     )
-    return cfg, run_compare(cfg)
+    return decoding_configs(cfg, splits) if splits else [cfg]
+
+
+def _sim_knobs(kernel: str, knobs: dict, backward: bool) -> list[int] | None:
+    """The checked --splits list (None without it); ValueError for a knob that does not fit the others."""
+    from flashcheck.core.numerics import DELTA_SOURCES
+
+    source = knobs["--delta-source"]
+    if source is not None and source not in DELTA_SOURCES:
+        raise ValueError(f"--delta-source {source!r} is not allowed; expected one of {', '.join(DELTA_SOURCES)}")
+    backward_knobs = [f for f in ("--delta-source", "--ds-correction") if knobs[f] is not None]
+    if backward_knobs and not backward:
+        raise ValueError(f"{_are(backward_knobs)} settings of the backward pass; add --backward")
+    if backward_knobs and kernel != "flash":
+        raise ValueError(f"{_are(backward_knobs)} settings of the flash kernel's backward; drop --kernel {kernel}")
+    if kernel == "splitkv" and backward:
+        raise ValueError("--kernel splitkv (split-KV decoding) runs forward only; drop --backward")
+    if knobs["--splits"] is None:
+        return None
+    splits = _int_list(knobs["--splits"], "--splits")
+    if backward:
+        raise ValueError("--splits runs the splitkv kernel (split-KV decoding), which is forward only; drop --backward")
+    if kernel == "standard":
+        raise ValueError("--splits compares the splitkv kernel with flash; drop --kernel standard")
+    return list(dict.fromkeys(splits))
+
+
+def _simulators_only(knobs: dict) -> None:
+    given = [f for f, v in knobs.items() if v is not None]
+    if given:
+        raise ValueError(f"{_are(given)} settings of the simulators; drop --backend and --preset to use them")
+
+
+def _are(flags: list[str]) -> str:
+    return f"{flags[0]} is one of the" if len(flags) == 1 else f"{' and '.join(flags)} are"
+
+
+def _run_sims(cfgs: list, as_json: bool) -> list:
+    """The Records of the simulator comparisons (inputs and FP64 references drawn once), with progress on
+    stderr when there are several."""
+    from flashcheck.measure.compare import run_compares
+
+    with _progress(len(cfgs), "compare", as_json) as advance:
+        return run_compares(cfgs, done=lambda c: advance(note=_sim_name(c)))
+
+
+def _sim_name(cfg) -> str:
+    return f"splitkv S={cfg.splits}" if cfg.kernel == "splitkv" and cfg.splits else cfg.kernel
 
 
 def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: tuple[dict, dict]) -> list:
@@ -180,14 +260,17 @@ def _device(device: str | None, backend: str | None, preset: str | None) -> str:
 
 
 def _run_all(cases: list, device: str, as_json: bool) -> list[dict]:
-    """Every backend case's result on `device`, with progress on stderr when there are several."""
+    """Every backend case's result on `device`, with progress on stderr when there are several: the case
+    running now (a bar's note; a plain line when the last line is older than the interval) and each done."""
     from flashcheck.measure.compare import run_backend_case
 
     results = []
     with _progress(len(cases), "compare", as_json) as advance:
         for c in cases:
+            name = f"{c.backend} {c.numerics} L={c.seq_len}"
+            advance(0, note=f"running {name}")
             results.append(run_backend_case(c, device=device))
-            advance(note=f"{c.backend} {c.numerics} L={c.seq_len}")
+            advance(note=name)
     return results
 
 
@@ -251,16 +334,26 @@ def _print_backends(results: list[dict]) -> None:
         console.print(escape(line))
 
 
+def _shape(cfg) -> str:
+    """The inputs and kernel settings of a heading: B, H (Hkv), L (Lk), D, blocks, algorithm, mask, inputs."""
+    s = cfg.inputs
+    heads = f"H={s.heads}" + (f" Hkv={s.kv_heads}" if s.kv_heads else "")
+    lens = f"L={s.seq_len}" + (f" Lk={s.seq_len_k}" if s.seq_len_k else "")
+    pad = f" padding={s.padding}" if s.padding != "none" else ""
+    return (
+        f"B={s.batch} {heads} {lens} D={s.head_dim} blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}"
+        f"{' causal' if cfg.causal else ''}{pad} {s.distribution} seed={s.seed}"
+    )
+
+
 def _print_compare(cfg, result) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    s = cfg.inputs
+    splits = f"S={cfg.case().method.splits} ({cfg.chunks()} chunks) " if cfg.kernel == "splitkv" else ""
     title = (
         f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
-        f"B={s.batch} H={s.heads} L={s.seq_len} D={s.head_dim} "
-        f"blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}{' causal' if cfg.causal else ''} "
-        f"{s.distribution} seed={s.seed}"
+        f"{splits}{_shape(cfg)}"
     )
     console = _console()
     console.print(escape(title))
@@ -274,5 +367,59 @@ def _print_compare(cfg, result) -> None:
             f"{result.baseline[key]:.3e}",
             f"{result.ratio[key]:.3f}",
             f"{result.candidate_rounded[key]:.3e}",
+        )
+    console.print(table)
+
+
+def _print_grads(cfg, result) -> None:
+    """The gradients' table: per dQ, dK, dV the candidate's and the baseline's errors vs FP64 autograd."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    pol = cfg.candidate_policy()
+    knobs = f"delta_source={pol.delta_source}, ds_correction={'on' if pol.ds_correction else 'off'}"
+    console = _console()
+    console.print(
+        escape(f"gradients vs FP64 autograd through the reference (dO drawn from seed={cfg.inputs.seed}); {knobs}")
+    )
+    table = Table()
+    cols = ("gradient", "candidate rel_l2", "baseline rel_l2", "ratio rel_l2", "candidate max_abs")
+    for col in (*cols, "baseline max_abs", "ratio max_abs"):
+        table.add_column(col, justify="right")
+    for name, g in result.grad.items():
+        cells = [f"{g[who][m]:.3e}" for m in ("rel_l2", "max_abs") for who in ("candidate", "baseline")]
+        table.add_row(name, *cells[:2], f"{g['ratio']['rel_l2']:.3f}", *cells[2:], f"{g['ratio']['max_abs']:.3f}")
+    console.print(table)
+
+
+def _print_decoding(cfgs: list, records: list) -> None:
+    """The split-KV decoding table: standard (the baseline), flash, then splitkv at each S, errors vs FP64."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    flash, base = records[0], records[0].baseline
+    s_list = ",".join(str(c.splits) for c in cfgs[1:])
+    console = _console()
+    console.print(
+        escape(
+            f"split-KV decoding S={s_list} and flash [{cfgs[0].candidate_policy().name}] vs standard "
+            f"[{cfgs[0].baseline_policy().name}]  {_shape(cfgs[0])}"
+        )
+    )
+    table = Table()
+    cols = ("kernel (vs FP64)", "chunks", "max_abs", "rel_l2", "rel_l2 / standard's", "rel_l2 / flash's")
+    for col in (*cols, "rel_l2 vs FP64 of rounded inputs"):
+        table.add_column(col, justify="right")
+    table.add_row("standard", "-", f"{base['max_abs']:.3e}", f"{base['rel_l2']:.3e}", "1.000", "-", "-")
+    for cfg, rec in zip(cfgs, records, strict=True):
+        c = rec.candidate
+        table.add_row(
+            escape(_sim_name(cfg)),
+            str(cfg.chunks() or "-"),
+            f"{c['max_abs']:.3e}",
+            f"{c['rel_l2']:.3e}",
+            f"{rec.ratio['rel_l2']:.3f}",
+            f"{c['rel_l2'] / flash.candidate['rel_l2']:.3f}" if flash.candidate["rel_l2"] else "-",
+            f"{rec.candidate_rounded['rel_l2']:.3e}",
         )
     console.print(table)

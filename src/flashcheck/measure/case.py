@@ -185,7 +185,7 @@ def _measure(case: Case, refs: References) -> Record:
             budget = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype(), rule="peers")
             fields["budget"] = budget.to_dict()
         if case.backward:
-            fields["grad"] = _grads(case, qkv, do, cand_g, base_g, refs.mask)
+            fields["grad"] = _grads(case, qkv, do, cand_g, base_g, refs.mask, refs.live)
     if case.verify_kernel and not m.is_simulator:
         from flashcheck.backends.profiling import attention_ops, proves
 
@@ -222,13 +222,15 @@ def _grads_alone(case: Case, m: Method, refs: References, cand_g) -> dict:
     return out
 
 
-def _grads(case: Case, qkv, do, cand_g, base_g, mask: torch.Tensor | None = None) -> dict:
-    """Per-gradient errors vs FP64 autograd through the reference, the ratio and the peers' k=3 budget."""
+def _grads(case: Case, qkv, do, cand_g, base_g, mask: torch.Tensor | None = None, live=None) -> dict:
+    """Per-gradient errors vs FP64 autograd through the reference, the ratio and the peers' k=3 budget; dQ
+    over the rows in `live` ([B, H, Lq] rows with a visible key; None: every row)."""
     _, ref_g = _run(lambda a, b, c: reference_attention(a, b, c, causal=case.causal, mask=mask), qkv, do)
     dtype = case.method.dtype()
     out = {}
     for name, cg, bg, rg in zip(("dq", "dk", "dv"), cand_g, base_g, ref_g, strict=True):
-        ce, be = _errors(cg, rg, case.metrics), _errors(bg, rg, case.metrics)
+        rows = live if name == "dq" else None
+        ce, be = _errors(cg, rg, case.metrics, rows), _errors(bg, rg, case.metrics, rows)
         out[name] = {
             "candidate": ce,
             "baseline": be,

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 from flashcheck.backends.base import DEVICES
 from flashcheck.core.inputs import InputSpec
-from flashcheck.core.numerics import Policy, info, parse_format, parse_policy
+from flashcheck.core.numerics import DELTA_SOURCES, Policy, info, parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS
+from flashcheck.kernels.decode import split_spans
 from flashcheck.kernels.memory import Footprint, check_fits
-from flashcheck.measure.case import Case, Record, run_case
+from flashcheck.measure.case import Case, Record, References, run_case
 from flashcheck.measure.method import Method, parse_method
 
 KERNELS = SIMULATED_KERNELS
@@ -20,7 +21,9 @@ KERNELS = SIMULATED_KERNELS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareConfig:
     """One simulator comparison. `baseline_numerics` defaults to `numerics`; `fp8_scaling` and `hadamard`,
-    when set, override the candidate policy's (the baseline keeps its own)."""
+    when set, override the candidate policy's (the baseline keeps its own). `splits`: key chunks S of the
+    splitkv kernel (None: its default, 4). `backward`: dQ, dK, dV errors too; `delta_source` and
+    `ds_correction` (Policy's backward knobs, flash only) then override the candidate policy's."""
 
     kernel: str = "flash"
     numerics: str = "bf16-mixed"
@@ -33,12 +36,18 @@ class CompareConfig:
     fp8_scaling: str | None = None
     hadamard: bool = False
     device: str = "cpu"  # where both simulators and the FP64 references run (cpu or cuda)
+    splits: int | None = None
+    backward: bool = False
+    delta_source: str | None = None
+    ds_correction: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r} is not allowed; expected one of {', '.join(DEVICES)}")
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
+        _check_decoding(self)
+        _check_backward(self)
         for role, pol in (("candidate", self.candidate_policy()), ("baseline", self.baseline_policy())):
             if pol.fp8_scaling == "block" and (role == "baseline" or self.kernel == "standard"):
                 raise ValueError(
@@ -54,6 +63,10 @@ class CompareConfig:
             changes["fp8_scaling"] = self.fp8_scaling
         if self.hadamard:
             changes["hadamard"] = True
+        if self.delta_source is not None:
+            changes["delta_source"] = self.delta_source
+        if self.ds_correction:
+            changes["ds_correction"] = True
         return dataclasses.replace(pol, **changes) if changes else pol
 
     def baseline_policy(self) -> Policy:
@@ -61,7 +74,7 @@ class CompareConfig:
 
     def case(self) -> Case:
         """The measure.Case: the kernel under the candidate policy, standard attention under the baseline's."""
-        tiled = self.kernel in ("flash", "splitkv")  # splitkv: flash chunks (4 splits)
+        tiled = self.kernel in ("flash", "splitkv")  # splitkv: flash chunks (4 splits unless `splits`)
         cand = Method(
             kernel=self.kernel,
             policy=self.candidate_policy(),
@@ -69,40 +82,103 @@ class CompareConfig:
             block_k=self.block_k if tiled else 0,
             algorithm=self.algorithm if tiled else "",
             device=self.device,
+            **({"splits": self.splits} if self.splits is not None else {}),
         )
         base = Method(
             kernel="standard", policy=self.baseline_policy(), block_q=0, block_k=0, algorithm="", device=self.device
         )
-        return Case(inputs=self.inputs, method=cand, baseline=base, causal=self.causal)
+        return Case(inputs=self.inputs, method=cand, baseline=base, causal=self.causal, backward=self.backward)
+
+    def chunks(self) -> int | None:
+        """How many key chunks the splitkv kernel computes (fewer than `splits` when there are fewer key
+        blocks); None for the other kernels."""
+        if self.kernel != "splitkv":
+            return None
+        s = self.inputs
+        return len(split_spans(s.seq_len_k or s.seq_len, self.case().method.splits, self.block_k))
 
     def footprint(self) -> Footprint:
         """The sizes that set this comparison's memory (see kernels.memory)."""
         work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
-        return _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work)
+        return _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work, self.backward)
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k != "inputs"}
         s = self.inputs
         d.update(batch=s.batch, heads=s.heads, seq_len=s.seq_len, head_dim=s.head_dim)
-        d.update(distribution=s.distribution, seed=s.seed)
+        d.update(distribution=s.distribution, seed=s.seed, kv_heads=s.kv_heads, seq_len_k=s.seq_len_k)
+        d.update(padding=s.padding)
+        if self.kernel == "splitkv":
+            d.update(splits=self.case().method.splits, chunks=self.chunks())
         d["candidate_policy"] = self.candidate_policy().to_dict()
         d["baseline_policy"] = self.baseline_policy().to_dict()
         return d
 
 
-def run_compare(cfg: CompareConfig) -> Record:
+def _check_decoding(cfg: CompareConfig) -> None:
+    if cfg.splits is None:
+        return
+    if cfg.kernel != "splitkv":
+        raise ValueError(f"splits={cfg.splits!r} is for the splitkv kernel, not {cfg.kernel!r}")
+    if isinstance(cfg.splits, bool) or not isinstance(cfg.splits, int) or cfg.splits < 1:
+        raise ValueError(f"splits={cfg.splits!r} is not allowed; give a positive integer")
+
+
+def _check_backward(cfg: CompareConfig) -> None:
+    """The backward knobs need the backward pass and act in the flash kernel's backward only."""
+    if cfg.delta_source is not None and cfg.delta_source not in DELTA_SOURCES:
+        raise ValueError(
+            f"delta_source={cfg.delta_source!r} is not allowed; expected one of {', '.join(DELTA_SOURCES)}"
+        )
+    knobs = [
+        n for n, on in (("delta_source", cfg.delta_source is not None), ("ds_correction", cfg.ds_correction)) if on
+    ]
+    if knobs and not cfg.backward:
+        raise ValueError(f"{' and '.join(knobs)} change the backward pass only; set backward=True")
+    if knobs and cfg.kernel != "flash":
+        raise ValueError(f"{' and '.join(knobs)} act in the flash kernel's backward, not {cfg.kernel!r}'s")
+    if cfg.backward and cfg.kernel == "splitkv":
+        raise ValueError("the splitkv kernel (split-KV decoding) runs forward only; compare it without backward")
+
+
+def run_compare(cfg: CompareConfig, refs: References | None = None) -> Record:
     """Run the simulator comparison; refuses with kernels.memory.InsufficientMemory (a ValueError) before
-    allocating when it cannot fit here. A kernel error propagates (it is the user's configuration)."""
+    allocating when it cannot fit here. A kernel error propagates (it is the user's configuration). `refs`:
+    the inputs and FP64 references of an earlier comparison on the same InputSpec, reused when they match."""
     check_fits(cfg.footprint())
-    rec = run_case(cfg.case())
-    if rec.status == "failed":
+    rec = run_case(cfg.case(), refs)
+    if rec.status != "ok":
         raise ValueError(rec.reason.splitlines()[0])
     return rec
 
 
+def decoding_configs(cfg: CompareConfig, splits: list[int]) -> list[CompareConfig]:
+    """The split-KV decoding comparison: `cfg` with the flash kernel, then the splitkv kernel at each S in
+    `splits`, on the same inputs and policies (flash is the peer each split count is read against)."""
+    if cfg.kernel == "standard":
+        raise ValueError("splits compare the splitkv kernel with flash; the candidate kernel cannot be 'standard'")
+    flash = dataclasses.replace(cfg, kernel="flash", splits=None)
+    return [flash, *(dataclasses.replace(cfg, kernel="splitkv", splits=s) for s in splits)]
+
+
+def run_compares(cfgs: list[CompareConfig], done=None) -> list[Record]:
+    """run_compare for each config, drawing the inputs and computing the FP64 references once when they
+    share an InputSpec and mask; `done(cfg)` is called after each."""
+    refs, out = None, []
+    for cfg in cfgs:
+        check_fits(cfg.footprint())
+        if refs is None or refs.spec != cfg.inputs or refs.causal != cfg.causal:
+            refs = References(cfg.inputs, causal=cfg.causal, device=cfg.device)
+        out.append(run_compare(cfg, refs))
+        if done is not None:
+            done(cfg)
+    return out
+
+
 def compare_dict(cfg: CompareConfig, rec: Record) -> dict:
-    """The JSON form of a simulator comparison."""
-    return {
+    """The JSON form of a simulator comparison; with backward, `grad`: per dq/dk/dv the candidate's and the
+    baseline's errors against FP64 autograd through the reference, and their ratio."""
+    out = {
         "config": cfg.to_dict(),
         "candidate": rec.candidate,
         "baseline": rec.baseline,
@@ -110,6 +186,10 @@ def compare_dict(cfg: CompareConfig, rec: Record) -> dict:
         "vs_rounded_inputs": {"candidate": rec.candidate_rounded},
         "baseline_impl": rec.baseline_name,
     }
+    if rec.grad is not None:
+        keep = ("candidate", "baseline", "ratio")
+        out["grad"] = {name: {k: g[k] for k in keep} for name, g in rec.grad.items()}
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

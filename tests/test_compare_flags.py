@@ -1,0 +1,185 @@
+"""`flashcheck compare`'s decoding and backward flags (--splits, --backward in simulator mode, --delta-source,
+--ds-correction): the printed numbers are the engine's on the same InputSpec, the flags reach the kernels
+(checked against FP64 closed cases), and bad values exit 2 with one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from flashcheck.cli import app
+from flashcheck.core.inputs import InputSpec
+from flashcheck.kernels.decode import split_spans
+from flashcheck.measure.compare import CompareConfig, run_compare
+
+runner = CliRunner()
+BLOCKS = ["--block-q", "16", "--block-k", "16"]
+
+
+def _human(args: list[str]):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, f"{args}: exit {res.exit_code}\n{res.output}\n{res.exception!r}"
+    assert "Traceback" not in res.output and "\x1b[" not in res.output, res.output
+    return res
+
+
+def _row(output: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is `first`."""
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│|]", line)[1:-1]]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no table row {first!r}:\n{output}")
+
+
+def _one_line(output: str, *parts: str) -> str:
+    lines = [ln for ln in output.splitlines() if all(p in ln for p in parts)]
+    assert len(lines) == 1, f"{parts} not together on one line:\n{output}"
+    return lines[0]
+
+
+# ---- --splits: split-KV decoding beside flash -------------------------------------------------------
+
+DECODE = ["--causal", "--heads", "2", "--kv-heads", "1", "--seq-len", "4", "--seq-len-k", "96", *BLOCKS]
+DECODE_SPEC = InputSpec(heads=2, kv_heads=1, seq_len=4, seq_len_k=96)
+
+
+def _engine(kernel: str, splits: int | None = None, **kw):
+    cfg = CompareConfig(kernel=kernel, splits=splits, causal=True, block_q=16, block_k=16, inputs=DECODE_SPEC, **kw)
+    return run_compare(cfg)
+
+
+def test_splits_rows_are_the_engines_numbers():
+    res = _human(["compare", *DECODE, "--splits", "1,4,16"])
+    _one_line(res.output, "split-KV decoding S=1,4,16 and flash [bf16-mixed] vs standard [bf16-mixed]", "Lk=96")
+    flash = _engine("flash")
+    assert _row(res.output, "flash")[3] == f"{flash.candidate['rel_l2']:.3e}"
+    assert _row(res.output, "standard")[3] == f"{flash.baseline['rel_l2']:.3e}"
+    for s in (1, 4, 16):
+        rec = _engine("splitkv", s)
+        cells = _row(res.output, f"splitkv S={s}")
+        # 96 keys in blocks of 16: 6 blocks, so S=4 gives 3 chunks of 2 blocks and S=16 gives 6
+        assert cells[1] == str(len(split_spans(96, s, 16))) == {1: "1", 4: "3", 16: "6"}[s]
+        assert cells[2:5] == [
+            f"{rec.candidate['max_abs']:.3e}",
+            f"{rec.candidate['rel_l2']:.3e}",
+            f"{rec.ratio['rel_l2']:.3f}",
+        ]
+        assert cells[5] == f"{rec.candidate['rel_l2'] / flash.candidate['rel_l2']:.3f}"
+        assert cells[6] == f"{rec.candidate_rounded['rel_l2']:.3e}"
+    # one chunk is the flash kernel bit for bit (kernels.decode), and the table says so
+    assert _row(res.output, "splitkv S=1")[2:] == _row(res.output, "flash")[2:]
+    assert res.stderr.splitlines()[-1].startswith("compare 4/4, ") and res.stderr.endswith("splitkv S=16\n")
+
+
+def test_splits_json_lists_each_comparison():
+    res = runner.invoke(app, ["compare", *DECODE, "--splits", "2,4", "--numerics", "bf16", "--json"])
+    assert res.exit_code == 0, res.output
+    comps = json.loads(res.stdout)["comparisons"]
+    assert [(c["config"]["kernel"], c["config"]["splits"]) for c in comps] == [
+        ("flash", None),
+        ("splitkv", 2),
+        ("splitkv", 4),
+    ]
+    assert comps[2]["config"]["chunks"] == 3 and comps[2]["config"]["seq_len_k"] == 96
+    assert comps[1]["candidate"] == _engine("splitkv", 2, numerics="bf16").candidate
+
+
+def test_splits_in_fp64_equal_the_reference():
+    res = runner.invoke(app, ["compare", *DECODE, "--splits", "3,5", "--numerics", "fp64", "--json"])
+    assert res.exit_code == 0, res.output
+    assert all(c["candidate"]["max_abs"] < 1e-12 for c in json.loads(res.stdout)["comparisons"])
+
+
+# ---- --backward in simulator mode, --delta-source, --ds-correction ----------------------------------
+
+BACKWARD = ["--backward", "--causal", "--heads", "2", "--seq-len", "48", *BLOCKS]
+BACKWARD_SPEC = InputSpec(heads=2, seq_len=48)
+
+
+def _grads(numerics: str = "bf16-mixed", **knobs) -> dict:
+    cfg = CompareConfig(numerics=numerics, inputs=BACKWARD_SPEC, causal=True, block_q=16, block_k=16, backward=True)
+    return run_compare(dataclasses.replace(cfg, **knobs)).grad
+
+
+@pytest.mark.parametrize(
+    "flags,knobs",
+    [
+        ([], {}),
+        (["--delta-source", "unrounded"], {"delta_source": "unrounded"}),
+        (["--delta-source", "fresh", "--ds-correction"], {"delta_source": "fresh", "ds_correction": True}),
+    ],
+)
+def test_backward_rows_are_the_engines_numbers(flags, knobs):
+    res = _human(["compare", *BACKWARD, *flags])
+    on = "on" if knobs.get("ds_correction") else "off"
+    _one_line(
+        res.output, "gradients vs FP64", f"delta_source={knobs.get('delta_source', 'forward')}, ds_correction={on}"
+    )
+    grads = _grads(**knobs)
+    if knobs:  # the knob changes the flash backward's gradients: a flag that did not reach it would show here
+        assert grads["dq"]["candidate"] != _grads()["dq"]["candidate"]
+    for name in ("dq", "dk", "dv"):
+        g = grads[name]
+        expected = [
+            f"{g['candidate']['rel_l2']:.3e}",
+            f"{g['baseline']['rel_l2']:.3e}",
+            f"{g['ratio']['rel_l2']:.3f}",
+            f"{g['candidate']['max_abs']:.3e}",
+            f"{g['baseline']['max_abs']:.3e}",
+            f"{g['ratio']['max_abs']:.3f}",
+        ]
+        assert _row(res.output, name)[1:] == expected, res.output
+    assert _row(res.output, "rel_l2")[1]  # the forward table is still there
+
+
+def test_delta_source_flag_reaches_the_kernel():
+    """Only the output rounded (bf16): delta from the unrounded O gives dQ exact to FP64, the forward's rounded
+    O does not (arXiv 2609.39813's point, a closed case)."""
+    dq = {}
+    for source in ("unrounded", "forward"):
+        args = ["compare", *BACKWARD, "--numerics", "fp64,output=bf16", "--delta-source", source, "--json"]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        dq[source] = json.loads(res.stdout)["grad"]["dq"]["candidate"]["max_abs"]
+    assert dq["unrounded"] < 1e-12 < 1e-6 < dq["forward"]
+
+
+def test_backward_in_fp64_equals_the_reference_with_padding_and_gqa():
+    args = ["compare", *BACKWARD, "--numerics", "fp64", "--kv-heads", "1", "--batch", "2", "--padding", "left:0.25"]
+    res = runner.invoke(app, [*args, "--ds-correction", "--json"])
+    assert res.exit_code == 0, res.output
+    grad = json.loads(res.stdout)["grad"]
+    assert all(g[who]["max_abs"] < 1e-12 for g in grad.values() for who in ("candidate", "baseline"))
+
+
+# ---- bad values ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--splits", "0"], "--splits '0' is not allowed; give positive integers"),
+        (["--splits", "2,,4"], "--splits '2,,4' is not allowed"),
+        (["--splits", "4", "--backward"], "forward only; drop --backward"),
+        (["--splits", "4", "--kernel", "standard"], "drop --kernel standard"),
+        (["--kernel", "splitkv", "--backward"], "forward only; drop --backward"),
+        (
+            ["--delta-source", "foo", "--backward"],
+            "--delta-source 'foo' is not allowed; expected one of forward, unrounded, fresh",
+        ),
+        (["--ds-correction"], "--ds-correction is one of the settings of the backward pass; add --backward"),
+        (["--delta-source", "fresh"], "--delta-source is one of the settings of the backward pass; add --backward"),
+        (["--ds-correction", "--backward", "--kernel", "standard"], "flash kernel's backward; drop --kernel standard"),
+        (["--backend", "sdpa-math", "--splits", "4"], "--splits is one of the settings of the simulators"),
+        (["--determinism"], "--determinism needs --backend"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(flags, message):
+    res = runner.invoke(app, ["compare", "--seq-len", "32", "--heads", "1", *flags])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
