@@ -32,6 +32,7 @@ from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import Format, parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention
 from flashcheck.reporting import Bullets, Heading, Page, Table, Text, write_report
+from flashcheck.training.train_report import verdict_bullets
 
 VARIANTS = {
     "bf16-mixed": {"policy": "bf16-mixed"},
@@ -306,15 +307,6 @@ def _write_report(summary: dict, out: Path) -> None:
         (metric, None, f"{t['value']:.3g}: {t['from']} (values {', '.join(f'{v:.3g}' for v in t['control_values'])})")
         for metric, t in summary["thresholds"].items()
     ]
-    items = [
-        (
-            f["id"],
-            {"holds": True, "does not hold": False}.get(f["status"], f["status"]),
-            f"{f['claim']}. Measured: {f['measured']}. Rule: {f['verdict']['rule']}; {f['verdict']['reason']} "
-            f"(paper: {f['paper']}).",
-        )
-        for f in summary["findings"]
-    ]
     header = ["inputs", "variant", "delta mean error", "delta |mean|/rms", "delta sign consistency (per row)"]
     header += ["dQ error growth", "dQ error from bf16 O in delta"]
     page.add(
@@ -326,7 +318,7 @@ def _write_report(summary: dict, out: Path) -> None:
         Heading("Thresholds (from the untied control, not chosen)"),
         Bullets(thr, with_verdict=False),
         Heading("Verdicts"),
-        Bullets(items),
+        verdict_bullets(summary["findings"]),
         Table(header, _rows(summary)),
     )
     write_report(out, page)

@@ -182,6 +182,22 @@ def _pair_rows(pairs: dict) -> list[list[str]]:
     return rows
 
 
+def verdict_bullets(findings: list[dict]) -> Bullets:
+    """The findings of a training report (train-study, tied-max) as verdict bullets: id, holds / does not hold
+    (or the status word when inconclusive), the claim, what was measured, the paper's figure and the rule."""
+    return Bullets(
+        [
+            (
+                f["id"],
+                {"holds": True, "does not hold": False}.get(f["status"], f["status"]),
+                f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}). Rule: {f['verdict']['rule']}; "
+                f"{f['verdict']['reason']}.",
+            )
+            for f in findings
+        ]
+    )
+
+
 def _method_text(c: dict) -> str:
     m = c["model"]
     return (
@@ -200,16 +216,7 @@ def write_train_report(summary: dict, losses: dict, out: Path) -> None:
     page = Page(f"flashcheck train-study {summary['study']}: does attention numerics move the weights?")
     page.add(Heading("Conclusion"), Bullets([("", None, s) for s in summary["conclusion"]], with_verdict=False))
     if summary["verdicts"]:
-        items = [
-            (
-                f["id"],
-                {"holds": True, "does not hold": False}.get(f["status"], f["status"]),
-                f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}). Rule: {f['verdict']['rule']}; "
-                f"{f['verdict']['reason']}.",
-            )
-            for f in summary["findings"]
-        ]
-        page.add(Heading("Verdicts"), Bullets(items))
+        page.add(Heading("Verdicts"), verdict_bullets(summary["findings"]))
     else:
         page.add(Heading("No verdicts"), Text(summary["note"] + "."))
     page.add(Heading("Ratios (geometric mean over seeds, 95% t interval on log ratios)"))
