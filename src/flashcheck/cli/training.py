@@ -12,6 +12,7 @@ import typer
 from flashcheck.cli.app import (
     _console,
     _fail_usage,
+    _int_range,
     _out_folder,
     app,
 )
@@ -152,29 +153,18 @@ def _print_pairs(c, pairs: dict) -> None:
     c.print(table)
 
 
-def _within(name: str, lo: int, hi: int):
-    """A typer callback: the value must lie in [lo, hi] (a huge number is bad usage, not an overflow)."""
-
-    def check(value: int) -> int:
-        if not lo <= value <= hi:
-            raise typer.BadParameter(f"{value} is not allowed; {name} must be an integer from {lo} to {hi}")
-        return value
-
-    return check
-
-
 @app.command()
 def drift(
     a: str = typer.Argument(..., help="Checkpoint (file, sharded, folder) or folder of checkpoints by step (run A)."),
     b: str = typer.Argument(..., help="The same for run B."),
     sketch_points: int = typer.Option(
         4096,
-        callback=_within("--sketch-points", 1, MAX_SKETCH_POINTS),
+        callback=_int_range("--sketch-points", 1, MAX_SKETCH_POINTS),
         help="Quantiles per tensor for the whole-model W1 of big models.",
     ),
     exact_limit: int = typer.Option(
         20_000_000,
-        callback=_within("--exact-limit", 0, 2**63 - 1),
+        callback=_int_range("--exact-limit", 0, 2**63 - 1),
         help="Values up to which whole-model W1 is exact.",
     ),
     per_tensor: bool = typer.Option(True, help="Include per-tensor figures in --json."),
