@@ -309,7 +309,7 @@ PREDICT = [
     r("predict-seq-len-text", "predict --numerics bf16 --seq-len lots", "--seq-len", "lots"),
     r("predict-seq-len-k-negative", "predict --numerics bf16 --seq-len 8 --seq-len-k -1", "--seq-len-k", "-1"),
     r("predict-block-k-zero", "predict --numerics bf16 --seq-len 8 --block-k 0", "--block-k", "0"),
-    r("predict-kernel-unknown", "predict --numerics bf16 --seq-len 8 --kernel eager", "eager"),
+    r("predict-kernel-unknown", "predict --numerics bf16 --seq-len 8 --kernel fancy", "fancy"),
     r("predict-distribution-unknown", "predict --numerics bf16 --seq-len 8 --distribution zipf", "zipf"),
     r("predict-draw-distribution-unknown", "predict --numerics bf16 --seq-len 8 --draw --distribution zipf", "zipf"),
     r("predict-splits-zero", "predict --numerics bf16 --seq-len 8 --kernel splitkv --splits 0", "--splits", "0"),

@@ -133,13 +133,24 @@ def test_cli_json_matches_the_model():
     [
         (["--numerics", "bogus", "--seq-len", "8"], "unknown numerics policy 'bogus'"),
         (["--numerics", "bf16", "--seq-len", "0"], "--seq-len 0"),
-        (["--numerics", "bf16", "--seq-len", "8", "--kernel", "eager"], "kernel='eager'"),
+        (["--numerics", "bf16", "--seq-len", "8", "--kernel", "fancy"], "'fancy' has no equivalent"),
+        (["--numerics", "bf16-mixed", "--seq-len", "8", "--kernel", "sdpa-flash"], "takes a dtype"),
         (["--numerics", "bf16", "--seq-len", "8", "--distribution", "zipf"], "'zipf'"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args, needle):
     res = runner.invoke(app, ["predict", *args])
     assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+
+
+def test_cli_backend_names_its_equivalent_kernel():
+    res = runner.invoke(app, ["predict", "--numerics", "bf16", "--seq-len", "4096", "--kernel", "sdpa-flash"])
+    assert res.exit_code == 0, res.output
+    assert "sdpa-flash at bf16 rounds like the flash kernel with input bf16, score fp32" in res.output
+    assert "Bc=512, 8 tiles per row" in res.output  # the CPU kernel's key blocks, not --block-k
+    res = runner.invoke(app, ["predict", "--numerics", "bf16", "--seq-len", "4096", "--kernel", "sdpa-math", "--json"])
+    data = json.loads(res.output)
+    assert data["equivalent_kernel"] == "standard" and data["contributions"]["output"] > 0.99
 
 
 def test_cli_draw_measures_the_statistics_without_a_kernel(monkeypatch):
@@ -153,3 +164,158 @@ def test_cli_draw_measures_the_statistics_without_a_kernel(monkeypatch):
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["statistics"].startswith("drawn")
     torch.manual_seed(0)
+
+
+# --- closed forms: the model's terms against what rounding to nearest can do --------------------------------
+
+
+def _output_only(fmt: str) -> Setting:
+    return parse_setting("flash", f"output={fmt}", visible=1024, head_dim=64)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32"])
+def test_output_rounding_alone_predicts_between_u_over_sqrt12_and_u_over_sqrt3(fmt):
+    """Rounding to nearest moves each element by at most u|x| (u = 2^-precision) and by a uniform error of
+    variance u^2 4^e / 3 in [u^2 x^2 / 12, u^2 x^2 / 3]: relative L2 in [u / sqrt(12), u / sqrt(3)]."""
+    s = _output_only(fmt)
+    u = unit_roundoff(s.policy, "output")
+    assert u / math.sqrt(12) <= predict(s) <= u / math.sqrt(3)
+
+
+def test_output_rounding_alone_matches_the_expected_error_of_rounding_the_exact_output():
+    """Oracle: sqrt(sum ulp(o)^2 / 12 / sum o^2) over the FP64 output o (the mean squared error of rounding to
+    nearest), independent of the kernel and of the fit."""
+    from flashcheck.core.numerics import spacing
+
+    q, k, v = make_qkv(InputSpec(heads=2, seq_len=512, head_dim=64, seed=5))
+    o = reference_attention(q, k, v)
+    expected = math.sqrt(float((spacing(o, "bf16").square() / 12).sum() / o.square().sum()))
+    assert predict(_output_only("bf16")) == pytest.approx(expected, rel=0.3)
+
+
+STAGE_LADDER = ("fp64", "fp32", "fp16", "bf16")  # falling precision
+
+
+@pytest.mark.parametrize("stage", ["score", "stats", "p", "accum", "output"])
+def test_prediction_grows_as_any_stage_loses_precision(stage):
+    for kernel in ("flash", "standard", "splitkv"):
+        preds = [
+            predict(parse_setting(kernel, f"bf16-mixed,{stage}={fmt}", visible=2048, head_dim=64, block_k=64))
+            for fmt in STAGE_LADDER
+        ]
+        assert preds == sorted(preds) and preds[-1] > preds[0], (kernel, stage, preds)
+
+
+def test_prediction_grows_with_the_rescalings_per_row():
+    """More key tiles per row (longer L, or smaller Bc) never lowers the flash prediction."""
+    preds = [predict(parse_setting("flash", "bf16", visible=n, head_dim=64, block_k=64)) for n in (64, 512, 4096)]
+    assert preds == sorted(preds) and preds[-1] > preds[0]
+    preds = [predict(parse_setting("flash", "bf16", visible=4096, head_dim=64, block_k=b)) for b in (512, 64, 16)]
+    assert preds == sorted(preds) and preds[-1] > preds[0]
+
+
+# --- real backends through their equivalent settings (derived from their kernels, not fitted) ----------------
+
+
+def _backend_case(name: str, causal: bool = False) -> tuple[float, float, torch.Tensor, torch.Tensor]:
+    """(measured rel-L2 of the backend, predicted, backend output, output of the simulator under the equivalent
+    setting) on bf16 inputs, against FP64 of the rounded inputs."""
+    from flashcheck.backends import get_backend
+    from flashcheck.backends.eager import eager_attention
+    from flashcheck.measure.predict import backend_equivalent, setting_for
+
+    q, k, v = make_qkv(InputSpec(heads=2, seq_len=640, head_dim=64, seed=7))
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    ref = reference_attention(*(t.double() for t in (qb, kb, vb)), causal=causal)
+    if name == "eager":
+        out = eager_attention(qb, kb, vb, causal=causal)
+    else:
+        out = get_backend(name).forward(qb, kb, vb, causal=causal)
+    eq = backend_equivalent(name, "bf16", 64)
+    if eq["kernel"] == "flash":
+        sim = flash_attention(q, k, v, policy=eq["policy"], block_q=64, block_k=eq["block_k"], causal=causal)
+    else:
+        sim = standard_attention(q, k, v, policy=eq["policy"], causal=causal)
+    st = input_stats(qb.double(), kb.double(), vb.double(), causal=causal)
+    s = setting_for(name, "bf16", head_dim=64, visible=st["visible"], f_score=st["f_score"], f_p=st["f_p"])
+    return rel_l2(out.double(), ref), predict(s), out.double(), sim.double()
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash", "eager"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backend_predicted_within_2x_through_its_equivalent_setting(name, causal):
+    measured, predicted, _, _ = _backend_case(name, causal)
+    assert 0.5 <= predicted / measured <= 2.0, f"{name}: predicted {predicted:.3g}, measured {measured:.3g}"
+
+
+def test_sdpa_math_rounds_like_its_equivalent_policy():
+    """SDPA math at bf16 upcasts to fp32 inside: its output and the simulator's under the equivalent policy
+    (input and output bf16, every other stage fp32) differ far less than either differs from FP64."""
+    measured, _, out, sim = _backend_case("sdpa-math")
+    assert rel_l2(out, sim) < 0.1 * measured
+
+
+def test_backend_equivalent_rejects_unknown_backends():
+    from flashcheck.measure.predict import backend_equivalent, setting_for
+
+    with pytest.raises(ValueError, match="'sdpa-cudnn' has no equivalent"):
+        backend_equivalent("sdpa-cudnn", "bf16", 64)
+    with pytest.raises(ValueError, match="takes a dtype"):
+        setting_for("sdpa-flash", parse_policy("bf16"), head_dim=64, visible=8)
+
+
+# --- the share within 2x over a small real study ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory) -> dict:
+    """A real study run here: flash and SDPA (math, CPU flash) at bf16 with their baselines, seeds 0 and 1."""
+    from flashcheck.study.config import StudyConfig, Sweep
+    from flashcheck.study.runner import run_study
+    from flashcheck.study.store import ResultStore
+
+    out = tmp_path_factory.mktemp("em")
+    sweep = Sweep(question="em", methods=("flash:bf16", "sdpa-math:bf16", "sdpa-flash:bf16"), seq_lens=(128,),
+                  blocks=((32, 32),), heads=2, seeds=(0, 1), causal=(False, True), metric="rel_l2")  # fmt: skip
+    run_study(StudyConfig(name="em", sweeps=(sweep,)), out, workers=1, quiet=True)
+    return ResultStore(out).load()
+
+
+def test_share_within_2x_on_a_real_study_is_recounted_independently(small_study):
+    from flashcheck.measure.predict import setting_for
+    from flashcheck.study.errormodel import evaluate
+
+    ev = evaluate(small_study)
+    assert ev["n"] == len(small_study) == 20 and not ev["not_modelled"]  # 5 methods x 2 seeds x 2 masks
+    ratios = []
+    for r in small_study.values():  # the prediction again from the record's own fields
+        c, st = r.case, r.stats
+        s = setting_for(c.kernel, c.policy, head_dim=c.head_dim, visible=st["visible"], block_k=c.block_k or 128,
+                        f_score=st["f_score"], f_p=st["f_p"])  # fmt: skip
+        ratios.append(predict(s) / r.errors_rounded["rel_l2"])
+    assert ev["within_2x"] == sum(0.5 <= x <= 2 for x in ratios) / len(ratios)
+    real = ("sdpa-math", "sdpa-flash", "eager")
+    held = [x for x, r in zip(ratios, small_study.values(), strict=True) if r.case.seed == 1 or r.case.kernel in real]
+    assert ev["held_out"]["n"] == len(held) == 16  # seed 1, and seed 0's real backends
+    assert ev["held_out"]["within_2x"] == sum(0.5 <= x <= 2 for x in held) / len(held)
+    assert sum(v["n"] for k, v in ev["kinds"].items() if k.startswith("kind ")) == ev["n"]
+    assert ev["kinds"]["implementation sdpa-flash"]["n"] == 4
+
+
+def test_share_and_quantiles_of_known_ratios(small_study):
+    """Measured errors replaced by prediction / factor with known factors: the share within 2x, the median ratio
+    and the 90th percentile of the fold error are those of the factors."""
+    import dataclasses
+
+    from flashcheck.study.errormodel import evaluate, setting_of
+
+    factors = [1.0, 1.9, 2.5, 0.3, 0.6, 1.0, 4.0, 0.51, 1.2, 0.45] * 2
+    recs = {}
+    for (cid, r), f in zip(sorted(small_study.items()), factors, strict=True):
+        m = predict(setting_of(r)) / f
+        recs[cid] = dataclasses.replace(r, errors_rounded=r.errors_rounded | {"rel_l2": m})
+    ev = evaluate(recs)
+    assert ev["within_2x"] == pytest.approx(12 / 20)  # 1, 1.9, 0.6, 1, 0.51, 1.2 of each ten
+    assert ev["median_ratio"] == pytest.approx(1.0)
+    assert ev["p90_fold"] == pytest.approx(1 / 0.3)  # the 18th of the 20 sorted folds: ..., 2.5 x2, 3.33 x2, 4 x2
+    assert ev["verdict"].status in ("holds", "does not hold", "inconclusive")

@@ -185,7 +185,8 @@ def test_findings_and_tables_of_a_small_padded_sweep():
     assert all(sum(int(x) for x in r[1:]) == 3 for r in rows)
     header, table = question_table(list(records.values()), "padding")
     assert header[:3] == ["method", "seq_len", "rel-L2 (kernel)"] and len(table) == 4
-    assert "error_model_within_2x" in found and found["error_model_within_2x"]["n"] == 6
+    # held out of the error model's fit: the simulators' seeds 1, 2 (4) and every real backend case (6)
+    assert "error_model_within_2x" in found and found["error_model_within_2x"]["n"] == 10
 
 
 @pytest.mark.slow

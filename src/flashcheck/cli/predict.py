@@ -8,6 +8,8 @@ import typer
 
 from flashcheck.cli.app import _fail_usage, app
 
+_FORWARD = ("input", "score", "stats", "p", "accum", "output")
+
 
 def _visible(lq: int, lk: int, causal: bool) -> float:
     """Mean keys a query row sees: all Lk, or with a bottom-right causal mask (Lk - Lq) + (Lq + 1) / 2."""
@@ -39,7 +41,11 @@ def predict(
     numerics: str = typer.Option(..., help="Policy: bf16, bf16-mixed, fp16-mixed, fa3-fp8, input=bf16,... ."),
     seq_len: int = typer.Option(..., help="Query length Lq."),
     seq_len_k: int = typer.Option(0, help="Key length Lk (0: the query length; decoding: Lq 1 against Lk)."),
-    kernel: str = typer.Option("flash", help="flash, standard or splitkv."),
+    kernel: str = typer.Option(
+        "flash",
+        help="flash, standard, splitkv, or a CPU backend (sdpa-math, sdpa-math-lowp, sdpa-flash, eager) "
+        "predicted through the setting its kernel is equivalent to; a backend takes a dtype as --numerics.",
+    ),
     block_k: int = typer.Option(128, help="Key block Bc (flash, splitkv)."),
     head_dim: int = typer.Option(64, help="Head dim D."),
     splits: int = typer.Option(4, help="Key chunks S of splitkv."),
@@ -60,7 +66,7 @@ def predict(
             raise ValueError(f"--seq-len-k {seq_len_k} is not allowed; give 0 (the query length) or a positive integer")
         lk = seq_len_k or seq_len
         fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
-        setting = model.parse_setting(
+        setting = model.setting_for(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=block_k,
             splits=splits, f_score=fs, f_p=fp,
         )  # fmt: skip
@@ -71,7 +77,9 @@ def predict(
     data = {
         "predicted_rel_l2": value,
         "kernel": kernel,
+        "equivalent_kernel": setting.kernel,
         "numerics": setting.policy.name,
+        "block_k": setting.block_k,
         "seq_len": seq_len,
         "seq_len_k": lk,
         "tiles_per_row": model.tiles(setting),
@@ -85,11 +93,22 @@ def predict(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    typer.echo(f"predicted rel-L2 (kernel's own error vs FP64 of its rounded inputs): {value:.3g}")
-    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    _print_human(kernel, numerics, setting, data, head_dim)
+
+
+def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int) -> None:
+    """The prediction, the stages' shares, the equivalent kernel of a backend, the setting and the model."""
+    from flashcheck.measure.predict import TRAINING
+
+    typer.echo(f"predicted rel-L2 (kernel's own error vs FP64 of its rounded inputs): {data['predicted_rel_l2']:.3g}")
+    top = sorted(data["contributions"].items(), key=lambda kv: -kv[1])
     typer.echo("stage shares of the squared error: " + ", ".join(f"{k} {v:.0%}" for k, v in top if v >= 0.005))
+    if setting.kernel != kernel:
+        stages = ", ".join(f"{k} {v}" for k, v in setting.policy.formats().items() if k in _FORWARD)
+        typer.echo(f"{kernel} at {numerics} rounds like the {setting.kernel} kernel with {stages}")
     typer.echo(
-        f"{kernel}:{setting.policy.name}, Lq={seq_len}, Lk={lk}, D={head_dim}, Bc={block_k}, "
-        f"{model.tiles(setting)} tiles per row; input statistics ({source}): f_score {fs:.3g}, f_p {fp:.3g}"
+        f"{kernel}:{numerics}, Lq={data['seq_len']}, Lk={data['seq_len_k']}, D={head_dim}, Bc={setting.block_k}, "
+        f"{data['tiles_per_row']} tiles per row; input statistics ({data['statistics']}): f_score "
+        f"{data['f_score']:.3g}, f_p {data['f_p']:.3g}"
     )
-    typer.echo(f"model: {model.TRAINING}")
+    typer.echo(f"model: {TRAINING}")

@@ -8,29 +8,61 @@ import statistics
 import warnings
 from pathlib import Path
 
-from flashcheck.core.numerics import parse_policy
-from flashcheck.measure.predict import COEFFS, TRAINING, Setting, fit_coefficients, predict
+from flashcheck.measure.predict import (
+    BACKENDS,
+    COEFFS,
+    KERNELS,
+    TRAINING,
+    TRAINING_SEEDS,
+    Setting,
+    fit_coefficients,
+    in_domain,
+    predict,
+    setting_for,
+)
 from flashcheck.reporting.verdicts import compare, mean_interval
-from flashcheck.study.cases import CaseRecord
+from flashcheck.study.cases import Case, CaseRecord
 
 TARGET, FOLD = 0.9, 2.0  # the issue's target: within 2x for at least 90% of the cases
 
 
 def setting_of(rec: CaseRecord) -> Setting | None:
-    """The model's view of a simulated case (None: a real backend, or a record without input statistics)."""
+    """The model's view of a case: a simulated kernel under its policy, or a real CPU backend through its
+    equivalent (measure.predict.backend_equivalent). None: a backend without one, or no input statistics."""
     c, st = rec.case, rec.stats
-    if c.kernel not in ("flash", "standard", "splitkv") or not st or "visible" not in st:
+    if c.kernel not in (*KERNELS, *BACKENDS) or not st or "visible" not in st:
         return None
-    return Setting(
-        kernel=c.kernel,
-        policy=parse_policy(c.policy),
-        visible=max(1.0, st["visible"]),
+    return setting_for(
+        c.kernel,
+        c.policy,
         head_dim=c.head_dim,
+        visible=max(1.0, st["visible"]),
         block_k=c.block_k or 128,
         splits=c.splits or 4,
         f_score=st["f_score"],
         f_p=st["f_p"],
     )
+
+
+def kind(c: Case) -> str:
+    """The case's kind for the per-kind table: its first unusual dimension (backward, decoding, padding, GQA,
+    captured inputs, fp8, causal, head dim), else dense."""
+    checks = (
+        ("backward", c.backward),
+        ("decoding", c.lk > c.seq_len),
+        ("padding", c.padding != "none"),
+        ("gqa", bool(c.kv_heads) and c.kv_heads != c.heads),
+        ("captured", c.distribution.startswith("captured")),
+        ("fp8", "fp8" in c.policy),
+        ("causal", c.causal),
+        (f"D={c.head_dim}", c.head_dim != 64),
+    )
+    return next((name for name, hit in checks if hit), "dense")
+
+
+def implementation(c: Case) -> str:
+    """ "simulated" for the simulators, else the backend's name."""
+    return "simulated" if c.kernel in KERNELS else c.kernel
 
 
 def measured(rec: CaseRecord) -> float | None:
@@ -39,7 +71,7 @@ def measured(rec: CaseRecord) -> float | None:
 
 
 def pairs(records: dict[str, CaseRecord]) -> list[tuple[CaseRecord, Setting, float]]:
-    """(record, setting, measured) for every ok simulated case with statistics and a positive error."""
+    """(record, setting, measured) for every ok case the model covers with statistics and a positive error."""
     out = []
     for r in records.values():
         s, m = (setting_of(r), measured(r)) if r.status == "ok" else (None, None)
@@ -48,53 +80,136 @@ def pairs(records: dict[str, CaseRecord]) -> list[tuple[CaseRecord, Setting, flo
     return out
 
 
-def refit(records: dict[str, CaseRecord], seeds: tuple[int, ...] = (0,)) -> dict[str, float]:
-    """Coefficients fitted on the cases of `seeds` (the training set); the others are held out."""
-    train = [(s, m) for r, s, m in pairs(records) if r.case.seed in seeds]
+def refit(records: dict[str, CaseRecord], seeds: tuple[int, ...] = TRAINING_SEEDS) -> dict[str, float]:
+    """Coefficients fitted on the simulated cases of `seeds` (the training set); every other case (the other
+    seeds, every real backend, whose equivalent settings are derived, and fp8 policies, outside the model's
+    assumption of no underflow: measure.predict.in_domain) is held out."""
+    train = [(s, m) for r, s, m in pairs(records) if r.case.seed in seeds and trained_on(r.case, s)]
     return fit_coefficients([s for s, _ in train], [m for _, m in train])
 
 
+def trained_on(c: Case, s: Setting) -> bool:
+    """A simulated case inside the model's domain: the kind the coefficients are fitted on (given its seed)."""
+    return c.kernel in KERNELS and in_domain(s.policy)
+
+
+def held_out(c: Case, s: Setting) -> bool:
+    """Not in the training set of the shipped coefficients (TRAINING_SEEDS' simulated in-domain cases)."""
+    return c.seed not in TRAINING_SEEDS or not trained_on(c, s)
+
+
+def _fold(ratio: float) -> float:
+    return max(ratio, 1 / ratio)
+
+
+def _p90(folds: list[float]) -> float:
+    folds = sorted(folds)
+    return folds[min(len(folds) - 1, math.ceil(0.9 * len(folds)) - 1)] if folds else math.nan
+
+
+def summary(rows: list[dict]) -> dict:
+    """n, median prediction/measured, 90th percentile of the fold error max(r, 1/r), share within 2x."""
+    ratios = [x["ratio"] for x in rows]
+    folds = [_fold(r) for r in ratios]
+    return {
+        "n": len(rows),
+        "median_ratio": statistics.median(ratios) if ratios else math.nan,
+        "p90_fold": _p90(folds),
+        "within_2x": sum(f <= FOLD for f in folds) / len(folds) if folds else math.nan,
+    }
+
+
+def by_kind(rows: list[dict]) -> dict[str, dict]:
+    """summary() per case kind and per implementation (simulated, or a backend's name)."""
+    groups: dict[str, list[dict]] = {}
+    for x in rows:
+        groups.setdefault(f"kind {kind(x['case'])}", []).append(x)
+        groups.setdefault(f"implementation {implementation(x['case'])}", []).append(x)
+    return {k: summary(v) for k, v in sorted(groups.items())}
+
+
 def evaluate(records: dict[str, CaseRecord], coeffs: dict[str, float] | None = None) -> dict:
-    """Prediction / measured over the study: rows, median, 90th percentile of the fold error, within-2x share,
-    and the verdict on the 90% target."""
+    """Prediction / measured over the study: rows, summary() over every modelled case (median, 90th
+    percentile of the fold error, within-2x share), the same over the held-out cases, per kind, the cases the
+    model does not cover, and the verdict on the 90% target (held-out cases)."""
     rows = []
     for r, s, m in pairs(records):
         p = predict(s, coeffs)
-        rows.append({"case": r.case, "predicted": p, "measured": m, "ratio": p / m})
-    ratios = sorted(x["ratio"] for x in rows)
-    folds = sorted(max(x, 1 / x) for x in ratios)
-    inside = [1.0 if f <= FOLD else 0.0 for f in folds]
+        rows.append({"case": r.case, "predicted": p, "measured": m, "ratio": p / m, "held_out": held_out(r.case, s)})
+    test = [x for x in rows if x["held_out"]]
+    inside = [1.0 if _fold(x["ratio"]) <= FOLD else 0.0 for x in test]
     with warnings.catch_warnings():  # all inside (or all outside): a zero spread, which scipy warns about
         warnings.simplefilter("ignore", RuntimeWarning)
         est = mean_interval(inside)
-    est = type(est)(est.value, est.low, est.high, est.n, "share of cases within 2x, t interval")
+    est = type(est)(est.value, est.low, est.high, est.n, "share of held-out cases within 2x, t interval")
+    covered = {x["case"] for x in rows}
     return {
         "rows": rows,
-        "n": len(rows),
-        "median_ratio": statistics.median(ratios) if ratios else math.nan,
-        "p90_fold": folds[min(len(folds) - 1, math.ceil(0.9 * len(folds)) - 1)] if folds else math.nan,
-        "within_2x": sum(inside) / len(inside) if inside else math.nan,
+        **summary(rows),
+        "held_out": summary(test),
+        "kinds": by_kind(rows),
+        "not_modelled": sorted({r.case.method for r in records.values() if r.status == "ok" and r.case not in covered}),
         "verdict": compare(est, threshold=TARGET),
         "coefficients": dict(coeffs or COEFFS),
         "training": TRAINING,
     }
 
 
+def outside(ev: dict) -> str:
+    """Where the model fails: per kind, how many cases are outside 2x and their methods."""
+    groups: dict[str, list] = {}
+    for x in ev["rows"]:
+        groups.setdefault(kind(x["case"]), []).append(x)
+    parts = []
+    for k, xs in sorted(groups.items()):
+        bad = [x for x in xs if _fold(x["ratio"]) > FOLD]
+        if bad:
+            methods = ", ".join(sorted({x["case"].method for x in bad}))
+            parts.append(f"{k} {len(bad)} of {len(xs)} ({methods})")
+    return "; ".join(parts) or "none"
+
+
+def measured_text(ev: dict) -> str:
+    """The finding's measured line: held-out and overall shares, median, 90th percentile, where it fails."""
+    h = ev["held_out"]
+    return (
+        f"{h['within_2x']:.0%} of {h['n']} held-out cases within 2x (all {ev['n']} cases, simulated and real "
+        f"backends: {ev['within_2x']:.0%}); prediction/measured median {ev['median_ratio']:.2f}, 90th percentile of "
+        f"the fold error {ev['p90_fold']:.2f}; outside 2x by kind: {outside(ev)}"
+        + (f"; not modelled: {', '.join(ev['not_modelled'])}" if ev["not_modelled"] else "")
+    )
+
+
+def kinds_table(ev: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per case kind and per implementation: n, within 2x, median ratio, 90th percentile fold."""
+    header = ["cases", "n", "within 2x", "median pred/meas", "p90 fold"]
+    rows = [
+        [k, str(v["n"]), f"{v['within_2x']:.0%}", f"{v['median_ratio']:.2f}", f"{v['p90_fold']:.2f}"]
+        for k, v in ev["kinds"].items()
+    ]
+    return header, rows
+
+
 def table(ev: dict, limit: int = 60) -> tuple[list[str], list[list[str]]]:
-    """The worst cases first (largest fold error), then a line per question's count."""
-    header = ["case", "predicted", "measured", "pred/meas"]
-    rows = sorted(ev["rows"], key=lambda x: -max(x["ratio"], 1 / x["ratio"]))
+    """The worst cases first (largest fold error), with their kind and whether they were held out."""
+    header = ["case", "kind", "predicted", "measured", "pred/meas", "held out"]
+    rows = sorted(ev["rows"], key=lambda x: -_fold(x["ratio"]))
     out = []
     for x in rows[:limit]:
         c = x["case"]
         label = f"{c.method} L={c.seq_len}" + (f"/{c.seq_len_k}" if c.seq_len_k else "")
         label += f" D={c.head_dim} Bc={c.block_k} {c.distribution}{' causal' if c.causal else ''} seed {c.seed}"
-        out.append([label, f"{x['predicted']:.3g}", f"{x['measured']:.3g}", f"{x['ratio']:.2f}"])
+        ratio = f"{x['ratio']:.2f}"
+        out.append(
+            [label, kind(c), f"{x['predicted']:.3g}", f"{x['measured']:.3g}", ratio, "yes" if x["held_out"] else "no"]
+        )
     return header, out
 
 
 def draw(ev: dict, folder: Path) -> Path | None:
-    """Scatter of predicted vs measured (log-log) with the 2x band; None without matplotlib or cases."""
+    """Left: predicted vs measured (log-log) with the 2x band, the training cases grey crosses, the held-out
+    simulators and each backend in their own colour (drawn last, on top). Right: prediction / measured per
+    kind of case, where the model fails. None without matplotlib or cases."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -104,14 +219,43 @@ def draw(ev: dict, folder: Path) -> Path | None:
     if not ev["rows"]:
         return None
     path = folder / "error_model.png"
-    m = [x["measured"] for x in ev["rows"]]
-    p = [x["predicted"] for x in ev["rows"]]
-    with figure(path, size=(5.5, 5.0)) as (_, ax):
-        ax.scatter(m, p, s=10, alpha=0.6)
-        lo, hi = min(m + p), max(m + p)
+    groups: dict[str, list[dict]] = {}
+    for x in ev["rows"]:
+        groups.setdefault(implementation(x["case"]) if x["held_out"] else "training", []).append(x)
+    order = ["training", "simulated", *sorted(g for g in groups if g not in ("training", "simulated"))]
+    with figure(path, ncols=2, size=(5.6, 5.0)) as (_, (ax, kx)):
+        for i, name in enumerate(g for g in order if g in groups):
+            xs = groups[name]
+            colour = "grey" if name == "training" else f"C{i}"
+            label = "simulated, fitted on" if name == "training" else f"{name}, held out"
+            ax.plot([x["measured"] for x in xs], [x["predicted"] for x in xs], ls="none", ms=4, alpha=0.6,
+                    color=colour, marker="x" if name == "training" else "o", label=f"{label}: {len(xs)}")  # fmt: skip
+        values = [v for x in ev["rows"] for v in (x["measured"], x["predicted"])]
+        lo, hi = min(values), max(values)
         for f, style in ((1, "-"), (FOLD, "--"), (1 / FOLD, "--")):
             ax.plot([lo, hi], [lo * f, hi * f], style, color="grey", lw=0.8)
         ax.set(xscale="log", yscale="log")
+        ax.legend(fontsize=7, loc="upper left")
         label_axes(ax, x="measured rel-L2 (kernel's own)", y="predicted rel-L2")
-        ax.set_title(f"error model: {ev['within_2x']:.0%} of {ev['n']} cases within 2x (dashed)")
+        held = ev["held_out"]
+        ax.set_title(f"{held['within_2x']:.0%} of {held['n']} held-out cases within 2x (dashed)", fontsize=9)
+        _draw_kinds(kx, ev["rows"])
     return path
+
+
+def _draw_kinds(ax, rows: list[dict]) -> None:
+    """prediction / measured per kind (jittered strip, log axis) with the 2x band."""
+    from flashcheck.reporting.figures import label_axes
+
+    kinds = sorted({kind(x["case"]) for x in rows})
+    for i, k in enumerate(kinds):
+        ys = [x["ratio"] for x in rows if kind(x["case"]) == k]
+        xs = [i + 0.3 * ((j * 0.618) % 1 - 0.5) for j in range(len(ys))]
+        ax.plot(xs, ys, ls="none", marker="o", ms=3, alpha=0.6, color="C0")
+    for f, style in ((1, "-"), (FOLD, "--"), (1 / FOLD, "--")):
+        ax.axhline(f, ls=style, color="grey", lw=0.8)
+    ax.set_yscale("log", base=2)
+    ticks = [f"{k} ({sum(kind(x['case']) == k for x in rows)})" for k in kinds]
+    ax.set_xticks(range(len(kinds)), ticks, fontsize=7, rotation=45, ha="right")
+    label_axes(ax, x="kind of case (n)", y="predicted / measured")
+    ax.set_title("where the model fails: outside the dashed 2x band", fontsize=9)

@@ -315,7 +315,7 @@ QUESTIONS: dict[str, Callable[..., list[dict]]] = {
 
 def dims_findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
     """The verdicts of every question of QUESTIONS the config has (production's first), then the error model's."""
-    from flashcheck.study.errormodel import evaluate
+    from flashcheck.study.errormodel import evaluate, measured_text
 
     have = {sw.question for sw in config.sweeps}
     out = []
@@ -324,13 +324,11 @@ def dims_findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[d
             out += fn(records_of(config, q, records), section=q)
     ev = evaluate(records)
     if ev["n"]:
-        outside = sorted({x["case"].method for x in ev["rows"] if not 0.5 <= x["ratio"] <= 2.0})
-        measured = (
-            f"{ev['within_2x']:.0%} of {ev['n']} simulated cases within 2x; prediction/measured median "
-            f"{ev['median_ratio']:.2f}, 90th percentile of the fold error {ev['p90_fold']:.2f}; outside 2x: "
-            f"{', '.join(outside) or 'none'}"
+        measured = measured_text(ev)
+        claim = (
+            "The error model (measure.predict) predicts the kernel's error within 2x for at least 90% of the cases "
+            "it was not fitted on (simulators and real CPU backends)"
         )
-        claim = "The error model (measure.predict) predicts the kernel's error within 2x for at least 90% of cases"
         out.append(_finding("error_model_within_2x", claim, measured, ev["verdict"], "error_model"))
     return out
 

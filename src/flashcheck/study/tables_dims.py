@@ -8,7 +8,7 @@ from pathlib import Path
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.errormodel import draw as draw_error_model
-from flashcheck.study.errormodel import evaluate
+from flashcheck.study.errormodel import evaluate, kinds_table
 from flashcheck.study.errormodel import table as error_model_table
 from flashcheck.study.findings_dims import QUESTIONS, dead_row_table, err, records_of
 
@@ -23,17 +23,31 @@ NOTES = {
     "captured": "Q, K, V recorded at layers 0 and 5 of the bundled all-MiniLM-L6-v2 on the bundled text (D=32), "
     "against N(0, 1) inputs of the same shape (x axis: layer; N(0, 1) at 0).",
     "error_model": "Prediction by flashcheck.measure.predict (stage unit roundoffs, key tiles per row, D and the "
-    "case's input statistics) over the measured kernel error, worst first; real backends are not modelled. "
-    "The model ignores range: where a format underflows (P in fp8 e4m3 for diffuse rows) it under-predicts.",
+    "case's input statistics) over the measured kernel error, worst first; real CPU backends through the setting "
+    "their kernel is equivalent to (measure.predict.backend_equivalent: derived, nothing fitted). Coefficients "
+    "fitted on seed 0's simulated cases outside fp8 ('held out' no); the verdict counts the others. The model "
+    "ignores range: where a format underflows (P in fp8 e4m3 for diffuse rows) it under-predicts. Backward cases: "
+    "the forward output's error is predicted; dQ, dK, dV errors are outside the model.",
+    "error_model_kinds": "Prediction / measured per kind of case (its first unusual dimension) and per "
+    "implementation: n, share within 2x, median ratio and 90th percentile of the fold error max(r, 1/r).",
 }
 X_AXIS = {"gqa": "kv_heads", "decoding": "lk", "production_decoding": "lk", "head_dim": "head_dim", "captured": "layer"}
+X_LABEL = {
+    "seq_len": "sequence length L [tokens]",
+    "lk": "KV cache length Lk [tokens]",
+    "kv_heads": "K/V heads (query heads share them)",
+    "head_dim": "head dim D",
+    "layer": "layer of the captured activations",
+}
+Y_LABEL = "kernel rel-L2 vs FP64 of the rounded inputs"
 
 
-def _variant(c: Case) -> str:
+def _variant(c: Case, xname: str) -> str:
+    """The case's name in a table or legend, without the dimension on the x axis."""
     parts = [c.method]
     if c.causal:
         parts.append("causal")
-    if c.kv_heads and c.kv_heads != c.heads:
+    if c.kv_heads and c.kv_heads != c.heads and xname != "kv_heads":
         parts.append(f"Hkv={c.kv_heads}")
     if c.padding != "none":
         parts.append(c.padding)
@@ -46,23 +60,44 @@ def _variant(c: Case) -> str:
 
 def _x(c: Case, question: str) -> int:
     name = X_AXIS.get(question, "seq_len")
+    if name == "kv_heads":
+        return c.kv_heads or c.heads  # 0: as many as the query heads
     return c.lk if name == "lk" else getattr(c, name)
 
 
+OTHER_DIMS = ("seq_len", "head_dim", "block_q", "block_k", "splits", "layer", "batch", "heads", "algorithm")
+
+
 def _groups(recs: list[CaseRecord], question: str, key: str) -> dict[tuple[str, int], list[float]]:
+    """{(variant, x): one value per seed}: a dimension that varies in the question and is neither the x axis
+    nor in the variant's name (a second length of the gqa sweep, the splits of decoding) is named in the
+    variant, so that a group pools seeds only."""
+    xname = X_AXIS.get(question, "seq_len")
+    skip = {xname, "seq_len"} if xname == "lk" else {xname}  # decoding: Lq is in the name, the key length on x
+    pooled: dict[tuple[str, int], list[Case]] = {}
+    for r in recs:
+        pooled.setdefault((_variant(r.case, xname), _x(r.case, question)), []).append(r.case)
+    varying = [
+        f for f in OTHER_DIMS if f not in skip and any(len({getattr(c, f) for c in cs}) > 1 for cs in pooled.values())
+    ]
     out: dict[tuple[str, int], list[float]] = {}
     for r in recs:
         e = err(r, key)
         if e is not None:
-            out.setdefault((_variant(r.case), _x(r.case, question)), []).append(e)
+            name = " ".join([_variant(r.case, xname), *(f"{f}={getattr(r.case, f)}" for f in varying)])
+            out.setdefault((name, _x(r.case, question)), []).append(e)
     return out
 
 
 def question_table(recs: list[CaseRecord], question: str) -> tuple[list[str], list[list[str]]]:
-    """Mean kernel error (rel-L2 vs FP64 of the rounded inputs) per method variant and x, over seeds."""
+    """Mean kernel error (rel-L2 vs FP64 of the rounded inputs) per method variant and x over seeds, with its
+    95% interval (reporting.verdicts.mean_interval)."""
+    from flashcheck.reporting.verdicts import mean_interval
+
     xname = X_AXIS.get(question, "seq_len")
     grad = any(r.case.backward for r in recs)
-    header = ["method", xname, "rel-L2 (kernel)", *(["dQ rel-L2", "dK rel-L2", "dV rel-L2"] if grad else []), "n"]
+    header = ["method", xname, "rel-L2 (kernel)", "95% interval"]
+    header += [*(["dQ rel-L2", "dK rel-L2", "dV rel-L2"] if grad else []), "n"]
     rows = []
     for (variant, x), vals in sorted(_groups(recs, question, "rel_l2").items()):
         extra = []
@@ -70,25 +105,22 @@ def question_table(recs: list[CaseRecord], question: str) -> tuple[list[str], li
             for g in ("dq", "dk", "dv"):
                 gv = _groups(recs, question, f"{g}_rel_l2").get((variant, x), [])
                 extra.append(f"{statistics.fmean(gv):.3g}" if gv else "-")
-        rows.append([variant, str(x), f"{statistics.fmean(vals):.3g}", *extra, str(len(vals))])
+        est = mean_interval(vals)
+        interval = f"[{est.low:.3g}, {est.high:.3g}]" if est.n >= 2 else "none (n < 2)"
+        rows.append([variant, str(x), f"{est.value:.3g}", interval, *extra, str(len(vals))])
     return header, rows
 
 
 def _draw(recs: list[CaseRecord], question: str, path: Path) -> Path | None:
-    from flashcheck.reporting.figures import figure, label_axes, matplotlib_available
+    """Each variant's mean kernel error over seeds against the question's x, with its 95% interval."""
+    from flashcheck.reporting.figures import matplotlib_available
+    from flashcheck.study.figures import draw_groups
 
     groups = _groups(recs, question, "rel_l2")
     if not groups or not matplotlib_available():
         return None
-    series: dict[str, list[tuple[int, float]]] = {}
-    for (variant, x), vals in sorted(groups.items()):
-        series.setdefault(variant, []).append((x, statistics.fmean(vals)))
-    with figure(path) as (_, ax):
-        for variant, pts in series.items():
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=variant)
-        ax.set(xscale="log" if X_AXIS.get(question, "seq_len") in ("seq_len", "lk") else "linear", yscale="log")
-        label_axes(ax, x=X_AXIS.get(question, "seq_len"), y="kernel rel-L2 vs FP64")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    xname = X_AXIS.get(question, "seq_len")
+    draw_groups(groups, path, x=X_LABEL.get(xname, xname), y=Y_LABEL, log_x=xname in ("seq_len", "lk"))
     return path
 
 
@@ -111,9 +143,11 @@ def dims_sections(
     extras = {}
     if ev["n"]:
         tables.append(("error_model", *error_model_table(ev)))
+        tables.append(("error_model_kinds", *kinds_table(ev)))
         fig = draw_error_model(ev, folder / "figures")
         if fig is not None:
             figures["error_model"] = fig
-        keep = ("n", "median_ratio", "p90_fold", "within_2x", "coefficients", "training")
+        keep = ("n", "median_ratio", "p90_fold", "within_2x", "held_out", "kinds", "not_modelled", "coefficients",
+                "training")  # fmt: skip
         extras["error_model"] = {k: ev[k] for k in keep}
     return tables, figures, extras
