@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from flashcheck.reporting import Styler, figure, matplotlib_available
-from flashcheck.reporting.verdicts import Estimate
+from flashcheck.reporting.verdicts import Estimate, mean_interval
 from flashcheck.study.cases import CaseRecord
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
 from flashcheck.study.points import Point, sweep_points
@@ -217,3 +217,29 @@ def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
         ax.set_ylabel("RMSE vs FP64 of the original inputs")
         ax.set_title(f"head dim D={d}", fontsize=9)
         _legend_below(ax, "seq_len")
+
+
+def draw_groups(groups: dict[tuple[str, int], list[float]], path: Path, *, x: str, y: str, log_x: bool) -> None:
+    """One series per variant of {(variant, x): values, one per seed}: the mean over seeds at each x with its
+    95% t interval (reporting.verdicts.mean_interval; a point without bars where n < 2), distinct colours and
+    markers (Styler), the legend beside the axes, a log y axis over more than a decade."""
+    series: dict[str, list[tuple[int, Estimate]]] = {}
+    for (variant, xv), vals in sorted(groups.items()):
+        series.setdefault(variant, []).append((xv, mean_interval(vals)))
+    style = Styler()
+    with figure(path, size=(7.0, 4.2)) as (_, ax):
+        for variant, pts in series.items():
+            ys, err = _yerr([e for _, e in pts])
+            ax.errorbar([xv for xv, _ in pts], ys, yerr=err, capsize=3, **style(variant))
+        if log_x:
+            ax.set_xscale("log", base=2)
+        xs = sorted({xv for _, xv in groups})
+        ax.set_xticks(xs, [str(v) for v in xs])
+        ax.minorticks_off()
+        _log_if_decades(ax, [e.value for pts in series.values() for _, e in pts])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ns = sorted({e.n for pts in series.values() for _, e in pts})
+        n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+        ax.set_title(f"mean over seeds (n={n}) and its 95% interval", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
