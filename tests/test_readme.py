@@ -2,7 +2,7 @@
 
 Lines come from the README's bash blocks (backslash continuations joined, `&&` chains split, comments
 dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` where a study or training
-preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ... and `--heads 1`; the
+preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ..., `--seq-len-k 256` and `--heads 1`; the
 README's TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
 `validate` gets `--samples 32 --max-length 64`, and `--check-pin` a pin of this environment."""
@@ -66,6 +66,8 @@ def small(words: list[str]) -> list[str]:
             args += ["--seq-len", "64"]
         if "--heads" not in args:
             args += ["--heads", "1"]
+        if "--seq-len-k" in args:  # a KV cache of 8192 keys: 256 (still above the 64 queries)
+            args[args.index("--seq-len-k") + 1] = "256"
     return [words[0], cmd, *args]
 
 
