@@ -183,3 +183,31 @@ def test_bad_values_exit_2_with_one_line(flags, message):
     res = runner.invoke(app, ["compare", "--seq-len", "32", "--heads", "1", *flags])
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+# ---- progress of the backend cases ------------------------------------------------------------------
+
+
+def test_backend_progress_names_the_case_running_then_the_case_done(monkeypatch):
+    """A long case is not silent: before it runs the bar's note (a plain line when due) names it."""
+    from contextlib import contextmanager
+
+    import flashcheck.cli.compare as cli_compare
+    from flashcheck.measure.compare import BackendCase
+
+    calls: list[tuple[int, str]] = []
+
+    @contextmanager
+    def recording(total, label, as_json=False):
+        yield lambda n=1, note="": calls.append((n, note))
+
+    monkeypatch.setattr(cli_compare, "_progress", recording)
+    cases = [BackendCase(backend="eager", inputs=InputSpec(heads=1, seq_len=n)) for n in (16, 32)]
+    results = cli_compare._run_all(cases, "cpu", as_json=False)
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    assert calls == [
+        (0, "running eager bf16 L=16"),
+        (1, "eager bf16 L=16"),
+        (0, "running eager bf16 L=32"),
+        (1, "eager bf16 L=32"),
+    ]
