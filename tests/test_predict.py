@@ -241,7 +241,7 @@ def _backend_case(name: str, causal: bool = False) -> tuple[float, float, torch.
     return rel_l2(out.double(), ref), predict(s), out.double(), sim.double()
 
 
-@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash", "eager"])
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-math-lowp", "sdpa-flash", "eager"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backend_predicted_within_2x_through_its_equivalent_setting(name, causal):
     measured, predicted, _, _ = _backend_case(name, causal)
