@@ -194,3 +194,101 @@ def test_slope_shows_tau_and_says_when_too_few_lengths_for_the_trend_rule():
     five = slope_claims([_record(m, n, 1e-3 * n**0.1) for n in (64, 128, 256, 512, 1024)], {}, [m])[0]
     assert five["status"] == "holds" and "too few lengths" not in five["verdict"]["reason"]
     assert five["interval"][0] > 0 and five["n"] == 5
+
+
+# --- the guide as part of quick, full and tiny ----------------------------------------------------------------
+
+
+def test_quick_full_and_tiny_carry_the_guide_and_study_json_keeps_it(tmp_path):
+    """quick has a small guide part (every claim at n >= 3: lengths 256..2048, >= 200 latency calls), full
+    guide-full's, tiny guide-tiny's; the settings survive study.json and a [guide] table of a TOML config."""
+    from flashcheck.study.config import GUIDE_QUESTION, GUIDE_SETTINGS, guide_sweep, load_config, preset
+
+    quick, full, tiny = preset("quick"), preset("full"), preset("tiny")
+    assert quick.guide == GUIDE_SETTINGS["quick"] and full.guide == GUIDE_SETTINGS["guide-full"]
+    assert tiny.guide == GUIDE_SETTINGS["guide-tiny"] and preset("paper").guide is None
+    q = quick.guide
+    assert min(q.cost_lengths) == 256 and max(q.cost_lengths) == 2048 and len(q.cost_lengths) >= 3
+    assert q.repeats >= 3 and q.latency_calls >= 200 and q.latency_blocks >= 3
+    assert guide_sweep(quick).seeds == (0, 1, 2) and guide_sweep(quick).question == GUIDE_QUESTION
+    data = json.loads(json.dumps(quick.to_dict()))
+    assert StudyConfig.from_dict(data) == quick and "guide" not in preset("paper").to_dict()
+    toml = tmp_path / "g.toml"
+    toml.write_text('name = "g"\n[[sweeps]]\nquestion = "x"\nmethods = ["flash:bf16"]\n[guide]\nrepeats = 3\n')
+    assert load_config(toml).guide == GuideSettings(repeats=3)
+    toml.write_text(toml.read_text().replace("repeats = 3", "repeat = 3"))
+    with pytest.raises(ValueError, match="unknown field 'repeat' in the guide table"):
+        load_config(toml)
+
+
+def test_a_failure_never_supersedes_a_success(tmp_path):
+    """guide.jsonl read back: a later failed line of a task that finished ok is ignored; a later ok wins."""
+    lines = [
+        {"id": "a", "params": {}, "status": "ok", "result": 1},
+        {"id": "a", "params": {}, "status": "failed", "reason": "x"},
+        {"id": "b", "params": {}, "status": "failed", "reason": "y"},
+        {"id": "b", "params": {}, "status": "ok", "result": 2},
+    ]
+    (tmp_path / GUIDE_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = load_results(tmp_path)
+    assert got["a"]["status"] == "ok" and got["b"]["result"] == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """The tiny preset (its guide part is guide-tiny's) computed once through the study runner."""
+    from flashcheck.study.config import preset
+
+    out = tmp_path_factory.mktemp("tiny")
+    stats = run_study(preset("tiny"), out, workers=2, quiet=True)
+    return out, stats
+
+
+@pytest.mark.slow
+def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
+    """`flashcheck report` on a tiny study (the same code path as the default quick study): the guide's claims
+    table (claim / measured / verdict / conditions) under its own heading, a conclusion sentence linking to it,
+    summary.json's guide findings with README's keys, and the claims printed in words."""
+    from flashcheck.study.guide import tasks
+
+    out, stats = tiny_study
+    assert stats["guide_tasks_computed"] == len(tasks(TINY)) and stats["guide_tasks_failed"] == 0
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "The production guide's claims" in result.output
+    assert "structural: FP16 produced NaN at very long sequences" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    guide = summary["guide"]
+    keys = {"id", "claim", "measured", "status", "holds", "rule", "interval", "n", "conditions"}
+    assert guide["findings"] and all(keys <= set(f) for f in guide["findings"])
+    assert {f["id"] for f in guide["findings"]} >= {"latency_variance", "fp16/flash:fp16", "gpu_same"}
+    assert summary["failed"] == 0 and guide["settings"] == json.loads(json.dumps(TINY.to_dict()))
+    said = {c["section"]: c["text"] for c in summary["conclusion"]}
+    assert said["guide"].startswith("The production guide's claims, measured here: of ")
+    md = (out / "report.md").read_text()
+    assert '<a id="guide"></a>' in md and "(#guide)" in md  # the conclusion links to the claims table
+    assert "| claim | measured (95% interval) | verdict | conditions |" in md
+    assert md.index("## Conclusion") < md.index("## The production guide's claims") < md.index("## Environment")
+    assert "not measured here: needs a GPU" in md and (out / guide["figures"]["boundary"]).exists()
+
+
+@pytest.mark.slow
+def test_the_guide_part_of_a_study_resumes_after_a_kill(tiny_study, tmp_path):
+    """What a killed run leaves (the finished tasks' lines, then half a line) is kept: a rerun computes no case
+    and only the guide tasks that have no line; a failed task is tried again."""
+    import shutil
+
+    from flashcheck.study.config import preset
+
+    out = tmp_path / "s"
+    shutil.copytree(tiny_study[0], out)
+    lines = (out / GUIDE_FILE).read_text().splitlines()
+    kept = lines[:5]
+    failed = {**json.loads(lines[5]), "status": "failed", "reason": "RuntimeError: boom"}
+    failed.pop("result")
+    (out / GUIDE_FILE).write_text("\n".join([*kept, json.dumps(failed)]) + "\n" + lines[6][:20])
+    stats = run_study(preset("tiny"), out, workers=1, quiet=True)
+    assert stats["cases_computed"] == 0 and stats["guide_tasks_failed"] == 0
+    assert stats["guide_tasks_computed"] == len(lines) - len(kept)
+    assert {k: r["status"] for k, r in load_results(out).items()} == {json.loads(x)["id"]: "ok" for x in lines}
+    assert run_study(preset("tiny"), out, workers=1, quiet=True)["guide_tasks_computed"] == 0

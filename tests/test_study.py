@@ -69,10 +69,12 @@ def test_tiny_preset_end_to_end(tmp_path):
     with audited_figures() as seen:  # every figure's metadata: labels, legend = drawn series, colours
         res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
     assert res.exit_code == 0, res.output
-    assert len(seen) == len(preset("tiny").sweeps) + 1  # and the error model's (study.errormodel)
+    assert "guide tasks" in res.output and "The production guide's claims" in res.output  # tiny has a guide part
+    summary = json.loads((out / "summary.json").read_text())
+    guide_figs = [Path(p).name for p in summary["guide"]["figures"].values()]  # the guide part's (study.guide_report)
+    assert len(seen) == len(preset("tiny").sweeps) + 1 + len(guide_figs)  # and the error model's (study.errormodel)
     assert {name: problems for name, problems, _ in seen if problems} == {}
     assert all(y for _, _, ylabels in seen for y in ylabels)
-    summary = json.loads((out / "summary.json").read_text())
     assert {f["id"] for f in summary["findings"]} >= FINDING_IDS
     keys = {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
     assert all(set(f) >= keys for f in summary["findings"])
@@ -81,7 +83,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     for name in ("report.md", "report.html", "records.jsonl"):
         assert (out / name).stat().st_size > 0
     figs = sorted(p.name for p in (out / "figures").glob("*.png"))
-    assert figs == sorted([*(f"{s.question}.png" for s in preset("tiny").sweeps), "error_model.png"])
+    assert figs == sorted([*(f"{s.question}.png" for s in preset("tiny").sweeps), "error_model.png", *guide_figs])
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figs)
     assert html.index("Conclusion") < html.index("Verdicts") < html.index("<img")

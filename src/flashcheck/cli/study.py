@@ -41,7 +41,7 @@ def study(
     cases are tried again). Exit code 1 when a case failed."""
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
-    from flashcheck.study.guide import is_guide, run_guide
+    from flashcheck.study.guide import is_guide
     from flashcheck.study.guide_report import build_guide_report
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
@@ -60,7 +60,7 @@ def study(
         if config is None and is_guide(cfg):
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_guide(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
+            return run_study(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
         return stats, build_report(out)
@@ -97,15 +97,22 @@ def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = Fals
             f"{stats['cases_computed']} error cases computed, {stats['cases_reused']} reused; "
             f"{stats['guide_tasks_computed']} guide tasks computed; {stats['seconds']:.1f} s"
         )
-    colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
     if not quiet:
         console.print(escape(summary["answer"]))
-        for f in summary["findings"]:
-            word = f"[{colour.get(f['status'], 'dim')}]{f['status']}[/]"
-            console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
+        _print_claims(summary["findings"], console)
     _print_failures(summary, _console(stderr=True) if quiet else console)
     if not quiet:
         console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+
+
+def _print_claims(claims: list[dict], console) -> None:
+    """The guide's claims, one line each: verdict, claim, id, what was measured (the conditions are in the report)."""
+    from rich.markup import escape
+
+    colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
+    for f in claims:
+        word = f"[{colour.get(f['status'], 'dim')}]{f['status']}[/]"
+        console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
@@ -149,9 +156,10 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
     console = _console()
     if stats and not quiet:
         too_big = f", {stats['cases_too_big']} too big for memory" if stats["cases_too_big"] else ""
+        guide = f", {stats['guide_tasks_computed']} guide tasks" if "guide_tasks_computed" in stats else ""
         console.print(
             f"{stats['cases_computed']} cases computed, {stats['cases_reused']} reused from the store{too_big}, "
-            f"{stats['reference_computations']} FP64 references, {stats['seconds']:.1f} s"
+            f"{stats['reference_computations']} FP64 references{guide}, {stats['seconds']:.1f} s"
         )
     if not quiet:
         if summary.get("conclusion") and summary.get("study") != "production":  # production: verdicts first
@@ -163,6 +171,9 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             status = finding_status(f)
             mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
             console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+        if summary.get("guide"):
+            console.print("[bold]The production guide's claims[/] (conditions in report.md)")
+            _print_claims(summary["guide"]["findings"], console)
     if not quiet:
         _print_skipped(summary, console)
     _print_failures(summary, _console(stderr=True) if quiet else console)

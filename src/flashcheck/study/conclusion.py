@@ -12,14 +12,21 @@ from flashcheck.study.points import Point
 Sentence = tuple[str, str]  # (text, anchor of its section)
 
 
-def conclusion(found: list[dict], pts: dict[str, list[Point]], problems: tuple[int, int] = (0, 0)) -> list[Sentence]:
-    """Sentences answering "is Flash Attention stable?" from this study's numbers; problems: (failed, skipped)."""
+def conclusion(
+    found: list[dict],
+    pts: dict[str, list[Point]],
+    problems: tuple[int, int] = (0, 0),
+    guide: list[Sentence] | None = None,
+) -> list[Sentence]:
+    """Sentences answering "is Flash Attention stable?" from this study's numbers; problems: (failed, skipped);
+    guide: the production guide's sentences (study.guide_report.guide_sentences) when the study measured it."""
     by = {f["id"]: f for f in found}
     out: list[Sentence] = []
     for make in (_realistic, _paper, _length, _tiles, _formats, _backends, _fa3, _advice):
         s = make(by, pts)
         if s:
             out.append(s)
+    out += guide or []
     failed, skipped = problems
     if failed or skipped:
         out.append(

@@ -158,20 +158,71 @@ class Sweep:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GuideSettings:
+    """What the production guide's own tasks measure (study.guide; its errors are the sweep GUIDE_QUESTION).
+    Methods are 'kernel:policy' simulators or 'backend:FORMAT'; a trailing '@fa1' runs the simulator's
+    FlashAttention-1 algorithm. sum_search: bisect the fp16 softmax-sum boundary to one key (else try the
+    sum_keys ends and the two key counts around FP16_SUM_OVERFLOW only)."""
+
+    cost_methods: tuple[str, ...] = ("sdpa-math:bf16", "sdpa-flash:bf16", "flash:bf16-mixed")
+    cost_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+    cost_heads: int = 1
+    repeats: int = 7  # 7 repeats: the median's order-statistic interval [min, max] covers 98%
+    latency_methods: tuple[str, ...] = ("sdpa-math:bf16", "sdpa-flash:bf16")
+    latency_lengths: tuple[int, ...] = (128, 512)
+    latency_heads: int = 2
+    latency_calls: int = 200
+    latency_blocks: int = 5
+    boundary_methods: tuple[str, ...] = ("flash:fp16", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16")
+    boundary_lengths: tuple[int, ...] = (256, 1024, 4096)
+    sum_methods: tuple[str, ...] = ("flash:fp16", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16")
+    sum_keys: tuple[int, int] = (2**15, 2**17)
+    search_twins: bool = False  # the bf16 twins searched too (else tried at both ends and either side of 65520 keys)
+    sum_search: bool = True
+    explain_lengths: tuple[int, ...] = (512, 2048)
+    head_dim: int = 64
+    threads: int = 1  # torch threads while timing (the machine is shared; one thread varies least)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> GuideSettings:
+        """From a [guide] table (lists for tuples); ValueError naming an unknown or mistyped field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: 'guide' must be a table of GuideSettings fields")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for k, v in data.items():
+            if k not in fields:
+                raise ValueError(
+                    f"unknown field {k!r} in the guide table of {source}; expected one of {', '.join(fields)}"
+                )
+            default = fields[k].default
+            v = tuple(v) if isinstance(v, list) else v
+            if type(v) is not type(default) or (isinstance(v, int) and not isinstance(v, bool) and v < 1):
+                raise ValueError(f"{source}: guide {k}={v!r} must be like {default!r}")
+            kwargs[k] = v
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StudyConfig:
-    """A named list of sweeps."""
+    """A named list of sweeps, and the production guide's own tasks when `guide` is set (study.guide)."""
 
     name: str
     sweeps: tuple[Sweep, ...] = field(default_factory=tuple)
+    guide: GuideSettings | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "sweeps": [dataclasses.asdict(s) for s in self.sweeps]}
+        out = {"name": self.name, "sweeps": [dataclasses.asdict(s) for s in self.sweeps]}
+        return out | ({"guide": self.guide.to_dict()} if self.guide is not None else {})
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> StudyConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a table with 'name' and 'sweeps', got a {type(data).__name__}")
-        allowed = {"name", "sweeps"}
+        allowed = {"name", "sweeps", "guide"}
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(
@@ -183,9 +234,11 @@ class StudyConfig:
         name = data.get("name", Path(source).stem)
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{source}: name={name!r} must be a non-empty string")
+        guide = data.get("guide")
         return cls(
             name=name,
             sweeps=tuple(_sweep_from_dict(s, i, source) for i, s in enumerate(sweeps, 1)),
+            guide=None if guide is None else GuideSettings.from_dict(guide, source),
         )
 
 
@@ -410,41 +463,7 @@ def production() -> StudyConfig:
     return StudyConfig(name="production", sweeps=tuple(sweeps))
 
 
-def quick() -> StudyConfig:
-    """A subset of paper and fa3 that finishes in minutes on 2 cores."""
-    return StudyConfig(
-        name="quick",
-        sweeps=(
-            # 3 seeds (a verdict needs n >= 3) at 2 heads each: 3/4 of the work of the 2 seeds x 4 heads before
-            *_paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 2, (0, 1, 2)),
-            _backend_sweep((1024, 4096), 2, (0, 1, 2)),
-            _fa3_sweep((1024, 2048), (64, 128), 2, (0, 1, 2)),
-            *dims_sweeps(small=True),
-        ),
-    )
-
-
-def full() -> StudyConfig:
-    """Everything, lengths up to 16k, five seeds (hours)."""
-    return StudyConfig(
-        name="full",
-        sweeps=(
-            *_paper_sweeps((512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)),
-            _backend_sweep((1024, 4096, 16384), 8, (0, 1, 2, 3, 4)),
-            _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
-            *dims_sweeps(small=False),
-        ),
-    )
-
-
-def tiny() -> StudyConfig:
-    """Seconds: every question at toy sizes (for tests and smoke checks)."""
-    sweeps = _paper_sweeps((64, 128), 128, (8, 32), 2, (0,))
-    return StudyConfig(
-        name="tiny", sweeps=(*sweeps, _backend_sweep((64,), 2, (0,)), _fa3_sweep((128,), (32,), 2, (0,)))
-    )
-
-
+GUIDE_QUESTION = "guide_errors"
 GUIDE_METHODS = (
     "sdpa-math:bf16",
     "sdpa-flash:bf16",
@@ -453,13 +472,51 @@ GUIDE_METHODS = (
     "sdpa-flash:fp16",
     "flash:fp16-mixed",
 )
+# guide: 6.5 min on this shared 2-core machine under a load average of 14 (72 error cases 102 s, 66 tasks 250 s);
+# guide-full adds 8k..32k to the cost (sdpa-math past memory is skipped with the reason): about an hour.
+GUIDE_SETTINGS = {
+    "guide": GuideSettings(),
+    "guide-full": GuideSettings(
+        cost_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+        latency_lengths=(128, 512, 2048),
+        boundary_lengths=(256, 1024, 4096, 16384),
+        explain_lengths=(512, 4096, 16384),
+        sum_methods=("flash:fp16", "flash:fp16@fa1", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16"),
+        search_twins=True,
+        repeats=9,
+    ),
+    # quick's guide part: every claim at n >= 3 in about a minute (lengths 256..2048, 5 repeats, 200 calls at
+    # one length; the softmax-sum boundary tried one key each side of 65520 instead of bisected)
+    "quick": GuideSettings(
+        cost_lengths=(256, 512, 1024, 2048),
+        repeats=5,
+        latency_lengths=(256,),
+        boundary_lengths=(256, 1024),
+        sum_keys=(65519, 65520),
+        sum_search=False,
+        explain_lengths=(512, 2048),
+    ),
+    # seconds: every task kind at toy sizes (a smoke test, like the study's tiny; its verdicts mean nothing)
+    "guide-tiny": GuideSettings(
+        cost_lengths=(64, 128, 256),
+        repeats=3,
+        latency_lengths=(64, 128),
+        latency_calls=12,
+        latency_blocks=3,
+        boundary_methods=("flash:fp16",),
+        boundary_lengths=(64, 128),
+        sum_methods=("sdpa-math:fp16",),
+        sum_keys=(64, 256),
+        explain_lengths=(64, 128),
+    ),
+}
 
 
 def _guide_sweep(lengths: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -> Sweep:
     """The production guide's error range and slope: real CPU backends and the kernel-realistic simulator at
     bf16 and fp16 against FP64 (its cost, latency and overflow tasks are study.guide's)."""
     return Sweep(
-        question="guide_errors",
+        question=GUIDE_QUESTION,
         methods=GUIDE_METHODS,
         seq_lens=lengths,
         seeds=seeds,
@@ -470,21 +527,73 @@ def _guide_sweep(lengths: tuple[int, ...], heads: int, seeds: tuple[int, ...]) -
     )
 
 
+def guide_sweep(config: StudyConfig) -> Sweep | None:
+    """The sweep holding the guide's errors against FP64, None when the study has none."""
+    return next((sw for sw in config.sweeps if sw.question == GUIDE_QUESTION), None)
+
+
 def guide() -> StudyConfig:
     """The production guide's claims measured (study.guide): a few minutes on 2 cores."""
-    return StudyConfig(name="guide", sweeps=(_guide_sweep((512, 1024, 2048, 4096), 2, (0, 1, 2)),))
+    return StudyConfig(
+        name="guide", sweeps=(_guide_sweep((512, 1024, 2048, 4096), 2, (0, 1, 2)),), guide=GUIDE_SETTINGS["guide"]
+    )
 
 
 def guide_full() -> StudyConfig:
     """The guide at lengths up to 16k for the errors (32k for the cost where memory allows), five seeds."""
     return StudyConfig(
-        name="guide-full", sweeps=(_guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),)
+        name="guide-full",
+        sweeps=(_guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),),
+        guide=GUIDE_SETTINGS["guide-full"],
     )
 
 
 def guide_tiny() -> StudyConfig:
     """Seconds: the guide's pipeline at toy sizes (a smoke test; its verdicts mean nothing)."""
-    return StudyConfig(name="guide-tiny", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),))
+    return StudyConfig(
+        name="guide-tiny", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),), guide=GUIDE_SETTINGS["guide-tiny"]
+    )
+
+
+def quick() -> StudyConfig:
+    """A subset of paper, fa3, the attention variants and the production guide: minutes on 2 cores."""
+    return StudyConfig(
+        name="quick",
+        sweeps=(
+            # 3 seeds (a verdict needs n >= 3) at 2 heads each: 3/4 of the work of the 2 seeds x 4 heads before
+            *_paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 2, (0, 1, 2)),
+            _backend_sweep((1024, 4096), 2, (0, 1, 2)),
+            _fa3_sweep((1024, 2048), (64, 128), 2, (0, 1, 2)),
+            *dims_sweeps(small=True),
+            _guide_sweep((256, 512, 1024, 2048), 2, (0, 1, 2)),
+        ),
+        guide=GUIDE_SETTINGS["quick"],
+    )
+
+
+def full() -> StudyConfig:
+    """Everything, lengths up to 16k, five seeds, the guide at guide-full's sizes (hours)."""
+    return StudyConfig(
+        name="full",
+        sweeps=(
+            *_paper_sweeps((512, 1024, 2048, 4096, 8192, 16384), 8192, (8, 16, 32, 64, 128, 256), 8, (0, 1, 2, 3, 4)),
+            _backend_sweep((1024, 4096, 16384), 8, (0, 1, 2, 3, 4)),
+            _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
+            *dims_sweeps(small=False),
+            _guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),
+        ),
+        guide=GUIDE_SETTINGS["guide-full"],
+    )
+
+
+def tiny() -> StudyConfig:
+    """Seconds: every question at toy sizes (for tests and smoke checks)."""
+    sweeps = _paper_sweeps((64, 128), 128, (8, 32), 2, (0,))
+    return StudyConfig(
+        name="tiny",
+        sweeps=(*sweeps, _backend_sweep((64,), 2, (0,)), _fa3_sweep((128,), (32,), 2, (0,)), *guide_tiny().sweeps),
+        guide=GUIDE_SETTINGS["guide-tiny"],
+    )
 
 
 PRESETS = {

@@ -1,14 +1,13 @@
-"""`flashcheck study --preset guide`: the production guide's claims measured. The errors against FP64 are the
-preset's sweep (run by study.runner into records.jsonl); cost, latency, the fp16 overflow boundaries and the
-stage attribution are tasks of their own, each stored as one line of guide.jsonl when it finishes, so that
-a rerun computes only the missing ones."""
+"""The production guide's own tasks: cost, latency, the fp16 overflow boundaries and the stage attribution,
+each stored as one line of guide.jsonl when it finishes, so that a rerun computes only the missing ones. They
+run after the cases of a study whose configuration has `guide` settings (the guide presets, and quick, full
+and tiny); the guide's errors against FP64 are that study's sweep GUIDE_QUESTION (records.jsonl)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from flashcheck.core.fileio import write_atomic
 from flashcheck.core.progress import progress
 from flashcheck.study import guide_measure as gm
-from flashcheck.study.config import StudyConfig
+from flashcheck.study.config import GUIDE_SETTINGS, GuideSettings, StudyConfig
 from flashcheck.study.store import append_line, folder_lock, read_jsonl
 
 GUIDE_FILE = "guide.jsonl"
@@ -24,63 +23,12 @@ SETTINGS_FILE = "guide.json"
 PROGRESS_EVERY_S = 5.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GuideSettings:
-    """What the guide's own tasks measure (the errors are the preset's sweep). Methods are 'kernel:policy'
-    simulators or 'backend:FORMAT'; a trailing '@fa1' runs the simulator's FlashAttention-1 algorithm."""
-
-    cost_methods: tuple[str, ...] = ("sdpa-math:bf16", "sdpa-flash:bf16", "flash:bf16-mixed")
-    cost_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
-    cost_heads: int = 1
-    repeats: int = 7  # 7 repeats: the median's order-statistic interval [min, max] covers 98%
-    latency_methods: tuple[str, ...] = ("sdpa-math:bf16", "sdpa-flash:bf16")
-    latency_lengths: tuple[int, ...] = (128, 512)
-    latency_heads: int = 2
-    latency_calls: int = 200
-    latency_blocks: int = 5
-    boundary_methods: tuple[str, ...] = ("flash:fp16", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16")
-    boundary_lengths: tuple[int, ...] = (256, 1024, 4096)
-    sum_methods: tuple[str, ...] = ("flash:fp16", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16")
-    sum_keys: tuple[int, int] = (2**15, 2**17)
-    search_twins: bool = False  # the sum's bf16 twins searched too (else tried at both ends and at 65520 keys)
-    explain_lengths: tuple[int, ...] = (512, 2048)
-    head_dim: int = 64
-    threads: int = 1  # torch threads while timing (the machine is shared; one thread varies least)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# guide: 6.5 min on this shared 2-core machine under a load average of 14 (72 error cases 102 s, 66 tasks 250 s);
-# guide-full adds 8k..32k to the cost (sdpa-math past memory is skipped with the reason): about an hour.
-GUIDE_PRESETS = {
-    "guide": GuideSettings(),
-    "guide-full": GuideSettings(
-        cost_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
-        latency_lengths=(128, 512, 2048),
-        boundary_lengths=(256, 1024, 4096, 16384),
-        explain_lengths=(512, 4096, 16384),
-        sum_methods=("flash:fp16", "flash:fp16@fa1", "flash:fp16-mixed", "sdpa-math:fp16", "sdpa-flash:fp16"),
-        search_twins=True,
-        repeats=9,
-    ),
-    # seconds: every task kind at toy sizes (a smoke test, like the study's tiny; its verdicts mean nothing)
-    "guide-tiny": GuideSettings(
-        cost_lengths=(64, 128, 256),
-        repeats=3,
-        latency_lengths=(64, 128),
-        latency_calls=12,
-        latency_blocks=3,
-        boundary_methods=("flash:fp16",),
-        boundary_lengths=(64, 128),
-        sum_methods=("sdpa-math:fp16",),
-        sum_keys=(64, 256),
-        explain_lengths=(64, 128),
-    ),
-}
+# the guide-only presets (`--preset guide`, guide-full, guide-tiny): a report of the guide's claims alone
+GUIDE_PRESETS = {k: v for k, v in GUIDE_SETTINGS.items() if k.startswith("guide")}
 
 
 def is_guide(config: StudyConfig) -> bool:
+    """Whether `config` is a guide-only preset (its report is the guide's claims alone)."""
     return config.name in GUIDE_PRESETS
 
 
@@ -92,8 +40,8 @@ def tasks(s: GuideSettings) -> list[tuple[str, dict]]:
             for n in s.boundary_lengths:
                 out.append((f"scale/{name}/L={n}", {"kind": "scale", "method": name, "seq_len": n}))
     for m in s.sum_methods:
-        out.append((f"sum/{m}", {"kind": "sum", "method": m}))
-        kind = "sum" if s.search_twins else "sum_points"
+        out.append((f"sum/{m}", {"kind": "sum" if s.sum_search else "sum_points", "method": m}))
+        kind = "sum" if s.sum_search and s.search_twins else "sum_points"
         out.append((f"sum/{gm.twin(m)}", {"kind": kind, "method": gm.twin(m)}))
     for n in s.latency_lengths:
         out.append((f"latency/L={n}", {"kind": "latency", "seq_len": n}))
@@ -118,7 +66,9 @@ def run_task(params: dict, s: GuideSettings) -> dict:
         return gm.sum_boundary(params["method"], *s.sum_keys, head_dim=d)
     if kind == "sum_points":
         lo, hi = s.sum_keys
-        return gm.sum_points(params["method"], sorted({lo, gm.FP16_SUM_OVERFLOW, hi}), head_dim=d)
+        edge = {gm.FP16_SUM_OVERFLOW - 1, gm.FP16_SUM_OVERFLOW}  # one key each side of fp16's sum overflow
+        keys = {lo, hi} | {n for n in edge if lo <= n <= hi}
+        return gm.sum_points(params["method"], sorted(keys), head_dim=d)
     if kind == "latency":
         return gm.latency(
             s.latency_methods,
@@ -147,10 +97,14 @@ def run_task(params: dict, s: GuideSettings) -> dict:
 
 
 def load_results(folder: str | Path) -> dict[str, dict]:
-    """Finished tasks by id (the last line of an id wins; damaged lines dropped with a warning)."""
-    out = {}
+    """Finished tasks by id: the last line of an id wins, except that a failure never supersedes an ok result
+    (damaged lines dropped with a warning)."""
+    out: dict[str, dict] = {}
     for _, obj in read_jsonl(Path(folder) / GUIDE_FILE, "guide results"):
         if isinstance(obj.get("id"), str) and obj.get("status") in ("ok", "skipped", "failed"):
+            prev = out.get(obj["id"])
+            if obj["status"] == "failed" and prev is not None and prev["status"] == "ok":
+                continue
             out[obj["id"]] = obj
     return out
 
@@ -200,39 +154,34 @@ def _run_one(tid: str, params: dict, s: GuideSettings) -> dict:
 
 
 def run_guide_tasks(folder: str | Path, settings: GuideSettings, *, quiet: bool = False) -> dict:
-    """Compute every guide task not yet finished in `folder` (failed ones again), one after another with
-    `settings.threads` torch threads; append each to guide.jsonl as it finishes. Returns the statistics."""
-    folder = Path(folder)
+    """Compute every guide task not yet finished in `folder` (failed ones again), holding the folder's lock;
+    see run_tasks_locked. Returns the statistics."""
     with folder_lock(folder):
-        path = folder / SETTINGS_FILE
-        if path.exists() and read_settings(folder) != settings:
-            raise ValueError(f"--out {str(folder)!r} holds guide measurements with other settings; use a new --out")
-        write_atomic(path, json.dumps(settings.to_dict(), indent=2))
-        done = {k for k, r in load_results(folder).items() if r["status"] != "failed"}
-        todo = [(t, p) for t, p in tasks(settings) if t not in done]
-        threads = torch.get_num_threads()
-        torch.set_num_threads(settings.threads)
-        start, failed = time.perf_counter(), 0
-        try:
-            total = len(tasks(settings))
-            with progress(
-                total, "guide tasks", done=total - len(todo), interval=PROGRESS_EVERY_S, quiet=quiet
-            ) as advance:
-                for tid, params in todo:
-                    rec = _run_one(tid, params, settings)
-                    failed += rec["status"] == "failed"
-                    append_line(folder / GUIDE_FILE, json.dumps(rec))
-                    advance(note=tid)
-        finally:
-            torch.set_num_threads(threads)
+        return run_tasks_locked(folder, settings, quiet=quiet)
+
+
+def run_tasks_locked(folder: str | Path, settings: GuideSettings, *, quiet: bool = False) -> dict:
+    """Compute every guide task not yet finished in `folder` (failed ones again), one after another with
+    `settings.threads` torch threads; append each to guide.jsonl as it finishes (a killed run loses only the
+    task it was on). The caller holds the folder's lock. Returns the statistics."""
+    folder = Path(folder)
+    path = folder / SETTINGS_FILE
+    if path.exists() and read_settings(folder) != settings:
+        raise ValueError(f"--out {str(folder)!r} holds guide measurements with other settings; use a new --out")
+    write_atomic(path, json.dumps(settings.to_dict(), indent=2))
+    done = {k for k, r in load_results(folder).items() if r["status"] != "failed"}
+    todo = [(t, p) for t, p in tasks(settings) if t not in done]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.threads)
+    start, failed = time.perf_counter(), 0
+    try:
+        total = len(tasks(settings))
+        with progress(total, "guide tasks", done=total - len(todo), interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
+            for tid, params in todo:
+                rec = _run_one(tid, params, settings)
+                failed += rec["status"] == "failed"
+                append_line(folder / GUIDE_FILE, json.dumps(rec))
+                advance(note=tid)
+    finally:
+        torch.set_num_threads(threads)
     return {"tasks_computed": len(todo), "tasks_failed": failed, "seconds": round(time.perf_counter() - start, 3)}
-
-
-def run_guide(config: StudyConfig, out: str | Path, *, workers: int | None = None, quiet: bool = False) -> dict:
-    """The guide preset: its error sweep through the study runner (records.jsonl), then the guide's own
-    tasks (guide.jsonl). Returns the runner's statistics with the guide tasks' beside them."""
-    from flashcheck.study.runner import run_study
-
-    stats = run_study(config, out, workers=workers, quiet=quiet)
-    guide = run_guide_tasks(out, GUIDE_PRESETS[config.name], quiet=quiet)
-    return stats | {"guide_" + k: v for k, v in guide.items()} | {"seconds": stats["seconds"] + guide["seconds"]}

@@ -18,7 +18,7 @@ from flashcheck.reporting.verdicts import (
     structural,
     trend,
 )
-from flashcheck.study.guide import GuideSettings
+from flashcheck.study.config import GuideSettings
 from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
 
 GPU_COMMAND = "flashcheck study --preset guide --out guide-gpu   # on a machine with a CUDA GPU and flash-attn"
@@ -221,6 +221,9 @@ def _sum_text(results: dict[str, dict], method: str) -> str:
     res = r["result"]
     if not res.get("searched", True):
         tried = ", ".join(f"{o} at Lk = {n}" for n, o in res["points"].items())
+        n = res["boundary_keys"]
+        if n is not None and res["points"].get(str(n - 1)) == "ok":  # two points one key apart pin it
+            return f"keys at the maximum: {res['outcome']} from Lk = {n} ({tried})"
         return f"keys at the maximum: {tried}"
     if res["boundary_keys"] is None:
         return f"keys at the maximum: ok up to Lk = {max(map(int, res['points']))}"

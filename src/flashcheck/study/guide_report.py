@@ -1,5 +1,6 @@
-"""The guide's report, from a guide folder's stored records only: the claims table first (claim, measured with
-interval, verdict, conditions), then one section per question with its figure; report.md/html, summary.json."""
+"""The guide's claims and their report, from a study folder's stored records only: a guide-only study's whole
+report (the claims table first: claim, measured with interval, verdict, conditions; then one section per
+question with its figure; report.md/html, summary.json), and the part quick's and full's reports hold."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from flashcheck.reporting.figures import Styler, figure, label_axes, matplotlib_
 from flashcheck.reporting.page import Sentences
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study import guide_claims as gc
-from flashcheck.study.config import StudyConfig
-from flashcheck.study.guide import GuideSettings, load_results, read_settings
+from flashcheck.study.cases import expand_sweep
+from flashcheck.study.config import GUIDE_QUESTION, GuideSettings, StudyConfig, guide_sweep
+from flashcheck.study.guide import load_results, read_settings
 from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
@@ -29,18 +31,31 @@ def _load(folder: Path) -> tuple[StudyConfig, GuideSettings, list, dict[str, dic
 
 
 def is_guide_folder(folder: str | Path) -> bool:
-    """Whether `folder` holds guide measurements (its guide.json)."""
+    """Whether `folder` holds a guide-only study (--preset guide, guide-full, guide-tiny: its guide.json, and no
+    sweep but the guide's errors); a quick or full study's guide part is in its study report."""
     from flashcheck.study.guide import SETTINGS_FILE
 
-    return (Path(folder) / SETTINGS_FILE).is_file()
+    if not (Path(folder) / SETTINGS_FILE).is_file():
+        return False
+    try:
+        data = read_study_json(Path(folder))
+    except ValueError:
+        return True  # a damaged study.json: the guide's report says so
+    sweeps = (data or {}).get("sweeps")
+    return not isinstance(sweeps, list) or all(
+        isinstance(s, dict) and s.get("question") == GUIDE_QUESTION for s in sweeps
+    )
 
 
-def build_guide_report(folder: str | Path) -> dict:
-    """Rebuild the guide's figures, report.md, report.html and summary.json from its records (computes no
-    measurement, changes no record)."""
-    folder = Path(folder)
-    config, s, records, results = _load(folder)
-    methods = config.sweeps[0].methods
+def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSettings) -> tuple[dict, list]:
+    """The guide's claims from a study folder's stored records (computes no measurement): its summary part
+    (findings, answer, conclusion, task failures, skipped tasks, settings, figures) and its report blocks.
+    records: the study's records (those of the sweep GUIDE_QUESTION are the guide's errors)."""
+    sweep = guide_sweep(config)
+    ids = {c.case_id for c in expand_sweep(sweep)} if sweep is not None else set()
+    records = [r for r in records if r.case_id in ids]
+    methods = sweep.methods if sweep is not None else ()
+    results = load_results(folder)
     explains = {r["params"]["seq_len"]: r["result"] for r in results.values() if _ok(r, "explain")}
     claims = [
         *gc.cost_claims(results, s),
@@ -51,29 +66,55 @@ def build_guide_report(folder: str | Path) -> dict:
         *gc.gpu_claims(results),
     ]
     figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
-    failures = [
-        {"case": r["id"], "error": r.get("reason") or ""} for r in results.values() if r["status"] == "failed"
-    ] + [
+    answer = gc.answer(records, results)
+    part = {
+        "findings": claims,
+        "answer": answer,
+        "conclusion": conclusion(claims, answer),
+        "failures": [
+            {"case": r["id"], "error": r.get("reason") or ""} for r in results.values() if r["status"] == "failed"
+        ],
+        "skipped": [{"task": r["id"], "reason": r.get("reason")} for r in results.values() if r["status"] == "skipped"],
+        "settings": s.to_dict(),
+        "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
+    }
+    part = _strict(part)
+    rel = {k: p.relative_to(folder) for k, p in figures.items()}
+    return part, [*claims_blocks(part), *_evidence(part, results, s, explains, rel)]
+
+
+def build_guide_report(folder: str | Path) -> dict:
+    """Rebuild a guide-only study's figures, report.md, report.html and summary.json from its records (computes
+    no measurement, changes no record): the claims table first."""
+    folder = Path(folder)
+    config, s, records, _ = _load(folder)
+    part, blocks = guide_part(folder, config, records, s)
+    failures = part["failures"] + [
         {"case": f"{r.case.method} L={r.case.seq_len} seed {r.case.seed}", "error": r.error or ""}
         for r in records
         if r.status == "failed"
     ]
-    answer = gc.answer(records, results)
     summary = {
         "study": config.name,
-        "findings": claims,
-        "cases": len(records) + len(results),
+        "findings": part["findings"],
+        "cases": len(records) + len(load_results(folder)),
         "failed": len(failures),
         "failures": failures,
-        "skipped": [{"task": r["id"], "reason": r.get("reason")} for r in results.values() if r["status"] == "skipped"],
+        "skipped": part["skipped"],
         "runs": [run for _, run in read_jsonl(folder / "runs.jsonl", "runs")],
-        "answer": answer,
-        "conclusion": conclusion(claims, answer),
-        "settings": s.to_dict(),
-        "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
+        "answer": part["answer"],
+        "conclusion": part["conclusion"],
+        "settings": part["settings"],
+        "figures": part["figures"],
     }
-    summary = _strict(summary)
-    write_report(folder, _page(summary, records, results, s, explains, figures, folder), summary)
+    page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
+    page.add(*blocks[:2], Heading("Conclusion", anchor="conclusion"))
+    page.add(Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]))
+    if summary["failures"]:
+        rows = [[f["case"], f["error"][:200]] for f in summary["failures"]]
+        page.add(Heading("Failed"), Table(["task", "error"], rows))
+    page.add(*blocks[2:])
+    write_report(folder, page, summary)
     return summary
 
 
@@ -112,6 +153,20 @@ def conclusion(findings: list[dict], answer: str) -> list[dict]:
     return out
 
 
+def guide_sentences(part: dict) -> list[tuple[str, str]]:
+    """A study report's conclusion sentences for its guide part (text, section anchor): the verdicts counted,
+    and the answer to "is the deviation worth it?"."""
+    fs = part["findings"]
+    gpu = sum(f["id"].startswith("gpu_") and "needs a GPU" in f["measured"] for f in fs)
+    words = {"holds": "hold", "does not hold": "do not hold", "structural": "structural (fixed by the format)"}
+    counts = {w: sum(f["status"] == st for f in fs) for st, w in words.items()}
+    counts["inconclusive"] = sum(f["status"] == "inconclusive" for f in fs) - gpu
+    parts = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
+    text = f"The production guide's claims, measured here: of {len(fs)}, {parts}"
+    text += f"; {gpu} need a CUDA GPU (not measured here)." if gpu else "."
+    return [(text, "guide"), (part["answer"], "cost")]
+
+
 def _strict(obj):
     """The summary as strict JSON: NaN and infinities (an estimate over no values) become null."""
     if isinstance(obj, dict):
@@ -127,55 +182,54 @@ def _ok(r: dict, kind: str) -> bool:
     return r["status"] == "ok" and r["params"]["kind"] == kind
 
 
-def _page(summary, records, results, s, explains, figures, folder) -> Page:
-    page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
-    rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in summary["findings"]]
-    page.add(Heading("The guide's claims"), Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows))
-    page.add(
-        Heading("Conclusion", anchor="conclusion"),
-        Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
-    )
-    page.add(
+def claims_blocks(part: dict) -> list:
+    """The claims table under its heading (anchor "guide"): claim, measured with its interval, verdict, conditions."""
+    rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in part["findings"]]
+    return [
+        Heading("The production guide's claims", anchor="guide"),
+        Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows),
+    ]
+
+
+def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path]) -> list:
+    """The blocks after the claims table: the rules, skipped tasks, one section per question with its figure."""
+    out = [
         Text(
             "Rules (reporting.verdicts): exponents are Theil-Sen slopes of log value vs log L over every repeat, "
             "judged against the nearest-integer band (2: [1.5, 2.5], 1: [0.5, 1.5]); ratios are geometric means of "
             "paired values with a t interval on logs; 'structural' is fixed by the number format, found by a search "
-            "and pinned by a unit test. Timings are medians of repeated calls on a shared 2-core CPU."
+            "and pinned by a unit test. Timings are medians of repeated calls on a shared CPU."
         )
-    )
-    if summary["failures"]:
-        page.add(
-            Heading("Failed"), Table(["task", "error"], [[f["case"], f["error"][:200]] for f in summary["failures"]])
-        )
-    if summary["skipped"]:
-        page.add(Heading("Skipped"), Table(["task", "reason"], [[k["task"], k["reason"]] for k in summary["skipped"]]))
-    rel = {k: p.relative_to(folder) for k, p in figures.items()}
-    page.add(
-        Heading("Cost against length", anchor="cost"),
+    ]
+    if part["skipped"]:
+        out += [
+            Heading("Skipped guide tasks"),
+            Table(["task", "reason"], [[k["task"], k["reason"]] for k in part["skipped"]]),
+        ]
+    out += [
+        Heading("Guide: cost against length", anchor="cost"),
         *([Figure(rel["cost"], "time and memory vs L")] if "cost" in rel else []),
-    )
-    page.add(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
-    for fam in ("sdpa", "simulator"):
-        if f"error_vs_time_{fam}" in rel:
-            page.add(Figure(rel[f"error_vs_time_{fam}"], f"error vs time, {fam}"))
-    page.add(
-        Heading("Latency variance", anchor="latency"),
+    ]
+    out.append(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
+    out += [
+        Figure(rel[f"error_vs_time_{f}"], f"error vs time, {f}")
+        for f in ("sdpa", "simulator")
+        if f"error_vs_time_{f}" in rel
+    ]
+    out += [
+        Heading("Guide: latency variance", anchor="latency"),
         Table(["method", "L", "CV over blocks", "median", "calls"], gc.latency_rows(results, s)),
-    )
-    page.add(Heading("fp16 overflow boundaries", anchor="fp16"))
-    if "boundary" in rel:
-        page.add(Figure(rel["boundary"], "input scale x length, finite or not, per policy"))
-    page.add(Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)))
-    page.add(Table(["method", "first bad Lk (keys at the max)", "outcome", "tried"], _sum_rows(results)))
-    page.add(Heading("Error against length and its reason", anchor="error"))
-    if "slope" in rel:
-        page.add(Figure(rel["slope"], "relative error vs L"))
-    page.add(Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)))
-    page.add(
-        Heading("Not measured here", anchor="gpu"),
+        Heading("Guide: fp16 overflow boundaries", anchor="fp16"),
+        *([Figure(rel["boundary"], "input scale x length, finite or not, per policy")] if "boundary" in rel else []),
+        Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)),
+        Table(["method", "first bad Lk (keys at the max)", "outcome", "tried"], _sum_rows(results)),
+        Heading("Guide: error against length and its reason", anchor="error"),
+        *([Figure(rel["slope"], "relative error vs L")] if "slope" in rel else []),
+        Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)),
+        Heading("Guide: not measured here", anchor="gpu"),
         Text(f"Claims needing a CUDA GPU; to measure them: {gc.GPU_COMMAND}"),
-    )
-    return page
+    ]
+    return out
 
 
 def _cost_rows(results: dict[str, dict]) -> list[list[str]]:

@@ -14,6 +14,7 @@ from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
+from flashcheck.study.guide_report import guide_part, guide_sentences
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
@@ -110,9 +111,12 @@ def build_report(folder: str | Path) -> dict:
     dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
     figures = {q: p for q, p in figures.items() if q not in dims_figures} | dims_figures
     env = next(iter(records.values())).env if records else {}
+    guide, guide_blocks = _guide(folder, config, records)
+    failures += guide.get("failures", [])  # the guide's failed tasks (tried again on the next run)
+    said = conclusion(found, pts, (len(failures), n_skipped), guide_sentences(guide) if guide else [])
     summary = {
         "study": config.name,
-        "conclusion": [{"text": t, "section": a} for t, a in conclusion(found, pts, (len(failures), n_skipped))],
+        "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
         "failed": len(failures),
@@ -122,11 +126,18 @@ def build_report(folder: str | Path) -> dict:
         "environment": env,
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
-    summary |= dims_extra
+    summary |= dims_extra | ({"guide": guide} if guide else {})
     tables = [t for t in _tables(config, ok) if t[0] not in {d[0] for d in dims_tables}] + dims_tables
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
-    write_report(folder, _page(summary, tables, inside), summary)
+    write_report(folder, _page(summary, tables, inside, guide_blocks), summary)
     return summary
+
+
+def _guide(folder: Path, config: StudyConfig, records: dict[str, CaseRecord]) -> tuple[dict, list]:
+    """The production guide's part (study.guide_report) when the study has one: its summary and page blocks."""
+    if config.guide is None:
+        return {}, []
+    return guide_part(folder, config, list(records.values()), config.guide)
 
 
 def _problem_rows(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -153,6 +164,8 @@ NOTES = {
     "backends": "Metric rel-L2. A real backend's baseline is eager PyTorch in the same dtype; the simulator's "
     "is standard attention under the same policy.",
     "fa3": "Metric RMSE with outlier inputs; the comparisons are the verdicts fa3_fp16 and fa3_fp8.",
+    "guide_errors": "The production guide's error range and slope (no baseline: its claims judge each method's "
+    "relative L2 error against FP64 directly; see the production guide's claims).",
 }
 
 
@@ -168,8 +181,9 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
     return items
 
 
-def _page(summary: dict, tables, figures: dict[str, Path]) -> Page:
-    """The study report as a reporting.Page: conclusion, verdicts, skipped/failed cases, one section per question."""
+def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
+    """The study report as a reporting.Page: conclusion, verdicts, the guide's claims (when measured),
+    skipped/failed cases, one section per question, the guide's evidence."""
     page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
     if summary["study"] == "production":  # its verdicts are the first lines of its report
         page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
@@ -189,6 +203,7 @@ def _page(summary: dict, tables, figures: dict[str, Path]) -> Page:
             "over seeds with a 95% t interval on the log ratios; n is the number of seeds."
         )
     )
+    page.add(*guide[:2])  # the guide's claims table (study.guide_report.claims_blocks)
     if not figures:
         page.add(Text("No figures: matplotlib is not installed (pip install 'flashcheck[plots]')."))
     problems = _problem_rows(summary)
@@ -203,5 +218,6 @@ def _page(summary: dict, tables, figures: dict[str, Path]) -> Page:
         if question in figures:
             page.add(Figure(figures[question], question))
         page.add(Table(header, rows))
+    page.add(*guide[2:])
     env = summary.get("environment", {})
     return page.add(Heading("Environment"), Text(", ".join(f"{k} {v}" for k, v in env.items())))

@@ -13,6 +13,7 @@ from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
+from flashcheck.study.guide import run_tasks_locked
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
 from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder_lock, read_study_json
 
@@ -97,8 +98,9 @@ def run_study(
     quiet: bool = False,
     device: str = "cpu",
 ) -> dict:
-    """Compute every case of `config` not yet done in `out`'s store (failed cases again). Holds the
-    folder's lock while it runs (FolderLocked when another study has it). Returns this run's statistics."""
+    """Compute every case of `config` not yet done in `out`'s store (failed cases again), then, when the
+    config has guide settings, the guide's tasks not yet done (study.guide). Holds the folder's lock while it
+    runs (FolderLocked when another study has it). Returns this run's statistics."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
     workers = check_workers(workers)
@@ -111,7 +113,12 @@ def run_study(
     path = prepare_out(out)
     with folder_lock(path):
         save_config(path, config)
-        return _run_locked(config, path, workers, executor, ray_address, quiet, device)
+        stats = _run_locked(config, path, workers, executor, ray_address, quiet, device)
+        if config.guide is None:
+            return stats
+        # the guide's timings and searches, one after another in this process (study.guide), after the cases
+        guide = run_tasks_locked(path, config.guide, quiet=quiet)
+    return stats | {"guide_" + k: v for k, v in guide.items()} | {"seconds": stats["seconds"] + guide["seconds"]}
 
 
 def _run_locked(
