@@ -30,7 +30,7 @@ def _pair(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) ->
 def max_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |a - b| (nan if any difference is nan)."""
     a, b = _pair(a, b, mask)
-    d = (a - b).abs()
+    d = torch.sub(a, b).abs_()  # one temporary of the inputs' size (here and below), never two
     if d.numel() == 0:
         return 0.0
     return float("nan") if torch.isnan(d).any() else float(d.max())
@@ -39,7 +39,7 @@ def max_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) 
 def mean_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """mean |a - b|."""
     a, b = _pair(a, b, mask)
-    return float((a - b).abs().mean()) if a.numel() else 0.0
+    return float(torch.sub(a, b).abs_().mean()) if a.numel() else 0.0
 
 
 def std_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
@@ -51,7 +51,10 @@ def std_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None)
 def rmse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """sqrt(mean((a - b)^2))."""
     a, b = _pair(a, b, mask)
-    return float(torch.sqrt(((a - b) ** 2).mean())) if a.numel() else 0.0
+    if not a.numel():
+        return 0.0
+    d = torch.sub(a, b)
+    return float(torch.sqrt(d.mul_(d).mean()))  # d * d: what ** 2 computes, without a second temporary
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
@@ -70,7 +73,7 @@ def max_ulp(
     a, b = _pair(a, b, mask)
     if a.numel() == 0:
         return 0.0
-    d = (a - b).abs() / spacing(b, fmt)
+    d = torch.sub(a, b).abs_().div_(spacing(b, fmt))
     return float("nan") if torch.isnan(d).any() else float(d.max())
 
 

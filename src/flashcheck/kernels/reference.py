@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.kernels.masks import tile_bias
+from flashcheck.kernels.tiles import row_chunks
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 REFERENCE_BLOCK_BYTES = 64 * 2**20  # cap on one query chunk's FP64 scores [B, H, rows, Lk]
@@ -26,7 +27,9 @@ def reference_attention(
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv]
     float64 (and, with `return_lse`, the log-sum-exp [B, H, Lq]). `mask`: bool (True = keep) or
     additive, broadcastable to [B, H, Lq, Lk]. Fully masked rows, and every row when Lk = 0, give 0
-    and lse -inf (kernels.validation has the input rule). Differentiable."""
+    and lse -inf (kernels.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
+    fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES, never under kernels.tiles.MIN_ROWS
+    (a shorter last chunk joins the one before), so every chunking gives the bits of one L x L block."""
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive integer")
@@ -38,28 +41,42 @@ def reference_attention(
     s = d**-0.5 if scale is None else scale
     rows = _chunk_rows(chunk, q.shape[0] * q.shape[1] * lk)
     inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    outs, lses = [], []
+    chunks = row_chunks(lq, rows)  # at least MIN_ROWS rows each: every chunking gives one block's bits
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q64, k64, v64 = q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)
-        for r0 in range(0, lq, rows):
-            r1 = min(lq, r0 + rows)
-            scores = torch.matmul(q64[..., r0:r1, :], k64.transpose(-1, -2))
-            scores = scores.mul_(s) if inplace else scores * s
-            bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
-            if bias is not None:
-                bias = bias.to(scores.device)
-                scores = scores.add_(bias) if inplace else scores + bias
-            m = scores.detach().amax(dim=-1, keepdim=True)
-            m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            e = scores.sub_(m_safe).exp_() if inplace else torch.exp(scores - m_safe)
-            denom = e.sum(dim=-1, keepdim=True)
-            dead = denom == 0
-            outs.append(torch.matmul(e, v64) / torch.where(dead, torch.ones_like(denom), denom))
-            lses.append(torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(-1))
-    out = torch.cat(outs, dim=-2)
-    return (out, torch.cat(lses, dim=-1)) if return_lse else out
+        # K and V whole in float64, Q one chunk at a time (a float32 Q never has a whole float64 copy)
+        k64, v64 = k.to(torch.float64), v.to(torch.float64)
+        if inplace:  # no autograd: each chunk is written into the output as it comes (no list, no cat copy)
+            out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float64, device=q.device)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float64, device=q.device)
+            for r0, r1 in chunks:
+                out[..., r0:r1, :], lse[..., r0:r1] = _rows(q, k64, v64, (r0, r1), (lq, lk), s, causal, mask, True)
+        else:
+            parts = [_rows(q, k64, v64, rows, (lq, lk), s, causal, mask, False) for rows in chunks]
+            out, lse = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
+    return (out, lse) if return_lse else out
 
 
-def _chunk_rows(chunk: int, row_elems: int, max_bytes: int = REFERENCE_BLOCK_BYTES) -> int:
-    """Query rows per chunk: at most `chunk`, and few enough that one fp64 score block fits max_bytes."""
-    return max(1, min(chunk, max_bytes // (8 * row_elems)))
+def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask, inplace: bool):
+    """Output [B, H, r1 - r0, Dv] and log-sum-exp [B, H, r1 - r0] of query rows r0:r1 (in place without autograd)."""
+    (r0, r1), (lq, lk) = rows, lens
+    scores = torch.matmul(q[..., r0:r1, :].to(torch.float64), k64.transpose(-1, -2))
+    scores = scores.mul_(s) if inplace else scores * s
+    bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
+    if bias is not None:
+        bias = bias.to(scores.device)
+        scores = scores.add_(bias) if inplace else scores + bias
+    m = scores.detach().amax(dim=-1, keepdim=True)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = scores.sub_(m_safe).exp_() if inplace else torch.exp(scores - m_safe)
+    denom = e.sum(dim=-1, keepdim=True)
+    dead = denom == 0
+    out = torch.matmul(e, v64) / torch.where(dead, torch.ones_like(denom), denom)
+    lse = torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(-1)
+    return out, lse
+
+
+def _chunk_rows(chunk: int, row_elems: int, max_bytes: int | None = None) -> int:
+    """Query rows per chunk: at most `chunk`, and few enough that one fp64 score block fits max_bytes
+    (default REFERENCE_BLOCK_BYTES, read when called)."""
+    cap = REFERENCE_BLOCK_BYTES if max_bytes is None else max_bytes
+    return max(1, min(chunk, cap // (8 * row_elems)))

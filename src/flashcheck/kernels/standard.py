@@ -54,8 +54,14 @@ def standard_attention(
     with torch.autocast(device_type=q.device.type, enabled=False):
         qr, kr, vr, _ = round_inputs(q, k, v, pol, hadamard_seed=hadamard_seed)
         kt = kr.transpose(-1, -2)
-        outs = [_rows(qr, kt, vr, rows, (lq, lk), pol, s, causal, mask) for rows in row_chunks(lq, chunk_rows)]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+        chunks = row_chunks(lq, chunk_rows)
+        if len(chunks) == 1 or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+            outs = [_rows(qr, kt, vr, rows, (lq, lk), pol, s, causal, mask) for rows in chunks]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+        out = qr.new_empty((*qr.shape[:-1], vr.shape[-1]))  # each chunk written in place: no list, no cat copy
+        for r0, r1 in chunks:
+            out[..., r0:r1, :] = _rows(qr, kt, vr, (r0, r1), (lq, lk), pol, s, causal, mask)
+    return out
 
 
 def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy, s: float, causal: bool, mask):
@@ -67,7 +73,9 @@ def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy,
         scores = scores + bias.to(scores.device)
     m = safe_max(scores.detach().amax(dim=-1, keepdim=True))
     e = rnd(torch.exp(scores - m), pol, "p")
+    del scores  # at most two score-sized arrays alive beside a rounding temporary
     denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
     denom = torch.where(denom == 0, torch.ones_like(denom), denom)
     p = rnd(e / denom, pol, "p")
+    del e
     return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")

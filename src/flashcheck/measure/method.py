@@ -123,9 +123,12 @@ class Method:
         return lambda q, k, v: b.run(q, k, v, device=dev, causal=causal)
 
     def prepare(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The float64 CPU inputs as this method takes them: simulators float64 copies; backends in their dtype
-        (the adapter moves them to the device and the output back)."""
-        if self.is_simulator or _takes_float64(self.backend()):
+        """The float64 CPU inputs as this method takes them: simulators the inputs themselves (they never write
+        into them: tests/test_scale.py; a copy would cost 3 inputs' memory at long L); float64 backends copies;
+        other backends in their dtype (the adapter moves them to the device and the output back)."""
+        if self.is_simulator:
+            return tuple(tensors)
+        if _takes_float64(self.backend()):
             return tuple(t.clone() for t in tensors)
         return tuple(t.to(self.dtype()) for t in tensors)
 

@@ -1,0 +1,141 @@
+"""Scale (issue 15), memory at long L: the FP64 reference writes its query chunks into one output (no list, no
+cat copy; a float32 Q converted one chunk at a time), the standard kernel likewise, metrics hold one temporary
+of the inputs' size, and simulators take the inputs uncopied — each with the numbers it gave before, bit for
+bit (oracles: the former expressions, written out here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashcheck.core import metrics
+from flashcheck.kernels import reference as reference_mod
+from flashcheck.kernels import standard as standard_mod
+from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.standard import standard_attention
+
+
+def _qkv(lq: int, lk: int, d: int = 16, heads: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, lq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def _reference_one_block(q, k, v, causal: bool, mask=None):
+    """The reference as one L x L block, out of place (the former code path with chunk = Lq)."""
+    from flashcheck.kernels.masks import tile_bias
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
+    scores = scores if bias is None else scores + bias
+    m = scores.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(scores - m)
+    denom = e.sum(dim=-1, keepdim=True)
+    dead = denom == 0
+    out = torch.matmul(e, v) / torch.where(dead, torch.ones_like(denom), denom)
+    return out, torch.where(dead, torch.full_like(denom, float("-inf")), m + torch.log(denom)).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("lq,lk,causal", [(70, 70, True), (90, 33, True), (33, 90, False)])
+def test_reference_in_chunks_written_in_place_equals_one_block_bit_for_bit(dtype, lq, lk, causal, monkeypatch):
+    q, k, v = (t.to(dtype) for t in _qkv(lq, lk, seed=lq + lk))
+    mask = torch.rand(1, 1, lq, lk, generator=torch.Generator().manual_seed(2)) > 0.2
+    for m in (None, mask):
+        want = _reference_one_block(q, k, v, causal, m)
+        for chunk in (8, 13, 1024):
+            got = reference_attention(q, k, v, causal=causal, mask=m, chunk=chunk, return_lse=True)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"chunk={chunk}"
+    seen = []
+    real = reference_mod._rows
+    monkeypatch.setattr(reference_mod, "_rows", lambda *a: seen.append(a[3]) or real(*a))
+    monkeypatch.setattr(reference_mod, "REFERENCE_BLOCK_BYTES", 8 * 2 * lk * 10)  # 10 rows of fp64 scores
+    assert torch.equal(reference_attention(q, k, v, causal=causal), _reference_one_block(q, k, v, causal)[0])
+    assert seen[0] == (0, 10) and seen[-1][1] == lq  # the byte cap sets the chunk (a short tail joins the last)
+    assert all(10 <= r1 - r0 < 10 + 8 for r0, r1 in seen)
+
+
+def test_reference_with_autograd_gives_one_blocks_output():
+    q, k, v = _qkv(40, 40, seed=4)
+    grads = []
+    for chunk in (40, 8):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = reference_attention(*leaves, causal=True, chunk=chunk)
+        assert torch.equal(out.detach(), _reference_one_block(q, k, v, True)[0])
+        out.sum().backward()
+        grads.append([t.grad for t in leaves])
+    # dK and dV add up the chunks' contributions, so their last bits depend on the chunking
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(*grads, strict=True))
+
+
+@pytest.mark.parametrize("policy", ["bf16-mixed", "fp64", "fp16"])
+def test_standard_with_autograd_equals_the_in_place_output_bit_for_bit(policy, monkeypatch):
+    """Without autograd chunks are written into one output; with it they are concatenated: the same bits."""
+    q, k, v = _qkv(60, 50, seed=8)
+    monkeypatch.setattr(standard_mod, "CHUNK_BYTES", 2 * 50 * 8 * 9)  # 9 rows per chunk
+    with torch.no_grad():
+        plain = standard_attention(q, k, v, policy=policy, causal=True)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    graph = standard_attention(*leaves, policy=policy, causal=True)
+    assert torch.equal(plain, graph.detach())
+    assert torch.equal(plain, standard_attention(q, k, v, policy=policy, causal=True, chunk_rows=60))
+
+
+# The metrics as written before they shared one temporary: the oracle for their bits.
+FORMER = {
+    "max_abs": lambda a, b: float((a - b).abs().max()),
+    "mean_abs": lambda a, b: float((a - b).abs().mean()),
+    "rmse": lambda a, b: float(torch.sqrt(((a - b) ** 2).mean())),
+    "rel_l2": lambda a, b: float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)),
+    "std_diff": lambda a, b: float((a - b).std(unbiased=False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMER))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_metrics_with_one_temporary_give_the_former_bits_and_leave_inputs_alone(name, dtype):
+    g = torch.Generator().manual_seed(3)
+    b = torch.randn(2, 3, 257, 16, generator=g, dtype=torch.float64)
+    a = (b + torch.randn(b.shape, generator=g, dtype=torch.float64) * 1e-3).to(dtype)
+    a0, b0 = a.clone(), b.clone()
+    assert getattr(metrics, name)(a, b) == FORMER[name](a.double(), b)
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+def test_max_ulp_with_one_temporary_gives_the_former_bits():
+    from flashcheck.core.numerics import spacing
+
+    g = torch.Generator().manual_seed(4)
+    b = torch.randn(3, 100, generator=g, dtype=torch.float64)
+    a = b + torch.randn(b.shape, generator=g, dtype=torch.float64) * 1e-6
+    assert metrics.max_ulp(a, b, "bf16") == float(((a - b).abs() / spacing(b, "bf16")).max())
+
+
+@pytest.mark.parametrize("kernel", ["flash", "standard", "splitkv"])
+@pytest.mark.parametrize("policy", ["fp64", "bf16-mixed", "fa3-fp8", "baseline-fp8"])
+def test_simulators_never_write_into_their_inputs(kernel, policy):
+    """Method.prepare hands a simulator the shared float64 inputs uncopied; a run, forward and backward, leaves
+    them as they were (fp64 policies see the very tensors: rounding to fp64 is the identity)."""
+    from flashcheck.core.numerics import parse_policy
+    from flashcheck.measure.method import Method
+    from flashcheck.measure.runs import run_float64
+
+    pol = parse_policy(policy)
+    if pol.fp8_scaling == "block" and kernel == "standard":
+        pytest.skip("per-block FP8 scaling needs the flash kernel's tiles")
+    tiled = kernel != "standard"
+    m = Method(kernel=kernel, policy=pol, block_q=16 if tiled else 0, block_k=16 if tiled else 0,
+               algorithm="fa2" if tiled else "")  # fmt: skip
+    q, k, v = _qkv(48, 48, seed=6)
+    before = [t.clone() for t in (q, k, v)]
+    args = m.prepare(q, k, v)
+    assert all(a is t for a, t in zip(args, (q, k, v), strict=True))
+    run_float64(m.runner(causal=True), args)
+    if kernel != "splitkv":  # split-KV runs forward only
+        run_float64(m.runner(causal=True), args, torch.ones(1, 2, 48, 16, dtype=torch.float64))
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), before, strict=True))
