@@ -177,6 +177,10 @@ def test_backward_in_fp64_equals_the_reference_with_padding_and_gqa():
         (["--ds-correction", "--backward", "--kernel", "standard"], "flash kernel's backward; drop --kernel standard"),
         (["--backend", "sdpa-math", "--splits", "4"], "--splits is one of the settings of the simulators"),
         (["--determinism"], "--determinism needs --backend"),
+        (  # decoding queries sit at the end of the keys, which right padding removes: nothing to measure
+            ["--seq-len", "4", "--seq-len-k", "96", "--batch", "2", "--padding", "right:0.25", "--splits", "2"],
+            "padding 'right:0.25' leaves no query row a visible key (seq_len=4, seq_len_k=96)",
+        ),
     ],
 )
 def test_bad_values_exit_2_with_one_line(flags, message):

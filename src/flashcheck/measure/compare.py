@@ -146,10 +146,24 @@ def run_compare(cfg: CompareConfig, refs: References | None = None) -> Record:
     allocating when it cannot fit here. A kernel error propagates (it is the user's configuration). `refs`:
     the inputs and FP64 references of an earlier comparison on the same InputSpec, reused when they match."""
     check_fits(cfg.footprint())
-    rec = run_case(cfg.case(), refs)
+    rec = run_case(cfg.case(), _references(cfg, refs))
     if rec.status != "ok":
         raise ValueError(rec.reason.splitlines()[0])
     return rec
+
+
+def _references(cfg: CompareConfig, refs: References | None) -> References:
+    """`refs` when they hold cfg's inputs, else new ones; ValueError when no query row sees a key (every error
+    would be over nothing: right padding removes the keys that decoding queries sit at)."""
+    if refs is None or refs.spec != cfg.inputs or refs.causal != cfg.causal or str(refs.device) != cfg.device:
+        refs = References(cfg.inputs, causal=cfg.causal, device=cfg.device)
+    if refs.live is not None and not bool(refs.live.any()):
+        s = cfg.inputs
+        raise ValueError(
+            f"padding {s.padding!r} leaves no query row a visible key (seq_len={s.seq_len}, seq_len_k={s.lk}"
+            f"{', causal' if cfg.causal else ''}): there is no error to measure; pad on the left instead"
+        )
+    return refs
 
 
 def decoding_configs(cfg: CompareConfig, splits: list[int]) -> list[CompareConfig]:
@@ -167,8 +181,7 @@ def run_compares(cfgs: list[CompareConfig], done=None) -> list[Record]:
     refs, out = None, []
     for cfg in cfgs:
         check_fits(cfg.footprint())
-        if refs is None or refs.spec != cfg.inputs or refs.causal != cfg.causal:
-            refs = References(cfg.inputs, causal=cfg.causal, device=cfg.device)
+        refs = _references(cfg, refs)
         out.append(run_compare(cfg, refs))
         if done is not None:
             done(cfg)
