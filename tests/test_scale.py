@@ -322,3 +322,108 @@ def test_study_device_cpu_explicit_reaches_the_workers(tmp_path, monkeypatch):
     assert [r.status for r in got] == ["ok"] * len(groups[0])
     with pytest.raises(ValueError, match="--device 'gpu' is not allowed"):
         check_device("gpu")
+
+
+# The flash forward's tile loop before its buffers were reused (every step's tensors fresh, out of place):
+# the oracle the in-place loop must equal bit for bit.
+def _fresh_fa2(s, v_j, o, m, l, pol, exp, untiled, tie_beta=None):
+    from flashcheck.kernels.ops import rnd, safe_max
+    from flashcheck.kernels.tiles import mm_rows
+
+    mt = s.amax(dim=-1, keepdim=True)
+    if tie_beta is not None:
+        tied = (s == mt).sum(dim=-1, keepdim=True) >= 2
+        mt = torch.where(tied, torch.where(mt > 0, tie_beta * mt, torch.zeros_like(mt)), mt)
+    m_new = rnd(torch.maximum(m, mt), pol, "stats")
+    ms = safe_max(m_new)
+    alpha, p = rnd(exp(m - ms), pol, "stats"), exp(s - ms)
+    l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
+    pv = rnd(mm_rows(rnd(p, pol, "p"), v_j, pol, untiled), pol, "accum")
+    return rnd(rnd(alpha * o, pol, "accum") + pv, pol, "accum"), m_new, l
+
+
+def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
+    from flashcheck.kernels.ops import rnd, safe_max
+    from flashcheck.kernels.tiles import mm_rows
+
+    mt = s.amax(dim=-1, keepdim=True)
+    pt = rnd(exp(s - safe_max(mt)), pol, "p")
+    lt = rnd(pt.sum(dim=-1, keepdim=True), pol, "stats")
+    m_new = rnd(torch.maximum(m, mt), pol, "stats")
+    ms = safe_max(m_new)
+    a, bt = rnd(exp(m - ms), pol, "stats"), rnd(exp(mt - ms), pol, "stats")
+    l_new = rnd(a * l + bt * lt, pol, "stats")
+    pv = rnd(mm_rows(pt, v_j, pol, untiled), pol, "accum")
+    num = rnd(rnd(l * a, pol, "stats") * o + bt * pv, pol, "accum")
+    return rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum"), m_new, l_new
+
+
+def _fresh_tile(q, k, v, rows, steps, cfg, pol):
+    from flashcheck.kernels.masks import tile_bias
+    from flashcheck.kernels.ops import resolve_scale, rnd
+    from flashcheck.kernels.tiles import mm_rows
+
+    (r0, r1), (b, h, lq, _), lk, dv = rows, q.shape, k.shape[-2], v.shape[-1]
+    sc = resolve_scale(cfg.scale, q.shape[-1]) * (flash_mod.LOG2E if cfg.exp2 else 1.0)
+    o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype)
+    m, l = torch.full((b, h, r1 - r0, 1), -float("inf"), dtype=q.dtype), torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype)
+    extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
+    for t in steps:
+        a = max(r0, t.r0)
+        if a >= r1:
+            continue
+        prod = mm_rows(q[..., a:r1, :], k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0)
+        s = rnd(prod * sc, pol, "score")
+        bias = tile_bias((a, r1), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
+        if bias is not None:
+            s = s + (bias * flash_mod.LOG2E if cfg.exp2 else bias)
+        step = _fresh_fa1 if cfg.algorithm == "fa1" else _fresh_fa2
+        exp, i = torch.exp2 if cfg.exp2 else torch.exp, a - r0
+        new = step(s, v[..., t.c0 : t.c1, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], pol, exp, lq - t.r0, **extra)
+        o[..., i:, :], m[..., i:, :], l[..., i:, :] = new
+    return o, m, l
+
+
+IN_PLACE_GRID = [
+    dict(block_k=16, causal=True),
+    dict(block_k=32, causal=True, algorithm="fa1", key_order="reverse"),
+    dict(block_k=24, exp2=True, tie_beta=2.0, mask="bool"),
+    dict(block_k=40, algorithm="fa1", mask="float", scale=0.3),
+]
+
+
+@pytest.mark.parametrize("policy", ["bf16-mixed", "bf16", "fp16", "fp64", "fa3-fp8", "fp32"])
+@pytest.mark.parametrize("cfg", IN_PLACE_GRID, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_flash_in_place_tiles_equal_the_out_of_place_loop_bit_for_bit(policy, cfg, monkeypatch):
+    """Reused step buffers (score block, p cast, P·V product) and in-place updates change no bit of the output
+    or the LSE, for whole tiles, tiles of 13 rows (causal steps cut them) and 2 rows (padded products)."""
+    lq, lk = 70, 90
+    q, k, v = _qkv(lq, lk, seed=5)
+    g = torch.Generator().manual_seed(6)
+    if cfg.get("mask") == "bool":
+        cfg = {**cfg, "mask": torch.rand(1, 1, lq, lk, generator=g) > 0.3}
+    elif cfg.get("mask") == "float":
+        cfg = {**cfg, "mask": torch.randn(1, 2, lq, lk, generator=g)}
+    fast = [_forward(q, k, v, policy, rows, **cfg) for rows in (None, 13, 2)]
+    monkeypatch.setattr(flash_mod, "_query_tile", _fresh_tile)
+    fresh = [_forward(q, k, v, policy, rows, **cfg) for rows in (None, 13, 2)]
+    for rows, got, want in zip((None, 13, 2), fast, fresh, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"tile_rows={rows}"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rounding_in_place_equals_rounding(fmt, dtype):
+    from flashcheck.core.numerics import info, uniform_policy
+    from flashcheck.kernels.ops import rnd, rnd_
+
+    pol = uniform_policy(fmt)
+    x = torch.randn(3, 5, 40, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 300
+    x[0, 0, :3] = torch.tensor([1e6, -1e6, 0.0])  # fp8 saturates, fp16 overflows
+    want = rnd(x, pol, "p")
+    scratch = torch.empty(x.numel() + 7, dtype=info(fmt).dtype)
+    for buf in (None, scratch):
+        y = x.clone()
+        assert rnd_(y, pol, "p", buf) is y and torch.equal(y, want)
+        z = x.clone()[:, 1:, :]  # a strided view, rounded where it lies
+        assert torch.equal(rnd_(z, pol, "p", buf), want[:, 1:, :])

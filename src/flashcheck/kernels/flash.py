@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import Policy, parse_policy
+from flashcheck.core.numerics import Policy, info, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
+from flashcheck.kernels.ops import mm, resolve_scale, rnd, rnd_, safe_max
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -153,9 +153,36 @@ def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: 
         torch.set_num_threads(threads)
 
 
+@dataclass(frozen=True, slots=True)
+class _Scratch:
+    """A query tile's reused step buffers (flat, so a step of fewer rows or a narrower key block takes a
+    contiguous prefix, laid out as a fresh tensor would be): the score block, its copy cast to the `p`
+    stage's dtype, and the P·V product. Allocating these per step cost more than the arithmetic (each is a
+    fresh mapping of zeroed pages), and a step's values are the same in either."""
+
+    s: torch.Tensor
+    p: torch.Tensor
+    pv: torch.Tensor
+
+    @staticmethod
+    def make(rows: int, cols: int, dv: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Scratch:
+        """rows: B * H * tile rows; cols: the widest key block."""
+        narrow = info(pol.stage("p")).dtype
+        cast = rows * cols if narrow != dtype else 0
+        s, p, pv = (
+            torch.empty(n, dtype=dt, device=device)
+            for n, dt in ((rows * cols, dtype), (cast, narrow), (rows * dv, dtype))
+        )
+        return _Scratch(s, p, pv)
+
+    @staticmethod
+    def view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return buf[: math.prod(shape)].view(shape)
+
+
 def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
-    those rows alone, each step on the rows its key block reaches (from max(r0, t.r0))."""
+    those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place."""
     r0, r1 = rows
     b, h, _, dv = v.shape
     sc = resolve_scale(cfg.scale, q.shape[-1]) * (LOG2E if cfg.exp2 else 1.0)
@@ -163,39 +190,39 @@ def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashC
     o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype, device=q.device)
     m = torch.full((b, h, r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
+    width = max((t.c1 - t.c0 for t in steps), default=0)
+    scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
     for t in steps:
         a = max(r0, t.r0)
         if a >= r1:
             continue
-        s = _tile_scores(q, k, (a, r1), t, cfg, pol, sc)
+        s = _tile_scores(q, k, (a, r1), t, cfg, pol, sc, scratch.s)
         i, untiled = a - r0, q.shape[-2] - t.r0  # untiled: the rows this step's products had unchunked
-        o_r, m_r, l_r = step(
-            s, v[..., t.c0 : t.c1, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], pol, exp, untiled, **extra
-        )
-        if i:
-            o[..., i:, :], m[..., i:, :], l[..., i:, :] = o_r, m_r, l_r
-        else:
-            o, m, l = o_r, m_r, l_r
+        pv = _Scratch.view(scratch.pv, (b, h, r1 - a, dv))
+        args = (s, v[..., t.c0 : t.c1, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], pol, exp, untiled)
+        m[..., i:, :], l[..., i:, :] = step(*args, (scratch.p, pv), **extra)
     return o, m, l
 
 
-def _tile_scores(q, k, rows: tuple[int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float):
+def _tile_scores(q, k, rows: tuple[int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float, buf):
     """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 and key block t: [B, H, r1 - r0,
-    c1 - c0]."""
+    c1 - c0], formed in the flat buffer `buf`."""
     (r0, r1), lq, lk = rows, q.shape[-2], k.shape[-2]
-    prod = mm_rows(q[..., r0:r1, :], k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0)
-    s = rnd(prod.mul_(sc), pol, "score")
+    out = _Scratch.view(buf, (*q.shape[:-2], r1 - r0, t.c1 - t.c0))
+    prod = mm_rows(q[..., r0:r1, :], k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
+    s = rnd_(prod.mul_(sc), pol, "score")
     bias = tile_bias((r0, r1), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
     if bias is not None:
         bias = bias.to(s.device)
-        s = s + (bias * LOG2E if cfg.exp2 else bias)
+        s.add_(bias * LOG2E if cfg.exp2 else bias)
     return s
 
 
-def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, tie_beta: float | None = None):
-    """Rescale the unnormalised accumulator; P~ stays in the working dtype until the P·V product.
+def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, tie_beta: float | None = None):
+    """Rescale the unnormalised accumulator o (updated in place; returns m, l); P~ stays in the working
+    dtype until the P·V product. bufs: the p-stage scratch and the P·V output (see _Scratch).
 
     With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
     (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged."""
@@ -206,27 +233,28 @@ def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, tie_beta: float |
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     ms = safe_max(m_new)
     alpha = rnd(exp(m - ms), pol, "stats")
-    p = exp(s.sub_(ms))
+    p = exp(s.sub_(ms), out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
-    pv = rnd(mm_rows(rnd(p, pol, "p"), v_j, pol, untiled), pol, "accum")
-    o = rnd(rnd(alpha * o, pol, "accum") + pv, pol, "accum")
-    return o, m_new, l
+    pv = rnd_(mm_rows(rnd_(p, pol, "p", bufs[0]), v_j, pol, untiled, out=bufs[1]), pol, "accum")
+    rnd_(rnd_(o.mul_(alpha), pol, "accum").add_(pv), pol, "accum")
+    return m_new, l
 
 
-def _fa1_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int):
-    """FlashAttention-1 Algorithm 1: the output is kept normalised after every key block."""
+def _fa1_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs):
+    """FlashAttention-1 Algorithm 1: the output is kept normalised after every key block (o updated in
+    place; returns m, l)."""
     mt = s.amax(dim=-1, keepdim=True)
-    pt = rnd(exp(s.sub_(safe_max(mt))), pol, "p")
+    pt = rnd_(exp(s.sub_(safe_max(mt)), out=s), pol, "p", bufs[0])
     lt = rnd(pt.sum(dim=-1, keepdim=True), pol, "stats")
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     ms = safe_max(m_new)
     a = rnd(exp(m - ms), pol, "stats")
     bt = rnd(exp(mt - ms), pol, "stats")
     l_new = rnd(a * l + bt * lt, pol, "stats")
-    pv = rnd(mm_rows(pt, v_j, pol, untiled), pol, "accum")
-    num = rnd(rnd(l * a, pol, "stats") * o + bt * pv, pol, "accum")
-    o = rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum")
-    return o, m_new, l_new
+    pv = rnd_(mm_rows(pt, v_j, pol, untiled, out=bufs[1]), pol, "accum")
+    rnd_(o.mul_(rnd(l * a, pol, "stats")).add_(pv.mul_(bt)), pol, "accum")
+    rnd_(o.div_(torch.where(l_new == 0, torch.ones_like(l_new), l_new)), pol, "accum")
+    return m_new, l_new
 
 
 def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.core.numerics import Format, Policy, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
 from flashcheck.kernels.validation import check_scale
 
 
@@ -13,14 +13,28 @@ def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
     return round_to(x, policy.stage(stage))
 
 
-def mm(a: torch.Tensor, b: torch.Tensor, policy: Policy) -> torch.Tensor:
-    """a @ b formed and summed in policy.matmul precision, returned in a's dtype.
+def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """rnd in place: x holds its value rounded to the format of `stage` (and is returned). `scratch`, a flat
+    buffer of that format's dtype with at least x.numel() elements, spares the cast's allocation."""
+    fmt = policy.stage(stage)
+    if info(fmt).dtype == x.dtype:
+        return x
+    if scratch is not None and x.dtype == torch.float32 and fmt not in FP8_FORMATS:
+        narrow = scratch[: x.numel()].view(x.shape)
+        return x.copy_(narrow.copy_(x))  # the same two casts as round_to
+    return x.copy_(round_to(x, fmt))
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, policy: Policy, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b formed and summed in policy.matmul precision, returned in a's dtype (written into `out`, of
+    the product's shape, when given).
 
     Operands are already rounded to their stages, so an fp32 product of bf16/fp16/fp8 values is exact
     and only the sum rounds, as on tensor cores with an fp32 accumulator."""
     if policy.matmul == Format.FP32 and a.dtype == torch.float64:
-        return torch.matmul(a.to(torch.float32), b.to(torch.float32)).to(torch.float64)
-    return torch.matmul(a, b)
+        prod = torch.matmul(a.to(torch.float32), b.to(torch.float32)).to(torch.float64)
+        return prod if out is None else out.copy_(prod)
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
 
 
 def safe_max(m: torch.Tensor) -> torch.Tensor:

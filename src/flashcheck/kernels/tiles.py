@@ -34,13 +34,16 @@ def row_chunks(lq: int, rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def mm_rows(a: torch.Tensor, b: torch.Tensor, policy: Policy, rows_untiled: int) -> torch.Tensor:
+def mm_rows(
+    a: torch.Tensor, b: torch.Tensor, policy: Policy, rows_untiled: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """mm(a, b) for a [..., M, K] whose M the tiling cut below MIN_ROWS from `rows_untiled`: formed with
     zero rows added up to min(MIN_ROWS, rows_untiled), then cut back (each row of a product depends on its
-    own row of a and on the product's shape only)."""
+    own row of a and on the product's shape only). Written into `out` [..., M, N] when given."""
     m = a.shape[-2]
     want = min(MIN_ROWS, rows_untiled)
     if m >= want:
-        return mm(a, b, policy)
+        return mm(a, b, policy, out=out)
     pad = a.new_zeros((*a.shape[:-2], want - m, a.shape[-1]))
-    return mm(torch.cat([pad, a], dim=-2), b, policy)[..., want - m :, :]
+    prod = mm(torch.cat([pad, a], dim=-2), b, policy)[..., want - m :, :]
+    return prod if out is None else out.copy_(prod)
