@@ -264,6 +264,7 @@ def test_explain_human_heading_one_line_and_progress(tmp_path):
     assert heading.endswith(f"dominant stage: {data['dominant_stage']}")
     assert f"{data['alone']['output']:.3e}" in _row(res.output, "output", "bf16")
     progress_lines(res.stderr, "explain 13/13", "bf16-mixed")
+    one_line(res.output, f"wrote {tmp_path}/summary.json, figures/explain.png")
 
 
 def test_compare_human_heading_one_line():
@@ -344,6 +345,10 @@ def test_train_study_human(tmp_path):
     one_line(res.output, f"no verdicts: {summary['note']}")
     assert not re.search(r": (holds|does not hold|inconclusive) — ", res.output), res.output
     one_line(res.output, f"report: {out}/report.html")
+    runs = out / "runs"  # drift on two of its run folders: their weights by step, not the resume point
+    drift = human(["drift", str(runs / "flash-s0"), str(runs / "base-s0")])
+    steps = sorted(int(p.stem.split("_")[-1]) for p in (runs / "flash-s0" / "weights").glob("step_*.pt"))
+    assert len(steps) > 2 and all(re.search(rf"^│ {s}\s", drift.output, flags=re.M) for s in steps), drift.output
 
 
 # ---- off a terminal: no escapes, no highlighting inside numbers --------------------------------------

@@ -46,6 +46,7 @@ def mutants(
         typer.echo(json.dumps(data, indent=2))
     else:
         _print(result)
+        _console().print(f"report: {folder}/report.html, report.md, summary.json", markup=False)
     if any(result.false_failures.failed[r] for r in rules):
         raise typer.Exit(1)
 

@@ -121,12 +121,15 @@ def explain(
         _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
     data = {**attr.to_dict(), "config": {"kernel": kernel.value, **kern, "preset": preset, **dataclasses.asdict(spec)}}
     write_atomic(folder / "summary.json", json.dumps(data, indent=2))
+    figure = "; no figure (pip install 'flashcheck[plots]')"
     with contextlib.suppress(ImportError), atomic_target(folder / "figures" / "explain.png") as png:
         draw_attribution(attr, png)  # matplotlib is optional: the table still prints
+        figure = ", figures/explain.png"
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
         _print_explain(attr, metric)
+        _console().print(f"wrote {folder}/summary.json{figure}", markup=False)
 
 
 def _explain_kernel(

@@ -62,12 +62,15 @@ def _entries(folder: Path) -> list[tuple[str, Path]]:
 
 def series(path: str | Path) -> dict[int, Path]:
     """Checkpoints by step: a folder of checkpoints (files, sharded checkpoints or checkpoint folders) named
-    with their step (the last number in the name), or one checkpoint (step 0)."""
+    with their step (the last number in the name), a run folder of `flashcheck train-study` (its weights/),
+    or one checkpoint (step 0)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{str(p)!r} does not exist")
     if p.is_file() or (p / ".metadata").exists():
         return {0: p}
+    if (p / "weights").is_dir() and (p / "config.json").is_file():  # not its state.pt, the resume point
+        return series(p / "weights")
     out: dict[int, Path] = {}
     for name, target in _entries(p):
         nums = re.findall(r"\d+", name)
