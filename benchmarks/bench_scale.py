@@ -104,16 +104,6 @@ def bench_flash(lengths: list[int], threads: int) -> None:
         prev = (sim["seconds"], ref["seconds"])
 
 
-def _hwm(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -124,28 +114,100 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def bench_study(preset: str, workers: int) -> None:
+# The quick preset as it was when issue 15 was filed (config.py at b483974: the paper, backends and fa3
+# questions at 4 heads, seeds 0 and 1; 152 cases), the cases of the issue's "81 s". quick has grown since.
+QUICK_AT_ISSUE = "quick-at-issue"
+
+
+def quick_at_issue_toml() -> str:
+    """The issue-time quick preset as a --config TOML file (the same case ids as then)."""
+    import dataclasses
+
+    from flashcheck.study import config as c
+
+    sweeps = (
+        *c._paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 4, (0, 1)),
+        c._backend_sweep((1024, 4096), 4, (0, 1)),
+        c._fa3_sweep((1024, 2048), (64, 128), 4, (0, 1)),
+    )
+    lines = [f"name = {json.dumps(QUICK_AT_ISSUE)}"]
+    for sweep in sweeps:
+        lines += ["", "[[sweeps]]"] + [f"{k} = {json.dumps(v)}" for k, v in dataclasses.asdict(sweep).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _status(pid: int, field: str) -> int:
+    """A /proc/PID/status field in bytes (0 once the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _study_command(preset: str, workers: int, tmp: str, rev: str | None) -> tuple[list[str], dict]:
+    """The study command line and environment: this tree's code, or the code at git revision `rev` (extracted
+    to `tmp`, run with the issue-time preset `quick`, whose cases are those of QUICK_AT_ISSUE)."""
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--out", f"{tmp}/out", "--workers", str(workers), "--quiet"]
+    if rev is not None:
+        root = Path(__file__).resolve().parents[1]
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        env["PYTHONPATH"] = f"{tmp}/src"
+        return [*cmd, "--preset", "quick" if preset == QUICK_AT_ISSUE else preset], env
+    if preset == QUICK_AT_ISSUE:
+        Path(f"{tmp}/quick-at-issue.toml").write_text(quick_at_issue_toml())
+        return [*cmd, "--config", f"{tmp}/quick-at-issue.toml"], env
+    return [*cmd, "--preset", preset], env
+
+
+def run_study(preset: str, workers: int, rev: str | None = None) -> dict:
+    """One study run in fresh processes: wall time, each worker's peak (VmHWM) and the largest sum of the
+    workers' resident memory at one moment (polled every 0.2 s) beside MemAvailable at the start."""
+    from flashcheck.kernels.memory import available_bytes
+
+    avail = available_bytes() or 0
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--preset", preset, "--out", tmp]
-        cmd += ["--workers", str(workers), "--quiet"]
+        cmd, env = _study_command(preset, workers, tmp, rev)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         peaks: dict[int, int] = {}
+        together = 0
         while proc.poll() is None:
-            for pid in _children(proc.pid):  # VmHWM is a high-water mark: the last poll before exit holds it
-                peaks[pid] = max(peaks.get(pid, 0), _hwm(pid))
+            kids = _children(proc.pid)
+            for pid in kids:  # VmHWM is a high-water mark: the last poll before exit holds it
+                peaks[pid] = max(peaks.get(pid, 0), _status(pid, "VmHWM"))
+            together = max(together, sum(_status(pid, "VmRSS") for pid in kids))
             time.sleep(0.2)
         secs = time.perf_counter() - t0
         err = proc.stderr.read() if proc.stderr else ""
-    workers_peaks = sorted((p for p in peaks.values() if p > 0), reverse=True)
-    top = workers_peaks[0] if workers_peaks else 0
-    print(
-        f"study --preset {preset} --workers {workers}: {secs:.1f} s (exit {proc.returncode}); peak per worker "
-        f"{', '.join(f'{p / GB:.2f}' for p in workers_peaks[: workers + 2])} GB "
-        f"(largest vs 1.5 GB: {top / (1.5 * GB):.2f}x, {verdict(top, 1.5 * GB)})"
-        + (f"; stderr: {err[-200:]}" if proc.returncode else ""),
-        flush=True,
-    )
+    worker_peaks = sorted((p for p in peaks.values() if p > 0), reverse=True)
+    return {"seconds": secs, "exit": proc.returncode, "peaks": worker_peaks, "together": together, "available": avail,
+            "stderr": err[-300:] if proc.returncode else ""}  # fmt: skip
+
+
+def bench_study(preset: str, workers: int, peer: str | None = None) -> None:
+    """The study's time and worker peaks; with `peer` (a git revision), the same cases run by that revision's
+    code right after, so both see the same machine load."""
+    runs = [("this tree", run_study(preset, workers))]
+    if peer:
+        runs.append((f"code at {peer}", run_study(preset, workers, peer)))
+    for label, r in runs:
+        top = r["peaks"][0] if r["peaks"] else 0
+        each = ", ".join(f"{p / GB:.2f}" for p in r["peaks"][: workers + 2])
+        print(
+            f"study {preset} --workers {workers} ({label}): {r['seconds']:.1f} s (exit {r['exit']}, load "
+            f"{os.getloadavg()[0]:.1f}); peak per worker {each}"
+            f" GB (largest vs 1.5 GB: {top / (1.5 * GB):.2f}x, {verdict(top, 1.5 * GB)}); workers together at most "
+            f"{r['together'] / GB:.2f} GB of {r['available'] / GB:.1f} GB available"
+            + (f"; stderr: {r['stderr']}" if r["exit"] else ""),
+            flush=True,
+        )
+    if peer:
+        print(f"study time this tree / code at {peer}: {runs[0][1]['seconds'] / runs[1][1]['seconds']:.2f}x")
 
 
 def _ints(text: str) -> list[int]:
@@ -157,8 +219,13 @@ def main() -> None:
     parser.add_argument("--compare", default="32768,65536", help="compare --seq-len values ('' to skip)")
     parser.add_argument("--flash", default="4096,8192,16384,32768,65536", help="flash simulator lengths")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads (flash)")
-    parser.add_argument("--study", default="quick", help="study preset")
+    parser.add_argument(
+        "--study", default="quick", help=f"study preset, or {QUICK_AT_ISSUE} (quick when issue 15 was filed, 81 s then)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="study workers")
+    parser.add_argument(
+        "--study-peer", default=None, help="git revision whose code runs the same study right after (e.g. b483974)"
+    )
     parser.add_argument("--no-study", action="store_true")
     args = parser.parse_args()
     if args.flash:
@@ -166,7 +233,7 @@ def main() -> None:
     if args.compare:
         bench_compare(_ints(args.compare))
     if not args.no_study:
-        bench_study(args.study, args.workers)
+        bench_study(args.study, args.workers, args.study_peer)
 
 
 if __name__ == "__main__":
