@@ -321,6 +321,9 @@ VALIDATE = [  # run only once `flashcheck validate` exists
     r("validate-out-empty", "validate --out ''", "--out"),
     r("validate-out-missing-parent", "validate --out {missing}/sub", "{missing}", "not exist"),
     r("validate-out-is-a-file", "validate --out {file}", "{file}"),
+    r("validate-samples-zero", "validate --samples 0", "--samples 0"),
+    r("validate-batch-size-zero", "validate --batch-size 0", "--batch-size 0"),
+    r("validate-samples-text", "validate --samples many", "--samples", "many"),
 ]
 
 ROWS = [

@@ -226,6 +226,15 @@ def test_out_creates_the_last_folder_only(tmp_path):
     assert "explain 13/13" not in res.output  # refused before the measurement
 
 
+def test_validate_says_how_many_texts_it_compared():
+    """A --samples beyond the corpus is said in the table's title (the corpus is what was compared)."""
+    from flashcheck.cli.validate import _inputs_line
+
+    assert _inputs_line({"texts": 1000, "samples": 1000, "max_length": 128}) == "1000 texts, up to 128 tokens"
+    line = _inputs_line({"texts": 5, "samples": 50, "max_length": 16})
+    assert line == "5 texts (--samples 50: the corpus holds 5), up to 16 tokens"
+
+
 def test_backends_human():
     res = human(["backends"])
     assert "yes" in _row(res.output, "sdpa-math") and "yes" in _row(res.output, "sim-flash")

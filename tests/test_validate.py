@@ -313,7 +313,7 @@ def test_unknown_impl_and_other_bad_input_exit_2(tiny_bert: Path, tmp_path: Path
         ([str(tiny_bert), "--impls", "eager,sdpaa"], "did you mean 'sdpa'"),
         ([str(tiny_bert), "--dtypes", "fp8"], "'fp8'"),
         ([str(tiny_bert), "--tolerance", "tight"], "--tolerance 'tight'"),
-        ([str(tiny_bert), "--samples", "2"], "samples=2"),
+        ([str(tiny_bert), "--samples", "2"], "--samples 2"),
         ([str(tiny_bert), "--out", ""], "--out"),
         ([str(tiny_bert), "--check-pin", str(tmp_path / "nope.json")], "does not exist"),
     ]

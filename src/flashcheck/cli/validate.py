@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
 
 import typer
 
@@ -78,7 +79,7 @@ def _print(result, out: str) -> None:
 
     c = _console()
     rows = comparison_table(result)
-    table = Table(title=f"validate {result.model}")
+    table = Table(title=f"validate {result.model}: {_inputs_line(result.settings)}")
     for col in rows.header:
         table.add_column(col)
     for row in rows.rows:
@@ -91,6 +92,13 @@ def _print(result, out: str) -> None:
         c.print(f"skipped {s.impl}:{s.dtype}: {s.reason}")
     c.print(conclusion(result))
     c.print(f"report: {out}/report.html, report.md, summary.json")
+
+
+def _inputs_line(settings: dict) -> str:
+    """How many texts were compared and at what length; a --samples beyond the corpus is said, not hidden."""
+    n, asked = settings.get("texts"), settings.get("samples")
+    more = f" (--samples {asked}: the corpus holds {n})" if asked is not None and n is not None and asked > n else ""
+    return f"{n} texts{more}, up to {settings.get('max_length')} tokens"
 
 
 @app.command()
@@ -139,8 +147,15 @@ def validate(
             progress=functools.partial(progress, quiet=quiet),
         )
     except ValueError as exc:
-        _fail_usage(str(exc))
+        _fail_usage(_as_flags(str(exc)))
     _finish(result, out, pin, as_json)
+
+
+def _as_flags(message: str) -> str:
+    """The library's parameter names in a message as the command's flags ("samples=0" -> "--samples 0")."""
+    for name in ("samples", "batch_size", "max_length", "tolerance"):
+        message = re.sub(rf"^{name}[= ]", f"--{name.replace('_', '-')} ", message)
+    return message
 
 
 def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
