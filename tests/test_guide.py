@@ -292,3 +292,23 @@ def test_the_guide_part_of_a_study_resumes_after_a_kill(tiny_study, tmp_path):
     assert stats["guide_tasks_computed"] == len(lines) - len(kept)
     assert {k: r["status"] for k, r in load_results(out).items()} == {json.loads(x)["id"]: "ok" for x in lines}
     assert run_study(preset("tiny"), out, workers=1, quiet=True)["guide_tasks_computed"] == 0
+
+
+def test_a_guide_folder_from_before_resumes_and_others_are_refused(tmp_path):
+    """A --preset guide folder whose study.json predates the guide's settings in it is resumed (study.json
+    gains them; guide.json is checked before the tasks); any other study that lacks them is another study."""
+    from flashcheck.study.config import preset
+    from flashcheck.study.runner import save_config
+
+    for name, ok in (("guide-tiny", True), ("tiny", False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        old = {k: v for k, v in preset(name).to_dict().items() if k != "guide"}
+        (folder / "study.json").write_text(json.dumps(old))
+        if ok:
+            save_config(folder, preset(name))
+            assert json.loads((folder / "study.json").read_text())["guide"] == json.loads(json.dumps(TINY.to_dict()))
+        else:
+            with pytest.raises(ValueError, match="holds another study"):
+                save_config(folder, preset(name))
+            assert "guide" not in json.loads((folder / "study.json").read_text())

@@ -13,7 +13,7 @@ from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
-from flashcheck.study.guide import run_tasks_locked
+from flashcheck.study.guide import is_guide, run_tasks_locked
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
 from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder_lock, read_study_json
 
@@ -44,6 +44,9 @@ def save_config(path: Path, config: StudyConfig) -> None:
     except DamagedFile as exc:
         warnings.warn(f"{exc}; rewriting it from this run's configuration", stacklevel=2)
         old = None
+    upgrade = old is not None and "guide" not in old and config.guide is not None and is_guide(config)
+    if upgrade:  # a guide folder from before study.json held the guide's settings (guide.json is checked later)
+        old = old | {"guide": new["guide"]}
     if old is None:
         write_atomic(path / "study.json", json.dumps(new, indent=2))
         return
@@ -58,6 +61,8 @@ def save_config(path: Path, config: StudyConfig) -> None:
             f"--out {str(path)!r} holds another study ({old.get('name')!r}); use a new --out "
             "folder or the same configuration to resume"
         )
+    if upgrade:
+        write_atomic(path / "study.json", json.dumps(new, indent=2))
 
 
 def check_workers(workers: int | None) -> int:
