@@ -18,6 +18,8 @@ from flashcheck.cli.app import (
 )
 
 MAX_WORKERS = 256  # runs trained at once; a study has 5
+MAX_STEPS = 1_000_000  # 200 times the full preset's 5000 steps: beyond it, a typo rather than a study
+MAX_SEEDS = 100  # seed groups (5 runs each)
 MAX_SKETCH_POINTS = 10_000_000  # per tensor; beyond this an exact W1 (--exact-limit) is the better tool
 
 
@@ -78,15 +80,13 @@ def train_study(
         if workers is not None and not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
         _out_folder(out)
+        _check_counts(steps, save_every, seeds)
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)
         else:
             from flashcheck.training.experiments import run_train_study, train_preset
 
-            for flag, value in (("steps", steps), ("save-every", save_every), ("seeds", seeds)):
-                if value is not None and value < 1:
-                    raise ValueError(f"--{flag} {value} is not allowed; give a positive integer")
             study = train_preset(preset, **{k: v for k, v in overrides.items() if v is not None})
             with _Progress("train-study", quiet) as on_progress:
                 summary = run_train_study(study, out, workers=workers, on_progress=on_progress)
@@ -96,6 +96,15 @@ def train_study(
         _fail_check(str(exc))
     if not quiet:
         _print_train_study(summary, out)
+
+
+def _check_counts(steps: int | None, save_every: int | None, seeds: int | None) -> None:
+    """ValueError naming the flag unless each count given lies in [1, its maximum] (a huge --steps would
+    otherwise train for ever)."""
+    for flag, value, hi in (("--steps", steps, MAX_STEPS), ("--save-every", save_every, MAX_STEPS),
+                            ("--seeds", seeds, MAX_SEEDS)):  # fmt: skip
+        if value is not None and not 1 <= value <= hi:
+            raise ValueError(f"{flag} {value} is not allowed; give an integer from 1 to {hi}")
 
 
 def _tied_max(out: str, quiet: bool, seeds: int | None, steps: int | None, overrides: dict) -> dict:

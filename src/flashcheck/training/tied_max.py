@@ -155,8 +155,9 @@ def tied_max_report(
 ) -> dict:
     """Run the tied-maxima experiment and its untied control for seeds 0..seeds-1 (keyword arguments as
     run_tied_max); write summary.json and the report. on_progress(steps done, steps of all runs, note)."""
-    if type(seeds) is not int or seeds < 1:
-        raise ValueError(f"seeds={seeds!r} is not allowed; it must be a positive integer")
+    for name, value in (("seeds", seeds), ("steps", kw.get("steps", 40))):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
