@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,14 +34,15 @@ from flashcheck.kernels import flash_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 impl, L = sys.argv[1], int(sys.argv[2])
 q, k, v = (t.float() for t in make_qkv(InputSpec(batch=1, heads=8, seq_len=L, head_dim=64)))
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 with torch.no_grad():
     if impl == "flash-sim":
         flash_attention(q, k, v, policy="bf16-mixed", block_q=128, block_k=128)
     else:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             torch.nn.functional.scaled_dot_product_attention(q, k, v)
-print(json.dumps({{"seconds": time.perf_counter() - t0, "peak": {HWM}}}))
+secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({{"seconds": secs, "cpu": cpu, "peak": {HWM}}}))
 """
 COMPARE = f"""
 import json, sys, time
@@ -81,15 +83,35 @@ def bench_compare(lengths: list[int]) -> None:
         print(line, flush=True)
 
 
-def bench_flash(lengths: list[int], threads: int) -> None:
-    print(f"flash simulator (bf16-mixed, 128x128, B=1 H=8 D=64, fp32 inputs, {threads} threads) vs SDPA CPU flash fp32")
-    print(f"{'L':>6} {'sim s':>8} {'x prev':>7} {'sim GB':>7} {'sdpa s':>8} {'x prev':>7} {'sim/sdpa':>9}")
+def _flash_runs(n: int, threads: int, repeat: int) -> tuple[dict, dict] | str:
+    """`repeat` runs of the simulator and of SDPA flash at length n, interleaved (sim, sdpa, sim, ...) so
+    that a change in the machine's load falls on both; medians of wall and CPU seconds, the largest peak."""
+    runs: dict[str, list[dict]] = {"flash-sim": [], "sdpa-flash": []}
+    for _ in range(repeat):
+        for impl, got in runs.items():
+            r = child(FLASH, impl, str(n), str(threads))
+            if "error" in r:
+                return f"{impl}: {r['error']}"
+            got.append(r)
+    sim, ref = ({key: statistics.median(r[key] for r in got) for key in ("seconds", "cpu")} for got in runs.values())
+    sim["peak"], ref["peak"] = (max(r["peak"] for r in got) for got in runs.values())
+    return sim, ref
+
+
+def bench_flash(lengths: list[int], threads: int, repeat: int = 3) -> None:
+    print(
+        f"flash simulator (bf16-mixed, 128x128, B=1 H=8 D=64, fp32 inputs, {threads} threads) vs SDPA CPU flash "
+        f"fp32; medians of {repeat} interleaved runs, each in a fresh process; load average {os.getloadavg()[0]:.1f}"
+    )
+    head = f"{'L':>6} {'sim s':>8} {'x prev':>7} {'sim GB':>7} {'sdpa s':>8} {'x prev':>7} {'sim/sdpa':>9}"
+    print(f"{head} {'cpu-time sim/sdpa':>17}")
     prev = None
     for n in lengths:
-        sim, ref = child(FLASH, "flash-sim", str(n), str(threads)), child(FLASH, "sdpa-flash", str(n), str(threads))
-        if "error" in sim or "error" in ref:
-            print(f"{n:>6} failed: {sim.get('error') or ref.get('error')}")
+        got = _flash_runs(n, threads, repeat)
+        if isinstance(got, str):
+            print(f"{n:>6} failed: {got}")
             continue
+        sim, ref = got
         ratio = sim["seconds"] / ref["seconds"]
         growth = f"{sim['seconds'] / prev[0]:7.2f}" if prev else f"{'':>7}"
         sgrowth = f"{ref['seconds'] / prev[1]:7.2f}" if prev else f"{'':>7}"
@@ -98,7 +120,7 @@ def bench_flash(lengths: list[int], threads: int) -> None:
             note += "  (doubling > 4.5x: MISSES)"
         print(
             f"{n:>6} {sim['seconds']:8.2f} {growth} {sim['peak'] / GB:7.2f} {ref['seconds']:8.2f} {sgrowth} "
-            f"{ratio:8.2f}x{note}",
+            f"{ratio:8.2f}x {sim['cpu'] / ref['cpu']:16.2f}x{note}  (load {os.getloadavg()[0]:.1f})",
             flush=True,
         )
         prev = (sim["seconds"], ref["seconds"])
@@ -219,6 +241,7 @@ def main() -> None:
     parser.add_argument("--compare", default="32768,65536", help="compare --seq-len values ('' to skip)")
     parser.add_argument("--flash", default="4096,8192,16384,32768,65536", help="flash simulator lengths")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads (flash)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per flash length (medians)")
     parser.add_argument(
         "--study", default="quick", help=f"study preset, or {QUICK_AT_ISSUE} (quick when issue 15 was filed, 81 s then)"
     )
@@ -229,7 +252,7 @@ def main() -> None:
     parser.add_argument("--no-study", action="store_true")
     args = parser.parse_args()
     if args.flash:
-        bench_flash(_ints(args.flash), args.threads)
+        bench_flash(_ints(args.flash), args.threads, args.repeat)
     if args.compare:
         bench_compare(_ints(args.compare))
     if not args.no_study:
