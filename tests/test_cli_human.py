@@ -201,7 +201,7 @@ INVALID = "error: Invalid value for"
         (["study", "--executor", "dask"], f"{INVALID} '--executor': 'dask' is not one of 'local', 'ray'."),
         (["compare", "--no-such"], "error: No such option: --no-such"),
         (["no-such-command"], "error: No such command 'no-such-command'; see 'root --help'"),
-        (["drift", "a"], "error: Missing argument 'b'; see 'root drift --help'"),
+        (["drift", "a"], "error: Missing argument 'B'; see 'root drift --help'"),
     ],
 )  # fmt: skip
 def test_usage_errors_are_one_line_with_exit_2(args, message):

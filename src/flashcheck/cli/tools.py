@@ -82,20 +82,24 @@ def explain(
     preset: str = typer.Option(
         None, help="Explain a kernel preset (torch-cpu-flash, fa2-gpu, fa3-fp8) at format --numerics."
     ),
-    kernel: Kernel = typer.Option(Kernel.flash),
-    algorithm: Algorithm = typer.Option(Algorithm.fa2),
-    block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX)),
-    block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX)),
-    batch: int = typer.Option(1, callback=_positive("--batch")),
-    heads: int = typer.Option(8, callback=_positive("--heads")),
-    seq_len: int = typer.Option(1024, callback=_positive("--seq-len")),
-    head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
-    causal: bool = typer.Option(False),
-    distribution: Distribution = typer.Option(Distribution.normal),
+    kernel: Kernel = typer.Option(Kernel.flash, help="The kernel whose stages are switched."),
+    algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm (without --preset)."),
+    block_q: int = typer.Option(
+        128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br (without --preset)."
+    ),
+    block_k: int = typer.Option(
+        128, callback=_int_range("--block-k", 1, BLOCK_MAX), help="Key block size Bc (without --preset)."
+    ),
+    batch: int = typer.Option(1, callback=_positive("--batch"), help="Batch size B."),
+    heads: int = typer.Option(8, callback=_positive("--heads"), help="Heads H."),
+    seq_len: int = typer.Option(1024, callback=_positive("--seq-len"), help="Sequence length L."),
+    head_dim: int = typer.Option(64, callback=_positive("--head-dim"), help="Head dim D."),
+    causal: bool = typer.Option(False, help="Causal mask (bottom-right aligned)."),
+    distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     metric: str = typer.Option("rel_l2", help="max_abs, mean_abs, rmse or rel_l2."),
-    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64)),
+    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the drawn inputs."),
     out: str = typer.Option("flashcheck-explain", help="Folder for summary.json and figures/explain.png."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
     from flashcheck.core.fileio import atomic_target, write_atomic
@@ -171,10 +175,10 @@ def _print_explain(attr, metric: str) -> None:
 @app.command()
 def doctor(
     seq_len: int = typer.Option(1024, callback=_positive("--seq-len"), help="Shape for SDPA's choice."),
-    head_dim: int = typer.Option(64, callback=_positive("--head-dim")),
+    head_dim: int = typer.Option(64, callback=_positive("--head-dim"), help="Head dim for SDPA's choice."),
     dtype: str = typer.Option("bf16", help="dtype for SDPA's choice: fp32, bf16, fp16."),
-    causal: bool = typer.Option(False),
-    as_json: bool = typer.Option(False, "--json"),
+    causal: bool = typer.Option(False, help="A causal mask for SDPA's choice."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Why flash attention will or will not run here."""
     from flashcheck.core.numerics import info, parse_format

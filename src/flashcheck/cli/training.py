@@ -164,8 +164,10 @@ def _print_pairs(c, pairs: dict) -> None:
 
 @app.command()
 def drift(
-    a: str = typer.Argument(..., help="Checkpoint (file, sharded, folder) or folder of checkpoints by step (run A)."),
-    b: str = typer.Argument(..., help="The same for run B."),
+    a: str = typer.Argument(
+        ..., metavar="A", help="Checkpoint (file, sharded, folder), folder of checkpoints by step or train-study run."
+    ),
+    b: str = typer.Argument(..., metavar="B", help="The same for run B."),
     sketch_points: int = typer.Option(
         4096,
         callback=_int_range("--sketch-points", 1, MAX_SKETCH_POINTS),
@@ -177,7 +179,7 @@ def drift(
         help="Values up to which whole-model W1 is exact.",
     ),
     per_tensor: bool = typer.Option(True, help="Include per-tensor figures in --json."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Weight deviation between two checkpoint series: max |A - B| and Wasserstein-1, per tensor and model.
     Exit 1 when a tensor holds NaN or Inf (named on stderr)."""

@@ -104,7 +104,9 @@ def _inputs_line(settings: dict) -> str:
 @app.command()
 def validate(
     model: str = typer.Argument(
-        None, help="Model folder (Hugging Face or sentence-transformers); default: the bundled all-MiniLM-L6-v2."
+        None,
+        metavar="MODEL",
+        help="Model folder (Hugging Face or sentence-transformers); default: the bundled all-MiniLM-L6-v2.",
     ),
     impls: str = typer.Option("eager,sdpa,flash_attention_2", help="Attention implementations, comma-separated."),
     dtypes: str = typer.Option("fp32,bf16", help="Formats: fp32, bf16, fp16."),
