@@ -276,6 +276,13 @@ def test_explain_human_heading_one_line_and_progress(tmp_path):
     one_line(res.output, f"wrote {tmp_path}/summary.json, figures/explain.png")
 
 
+@pytest.mark.parametrize("preset,policy", [("fa2-gpu", "fa2-gpu@bf16"), ("fa3-fp8", "fa3-fp8@fp8-e4m3")])
+def test_explain_a_preset_without_numerics_takes_its_format(preset, policy, tmp_path):
+    """--preset takes a format: without --numerics, bf16 (fp8-e4m3 for fa3-fp8), not the policy bf16-mixed."""
+    res = human(["explain", "--preset", preset, *SMALL, "--out", str(tmp_path)])
+    one_line(res.output, f"rel_l2 vs FP64 of {policy}: full")
+
+
 def test_compare_human_heading_one_line():
     res = human(["compare", *SMALL])
     one_line(res.output, "flash [bf16-mixed] vs standard [bf16-mixed]", "L=64", "seed=0")

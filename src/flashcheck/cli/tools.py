@@ -78,7 +78,10 @@ def backends(
 
 @app.command()
 def explain(
-    numerics: str = typer.Option("bf16-mixed", help="The policy to explain (or the format with --preset)."),
+    numerics: str = typer.Option(
+        None,
+        help="The policy to explain (default bf16-mixed); with --preset its format (default bf16; fa3-fp8: fp8-e4m3).",
+    ),
     preset: str = typer.Option(
         None, help="Explain a kernel preset (torch-cpu-flash, fa2-gpu, fa3-fp8) at format --numerics."
     ),
@@ -109,6 +112,8 @@ def explain(
 
     try:
         _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric})
+        if numerics is None:  # a preset takes a format, not a policy
+            numerics = {None: "bf16-mixed", "fa3-fp8": "fp8-e4m3"}.get(preset, "bf16")
         folder = _out_folder(out)
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
