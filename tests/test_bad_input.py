@@ -291,6 +291,7 @@ DRIFT = [
     r("drift-exact-limit-negative", "drift {st_ok} {st_ok} --exact-limit -5", "--exact-limit", "-5"),
     r("drift-exact-limit-text", "drift {st_ok} {st_ok} --exact-limit lots", "--exact-limit", "lots"),
     r("drift-one-argument", "drift {st_ok}", "B"),
+    r("drift-no-tensor-in-common", "drift {st_ok} {st_w3}", "no tensor in common", "w is (2,) in A, (3,) in B"),
     r("drift-sketch-points-float", "drift {st_ok} {st_ok} --sketch-points 2.5", "--sketch-points", "2.5"),
 ]
 
@@ -398,6 +399,7 @@ SAFETENSORS = {
     "st_header_not_utf8": _safetensors(None, raw_header=b'{"w\xff\xfe": 1}'),
     "st_offsets_text": _safetensors(_tensor(data_offsets=["a", "b"])),
     "st_shape_negative": _safetensors(_tensor(shape=[-1])),
+    "st_w3": _safetensors(_tensor(shape=[3], data_offsets=[0, 12]), b"\0" * 12),
 }
 
 

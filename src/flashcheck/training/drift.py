@@ -240,6 +240,21 @@ def compare_checkpoints(
         ra.close()
 
 
+def _mismatch_words(mism: dict) -> str:
+    """Why nothing was compared, in a few words: names on one side only, shapes that differ (3 of each)."""
+
+    def names(key: str) -> str:
+        items = mism[key]
+        return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+    words = [
+        f"only in A: {names('only_in_a')}" if mism["only_in_a"] else "",
+        f"only in B: {names('only_in_b')}" if mism["only_in_b"] else "",
+    ]
+    words += [f"{m['name']} is {tuple(m['a'])} in A, {tuple(m['b'])} in B" for m in mism["shape"][:3]]
+    return "; ".join(w for w in words if w) or "both are empty"
+
+
 def _compare(ra: Reader, rb: Reader, step: int, sketch_points: int, exact_limit: int, on_progress) -> PairResult:
     ka, kb = ra.keys(), rb.keys()
     mism = {"only_in_a": sorted(set(ka) - set(kb)), "only_in_b": sorted(set(kb) - set(ka)), "shape": [], "dtype": []}
@@ -261,7 +276,9 @@ def _compare(ra: Reader, rb: Reader, step: int, sketch_points: int, exact_limit:
             if on_progress is not None:
                 on_progress(i, len(common), name)
     if not acc.per_tensor and not acc.nonfinite:
-        raise CheckpointError(f"{str(ra.path)!r} and {str(rb.path)!r} have no tensor in common to compare")
+        raise CheckpointError(
+            f"{str(ra.path)!r} and {str(rb.path)!r} have no tensor in common to compare ({_mismatch_words(mism)})"
+        )
     w, bound = acc.whole.w1() if acc.per_tensor else (math.nan, math.nan)
     per_layer = {}
     for lname, sk in acc.layers.items():
