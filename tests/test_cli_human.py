@@ -211,6 +211,13 @@ def test_usage_errors_are_one_line_with_exit_2(args, message):
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and res.stderr.startswith(message), res.stderr
 
 
+def test_version():
+    from importlib.metadata import version
+
+    res = human(["--version"])
+    assert res.output == f"flashcheck {version('flashcheck')}\n"
+
+
 def test_no_arguments_still_prints_the_help():
     res = runner.invoke(app, [])
     assert "Usage:" in res.output and "│ compare" in res.output and "error:" not in res.output

@@ -22,10 +22,5 @@ def main() -> None:
         sys.exit(130)
 
 
-@app.callback()
-def _root() -> None:
-    """Is Flash Attention stable? Measure attention numerics against an exact FP64 reference."""
-
-
 if __name__ == "__main__":
     main()

@@ -69,6 +69,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"flashcheck {version('flashcheck')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("flashcheck (not installed: no version)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print flashcheck's version and exit."
+    ),
+) -> None:
+    """Is Flash Attention stable? Measure attention numerics against an exact FP64 reference."""
+
+
 class Kernel(StrEnum):
     flash = "flash"
     standard = "standard"
