@@ -186,6 +186,13 @@ def _study_command(preset: str, workers: int, tmp: str, rev: str | None) -> tupl
     return [*cmd, "--preset", preset], env
 
 
+def _children_cpu() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def run_study(preset: str, workers: int, rev: str | None = None) -> dict:
     """One study run in fresh processes: wall time, each worker's peak (VmHWM) and the largest sum of the
     workers' resident memory at one moment (polled every 0.2 s) beside MemAvailable at the start."""
@@ -194,7 +201,7 @@ def run_study(preset: str, workers: int, rev: str | None = None) -> dict:
     avail = available_bytes() or 0
     with tempfile.TemporaryDirectory() as tmp:
         cmd, env = _study_command(preset, workers, tmp, rev)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         peaks: dict[int, int] = {}
         together = 0
@@ -206,9 +213,10 @@ def run_study(preset: str, workers: int, rev: str | None = None) -> dict:
             time.sleep(0.2)
         secs = time.perf_counter() - t0
         err = proc.stderr.read() if proc.stderr else ""
+        cpu = _children_cpu() - c0  # the study and its reaped workers: less sensitive to the load than wall time
     worker_peaks = sorted((p for p in peaks.values() if p > 0), reverse=True)
-    return {"seconds": secs, "exit": proc.returncode, "peaks": worker_peaks, "together": together, "available": avail,
-            "stderr": err[-300:] if proc.returncode else ""}  # fmt: skip
+    return {"seconds": secs, "cpu": cpu, "exit": proc.returncode, "peaks": worker_peaks, "together": together,
+            "available": avail, "stderr": err[-300:] if proc.returncode else ""}  # fmt: skip
 
 
 def bench_study(preset: str, workers: int, peer: str | None = None) -> None:
@@ -221,15 +229,18 @@ def bench_study(preset: str, workers: int, peer: str | None = None) -> None:
         top = r["peaks"][0] if r["peaks"] else 0
         each = ", ".join(f"{p / GB:.2f}" for p in r["peaks"][: workers + 2])
         print(
-            f"study {preset} --workers {workers} ({label}): {r['seconds']:.1f} s (exit {r['exit']}, load "
-            f"{os.getloadavg()[0]:.1f}); peak per worker {each}"
+            f"study {preset} --workers {workers} ({label}): {r['seconds']:.1f} s, {r['cpu']:.0f} CPU s (exit "
+            f"{r['exit']}, load {os.getloadavg()[0]:.1f}); peak per worker {each}"
             f" GB (largest vs 1.5 GB: {top / (1.5 * GB):.2f}x, {verdict(top, 1.5 * GB)}); workers together at most "
             f"{r['together'] / GB:.2f} GB of {r['available'] / GB:.1f} GB available"
             + (f"; stderr: {r['stderr']}" if r["exit"] else ""),
             flush=True,
         )
     if peer:
-        print(f"study time this tree / code at {peer}: {runs[0][1]['seconds'] / runs[1][1]['seconds']:.2f}x")
+        (a, b) = (runs[0][1], runs[1][1])
+        print(
+            f"study this tree / code at {peer}: wall {a['seconds'] / b['seconds']:.2f}x, CPU {a['cpu'] / b['cpu']:.2f}x"
+        )
 
 
 def _ints(text: str) -> list[int]:
