@@ -112,8 +112,6 @@ def explain(
 
     try:
         _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric})
-        if numerics is None:  # a preset takes a format, not a policy
-            numerics = {None: "bf16-mixed", "fa3-fp8": "fp8-e4m3"}.get(preset, "bf16")
         folder = _out_folder(out)
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
@@ -142,10 +140,17 @@ def explain(
 
 
 def _explain_kernel(
-    preset: str | None, numerics: str, algorithm: Algorithm, blocks: tuple[int, int], shape: tuple[int, int, bool]
+    preset: str | None,
+    numerics: str | None,
+    algorithm: Algorithm,
+    blocks: tuple[int, int],
+    shape: tuple[int, int, bool],
 ) -> tuple:
     """(policy, {block_q, block_k, algorithm, exp2}): the kernel preset at format `numerics` for the shape
-    (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm."""
+    (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm. Without
+    numerics: bf16-mixed, or for a preset (which takes a format) bf16, fp8-e4m3 for fa3-fp8."""
+    if numerics is None:
+        numerics = {None: "bf16-mixed", "fa3-fp8": "fp8-e4m3"}.get(preset, "bf16")
     if not preset:
         from flashcheck.core.numerics import parse_policy
 
