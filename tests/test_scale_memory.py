@@ -139,3 +139,36 @@ def test_simulators_never_write_into_their_inputs(kernel, policy):
     if kernel != "splitkv":  # split-KV runs forward only
         run_float64(m.runner(causal=True), args, torch.ones(1, 2, 48, 16, dtype=torch.float64))
     assert all(torch.equal(a, b) for a, b in zip((q, k, v), before, strict=True))
+
+
+_CASE_PEAK = """
+import sys
+from flashcheck.core.inputs import InputSpec
+from flashcheck.measure.case import Case, run_case
+from flashcheck.measure.method import parse_method
+rec = run_case(Case(inputs=InputSpec(seq_len=int(sys.argv[2]), heads=4), method=parse_method(sys.argv[1])))
+assert rec.status == "ok", rec.reason
+print([int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] * 1024)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sdpa-math:bf16", "flash:bf16-mixed"])
+def test_study_case_estimate_is_an_upper_bound_of_a_fresh_workers_peak(method):
+    """A study case's estimate (the worker process included) against the VmHWM of a fresh process running it;
+    sdpa-math holds L x L scores (it measured 0.85 GiB at L=4096 against a chunked-model estimate of 0.63)."""
+    import subprocess
+    import sys
+
+    from flashcheck.study.cases import expand
+    from flashcheck.study.config import StudyConfig, Sweep
+    from flashcheck.study.memory import estimate_case_bytes
+
+    length = 4096  # where the chunked model alone fell below sdpa-math's peak
+    sweep = Sweep(question="q", methods=(method,), seq_lens=(length,), blocks=((128, 128),), heads=4, seeds=(0,))
+    case = expand(StudyConfig(name="s", sweeps=(sweep,)))[0]
+    out = subprocess.run(
+        [sys.executable, "-c", _CASE_PEAK, method, str(length)], capture_output=True, text=True, check=True, timeout=300
+    )
+    peak = int(out.stdout.strip().splitlines()[-1])
+    assert peak <= estimate_case_bytes(case) <= 3 * peak

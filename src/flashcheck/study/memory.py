@@ -12,6 +12,9 @@ from flashcheck.study.cases import Case
 MEMORY_SKIP = "too big for this machine's memory"
 PROCESS_BYTES = 300 * 2**20  # a spawned worker with torch imported (peak RSS before any case)
 QUADRATIC_BACKENDS = ("sdpa-math",)  # real backends that materialise the L x L scores
+# L x L arrays such a backend and its eager baseline hold at once, in fp32 at least (measured: sdpa-math:bf16
+# at L=4096, H=4 peaks at 0.85 GiB in a fresh process; kernels.memory's chunked model alone gave 0.63 GiB)
+QUADRATIC_ARRAYS = 3
 
 
 def case_footprint(c: Case) -> Footprint:
@@ -34,9 +37,18 @@ def case_footprint(c: Case) -> Footprint:
     )
 
 
+def _case_bytes(c: Case, seq_len: int | None = None) -> int:
+    """estimate_bytes of c's footprint (at `seq_len` when given), plus the L x L scores of a quadratic backend."""
+    fp = case_footprint(c) if seq_len is None else replace(case_footprint(c), seq_len=seq_len)
+    if c.kernel not in QUADRATIC_BACKENDS:
+        return estimate_bytes(fp)
+    lk = fp.seq_len if fp.seq_len_k is None else fp.seq_len_k
+    return estimate_bytes(fp) + QUADRATIC_ARRAYS * fp.batch * fp.heads * fp.seq_len * lk * max(4, fp.work_itemsize)
+
+
 def estimate_case_bytes(c: Case) -> int:
     """Peak bytes of one worker process evaluating case `c` (an upper bound)."""
-    return PROCESS_BYTES + estimate_bytes(case_footprint(c))
+    return PROCESS_BYTES + _case_bytes(c)
 
 
 def too_big(c: Case, available: int | None, workers: int) -> str | None:
@@ -45,11 +57,10 @@ def too_big(c: Case, available: int | None, workers: int) -> str | None:
     if available is None:
         return None
     budget = int(HEADROOM * available) // max(1, workers) - PROCESS_BYTES
-    fp = case_footprint(c)
-    need = estimate_bytes(fp)
+    need = _case_bytes(c)
     if need <= budget:
         return None
-    largest = largest_fitting(lambda n: estimate_bytes(replace(fp, seq_len=n)), budget, c.seq_len) if budget > 0 else 0
+    largest = largest_fitting(lambda n: _case_bytes(c, n), budget, c.seq_len) if budget > 0 else 0
     share = f", {human_bytes(max(budget, 0))} for each of {workers} workers" if workers > 1 else ""
     fits = f"the largest seq_len that fits is {largest}" if largest else "no seq_len fits"
     return (
