@@ -124,7 +124,7 @@ class Method:
 
     def prepare(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The float64 CPU inputs as this method takes them: simulators the inputs themselves (they never write
-        into them: tests/test_scale.py; a copy would cost 3 inputs' memory at long L); float64 backends copies;
+        into them: tests/test_scale_memory.py; a copy costs 3 inputs' memory at long L); float64 backends copies;
         other backends in their dtype (the adapter moves them to the device and the output back)."""
         if self.is_simulator:
             return tuple(tensors)
