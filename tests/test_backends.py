@@ -430,7 +430,6 @@ def test_cli_device_in_the_human_output():
     [
         (["--backend", "nope"], "unknown backend"),
         (["--seq-len", "64,x", "--backend", "sdpa-math"], "seq-len"),
-        (["--backward"], "need --backend"),
         (["--seq-len", "8,16"], "list"),
         (["--backend", "sim-flash", "--preset", "fa9"], "kernel preset"),
         (["--backend", "sdpa-math", "--device", "gpu"], "--device 'gpu' is not allowed; expected one of cpu, cuda"),

@@ -103,7 +103,6 @@ COMPARE = [
     r("compare-runs-huge", f"compare --runs {HUGE}", "--runs", HUGE),
     r("compare-seed-huge", f"compare --seed {HUGE}", "--seed", HUGE),
     r("compare-seed-text", "compare --seed s0", "--seed", "s0"),
-    r("compare-backward-without-backend", "compare --backward", "--backward"),
     r("compare-determinism-without-backend", "compare --determinism", "--determinism"),
     r("compare-unknown-flag", "compare --no-such-flag", "--no-such-flag"),
     r("compare-flag-without-value", "compare --heads", "--heads"),
