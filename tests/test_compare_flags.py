@@ -215,3 +215,43 @@ def test_backend_progress_names_the_case_running_then_the_case_done(monkeypatch)
         (0, "running eager bf16 L=32"),
         (1, "eager bf16 L=32"),
     ]
+
+
+# ---- padding: candidate and baseline over the same visible rows --------------------------------------------
+
+
+@pytest.mark.parametrize("padding,batch", [("right:0.99", 1), ("left:0.5", 2)])
+def test_padded_errors_and_ratios_are_over_the_visible_rows_of_both(padding, batch):
+    """Both errors, and so their ratio, count only the query rows with a visible key (once the baseline counted
+    every row: mean_abs ratio L, rmse ratio sqrt(L) at right:0.99); checked against the kernels, the FP64
+    reference and the metrics computed here on those rows."""
+    from flashcheck.core.inputs import make_mask, make_qkv
+    from flashcheck.kernels import flash_attention, reference_attention, standard_attention
+
+    shape = dict(batch=batch, heads=1, seq_len=64, head_dim=16, padding=padding)
+    args = ["compare", "--padding", padding, "--seq-len", "64", "--heads", "1", "--batch", str(batch)]
+    res = runner.invoke(app, [*args, "--head-dim", "16", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    spec = InputSpec(**shape)
+    q, k, v = make_qkv(spec)
+    mask = make_mask(spec)
+    rows = mask.any(-1)  # [B, 1, Lq]: query rows with a visible key
+    assert 0 < int(rows.sum()) < rows.numel()
+    ref = reference_attention(q, k, v, mask=mask)[rows]
+    outs = {
+        "candidate": flash_attention(q, k, v, policy="bf16-mixed", mask=mask)[rows],
+        "baseline": standard_attention(q, k, v, policy="bf16-mixed", mask=mask)[rows],
+    }
+    want = {}
+    for who, out in outs.items():
+        d = (out - ref).double()
+        want[who] = {
+            "max_abs": float(d.abs().max()),
+            "mean_abs": float(d.abs().mean()),
+            "rmse": float(d.pow(2).mean().sqrt()),
+            "rel_l2": float(d.norm() / ref.norm()),
+        }
+        assert got[who] == pytest.approx(want[who], rel=1e-9), who
+    ratio = {m: want["candidate"][m] / want["baseline"][m] for m in want["candidate"]}
+    assert got["ratio"] == pytest.approx(ratio, rel=1e-9)

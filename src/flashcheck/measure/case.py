@@ -180,9 +180,13 @@ def _measure(case: Case, refs: References) -> Record:
     if case.with_baseline:
         bm = case.baseline_method()
         base, base_g = _run(_runner(bm, case.causal, refs.mask), bm.prepare(*qkv), do)
-        fields.update(baseline=_errors(base, refs.reference, names), baseline_name=bm.label())
+        # the baseline over the same rows as the candidate (rows with a visible key), or the ratios compare
+        # errors averaged over different element sets
+        fields.update(baseline=_errors(base, refs.reference, names, refs.live), baseline_name=bm.label())
         if not m.is_simulator:
-            budget = check_budget(cand, refs.reference, base, k=K_FORWARD, dtype=m.dtype(), rule="peers")
+            seen = (slice(None),) if refs.live is None else (refs.live,)
+            trio = (cand[seen], refs.reference[seen], base[seen])
+            budget = check_budget(*trio, k=K_FORWARD, dtype=m.dtype(), rule="peers")
             fields["budget"] = budget.to_dict()
         if case.backward:
             fields["grad"] = _grads(case, qkv, do, cand_g, base_g, refs.mask, refs.live)
