@@ -76,9 +76,12 @@ COMPARE = [
     r("compare-seq-len-negative", "compare --seq-len -8", "--seq-len", "-8"),
     r("compare-seq-len-text", "compare --seq-len abc", "--seq-len", "abc"),
     r("compare-seq-len-float", "compare --seq-len 64.5", "--seq-len", "64.5"),
-    r("compare-kv-heads-not-divisor", "compare --heads 4 --kv-heads 3", "kv_heads=3", "heads=4"),
+    r("compare-kv-heads-not-divisor", "compare --heads 4 --kv-heads 3", "--kv-heads 3", "--heads 4"),
     r("compare-kv-heads-zero", "compare --kv-heads 0", "--kv-heads", "0"),
     r("compare-seq-len-k-zero", "compare --seq-len-k 0", "--seq-len-k", "0"),
+    r("compare-seq-len-k-1e11", "compare --seq-len-k 99999999999", "Lk=99999999999", "available", "largest seq_len_k"),
+    r("compare-splits-huge", f"compare --splits {HUGE} --seq-len 1 --seq-len-k 64", f"--splits {HUGE}", "key block"),
+    r("compare-splits-over-blocks", "compare --splits 128 --seq-len 1 --seq-len-k 64", "--splits 128", "from 1 to 1"),
     r("compare-padding-unknown", "compare --padding middle", "padding", "middle"),
     r(
         "compare-padding-backward",
@@ -317,6 +320,21 @@ PREDICT = [
     r("predict-distribution-unknown", "predict --numerics bf16 --seq-len 8 --distribution zipf", "zipf"),
     r("predict-draw-distribution-unknown", "predict --numerics bf16 --seq-len 8 --draw --distribution zipf", "zipf"),
     r("predict-splits-zero", "predict --numerics bf16 --seq-len 8 --kernel splitkv --splits 0", "--splits", "0"),
+    r("predict-seq-len-huge", f"predict --numerics bf16 --seq-len {HUGE}", HUGE, "largest seq_len that fits"),
+    r("predict-seq-len-k-huge", f"predict --numerics bf16 --seq-len 1 --seq-len-k {HUGE}", HUGE, "largest seq_len_k"),
+    r("predict-head-dim-huge", f"predict --numerics bf16 --seq-len 8 --head-dim {HUGE}", HUGE, "largest head_dim"),
+    r(
+        "predict-splits-over-blocks",
+        f"predict --numerics bf16 --seq-len 1024 --kernel splitkv --splits {HUGE}",
+        f"--splits {HUGE}",
+        "from 1 to 8",
+    ),
+    r(
+        "predict-fp8-head-dim-48",
+        "predict --numerics fa3-fp8 --head-dim 48 --seq-len 64",
+        "head_dim=48",
+        "power-of-two",
+    ),
 ]
 
 VALIDATE = [  # run only once `flashcheck validate` exists

@@ -42,7 +42,8 @@ PADDING_HELP = (
 )
 SPLITS_HELP = (
     "Split-KV decoding: the splitkv kernel with S key chunks merged through their log-sum-exps, for each S of a "
-    "comma-separated list, beside the flash kernel (use with --seq-len-k; simulators only, forward only)."
+    "comma-separated list (each at most the key blocks ceil(Lk / block_k)), beside the flash kernel (use with "
+    "--seq-len-k; simulators only, forward only)."
 )
 BACKWARD_HELP = "dQ, dK, dV errors vs FP64 too: candidate and standard baseline under their policies."
 DELTA_SOURCE_HELP = (
@@ -103,6 +104,7 @@ def compare(
         _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
         _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs)
         dev = _device(device, backend, preset)
+        _kv_divides(heads, kv_heads)
         lengths = _int_list(seq_len, "--seq-len")
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
@@ -157,6 +159,24 @@ def _no_padded_gradients(padding: str, backward: bool) -> None:
         )
 
 
+def _kv_divides(heads: int, kv_heads: int | None) -> None:
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"--kv-heads {kv_heads} must be a positive divisor of --heads {heads}")
+
+
+def _splits_fit(cfg, splits: list[int]) -> None:
+    """ValueError for an S above the key blocks ceil(Lk / Bc): the kernel splits at block boundaries, so it
+    would run fewer chunks than asked (it clamps silently)."""
+    lk = cfg.inputs.lk
+    blocks = -(-lk // cfg.block_k)
+    over = [s for s in splits if s > blocks]
+    if over:
+        raise ValueError(
+            f"--splits {over[0]} is more than the {blocks} key block(s) of Lk={lk} at --block-k {cfg.block_k} "
+            f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
+        )
+
+
 def _sim_configs(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, fields: tuple[dict, dict]):
     """The simulator comparison's CompareConfigs at one length: one, or with --splits flash then splitkv at
     each S. `extra` = ((fp8 scaling, hadamard, --determinism), the decoding/backward knobs by flag);
@@ -181,6 +201,8 @@ def _sim_configs(kernel: str, numerics: str | None, lengths: list[int], extra: t
         ds_correction=bool(knobs["--ds-correction"]),
         **opts,
     )
+    if splits:
+        _splits_fit(cfg, splits)
     return decoding_configs(cfg, splits) if splits else [cfg]
 
 

@@ -36,6 +36,37 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
     return st["f_score"], st["f_p"], "drawn (seed 0, 2 heads)"
 
 
+def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: int | None) -> tuple[int, int]:
+    """(Lk, S) of checked sizes: positive, S at most the key blocks ceil(Lk / Bc) (default min(4, blocks)),
+    and a setting `flashcheck compare` could measure here (its memory check, at batch 1, one head)."""
+    from flashcheck.kernels.memory import Footprint, check_fits
+
+    sizes = (
+        ("--seq-len", seq_len),
+        ("--block-k", block_k),
+        ("--head-dim", head_dim),
+        ("--splits", 1 if splits is None else splits),
+    )
+    for name, v in sizes:
+        if v < 1:
+            raise ValueError(f"{name} {v} is not allowed; give a positive integer")
+    if seq_len_k < 0:
+        raise ValueError(f"--seq-len-k {seq_len_k} is not allowed; give 0 (the query length) or a positive integer")
+    lk = seq_len_k or seq_len
+    blocks = -(-lk // block_k)
+    if splits is not None and splits > blocks:
+        raise ValueError(
+            f"--splits {splits} is more than the {blocks} key block(s) of Lk={lk} at --block-k {block_k} "
+            f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
+        )
+    fp = Footprint(batch=1, heads=1, seq_len=seq_len, seq_len_k=seq_len_k or None, head_dim=head_dim, block_k=block_k)
+    try:
+        check_fits(fp)
+    except ValueError as exc:
+        raise ValueError(f"a setting `flashcheck compare` cannot measure here (its memory limit): {exc}") from None
+    return lk, min(4, blocks) if splits is None else splits
+
+
 @app.command()
 def predict(
     numerics: str = typer.Option(..., help="Policy: bf16, bf16-mixed, fp16-mixed, fa3-fp8, input=bf16,... ."),
@@ -48,7 +79,7 @@ def predict(
     ),
     block_k: int = typer.Option(128, help="Key block Bc (flash, splitkv)."),
     head_dim: int = typer.Option(64, help="Head dim D."),
-    splits: int = typer.Option(4, help="Key chunks S of splitkv."),
+    splits: int = typer.Option(None, help="Key chunks S of splitkv (default 4, or the key blocks when fewer)."),
     causal: bool = typer.Option(False, help="Bottom-right causal mask."),
     distribution: str = typer.Option("normal", help="Input distribution (its statistics)."),
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
@@ -59,12 +90,7 @@ def predict(
     from flashcheck.measure import predict as model
 
     try:
-        for name, v in (("--seq-len", seq_len), ("--block-k", block_k), ("--head-dim", head_dim), ("--splits", splits)):
-            if v < 1:
-                raise ValueError(f"{name} {v} is not allowed; give a positive integer")
-        if seq_len_k < 0:
-            raise ValueError(f"--seq-len-k {seq_len_k} is not allowed; give 0 (the query length) or a positive integer")
-        lk = seq_len_k or seq_len
+        lk, splits = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
         fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
         setting = model.setting_for(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=block_k,

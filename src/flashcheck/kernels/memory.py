@@ -170,18 +170,32 @@ def check_fits(fp: Footprint, available: int | None = None) -> int:
         return need
     budget = int(HEADROOM * avail)
     largest = largest_fitting(lambda n: estimate_bytes(_with_len(fp, n)), budget, fp.seq_len)
-    hint = (
-        f"the largest seq_len that fits is {largest}"
-        if largest >= 1
-        else "even seq_len=1 does not fit: reduce batch, heads or head_dim"
-    )
     raise InsufficientMemory(
         f"{fp.describe()} needs about {human_bytes(need)} ({_parts(fp)}); {human_bytes(avail)} is available "
-        f"here; {hint}",
+        f"here; {_hint(fp, budget, largest)}",
         needed=need,
         available=avail,
         largest_seq_len=largest,
     )
+
+
+def _hint(fp: Footprint, budget: int, largest: int) -> str:
+    """What would fit: the largest seq_len_k at this seq_len (when Lk is given), else the largest seq_len
+    (Lk scaled with it), else the largest head_dim at this seq_len."""
+    fields = {f: getattr(fp, f) for f in fp.__dataclass_fields__}
+    if fp.seq_len_k is not None:
+        lk = largest_fitting(lambda n: estimate_bytes(Footprint(**{**fields, "seq_len_k": n})), budget, fp.seq_len_k)
+        if lk >= 1:
+            return f"the largest seq_len_k that fits at seq_len={fp.seq_len} is {lk}"
+    if largest >= 1:
+        return f"the largest seq_len that fits is {largest}"
+    d = largest_fitting(lambda n: estimate_bytes(Footprint(**{**fields, "head_dim": n})), budget, fp.head_dim)
+    if d >= 1:
+        return (
+            f"even seq_len=1 does not fit at head_dim={fp.head_dim}; the largest head_dim that fits at "
+            f"seq_len={fp.seq_len} is {d}"
+        )
+    return "even seq_len=1 does not fit: reduce batch, heads or head_dim"
 
 
 def check_all_fit(footprints: Iterable[Footprint], available: int | None = None) -> None:

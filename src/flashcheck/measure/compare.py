@@ -287,6 +287,7 @@ def _footprint(
         batch=max(2, s.batch) if pair else s.batch,
         heads=s.heads,
         seq_len=s.seq_len,
+        seq_len_k=s.seq_len_k,
         head_dim=s.head_dim,
         kernels=kernels,
         block_k=block_k,

@@ -98,6 +98,11 @@ class Setting:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}={v!r} must be a finite number >= 0")
+        if self.policy.hadamard and not (int(self.head_dim) == self.head_dim and _is_power_of_two(self.head_dim)):
+            raise ValueError(
+                f"head_dim={self.head_dim!r} is not allowed with policy {self.policy.name!r}: its Hadamard incoherent "
+                "processing needs a power-of-two head dim (e.g. 64, 128)"
+            )
 
 
 def in_domain(policy: Policy) -> bool:
