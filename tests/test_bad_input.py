@@ -320,9 +320,15 @@ PREDICT = [
     r("predict-distribution-unknown", "predict --numerics bf16 --seq-len 8 --distribution zipf", "zipf"),
     r("predict-draw-distribution-unknown", "predict --numerics bf16 --seq-len 8 --draw --distribution zipf", "zipf"),
     r("predict-splits-zero", "predict --numerics bf16 --seq-len 8 --kernel splitkv --splits 0", "--splits", "0"),
-    r("predict-seq-len-huge", f"predict --numerics bf16 --seq-len {HUGE}", HUGE, "largest seq_len that fits"),
-    r("predict-seq-len-k-huge", f"predict --numerics bf16 --seq-len 1 --seq-len-k {HUGE}", HUGE, "largest seq_len_k"),
-    r("predict-head-dim-huge", f"predict --numerics bf16 --seq-len 8 --head-dim {HUGE}", HUGE, "largest head_dim"),
+    r("predict-seq-len-huge", f"predict --numerics bf16 --seq-len {HUGE}", HUGE, "error model covers 1 to 16777216"),
+    r("predict-draw-too-big", "predict --numerics bf16 --seq-len 2000000 --draw", "--draw", "leave out --draw"),
+    r("predict-seq-len-k-huge", f"predict --numerics bf16 --seq-len 1 --seq-len-k {HUGE}", HUGE, "error model covers"),
+    r(
+        "predict-head-dim-huge",
+        f"predict --numerics bf16 --seq-len 8 --head-dim {HUGE}",
+        HUGE,
+        "error model covers 1 to 1024",
+    ),
     r(
         "predict-splits-over-blocks",
         f"predict --numerics bf16 --seq-len 1024 --kernel splitkv --splits {HUGE}",

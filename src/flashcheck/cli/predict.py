@@ -29,18 +29,25 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
         fs, fp = DEFAULT_STATS[distribution]
         return fs, fp, "built-in table"
     from flashcheck.core.inputs import InputSpec, make_qkv
+    from flashcheck.kernels.memory import Footprint, check_fits
     from flashcheck.measure.inputstats import input_stats
 
+    try:  # --draw materialises inputs and their scores: the same memory check compare uses
+        check_fits(Footprint(batch=1, heads=2, seq_len=lq, seq_len_k=lk, head_dim=d))
+    except ValueError as exc:
+        raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
     spec = InputSpec(heads=2, seq_len=lq, seq_len_k=lk, head_dim=d, distribution=distribution, seed=0)
     st = input_stats(*make_qkv(spec), causal=causal)
     return st["f_score"], st["f_p"], "drawn (seed 0, 2 heads)"
 
 
-def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: int | None) -> tuple[int, int]:
-    """(Lk, S) of checked sizes: positive, S at most the key blocks ceil(Lk / Bc) (default min(4, blocks)),
-    and a setting `flashcheck compare` could measure here (its memory check, at batch 1, one head)."""
-    from flashcheck.kernels.memory import Footprint, check_fits
+MAX_LEN = 2**24  # 16M tokens: beyond any context a kernel runs today
+MAX_HEAD_DIM = 1024  # kernels ship head dims up to 256
 
+
+def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: int | None) -> tuple[int, int]:
+    """(Lk, S) of checked sizes: positive, lengths at most MAX_LEN and head dim at most MAX_HEAD_DIM (the
+    model's range; predicting needs no memory), S at most the key blocks ceil(Lk / Bc) (default min(4, blocks))."""
     sizes = (
         ("--seq-len", seq_len),
         ("--block-k", block_k),
@@ -59,11 +66,10 @@ def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: 
             f"--splits {splits} is more than the {blocks} key block(s) of Lk={lk} at --block-k {block_k} "
             f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
         )
-    fp = Footprint(batch=1, heads=1, seq_len=seq_len, seq_len_k=seq_len_k or None, head_dim=head_dim, block_k=block_k)
-    try:
-        check_fits(fp)
-    except ValueError as exc:
-        raise ValueError(f"a setting `flashcheck compare` cannot measure here (its memory limit): {exc}") from None
+    tops = (("--seq-len", seq_len, MAX_LEN), ("--seq-len-k", lk, MAX_LEN), ("--head-dim", head_dim, MAX_HEAD_DIM))
+    for name, v, top in tops:
+        if v > top:
+            raise ValueError(f"{name} {v} is not allowed; the error model covers 1 to {top}")
     return lk, min(4, blocks) if splits is None else splits
 
 

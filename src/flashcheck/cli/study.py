@@ -75,7 +75,9 @@ def study(
 
 
 @app.command()
-def report(folder: str = typer.Argument(..., metavar="FOLDER", help="A study folder (--out of `flashcheck study`).")) -> None:
+def report(
+    folder: str = typer.Argument(..., metavar="FOLDER", help="A study folder (--out of `flashcheck study`)."),
+) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
     from flashcheck.study.guide_report import build_guide_report, is_guide_folder
     from flashcheck.study.report import build_report
