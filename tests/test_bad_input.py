@@ -310,7 +310,8 @@ MUTANTS = [  # run only once `flashcheck mutants` exists
 ]
 
 PREDICT = [
-    r("predict-numerics-missing", "predict --seq-len 8", "--numerics"),
+    r("predict-seq-len-missing", "predict --numerics bf16", "--seq-len"),
+    r("predict-splits-without-splitkv", "predict --seq-len 64 --splits 4", "--splits 4", "only for --kernel splitkv"),
     r("predict-numerics-unknown", "predict --numerics bf17 --seq-len 8", "bf17"),
     r("predict-seq-len-zero", "predict --numerics bf16 --seq-len 0", "--seq-len", "0"),
     r("predict-seq-len-text", "predict --numerics bf16 --seq-len lots", "--seq-len", "lots"),

@@ -115,7 +115,7 @@ def test_cli_human_output_names_the_prediction_and_the_stages():
     first = res.output.splitlines()[0]
     assert first.startswith("predicted rel-L2") and float(first.rsplit(" ", 1)[1]) > 0
     assert "stage shares of the squared error: accum" in res.output  # 32 bf16 accumulator roundings lead
-    assert "32 tiles per row" in res.output and "Traceback" not in res.output
+    assert "32 key tile(s) per row" in res.output and "Traceback" not in res.output
 
 
 def test_cli_json_matches_the_model():
@@ -147,7 +147,7 @@ def test_cli_backend_names_its_equivalent_kernel():
     res = runner.invoke(app, ["predict", "--numerics", "bf16", "--seq-len", "4096", "--kernel", "sdpa-flash"])
     assert res.exit_code == 0, res.output
     assert "sdpa-flash at bf16 rounds like the flash kernel with input bf16, score fp32" in res.output
-    assert "Bc=512, 8 tiles per row" in res.output  # the CPU kernel's key blocks, not --block-k
+    assert "Bc=512, 8 key tile(s) per row" in res.output  # the CPU kernel's key blocks, not --block-k
     res = runner.invoke(app, ["predict", "--numerics", "bf16", "--seq-len", "4096", "--kernel", "sdpa-math", "--json"])
     data = json.loads(res.output)
     assert data["equivalent_kernel"] == "standard" and data["contributions"]["output"] > 0.99
@@ -162,7 +162,7 @@ def test_cli_draw_measures_the_statistics_without_a_kernel(monkeypatch):
     monkeypatch.setattr(flash, "_forward", boom)
     res = runner.invoke(app, ["predict", "--numerics", "bf16", "--seq-len", "256", "--draw", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["statistics"].startswith("drawn")
+    assert json.loads(res.output)["statistics"].startswith("inputs drawn")
     torch.manual_seed(0)
 
 

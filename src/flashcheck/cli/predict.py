@@ -38,7 +38,7 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
         raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
     spec = InputSpec(heads=2, seq_len=lq, seq_len_k=lk, head_dim=d, distribution=distribution, seed=0)
     st = input_stats(*make_qkv(spec), causal=causal)
-    return st["f_score"], st["f_p"], "drawn (seed 0, 2 heads)"
+    return st["f_score"], st["f_p"], "inputs drawn now (seed 0, 2 heads)"
 
 
 MAX_LEN = 2**24  # 16M tokens: beyond any context a kernel runs today
@@ -75,7 +75,11 @@ def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: 
 
 @app.command()
 def predict(
-    numerics: str = typer.Option(..., help="Policy: bf16, bf16-mixed, fp16-mixed, fa3-fp8, input=bf16,... ."),
+    numerics: str = typer.Option(
+        None,
+        help="Policy: bf16, bf16-mixed, fp16-mixed, fa3-fp8, input=bf16,... (default bf16-mixed, as compare); "
+        "a backend takes a dtype (default bf16).",
+    ),
     seq_len: int = typer.Option(..., help="Query length Lq."),
     seq_len_k: int = typer.Option(0, help="Key length Lk (0: the query length; decoding: Lq 1 against Lk)."),
     kernel: str = typer.Option(
@@ -95,7 +99,10 @@ def predict(
     each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict)."""
     from flashcheck.measure import predict as model
 
+    numerics = numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16")
     try:
+        if splits is not None and kernel != "splitkv":
+            raise ValueError(f"--splits {splits} is only for --kernel splitkv (got --kernel {kernel})")
         lk, splits = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
         fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
         setting = model.setting_for(
@@ -112,6 +119,7 @@ def predict(
         "equivalent_kernel": setting.kernel,
         "numerics": setting.policy.name,
         "block_k": setting.block_k,
+        "block_k_asked": block_k,
         "seq_len": seq_len,
         "seq_len_k": lk,
         "tiles_per_row": model.tiles(setting),
@@ -138,9 +146,17 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
     if setting.kernel != kernel:
         stages = ", ".join(f"{k} {v}" for k, v in setting.policy.formats().items() if k in _FORWARD)
         typer.echo(f"{kernel} at {numerics} rounds like the {setting.kernel} kernel with {stages}")
+    if setting.kernel == "standard":
+        tiling = "no key tiles (one softmax over each whole row)"
+    else:
+        tiling = f"Bc={setting.block_k}, {data['tiles_per_row']} key tile(s) per row"
+        if setting.kernel == "splitkv":
+            tiling += f" in each of S={setting.splits} chunk(s)"
+        if setting.block_k != data["block_k_asked"]:
+            tiling += f" (the {kernel} kernel's own block; --block-k ignored)"
     typer.echo(
-        f"{kernel}:{numerics}, Lq={data['seq_len']}, Lk={data['seq_len_k']}, D={head_dim}, Bc={setting.block_k}, "
-        f"{data['tiles_per_row']} tiles per row; input statistics ({data['statistics']}): f_score "
-        f"{data['f_score']:.3g}, f_p {data['f_p']:.3g}"
+        f"{kernel}:{numerics}, Lq={data['seq_len']}, Lk={data['seq_len_k']}, D={head_dim}, {tiling}; input "
+        f"statistics from the {data['statistics']}: the error's sensitivity to score rounding f_score "
+        f"{data['f_score']:.3g} and to P rounding f_p {data['f_p']:.3g} (measure.inputstats)"
     )
     typer.echo(f"model: {TRAINING}")
