@@ -234,6 +234,33 @@ def test_a_failure_never_supersedes_a_success(tmp_path):
     assert got["a"]["status"] == "ok" and got["b"]["result"] == 2
 
 
+def test_guide_counts_match_the_table_cv_interval_is_positive_and_no_none_cell():
+    """The conclusion's counts are the claims table's verdict column counted (a GPU claim not measured here is
+    neither counted nor shown as inconclusive); a noisy CV's interval stays above 0; a sum row with no bad
+    outcome shows "-", not Python's None."""
+    from flashcheck.study.guide_claims import gpu_claims, latency_rows
+    from flashcheck.study.guide_report import _sum_rows, claims_blocks, guide_sentences
+
+    found = [{"id": f"x{i}", "status": st, "measured": "m"} for i, st in enumerate(["holds", "inconclusive"] * 2)]
+    fs = [*found, *({k: c[k] for k in ("id", "status", "measured")} for c in gpu_claims())]
+    for f in fs:
+        f |= {"claim": "c", "conditions": "k"}
+    text = guide_sentences({"findings": fs, "answer": "a"})[0][0]
+    shown = [row[2] for row in claims_blocks({"findings": fs})[1].rows]
+    assert f"2 inconclusive, {len(fs) - 4} not measured here" in text and shown.count("inconclusive") == 2
+    assert "2 hold," in text and shown.count("holds") == 2
+    noisy = [[1.0, 1.0, 1.0, 9.0], [1.0, 1.1, 1.0, 1.0], [1.0, 1.0, 1.0, 1.01]]  # CVs 1.5, 0.05, 0.005
+    res = {"lat": {"id": "lat", "status": "ok", "params": {"kind": "latency", "seq_len": 64}}}
+    res["lat"]["result"] = {"blocks": {"sdpa-math:bf16": noisy}}
+    cell = latency_rows(res, None)[0][2]
+    low = float(cell.split("[")[1].split(",")[0])
+    assert 0 < low < float(cell.split()[0])
+    points = {"id": "s", "status": "ok", "params": {"kind": "sum_points", "method": "sdpa-math:bf16"}}
+    points["result"] = {"boundary_keys": None, "outcome": None, "points": {"64": "ok", "256": "ok"}, "searched": False}
+    row = _sum_rows({"s": points})[0]
+    assert "None" not in row and row[2] == "-" and row[3] == "64, 256 (fixed list)"
+
+
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     """The tiny preset (its guide part is guide-tiny's) computed once through the study runner."""
@@ -256,6 +283,7 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     result = CliRunner().invoke(app, ["report", str(out)])
     assert result.exit_code == 0, result.output
     assert "The production guide's claims" in result.output
+    assert "not measured here: Flash Attention needs an Ampere" in result.output  # as the table shows it
     assert "structural: FP16 produced NaN at very long sequences" in result.output
     summary = json.loads((out / "summary.json").read_text())
     guide = summary["guide"]
@@ -264,8 +292,17 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     assert {f["id"] for f in guide["findings"]} >= {"latency_variance", "fp16/flash:fp16", "gpu_same"}
     assert summary["failed"] == 0 and guide["settings"] == json.loads(json.dumps(TINY.to_dict()))
     said = {c["section"]: c["text"] for c in summary["conclusion"]}
-    assert said["guide"].startswith("The production guide's claims, measured here: of ")
+    assert said["guide"].startswith("The production guide's claims: of ")
     md = (out / "report.md").read_text()
+    part = md.split('<a id="guide"></a>')[1].split('<a id="problems"></a>')[0]
+    for st in ("inconclusive", "not measured here"):  # the counts are the table's verdicts
+        n = part.count(f"| {st} |")
+        assert (f" {n} {st}" in said["guide"]) if n else st not in said["guide"]
+    guide_md = md.split('<a id="cost"></a>')[1].split("## Environment")[0]
+    assert "None" not in guide_md and "None" not in part
+    lat = guide_md.split('<a id="latency"></a>')[1].split('<a id="fp16"></a>')[0]
+    lows = [float(c.split("[")[1].split(",")[0]) for c in lat.split("|") if "[" in c]
+    assert lows and min(lows) >= 0  # a CV's interval never goes below 0
     assert '<a id="guide"></a>' in md and "(#guide)" in md  # the conclusion links to the claims table
     assert "| claim | measured (95% interval) | verdict | conditions |" in md
     assert md.index("## Conclusion") < md.index("## The production guide's claims") < md.index("## Environment")

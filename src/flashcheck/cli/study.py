@@ -111,9 +111,11 @@ def _print_claims(claims: list[dict], console) -> None:
     """The guide's claims, one line each: verdict, claim, id, what was measured (the conditions are in the report)."""
     from rich.markup import escape
 
+    from flashcheck.study.guide_report import table_status
+
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
     for f in claims:
-        word = f"[{colour.get(f['status'], 'dim')}]{f['status']}[/]"
+        word = f"[{colour.get(f['status'], 'dim')}]{table_status(f)}[/]"
         console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
 
 

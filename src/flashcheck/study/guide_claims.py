@@ -162,13 +162,13 @@ def latency_claim(results: dict[str, dict], s: GuideSettings) -> dict:
 
 
 def latency_rows(results: dict[str, dict], s: GuideSettings) -> list[list[str]]:
-    """(method, L, CV mean over blocks with its interval, median latency) rows."""
+    """(method, L, CV over blocks: geometric mean with a t interval on logs, so never below 0, median latency)."""
     rows = []
     for r in sorted(results.values(), key=lambda r: r["id"]):
         if r["status"] != "ok" or r["params"]["kind"] != "latency":
             continue
         for m, blocks in r["result"]["blocks"].items():
-            e = mean_interval([cv(b) for b in blocks])
+            e = log_mean([cv(b) for b in blocks])
             med = median_interval([t for b in blocks for t in b])
             rows.append([m, str(r["params"]["seq_len"]), e.text(), f"{med.value * 1e3:.3g} ms", str(med.n)])
     return rows
@@ -392,6 +392,9 @@ def answer(records: list, results: dict[str, dict]) -> str:
     if not pairs:
         return "Not enough measurements to weigh the deviation against the cost."
     dev = ratio_interval([errs["sdpa-flash:bf16"][p] for p in pairs], [errs["sdpa-math:bf16"][p] for p in pairs])
+    lens, seeds = len({p[0] for p in pairs}), len({p[1] for p in pairs})
+    what = f"(n={dev.n} (length, seed) pairs: {lens} length{'s' * (lens != 1)} x {seeds} seed{'s' * (seeds != 1)}"
+    dev_text = dev.text(".3g").replace(f"(n={dev.n}", what, 1)
     flash_t, math_t = _medians(results, "sdpa-flash:bf16", False), _medians(results, "sdpa-math:bf16", False)
     both = sorted(set(flash_t) & set(math_t))
     top = both[-1] if both else None
@@ -406,7 +409,7 @@ def answer(records: list, results: dict[str, dict]) -> str:
     )
     return (
         f"Is the deviation worth it? At bf16 on this CPU, the flash kernel's relative error against FP64 is "
-        f"{dev.text('.3g')} times the math kernel's on the same inputs{_input_share(records)}{cost}."
+        f"{dev_text} times the math kernel's on the same inputs{_input_share(records)}{cost}."
     )
 
 

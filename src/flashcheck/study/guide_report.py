@@ -157,14 +157,21 @@ def guide_sentences(part: dict) -> list[tuple[str, str]]:
     """A study report's conclusion sentences for its guide part (text, section anchor): the verdicts counted,
     and the answer to "is the deviation worth it?"."""
     fs = part["findings"]
-    gpu = sum(f["id"].startswith("gpu_") and "needs a GPU" in f["measured"] for f in fs)
     words = {"holds": "hold", "does not hold": "do not hold", "structural": "structural (fixed by the format)"}
-    counts = {w: sum(f["status"] == st for f in fs) for st, w in words.items()}
-    counts["inconclusive"] = sum(f["status"] == "inconclusive" for f in fs) - gpu
-    parts = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
-    text = f"The production guide's claims, measured here: of {len(fs)}, {parts}"
-    text += f"; {gpu} need a CUDA GPU (not measured here)." if gpu else "."
-    return [(text, "guide"), (part["answer"], "cost")]
+    words |= {"inconclusive": "inconclusive", NOT_MEASURED: "not measured here (need a CUDA GPU)"}
+    shown = [table_status(f) for f in fs]
+    parts = ", ".join(f"{n} {w}" for st, w in words.items() if (n := shown.count(st)))
+    return [(f"The production guide's claims: of {len(fs)}, {parts}.", "guide"), (part["answer"], "cost")]
+
+
+NOT_MEASURED = "not measured here"
+
+
+def table_status(f: dict) -> str:
+    """The verdict as the claims table shows (and the conclusion counts) it: a GPU claim not measured on this
+    machine is not counted as inconclusive."""
+    gpu = f["id"].startswith("gpu_") and "needs a GPU" in f["measured"]
+    return NOT_MEASURED if gpu and f["status"] == "inconclusive" else f["status"]
 
 
 def _strict(obj):
@@ -184,23 +191,22 @@ def _ok(r: dict, kind: str) -> bool:
 
 def claims_blocks(part: dict) -> list:
     """The claims table under its heading (anchor "guide"): claim, measured with its interval, verdict, conditions."""
-    rows = [[c["claim"], c["measured"], c["status"], c["conditions"]] for c in part["findings"]]
+    rows = [[c["claim"], c["measured"], table_status(c), c["conditions"]] for c in part["findings"]]
     return [
         Heading("The production guide's claims", anchor="guide"),
         Table(["claim", "measured (95% interval)", "verdict", "conditions"], rows),
-    ]
-
-
-def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path]) -> list:
-    """The blocks after the claims table: the rules, skipped tasks, one section per question with its figure."""
-    out = [
         Text(
             "Rules (reporting.verdicts): exponents are Theil-Sen slopes of log value vs log L over every repeat, "
             "judged against the nearest-integer band (2: [1.5, 2.5], 1: [0.5, 1.5]); ratios are geometric means of "
             "paired values with a t interval on logs; 'structural' is fixed by the number format, found by a search "
             "and pinned by a unit test. Timings are medians of repeated calls on a shared CPU."
-        )
+        ),
     ]
+
+
+def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path]) -> list:
+    """The blocks after the claims table: the rules, skipped tasks, one section per question with its figure."""
+    out = []
     if part["skipped"]:
         out += [
             Heading("Skipped guide tasks"),
@@ -218,11 +224,11 @@ def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Pa
     ]
     out += [
         Heading("Guide: latency variance", anchor="latency"),
-        Table(["method", "L", "CV over blocks", "median", "calls"], gc.latency_rows(results, s)),
+        Table(["method", "L", "CV over blocks (geometric mean)", "median", "calls"], gc.latency_rows(results, s)),
         Heading("Guide: fp16 overflow boundaries", anchor="fp16"),
         *([Figure(rel["boundary"], "input scale x length, finite or not, per policy")] if "boundary" in rel else []),
         Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)),
-        Table(["method", "first bad Lk (keys at the max)", "outcome", "tried"], _sum_rows(results)),
+        Table(["method", "first bad Lk (keys at the max)", "outcome", "Lk tried"], _sum_rows(results)),
         Heading("Guide: error against length and its reason", anchor="error"),
         *([Figure(rel["slope"], "relative error vs L")] if "slope" in rel else []),
         Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)),
@@ -267,8 +273,9 @@ def _sum_rows(results: dict[str, dict]) -> list[list[str]]:
         if _ok(r, "sum") or _ok(r, "sum_points"):
             res = r["result"]
             n = res["boundary_keys"]
-            tried = str(len(res["points"])) if res.get("searched", True) else "at " + ", ".join(res["points"])
-            rows.append([r["params"]["method"], "none" if n is None else str(n), str(res["outcome"]), tried])
+            tried = ", ".join(res["points"]) + (" (searched)" if res.get("searched", True) else " (fixed list)")
+            outcome = "-" if res["outcome"] is None else str(res["outcome"])
+            rows.append([r["params"]["method"], "none" if n is None else str(n), outcome, tried])
     return rows
 
 

@@ -203,7 +203,7 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
             "over seeds with a 95% t interval on the log ratios; n is the number of seeds."
         )
     )
-    page.add(*guide[:2])  # the guide's claims table (study.guide_report.claims_blocks)
+    page.add(*guide[:3])  # the guide's claims table and its rules (study.guide_report.claims_blocks)
     if not figures:
         page.add(Text("No figures: matplotlib is not installed (pip install 'flashcheck[plots]')."))
     problems = _problem_rows(summary)
@@ -218,6 +218,6 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
         if question in figures:
             page.add(Figure(figures[question], question))
         page.add(Table(header, rows))
-    page.add(*guide[2:])
+    page.add(*guide[3:])
     env = summary.get("environment", {})
     return page.add(Heading("Environment"), Text(", ".join(f"{k} {v}" for k, v in env.items())))
