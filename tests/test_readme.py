@@ -67,7 +67,9 @@ def small(words: list[str]) -> list[str]:
         if "--heads" not in args:
             args += ["--heads", "1"]
         if "--seq-len-k" in args:  # a KV cache of 8192 keys: 256 (still above the 64 queries)
-            args[args.index("--seq-len-k") + 1] = "256"
+            # with --splits S, enough 128-key blocks for the largest S (compare refuses S above the blocks)
+            most = max(map(int, args[args.index("--splits") + 1].split(","))) if "--splits" in args else 2
+            args[args.index("--seq-len-k") + 1] = str(max(256, 128 * most))
     return [words[0], cmd, *args]
 
 
