@@ -39,3 +39,12 @@ def audited_figures() -> Iterator[list[tuple[str, list[str], list[str]]]]:
         yield seen
     finally:
         Figure.savefig = original
+
+
+def scale_qkv(lq: int, lk: int, d: int = 16, heads: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Seeded FP64 q [1, H, Lq, D], k, v [1, H, Lk, D] (keys doubled) for the scale and memory tests."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, lq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64)
+    return q, k, v

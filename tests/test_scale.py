@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+from tests.helpers import scale_qkv
 
 from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash as flash_mod
@@ -17,14 +18,6 @@ from flashcheck.kernels.standard import standard_attention
 from flashcheck.kernels.tiles import MIN_ROWS, row_chunks
 
 POLICIES = ("fp64", "bf16-mixed", "fp16", "baseline-fp8")
-
-
-def _qkv(lq: int, lk: int, d: int = 16, seed: int = 0, heads: int = 2) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, lq, d, generator=g, dtype=torch.float64)
-    k = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64) * 2
-    v = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64)
-    return q, k, v
 
 
 @pytest.mark.parametrize("lq,rows", [(1, 1), (7, 3), (8, 8), (17, 8), (100, 7), (100, 33), (64, 64)])
@@ -37,7 +30,7 @@ def test_row_chunks_cover_every_row_once_with_at_least_min_rows(lq, rows):
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])
 def test_chunk_rows_must_be_a_positive_integer(bad):
-    q, k, v = _qkv(4, 4)
+    q, k, v = scale_qkv(4, 4)
     with pytest.raises(ValueError, match="chunk_rows"):
         standard_attention(q, k, v, chunk_rows=bad)
 
@@ -45,7 +38,7 @@ def test_chunk_rows_must_be_a_positive_integer(bad):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("lq,lk,causal", [(33, 33, True), (100, 37, True), (37, 100, False), (5, 40, True)])
 def test_standard_in_query_chunks_equals_one_block_bit_for_bit(policy, lq, lk, causal):
-    q, k, v = _qkv(lq, lk, seed=lq + lk)
+    q, k, v = scale_qkv(lq, lk, seed=lq + lk)
     whole = standard_attention(q, k, v, policy=policy, causal=causal, chunk_rows=lq)
     for rows in (1, 8, 13, 64):
         out = standard_attention(q, k, v, policy=policy, causal=causal, chunk_rows=rows)
@@ -53,7 +46,7 @@ def test_standard_in_query_chunks_equals_one_block_bit_for_bit(policy, lq, lk, c
 
 
 def test_standard_default_chunks_by_bytes_and_a_user_mask_is_cut_per_chunk(monkeypatch):
-    q, k, v = _qkv(96, 80, seed=3)
+    q, k, v = scale_qkv(96, 80, seed=3)
     mask = torch.rand(1, 2, 96, 80, generator=torch.Generator().manual_seed(1)) > 0.3
     whole = standard_attention(q, k, v, policy="bf16-mixed", mask=mask, chunk_rows=96)
     monkeypatch.setattr(standard_mod, "CHUNK_BYTES", 2 * 80 * 4 * 10)  # 10 rows of fp32 scores per chunk
@@ -90,7 +83,7 @@ ODD_GRID = [
 def test_flash_in_query_tiles_equals_every_row_at_once_bit_for_bit(policy, lq, lk, cfg):
     """tile_rows=Lq is the former kernel (each key block updates every row at once); tiles of 1, 13 and 64
     rows, and causal steps that reach only the last few rows of a tile, give the same output and LSE."""
-    q, k, v = _qkv(lq, lk, seed=lq * 7 + lk)
+    q, k, v = scale_qkv(lq, lk, seed=lq * 7 + lk)
     whole = _forward(q, k, v, policy, lq, **cfg)
     for rows in (1, 13, 64):
         tiled = _forward(q, k, v, policy, rows, **cfg)
@@ -104,7 +97,7 @@ def test_flash_tiles_on_odd_shapes_move_the_output_less_than_the_kernels_own_err
     """Measured: at most 5.8e-16 in fp64 (the kernel's error there: 2.0e-15), 0 in bf16-mixed on most runs."""
     from flashcheck.kernels import reference_attention
 
-    q, k, v = _qkv(lq, lk, seed=lq * 7 + lk)
+    q, k, v = scale_qkv(lq, lk, seed=lq * 7 + lk)
     whole = _forward(q, k, v, policy, lq, **cfg)[1].double()
     err = (whole - reference_attention(q, k, v, causal=cfg["causal"])).abs().max()
     for rows in (1, 13, 64):
@@ -113,7 +106,7 @@ def test_flash_tiles_on_odd_shapes_move_the_output_less_than_the_kernels_own_err
 
 
 def test_flash_default_tiles_by_bytes(monkeypatch):
-    q, k, v = _qkv(200, 120, seed=5)
+    q, k, v = scale_qkv(200, 120, seed=5)
     whole = flash_attention(q, k, v, policy="bf16-mixed", block_k=32, causal=True)
     monkeypatch.setattr(flash_mod, "TILE_BYTES", 2 * 32 * 4 * 24)  # 24 rows of one fp32 key block
     seen = []
@@ -127,7 +120,7 @@ def test_flash_default_tiles_by_bytes(monkeypatch):
 
 def test_tiled_flash_gradients_unchanged(monkeypatch):
     """The backward reads the forward's output and LSE only: tiling the forward leaves gradients as they were."""
-    q, k, v = _qkv(72, 72, seed=9)
+    q, k, v = scale_qkv(72, 72, seed=9)
     real = flash_mod._forward
     grads = []
     for tile in (72, 8):
@@ -398,7 +391,7 @@ def test_flash_in_place_tiles_equal_the_out_of_place_loop_bit_for_bit(policy, cf
     """Reused step buffers (score block, p cast, P·V product) and in-place updates change no bit of the output
     or the LSE, for whole tiles, tiles of 13 rows (causal steps cut them) and 2 rows (padded products)."""
     lq, lk = 70, 90
-    q, k, v = _qkv(lq, lk, seed=5)
+    q, k, v = scale_qkv(lq, lk, seed=5)
     g = torch.Generator().manual_seed(6)
     if cfg.get("mask") == "bool":
         cfg = {**cfg, "mask": torch.rand(1, 1, lq, lk, generator=g) > 0.3}

@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.helpers import scale_qkv
 
 from flashcheck.core import metrics
 from flashcheck.kernels import reference as reference_mod
 from flashcheck.kernels import standard as standard_mod
 from flashcheck.kernels.reference import reference_attention
 from flashcheck.kernels.standard import standard_attention
-
-
-def _qkv(lq: int, lk: int, d: int = 16, heads: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, lq, d, generator=g, dtype=torch.float64)
-    k = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64) * 2
-    v = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64)
-    return q, k, v
 
 
 def _reference_one_block(q, k, v, causal: bool, mask=None):
@@ -44,7 +37,7 @@ def _reference_one_block(q, k, v, causal: bool, mask=None):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("lq,lk,causal", [(70, 70, True), (90, 33, True), (33, 90, False)])
 def test_reference_in_chunks_written_in_place_equals_one_block_bit_for_bit(dtype, lq, lk, causal, monkeypatch):
-    q, k, v = (t.to(dtype) for t in _qkv(lq, lk, seed=lq + lk))
+    q, k, v = (t.to(dtype) for t in scale_qkv(lq, lk, seed=lq + lk))
     mask = torch.rand(1, 1, lq, lk, generator=torch.Generator().manual_seed(2)) > 0.2
     for m in (None, mask):
         want = _reference_one_block(q, k, v, causal, m)
@@ -61,7 +54,7 @@ def test_reference_in_chunks_written_in_place_equals_one_block_bit_for_bit(dtype
 
 
 def test_reference_with_autograd_gives_one_blocks_output():
-    q, k, v = _qkv(40, 40, seed=4)
+    q, k, v = scale_qkv(40, 40, seed=4)
     grads = []
     for chunk in (40, 8):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -76,7 +69,7 @@ def test_reference_with_autograd_gives_one_blocks_output():
 @pytest.mark.parametrize("policy", ["bf16-mixed", "fp64", "fp16"])
 def test_standard_with_autograd_equals_the_in_place_output_bit_for_bit(policy, monkeypatch):
     """Without autograd chunks are written into one output; with it they are concatenated: the same bits."""
-    q, k, v = _qkv(60, 50, seed=8)
+    q, k, v = scale_qkv(60, 50, seed=8)
     monkeypatch.setattr(standard_mod, "CHUNK_BYTES", 2 * 50 * 8 * 9)  # 9 rows per chunk
     with torch.no_grad():
         plain = standard_attention(q, k, v, policy=policy, causal=True)
@@ -131,7 +124,7 @@ def test_simulators_never_write_into_their_inputs(kernel, policy):
     tiled = kernel != "standard"
     m = Method(kernel=kernel, policy=pol, block_q=16 if tiled else 0, block_k=16 if tiled else 0,
                algorithm="fa2" if tiled else "")  # fmt: skip
-    q, k, v = _qkv(48, 48, seed=6)
+    q, k, v = scale_qkv(48, 48, seed=6)
     before = [t.clone() for t in (q, k, v)]
     args = m.prepare(q, k, v)
     assert all(a is t for a, t in zip(args, (q, k, v), strict=True))
