@@ -159,6 +159,19 @@ def _no_empty(options: dict[str, str | None]) -> None:
             raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
 
 
+def _splits_fit(splits: list[int], lk: int, block_k: int) -> int:
+    """The key blocks ceil(Lk / Bc); ValueError naming the first S above them (the split-KV kernel splits whole
+    blocks, so it would run fewer chunks than asked)."""
+    blocks = -(-lk // block_k)
+    over = [s for s in splits if s > blocks]
+    if over:
+        raise ValueError(
+            f"--splits {over[0]} is more than the {blocks} key block(s) of Lk={lk} at --block-k {block_k} "
+            f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
+        )
+    return blocks
+
+
 def _out_folder(out: str, flag: str = "--out") -> Path:
     """The folder a command writes into, checked before any work and without creating anything: not empty,
     not a file, writable. A missing folder is created later, but only as the last part of the path (like

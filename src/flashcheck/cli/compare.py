@@ -21,6 +21,7 @@ from flashcheck.cli.app import (
     _no_empty,
     _positive,
     _progress,
+    _splits_fit,
     app,
 )
 
@@ -164,19 +165,6 @@ def _kv_divides(heads: int, kv_heads: int | None) -> None:
         raise ValueError(f"--kv-heads {kv_heads} must be a positive divisor of --heads {heads}")
 
 
-def _splits_fit(cfg, splits: list[int]) -> None:
-    """ValueError for an S above the key blocks ceil(Lk / Bc): the kernel splits at block boundaries, so it
-    would run fewer chunks than asked (it clamps silently)."""
-    lk = cfg.inputs.lk
-    blocks = -(-lk // cfg.block_k)
-    over = [s for s in splits if s > blocks]
-    if over:
-        raise ValueError(
-            f"--splits {over[0]} is more than the {blocks} key block(s) of Lk={lk} at --block-k {cfg.block_k} "
-            f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
-        )
-
-
 def _sim_configs(kernel: str, numerics: str | None, lengths: list[int], extra: tuple, fields: tuple[dict, dict]):
     """The simulator comparison's CompareConfigs at one length: one, or with --splits flash then splitkv at
     each S. `extra` = ((fp8 scaling, hadamard, --determinism), the decoding/backward knobs by flag);
@@ -202,7 +190,7 @@ def _sim_configs(kernel: str, numerics: str | None, lengths: list[int], extra: t
         **opts,
     )
     if splits:
-        _splits_fit(cfg, splits)
+        _splits_fit(splits, cfg.inputs.lk, cfg.block_k)
     return decoding_configs(cfg, splits) if splits else [cfg]
 
 

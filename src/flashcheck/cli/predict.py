@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, app
+from flashcheck.cli.app import _fail_usage, _splits_fit, app
 
 _FORWARD = ("input", "score", "stats", "p", "accum", "output")
 
@@ -60,12 +60,7 @@ def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: 
     if seq_len_k < 0:
         raise ValueError(f"--seq-len-k {seq_len_k} is not allowed; give 0 (the query length) or a positive integer")
     lk = seq_len_k or seq_len
-    blocks = -(-lk // block_k)
-    if splits is not None and splits > blocks:
-        raise ValueError(
-            f"--splits {splits} is more than the {blocks} key block(s) of Lk={lk} at --block-k {block_k} "
-            f"(ceil(Lk / block_k)); the kernel splits whole blocks, so give S from 1 to {blocks}"
-        )
+    blocks = _splits_fit([] if splits is None else [splits], lk, block_k)
     tops = (("--seq-len", seq_len, MAX_LEN), ("--seq-len-k", lk, MAX_LEN), ("--head-dim", head_dim, MAX_HEAD_DIM))
     for name, v, top in tops:
         if v > top:
