@@ -145,9 +145,8 @@ def conclusion(findings: list[dict], answer: str) -> list[dict]:
     }
     out = [{"text": answer, "section": "cost"}]
     for sec, fs in by.items():
-        counts = {
-            st: sum(f["status"] == st for f in fs) for st in ("holds", "does not hold", "inconclusive", "structural")
-        }
+        shown = [table_status(f) for f in fs]  # as the claims table shows them
+        counts = {st: shown.count(st) for st in ("holds", "does not hold", "inconclusive", "structural", NOT_MEASURED)}
         parts = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
         out.append({"text": f"{names[sec]}: of {len(fs)} claim{'s' * (len(fs) != 1)}, {parts}.", "section": sec})
     return out
