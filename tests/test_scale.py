@@ -51,8 +51,8 @@ def test_standard_default_chunks_by_bytes_and_a_user_mask_is_cut_per_chunk(monke
     whole = standard_attention(q, k, v, policy="bf16-mixed", mask=mask, chunk_rows=96)
     monkeypatch.setattr(standard_mod, "CHUNK_BYTES", 2 * 80 * 4 * 10)  # 10 rows of fp32 scores per chunk
     calls = []
-    real = standard_mod._rows
-    monkeypatch.setattr(standard_mod, "_rows", lambda *a: calls.append(a[3]) or real(*a))
+    real = standard_mod._rows_inplace
+    monkeypatch.setattr(standard_mod, "_rows_inplace", lambda *a: calls.append(a[4]) or real(*a))
     assert torch.equal(standard_attention(q, k, v, policy="bf16-mixed", mask=mask), whole)
     assert calls[:2] == [(0, 10), (10, 20)] and calls[-1] == (80, 96)  # 6 rows left join the last chunk
 
@@ -351,7 +351,7 @@ def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
     return rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum"), m_new, l_new
 
 
-def _fresh_tile(q, k, v, rows, steps, cfg, pol):
+def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False):  # the oracle scales the products itself
     from flashcheck.kernels.masks import tile_bias
     from flashcheck.kernels.ops import resolve_scale, rnd
     from flashcheck.kernels.tiles import mm_rows

@@ -45,8 +45,8 @@ def test_reference_in_chunks_written_in_place_equals_one_block_bit_for_bit(dtype
             got = reference_attention(q, k, v, causal=causal, mask=m, chunk=chunk, return_lse=True)
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"chunk={chunk}"
     seen = []
-    real = reference_mod._rows
-    monkeypatch.setattr(reference_mod, "_rows", lambda *a: seen.append(a[3]) or real(*a))
+    real = reference_mod._rows_into
+    monkeypatch.setattr(reference_mod, "_rows_into", lambda *a: seen.append(a[4]) or real(*a))
     monkeypatch.setattr(reference_mod, "REFERENCE_BLOCK_BYTES", 8 * 2 * lk * 10)  # 10 rows of fp64 scores
     assert torch.equal(reference_attention(q, k, v, causal=causal), _reference_one_block(q, k, v, causal)[0])
     assert seen[0] == (0, 10) and seen[-1][1] == lq  # the byte cap sets the chunk (a short tail joins the last)

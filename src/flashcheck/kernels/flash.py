@@ -20,7 +20,7 @@ from flashcheck.core.numerics import Policy, info, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.ops import mm, resolve_scale, rnd, rnd_, safe_max
+from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -122,7 +122,8 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     steps = _steps(cfg, lq, lk)
     tiles = row_chunks(lq, tile_rows)
-    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol), strict=True):
+    fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1]))
+    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol, fold), strict=True):
         o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
     dead = l == 0
     if cfg.algorithm == "fa2":
@@ -132,18 +133,18 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     return o, rnd(o, pol, "output"), lse
 
 
-def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
+def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool):
     """_query_tile of every tile. On the CPU, tiles run side by side on torch's intra-op thread count, each
     op single-threaded: a step's ops are small, and one parallel region per op waits on every core (on a
     busy machine, milliseconds per op). Every op sees the same tensors either way."""
     workers = min(len(tiles), torch.get_num_threads()) if q.device.type == "cpu" else 1
     if workers <= 1:
-        return [_query_tile(q, k, v, rows, steps, cfg, pol) for rows in tiles]
+        return [_query_tile(q, k, v, rows, steps, cfg, pol, fold) for rows in tiles]
     from concurrent.futures import ThreadPoolExecutor
 
     def one(rows: tuple[int, int]):
         torch.set_num_threads(1)
-        return _query_tile(q, k, v, rows, steps, cfg, pol)
+        return _query_tile(q, k, v, rows, steps, cfg, pol, fold)
 
     threads = torch.get_num_threads()
     try:
@@ -180,12 +181,15 @@ class _Scratch:
         return buf[: math.prod(shape)].view(shape)
 
 
-def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy):
+def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False):
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
-    those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place."""
+    those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
+    the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
+    pass over each score block fewer)."""
     r0, r1 = rows
     b, h, _, dv = v.shape
-    sc = resolve_scale(cfg.scale, q.shape[-1]) * (LOG2E if cfg.exp2 else 1.0)
+    sc = _score_scale(cfg, q.shape[-1])
+    q_t = q[..., r0:r1, :] * sc if fold else q[..., r0:r1, :]
     exp = torch.exp2 if cfg.exp2 else torch.exp
     o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype, device=q.device)
     m = torch.full((b, h, r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
@@ -194,25 +198,39 @@ def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashC
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
+    lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
+    pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
     for t in steps:
         a = max(r0, t.r0)
         if a >= r1:
             continue
-        s = _tile_scores(q, k, (a, r1), t, cfg, pol, sc, scratch.s)
-        i, untiled = a - r0, q.shape[-2] - t.r0  # untiled: the rows this step's products had unchunked
-        pv = _Scratch.view(scratch.pv, (b, h, r1 - a, dv))
-        args = (s, v[..., t.c0 : t.c1, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], pol, exp, untiled)
-        m[..., i:, :], l[..., i:, :] = step(*args, (scratch.p, pv), **extra)
+        i = a - r0  # i = 0 (every non-causal step): the tile's own tensors, no slicing, m and l rebound
+        rows_i = (
+            (q_t, o, m, l, pv_full) if i == 0 else (q_t[..., i:, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], None)
+        )
+        q_i, o_i, m_i, l_i, pv = rows_i
+        s = _tile_scores(q_i, k, (a, r1, lq, lk), t, cfg, pol, sc_s, scratch.s)
+        pv = _Scratch.view(scratch.pv, (b, h, r1 - a, dv)) if pv is None else pv
+        args = (s, v[..., t.c0 : t.c1, :], o_i, m_i, l_i, pol, exp, lq - t.r0)  # lq - t.r0: the rows unchunked
+        m_new, l_new = step(*args, (scratch.p, pv), **extra)
+        if i == 0:
+            m, l = m_new, l_new
+        else:
+            m[..., i:, :], l[..., i:, :] = m_new, l_new
     return o, m, l
 
 
-def _tile_scores(q, k, rows: tuple[int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float, buf):
-    """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 and key block t: [B, H, r1 - r0,
-    c1 - c0], formed in the flat buffer `buf`."""
-    (r0, r1), lq, lk = rows, q.shape[-2], k.shape[-2]
-    out = _Scratch.view(buf, (*q.shape[:-2], r1 - r0, t.c1 - t.c0))
-    prod = mm_rows(q[..., r0:r1, :], k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
-    s = rnd_(prod.mul_(sc), pol, "score")
+def _score_scale(cfg: FlashConfig, head_dim: int) -> float:
+    return resolve_scale(cfg.scale, head_dim) * (LOG2E if cfg.exp2 else 1.0)
+
+
+def _tile_scores(q_r, k, rows: tuple[int, int, int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float, buf):
+    """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 (q_r, of Lq) and key block t (of
+    Lk): [B, H, r1 - r0, c1 - c0], formed in the flat buffer `buf`. sc = 1 skips the multiply."""
+    r0, r1, lq, lk = rows
+    out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
+    prod = mm_rows(q_r, k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
+    s = rnd_(prod if sc == 1.0 else prod.mul_(sc), pol, "score")
     bias = tile_bias((r0, r1), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
     if bias is not None:
         bias = bias.to(s.device)

@@ -3,13 +3,13 @@
 The model (bytes, N = B * H, w = the policy's working itemsize, 4 or 8): the inputs (FP64 originals, the
 rounded copies and their FP64 reference copies), the outputs kept for the metrics, and the largest working
 set of the stages, which run one after another: the FP64 reference's query chunk (rows x Lk scores, see
-reference._chunk_rows), the standard kernel's query chunk (rows x Lk scores, about five arrays alive at
-once with the rounding temporaries, see standard.CHUNK_BYTES), and flash's query tile x Bc score blocks
-(flash.TILE_BYTES) beside its O(L) state. A backward keeps the graph: the reference's and the standard
-kernel's arrays for every chunk, L x L in all. Against the peak RSS of real runs (VmHWM above a
-warmed-up process, H=8, D=64): measured / estimated = 0.72, 0.79, 0.83 for compare at L = 1024, 2048,
-4096 (bf16-mixed), 0.61 in fp64, 0.51-0.53 for compare --backend sdpa-math / sdpa-flash (with backward);
-an upper bound within 2x (tests/test_memory.py keeps it one).
+reference._chunk_rows, in one buffer every chunk reuses), the standard kernel's query chunk (rows x Lk
+scores in one reused buffer, with the rounding temporaries of a cast, see standard.CHUNK_BYTES), and
+flash's query tile x Bc score blocks (flash.TILE_BYTES) beside its O(L) state. A backward keeps the graph:
+the reference's and the standard kernel's arrays for every chunk, L x L in all. Against the peak RSS of
+real runs (VmHWM above a warmed-up process, H=8, D=64): measured / estimated = 0.77, 0.71, 0.64 for
+compare at L = 1024, 4096, 8192 (bf16-mixed), 0.66 for compare --kernel standard at 4096, 0.58-0.61 in
+fp64 (a policy that never rounds P: one score buffer); an upper bound within 2x (tests/test_memory.py keeps it one).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from flashcheck.kernels.standard import CHUNK_BYTES
 from flashcheck.kernels.tiles import rows_per_chunk
 
 # Arrays of the largest size alive at once, counted from the code (see the module docstring).
-STANDARD_ARRAYS = 5  # scores, exp(scores - m), P, and the rounding temporaries of one of them
+STANDARD_ARRAYS = 3  # one reused score buffer (exp and P in place) and the rounding temporaries of a cast
+STANDARD_GRAPH_ARRAYS = 5  # with autograd: scores, exp(scores - m), P, and the rounding temporaries
 FLASH_ARRAYS = 5  # the same for one Lq x Bc block
-REFERENCE_ARRAYS = 3  # a chunk's scores (updated in place), its bias and its P·V product
+REFERENCE_ARRAYS = 1  # one reused score buffer, updated in place (a mask's bias is counted per batch row)
 BACKWARD_ARRAYS = 3  # autograd keeps scores, P and the mask of every chunk
 OUTPUT_ARRAYS = 10  # reference, candidate, baseline, reference of rounded inputs, metric temporaries
 HEADROOM = 0.9  # share of the available memory a run may plan to use
@@ -57,6 +58,7 @@ class Footprint:
     block_k: int = 128
     work_itemsize: int = 8
     backward: bool = False
+    rounds_p: bool = True  # the standard kernel rounds P (its cast's temporaries count)
 
     def describe(self) -> str:
         lk = "" if self.seq_len_k is None else f" Lk={self.seq_len_k}"
@@ -70,9 +72,9 @@ def estimate_bytes(fp: Footprint) -> int:
     w = fp.work_itemsize
     inputs = n * (lq + 2 * lk) * d * (8 + w + 8)
     outputs = OUTPUT_ARRAYS * n * lq * d * 8
-    stages = [_reference_bytes(n, lq, lk, fp.backward)]
+    stages = [_reference_bytes(n, lq, lk, fp.backward, fp.batch)]
     if "standard" in fp.kernels:
-        stages.append(_standard_bytes(n, lq, lk, d, w, fp.backward))
+        stages.append(_standard_bytes(n, lq, lk, d, w, fp.backward, fp.rounds_p))
     if "flash" in fp.kernels or "splitkv" in fp.kernels:
         block = min(fp.block_k, lk)
         rows = min(lq, rows_per_chunk(lq, n * block * w, TILE_BYTES))  # one query tile's score blocks
@@ -82,21 +84,22 @@ def estimate_bytes(fp: Footprint) -> int:
     return inputs + outputs + max(stages)
 
 
-def _standard_bytes(n: int, lq: int, lk: int, d: int, w: int, backward: bool) -> int:
+def _standard_bytes(n: int, lq: int, lk: int, d: int, w: int, backward: bool, rounds_p: bool = True) -> int:
     """One query chunk's arrays (+ the causal bias and its bool mask), and the chunks' outputs before and
     after they are joined; with a backward, the graph of every chunk (L x L in all)."""
     if backward:
-        return (STANDARD_ARRAYS + BACKWARD_ARRAYS) * n * lq * lk * w + lq * lk * 9
+        return (STANDARD_GRAPH_ARRAYS + BACKWARD_ARRAYS) * n * lq * lk * w + lq * lk * 9
     rows = min(lq, rows_per_chunk(lq, n * lk * w, CHUNK_BYTES))
-    return STANDARD_ARRAYS * n * rows * lk * w + rows * lk * 9 + 2 * n * lq * d * w
+    return (STANDARD_ARRAYS if rounds_p else 1) * n * rows * lk * w + rows * lk * 9 + 2 * n * lq * d * w
 
 
-def _reference_bytes(n: int, lq: int, lk: int, backward: bool) -> int:
+def _reference_bytes(n: int, lq: int, lk: int, backward: bool, batch: int = 1) -> int:
+    """One query chunk's scores and a causal or padding mask's bool and float64 bias for each batch row."""
     if backward:
         return BACKWARD_ARRAYS * n * lq * lk * 8
     row = 8 * n * lk
     rows = max(1, min(1024, lq, REFERENCE_BLOCK_BYTES // max(row, 1)))
-    return REFERENCE_ARRAYS * rows * row + rows * lk * 9
+    return REFERENCE_ARRAYS * rows * row + batch * rows * lk * 9
 
 
 def available_bytes() -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
@@ -39,10 +41,35 @@ def mm(a: torch.Tensor, b: torch.Tensor, policy: Policy, out: torch.Tensor | Non
 
 def safe_max(m: torch.Tensor) -> torch.Tensor:
     """m with -inf replaced by 0, so exp(x - m) of a fully masked row is exp(-inf) = 0, never NaN."""
-    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return torch.where(torch.isneginf(m), 0.0, m)
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
     """The softmax scale: 1/sqrt(head_dim) for None, else `scale` (a finite real, see kernels.validation)."""
     checked = check_scale(scale)
     return head_dim**-0.5 if checked is None else checked
+
+
+def prescale_is_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """True when (scale * q) @ k^T equals scale * (q @ k^T) bit for bit in float32 and wider: `scale` is a
+    power of two and no partial sum of either product can be subnormal or overflow.
+
+    Every nonzero product q_i k_i, and so every nonzero partial sum, is a multiple of
+    ulp(min |q|) * ulp(min |k|) (float32 ulps, 24-bit significands): when that quantum times min(scale, 1) is
+    a normal float32, every scaled operand keeps its 24 bits, and D * max|q| * max|k| * max(scale, 1) is below
+    float32's overflow threshold, scaling an operand by 2^e scales every rounded step by 2^e exactly. NaN or
+    inf inputs, or operands narrower than float32: False. float32's limits are stricter than float64's, so the
+    answer holds for products summed in either."""
+    mant, _ = math.frexp(scale) if math.isfinite(scale) and scale > 0 else (0.0, 0)
+    wide = (torch.float32, torch.float64)
+    if mant != 0.5 or q.numel() == 0 or k.numel() == 0 or q.dtype not in wide or k.dtype not in wide:
+        return False
+    qa, ka = q.detach().abs(), k.detach().abs()
+    big = float(qa.amax()) * float(ka.amax()) * q.shape[-1] * max(scale, 1.0)
+    if not math.isfinite(big) or big >= 2.0**126:
+        return False
+    tiny = [float(torch.where(a == 0, torch.full_like(a, math.inf), a).amin()) for a in (qa, ka)]
+    if not all(math.isfinite(t) for t in tiny):
+        return True  # one operand is all zeros: every product is 0 either way
+    quantum = math.prod(2.0 ** (math.frexp(t)[1] - 1 - 23) for t in tiny) * min(scale, 1.0)
+    return quantum >= 2.0**-126 and min(tiny) * min(scale, 1.0) >= 2.0**-102  # scaled operands stay normal

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.tiles import row_chunks
+from flashcheck.kernels.ops import prescale_is_exact
+from flashcheck.kernels.tiles import row_chunks, rows_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 REFERENCE_BLOCK_BYTES = 64 * 2**20  # cap on one query chunk's FP64 scores [B, H, rows, Lk]
@@ -48,19 +49,38 @@ def reference_attention(
         if inplace:  # no autograd: each chunk is written into the output as it comes (no list, no cat copy)
             out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float64, device=q.device)
             lse = torch.empty(q.shape[:-1], dtype=torch.float64, device=q.device)
+            fold = prescale_is_exact(q, k64, s)
+            buf = torch.empty(q.shape[0] * q.shape[1] * rows_max(chunks) * lk, dtype=torch.float64, device=q.device)
             for r0, r1 in chunks:
-                out[..., r0:r1, :], lse[..., r0:r1] = _rows(q, k64, v64, (r0, r1), (lq, lk), s, causal, mask, True)
+                scores = buf[: q.shape[0] * q.shape[1] * (r1 - r0) * lk].view(*q.shape[:2], r1 - r0, lk)
+                out[..., r0:r1, :], lse[..., r0:r1] = _rows_into(
+                    scores, q, k64, v64, (r0, r1), (lq, lk), s, fold, causal, mask
+                )
         else:
-            parts = [_rows(q, k64, v64, rows, (lq, lk), s, causal, mask, False) for rows in chunks]
+            parts = [_rows(q, k64, v64, rows, (lq, lk), s, causal, mask) for rows in chunks]
             out, lse = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     return (out, lse) if return_lse else out
 
 
-def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask, inplace: bool):
-    """Output [B, H, r1 - r0, Dv] and log-sum-exp [B, H, r1 - r0] of query rows r0:r1 (in place without autograd)."""
+def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask):
+    """Output [B, H, r1 - r0, Dv] and log-sum-exp [B, H, r1 - r0] of query rows r0:r1, out of place (autograd)."""
+    scores = torch.matmul(q[..., rows[0] : rows[1], :].to(torch.float64), k64.transpose(-1, -2)) * s
+    return _softmax_v(scores, v64, rows, lens, causal, mask, False)
+
+
+def _rows_into(scores, q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, fold: bool, causal, mask):
+    """_rows without autograd, the scores [B, H, r1 - r0, Lk] formed in the given buffer (a fresh one each chunk
+    would fault its pages in again: most of the time at long Lk). fold: s goes into Q's rows (exact, see
+    ops.prescale_is_exact), sparing a pass over the scores."""
+    r0, r1 = rows
+    q64 = q[..., r0:r1, :].to(torch.float64)  # q itself when float64: never written
+    torch.matmul(q64 * s if fold else q64, k64.transpose(-1, -2), out=scores)
+    return _softmax_v(scores if fold else scores.mul_(s), v64, rows, lens, causal, mask, True)
+
+
+def _softmax_v(scores, v64, rows: tuple[int, int], lens: tuple[int, int], causal: bool, mask, inplace: bool):
+    """softmax(scores + mask) v64 and the log-sum-exp of the rows r0:r1 whose scaled scores these are."""
     (r0, r1), (lq, lk) = rows, lens
-    scores = torch.matmul(q[..., r0:r1, :].to(torch.float64), k64.transpose(-1, -2))
-    scores = scores.mul_(s) if inplace else scores * s
     bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
     if bias is not None:
         bias = bias.to(scores.device)

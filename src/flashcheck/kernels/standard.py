@@ -7,13 +7,15 @@ chunked and unchunked results are bit-identical (tests/test_scale.py checks it a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from flashcheck.core.numerics import Policy, parse_policy
+from flashcheck.core.numerics import Policy, info, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import mm, resolve_scale, rnd, safe_max
-from flashcheck.kernels.tiles import row_chunks, rows_per_chunk
+from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max
+from flashcheck.kernels.tiles import row_chunks, rows_max, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 CHUNK_BYTES = 32 * 2**20  # one chunk's scores [B, H, rows, Lk] in the working dtype
@@ -55,13 +57,48 @@ def standard_attention(
         qr, kr, vr, _ = round_inputs(q, k, v, pol, hadamard_seed=hadamard_seed)
         kt = kr.transpose(-1, -2)
         chunks = row_chunks(lq, chunk_rows)
-        if len(chunks) == 1 or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             outs = [_rows(qr, kt, vr, rows, (lq, lk), pol, s, causal, mask) for rows in chunks]
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
         out = qr.new_empty((*qr.shape[:-1], vr.shape[-1]))  # each chunk written in place: no list, no cat copy
+        bufs = _Buffers.make(qr.shape[0] * qr.shape[1] * rows_max(chunks) * lk, qr.dtype, pol, qr.device)
+        fold = prescale_is_exact(qr, kr, s)
         for r0, r1 in chunks:
-            out[..., r0:r1, :] = _rows(qr, kt, vr, (r0, r1), (lq, lk), pol, s, causal, mask)
+            out[..., r0:r1, :] = _rows_inplace(bufs, qr, kt, vr, (r0, r1), (lq, lk), pol, s, fold, causal, mask)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Buffers:
+    """One chunk's score block in the working dtype and, when the `p` stage is narrower, its cast: reused by
+    every chunk (a fresh block per chunk faults its pages in again, most of the time at long Lk)."""
+
+    scores: torch.Tensor
+    cast: torch.Tensor | None
+
+    @staticmethod
+    def make(n: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Buffers:
+        narrow = info(pol.stage("p")).dtype
+        cast = torch.empty(n, dtype=narrow, device=device) if narrow != dtype else None
+        return _Buffers(torch.empty(n, dtype=dtype, device=device), cast)
+
+
+def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float, fold: bool, causal=False, mask=None):
+    """_rows without autograd, every L-sized step in one reused buffer: the same operations on the same values
+    (exp in place, the division in place), so the same bits. fold: Q's rows are scaled by s (exact, see
+    ops.prescale_is_exact) and the scores are not."""
+    (r0, r1), (lq, lk) = rows, lens
+    q_r = qr[..., r0:r1, :] * s if fold else qr[..., r0:r1, :]
+    scores = bufs.scores[: q_r.shape[0] * q_r.shape[1] * (r1 - r0) * lk].view(*q_r.shape[:-1], lk)
+    mm(q_r, kt, pol, out=scores)
+    rnd_(scores if fold else scores.mul_(s), pol, "score")
+    bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
+    if bias is not None:
+        scores.add_(bias.to(scores.device))
+    e = rnd_(scores.sub_(safe_max(scores.amax(dim=-1, keepdim=True))).exp_(), pol, "p", bufs.cast)
+    denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
+    p = rnd_(e.div_(torch.where(denom == 0, torch.ones_like(denom), denom)), pol, "p", bufs.cast)
+    return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")
 
 
 def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy, s: float, causal: bool, mask):

@@ -34,6 +34,11 @@ def row_chunks(lq: int, rows: int) -> list[tuple[int, int]]:
     return out
 
 
+def rows_max(chunks: list[tuple[int, int]]) -> int:
+    """The most rows any (start, stop) chunk has (0 for none)."""
+    return max((r1 - r0 for r0, r1 in chunks), default=0)
+
+
 def mm_rows(
     a: torch.Tensor, b: torch.Tensor, policy: Policy, rows_untiled: int, out: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -100,7 +100,10 @@ class CompareConfig:
     def footprint(self) -> Footprint:
         """The sizes that set this comparison's memory (see kernels.memory)."""
         work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
-        return _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work, self.backward)
+        base = self.baseline_policy()
+        fp = _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work, self.backward)
+        rounds = info(base.stage("p")).dtype != base.work_dtype or work != base.work_dtype.itemsize
+        return dataclasses.replace(fp, rounds_p=rounds)  # the standard kernel runs under the baseline policy
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k != "inputs"}
