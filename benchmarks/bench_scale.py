@@ -5,7 +5,9 @@
 - the flash simulator's forward (bf16-mixed, 128 x 128 blocks, fp32 inputs) from 4k to 64k: time, the time
   ratio per doubling (target <= 4.5) and peak, beside SDPA's CPU flash kernel in fp32 (target <= 1.5x at
   8k, 16k, 32k);
-- the quick study: total time and the peak of each worker (target < 1.5 GB), polled from /proc.
+- the quick study: total time and the peak of each worker (target < 1.5 GB), polled from /proc;
+- floors (`--floors L`): the simulator's two products per step alone beside SDPA's CPU flash kernel, and the
+  FP64 reference's products alone, extrapolated to the two references a 65536 compare needs.
 
     python benchmarks/bench_scale.py                                   # everything (tens of minutes)
     python benchmarks/bench_scale.py --compare 4096 --flash 4096,8192 --no-study   # a quick look
@@ -52,6 +54,56 @@ t0 = time.perf_counter()
 res = CliRunner().invoke(app, ["compare", "--seq-len", sys.argv[1], "--json"])
 assert res.exit_code == 0, res.output
 print(json.dumps({{"seconds": time.perf_counter() - t0, "peak": {HWM}}}))
+"""
+FLOORS = """
+import json, statistics, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[2]))
+import flashcheck.kernels.flash as F
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.tiles import mm_rows
+from torch.nn.attention import SDPBackend, sdpa_kernel
+L, repeat = int(sys.argv[1]), int(sys.argv[3])
+q, k, v = (t.float() for t in make_qkv(InputSpec(batch=1, heads=8, seq_len=L, head_dim=64)))
+real = (F._tile_scores, F._fa2_step)
+
+def products_only(on):  # the simulator's loop with each step's two products and nothing else
+    def scores(q_r, k, rows, t, cfg, pol, sc, buf):
+        r0, r1, lq, lk = rows
+        out = F._Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
+        return mm_rows(q_r, k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
+    def step(s, v_j, o, m, l, pol, exp, untiled, bufs, tie_beta=None):
+        mm_rows(s, v_j, pol, untiled, out=bufs[1])
+        return m, l
+    F._tile_scores, F._fa2_step = (scores, step) if on else real
+
+def reference_gemms():  # the FP64 reference's two products per 128-row chunk, into reused buffers
+    k64, v64 = k.double(), v.double()
+    s, o = torch.empty(1, 8, 128, L, dtype=torch.float64), torch.empty(1, 8, 128, 64, dtype=torch.float64)
+    for r0 in range(0, L, 128):
+        torch.matmul(q[..., r0 : r0 + 128, :].double(), k64.transpose(-1, -2), out=s)
+        torch.matmul(s, v64, out=o)
+
+def sdpa():
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+jobs = {
+    "sdpa-flash": sdpa,
+    "flash-sim": lambda: (products_only(False), F.flash_attention(q, k, v, policy="bf16-mixed")),
+    "flash-sim products only": lambda: (products_only(True), F.flash_attention(q, k, v, policy="bf16-mixed")),
+    "fp64 reference": lambda: reference_attention(q, k, v),
+    "fp64 reference products only": reference_gemms,
+}
+times = {name: [] for name in jobs}
+with torch.no_grad():
+    for _ in range(repeat):
+        for name, job in jobs.items():
+            t0 = time.perf_counter()
+            job()
+            times[name].append(time.perf_counter() - t0)
+print(json.dumps({name: statistics.median(t) for name, t in times.items()}))
 """
 GB = 2**30
 
@@ -124,6 +176,28 @@ def bench_flash(lengths: list[int], threads: int, repeat: int = 3) -> None:
             flush=True,
         )
         prev = (sim["seconds"], ref["seconds"])
+
+
+def bench_floors(n: int, threads: int, repeat: int) -> None:
+    """What no rewrite in eager torch ops can beat, measured in one process (interleaved medians): the flash
+    simulator's loop doing only its two products per step (a bit-identical simulator must form them), beside
+    SDPA's CPU flash kernel; and the FP64 reference's two products alone, scaled by (65536 / n)^2 to the two
+    references `compare --seq-len 65536` needs, against its 5-minute target."""
+    r = child(FLOORS, str(n), str(threads), str(repeat))
+    if "error" in r:
+        print(f"floors at L={n}: failed: {r['error']}")
+        return
+    print(f"floors at L={n} ({threads} threads, medians of {repeat}; load {os.getloadavg()[0]:.1f}):")
+    for name, secs in r.items():
+        print(f"  {name:<30} {secs:8.2f} s  ({secs / r['sdpa-flash']:.2f}x sdpa-flash)")
+    sim_floor = r["flash-sim products only"] / r["sdpa-flash"]
+    print(f"  flash-sim products alone / sdpa-flash: {sim_floor:.2f}x (target for the whole simulator: 1.5x)")
+    refs = 2 * r["fp64 reference products only"] * (65536 / n) ** 2
+    print(
+        f"  compare --seq-len 65536 needs two FP64 references: their products alone ~{refs:.0f} s "
+        f"(target for the whole compare: 300 s: {verdict(refs, 300.0)} even before anything else)",
+        flush=True,
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -260,8 +334,11 @@ def main() -> None:
     parser.add_argument(
         "--study-peer", default=None, help="git revision whose code runs the same study right after (e.g. b483974)"
     )
+    parser.add_argument("--floors", type=int, default=8192, help="length of the floors section (0 to skip)")
     parser.add_argument("--no-study", action="store_true")
     args = parser.parse_args()
+    if args.floors:
+        bench_floors(args.floors, args.threads, args.repeat)
     if args.flash:
         bench_flash(_ints(args.flash), args.threads, args.repeat)
     if args.compare:

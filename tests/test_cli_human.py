@@ -258,6 +258,10 @@ def test_doctor_human():
         one_line(res.output, "OS ", "torch", ", the CPU build (no CUDA)")
         one_line(res.output, "no flash-attn wheel fits torch's CPU build")
         one_line(res.output, "with a CUDA build of this torch: flash_attn-VERSION+cuXtorch")
+        one_line(res.output, "SDPA backend switches on:", "the CPU build runs only math and flash")
+        one_line(res.output, "deterministic algorithms: off")
+        assert "cudnn" not in res.output.split("deterministic algorithms")[1].splitlines()[0], res.output
+    assert "{" not in res.output and "True" not in res.output, res.output  # words, not a dict
 
 
 def test_doctor_wheel_tag_names_the_cuda_major(monkeypatch):
@@ -451,3 +455,21 @@ def test_compare_takes_gqa_decoding_and_padding(flags, spec):
     )
     expected = run_compare(cfg).candidate["rel_l2"]
     assert f"{expected:.3e}" in _row(res.output, "rel_l2"), res.output
+
+
+def test_doctor_lines_on_a_cuda_build_read_as_words():
+    """What doctor prints where CUDA is (drawn here from a report dict): switches and settings in words."""
+    from flashcheck.cli.tools import _determinism_line, _sdpa_flags_line
+
+    det = {
+        "deterministic_algorithms": True,
+        "warn_only": False,
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }
+    assert _determinism_line(det, True) == (
+        "deterministic algorithms: on; cudnn.deterministic on, cudnn.benchmark off, CUBLAS_WORKSPACE_CONFIG :4096:8"
+    )
+    flags = {"flash": True, "mem_efficient": False, "math": True, "cudnn": False}
+    assert _sdpa_flags_line(flags, True) == "SDPA backend switches on: flash, math; off: mem_efficient, cudnn"

@@ -217,15 +217,40 @@ def doctor(
     c.print(f"OS {escape(report['os'])}; Python {report['python']}; torch {report['torch']}, {cuda}")
     c.print(f"GPU: {report['gpu'] or 'none visible'}")
     _print_flash_attn(c, report["flash_attn"])
-    c.print(f"SDPA backends enabled: {report['sdpa_backends_enabled']}")
+    c.print(_sdpa_flags_line(report["sdpa_backends_enabled"], bool(report["cuda"])))
     ch = report["sdpa_choice"]
     c.print(
         f"SDPA picks for {ch.get('shape')} {ch.get('dtype')} on {ch['device']}: "
         f"{escape(str(ch.get('kernel') or ch.get('error')))}"
     )
-    c.print(f"determinism: {report['determinism']}")
+    c.print(_determinism_line(report["determinism"], bool(report["cuda"])))
     for b in report["backends"]:
         c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}")
+
+
+def _sdpa_flags_line(flags: dict, cuda: bool) -> str:
+    """torch's SDPA backend switches in words: which are on, which off, and which can run on this build."""
+    on = [name for name, enabled in flags.items() if enabled]
+    off = [name for name, enabled in flags.items() if not enabled]
+    line = f"SDPA backend switches on: {', '.join(on) or 'none'}" + (f"; off: {', '.join(off)}" if off else "")
+    return line if cuda else line + " (the CPU build runs only math and flash; the others need CUDA)"
+
+
+def _determinism_line(det: dict, cuda: bool) -> str:
+    """torch's determinism settings in words (the cuDNN and cuBLAS ones only where CUDA is)."""
+    mode = "on" if det["deterministic_algorithms"] else "off"
+    line = f"deterministic algorithms: {mode}" + (
+        " (warn only)" if det["deterministic_algorithms"] and det["warn_only"] else ""
+    )
+    if not cuda:
+        return line
+    workspace = det["CUBLAS_WORKSPACE_CONFIG"] or "unset"
+    cudnn = f"cudnn.deterministic {_on(det['cudnn_deterministic'])}, cudnn.benchmark {_on(det['cudnn_benchmark'])}"
+    return f"{line}; {cudnn}, CUBLAS_WORKSPACE_CONFIG {workspace}"
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 def _print_flash_attn(c, fa: dict) -> None:
