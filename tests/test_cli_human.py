@@ -473,3 +473,21 @@ def test_doctor_lines_on_a_cuda_build_read_as_words():
     )
     flags = {"flash": True, "mem_efficient": False, "math": True, "cudnn": False}
     assert _sdpa_flags_line(flags, True) == "SDPA backend switches on: flash, math; off: mem_efficient, cudnn"
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGPIPE"), reason="no SIGPIPE on this platform")
+def test_a_pipe_closed_early_is_not_a_failed_check():
+    """`flashcheck compare | head -1`: the process ends by SIGPIPE as `cat` would, not with exit code 1."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from flashcheck.cli import main; sys.argv = ['flashcheck', 'compare', '--seq-len', '16']; main()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == -signal.SIGPIPE, err
+    assert first.startswith(b"flash [bf16-mixed] vs standard") and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from flashcheck.cli import compare as _compare  # noqa: F401
@@ -15,7 +16,11 @@ from flashcheck.cli.app import app
 
 
 def main() -> None:
-    """Entry point: run the app; typer reports bad flags with exit code 2."""
+    """Entry point: run the app; typer reports bad flags with exit code 2. Output into a pipe that closes early
+    (`flashcheck compare | head -1`) ends the process as it ends `cat` (SIGPIPE), never with exit code 1, which
+    means a failed check."""
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app()
     except KeyboardInterrupt:
