@@ -319,3 +319,16 @@ def test_share_and_quantiles_of_known_ratios(small_study):
     assert ev["median_ratio"] == pytest.approx(1.0)
     assert ev["p90_fold"] == pytest.approx(1 / 0.3)  # the 18th of the 20 sorted folds: ..., 2.5 x2, 3.33 x2, 4 x2
     assert ev["verdict"].status in ("holds", "does not hold", "inconclusive")
+
+
+def test_error_model_table_labels_tell_every_quick_case_apart():
+    """One label per case of quick (seed and every field that sets a case), tiles only where the kernel has them."""
+    from flashcheck.study.cases import expand
+    from flashcheck.study.config import preset
+    from flashcheck.study.errormodel import case_label
+
+    cases = expand(preset("quick"))
+    labels = [case_label(c) for c in cases]
+    assert len(set(labels)) == len(set(cases)), [lab for lab in labels if labels.count(lab) > 1][:3]
+    assert not any("tiles 0x0" in lab or "Bc=0" in lab for lab in labels)
+    assert any(" tiles " in lab for lab in labels) and any(lab.startswith("sdpa-math:") for lab in labels)

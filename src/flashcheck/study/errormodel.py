@@ -190,6 +190,23 @@ def kinds_table(ev: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def case_label(c) -> str:
+    """Everything that sets a case, once: method, sizes (B x H, K/V heads, L/Lk, D), tiles Br x Bc where the
+    kernel has them, inputs, and the non-default options (causal, padding, splits, backward, layer), seed."""
+    heads = f"B={c.batch} H={c.heads}" + (f"/{c.kv_heads}kv" if c.kv_heads else "")
+    tiles = (f" tiles {c.block_q}x{c.block_k}" if c.block_k else "") + (f" {c.algorithm}" if c.algorithm else "")
+    extras = [
+        "causal" if c.causal else "",
+        f"padding {c.padding}" if c.padding != "none" else "",
+        f"S={c.splits}" if c.splits else "",
+        "backward" if c.backward else "",
+        f"layer {c.layer}" if c.layer else "",
+    ]
+    lens = f"L={c.seq_len}" + (f"/{c.seq_len_k}" if c.seq_len_k else "")
+    rest = " ".join(e for e in extras if e)
+    return f"{c.method} {heads} {lens} D={c.head_dim}{tiles} {c.distribution}{' ' + rest if rest else ''} seed {c.seed}"
+
+
 def table(ev: dict, limit: int = 60) -> tuple[list[str], list[list[str]]]:
     """The worst cases first (largest fold error), with their kind and whether they were held out."""
     header = ["case", "kind", "predicted", "measured", "pred/meas", "held out"]
@@ -197,8 +214,7 @@ def table(ev: dict, limit: int = 60) -> tuple[list[str], list[list[str]]]:
     out = []
     for x in rows[:limit]:
         c = x["case"]
-        label = f"{c.method} L={c.seq_len}" + (f"/{c.seq_len_k}" if c.seq_len_k else "")
-        label += f" D={c.head_dim} Bc={c.block_k} {c.distribution}{' causal' if c.causal else ''} seed {c.seed}"
+        label = case_label(c)
         ratio = f"{x['ratio']:.2f}"
         out.append(
             [label, kind(c), f"{x['predicted']:.3g}", f"{x['measured']:.3g}", ratio, "yes" if x["held_out"] else "no"]
