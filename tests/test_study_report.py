@@ -231,3 +231,12 @@ def test_real_backends_against_their_baseline_and_flash_against_math(tmp_path):
     pts = {"backends": sweep_points(sw, records)}
     text = next(t for t, a in conclusion(list(found.values()), pts) if a == "backends")
     assert "The CPU flash kernel against SDPA math at bf16" in text and "1.25x [" in text
+
+
+def test_fa3_paper_values_read_in_the_measured_ratios_order():
+    """The paper's RMSEs are printed as Baseline / candidate, the order of the measured ratio beside them."""
+    from flashcheck.study.findings import _fa3_findings
+
+    found = {f["id"]: f for f in _fa3_findings([])}
+    assert found["fa3_fp16"]["paper"] == "Baseline's RMSE 3.2e-04 / flash:fp16-mixed's 1.9e-04 = 1.7x"
+    assert found["fa3_fp8"]["paper"] == "Baseline's RMSE 2.4e-02 / flash:fa3-fp8's 9.1e-03 = 2.6x"

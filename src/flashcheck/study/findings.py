@@ -205,7 +205,8 @@ def _fa3_findings(points: list[Point]) -> list[dict]:
     out = []
     for fid, claim, cand in FA3_PAIRS:
         base = FA3_BASE[cand]
-        paper = f"{FA3_PAPER_RMSE[cand]:.1e} vs {FA3_PAPER_RMSE[base]:.1e}"
+        b_rmse, c_rmse = FA3_PAPER_RMSE[base], FA3_PAPER_RMSE[cand]  # in the measured ratio's order
+        paper = f"Baseline's RMSE {b_rmse:.1e} / {cand}'s {c_rmse:.1e} = {b_rmse / c_rmse:.1f}x"
         num, den = _paired(points, base, cand)  # Baseline / candidate: > 1 means the candidate is lower
         if not num:
             out.append(finding(fid, claim, NOT_MEASURED, None, paper=paper, section="fa3"))
