@@ -382,6 +382,24 @@ def _print_compare(cfg, result) -> None:
             f"{result.candidate_rounded[key]:.3e}",
         )
     console.print(table)
+    if cfg.inputs.padding != "none":
+        console.print(escape(padding_counts(cfg.inputs, cfg.causal)))
+
+
+def padding_counts(spec, causal: bool) -> str:
+    """What a padded comparison counted: the keys each batch row keeps and the query rows with a visible key
+    (the only rows in the errors), from the same mask the measurement uses."""
+    from flashcheck.core.inputs import make_mask
+    from flashcheck.kernels.masks import rows_with_keys
+
+    mask = make_mask(spec)
+    keys = mask[:, 0].any(dim=-2).sum(dim=-1).tolist()  # [B]: keys some query row sees
+    rows = rows_with_keys(spec.seq_len, spec.lk, causal=causal, mask=mask).expand(spec.batch, 1, spec.seq_len, 1)
+    live, total = int(rows.sum()), spec.batch * spec.seq_len
+    return (
+        f"padding {spec.padding}: keys kept per batch row {', '.join(map(str, keys))} of {spec.lk}; errors over "
+        f"{live} of {total} query rows (those with a visible key), in each of the {spec.heads} heads"
+    )
 
 
 def _print_grads(cfg, result) -> None:
