@@ -117,6 +117,8 @@ def _grads(numerics: str = "bf16-mixed", **knobs) -> dict:
 def test_backward_rows_are_the_engines_numbers(flags, knobs):
     res = _human(["compare", *BACKWARD, *flags])
     on = "on" if knobs.get("ds_correction") else "off"
+    heading = ", ".join(["bf16-mixed", *(f"delta_source={v}" if k == "delta_source" else k for k, v in knobs.items())])
+    _one_line(res.output, f"flash [{heading}] vs standard [bf16-mixed]")  # the knobs in the first heading too
     _one_line(
         res.output, "gradients vs FP64", f"delta_source={knobs.get('delta_source', 'forward')}, ds_correction={on}"
     )

@@ -359,13 +359,20 @@ def _shape(cfg) -> str:
     )
 
 
+def _policy_label(pol) -> str:
+    """A policy's name, with its backward knobs where they differ from the defaults (they do not show in it)."""
+    knobs = [f"delta_source={pol.delta_source}"] if pol.delta_source != "forward" else []
+    knobs += ["ds_correction"] if pol.ds_correction else []
+    return ", ".join([pol.name, *knobs])
+
+
 def _print_compare(cfg, result) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     splits = f"S={cfg.case().method.splits} ({cfg.chunks()} chunks) " if cfg.kernel == "splitkv" else ""
     title = (
-        f"{cfg.kernel} [{cfg.candidate_policy().name}] vs standard [{cfg.baseline_policy().name}]  "
+        f"{cfg.kernel} [{_policy_label(cfg.candidate_policy())}] vs standard [{_policy_label(cfg.baseline_policy())}]  "
         f"{splits}{_shape(cfg)}"
     )
     console = _console()
