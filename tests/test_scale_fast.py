@@ -142,3 +142,34 @@ def test_the_fold_never_writes_into_the_callers_tensors(kernel):
         else:
             flash_mod.flash_attention(q, k, v, policy="fp64", block_k=16)
     assert all(torch.equal(a, b) for a, b in zip((q, k, v), before, strict=True))
+
+
+_FIRST_CALL = """
+import hashlib, torch
+from flashcheck.kernels.reference import reference_attention
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 8, 512, 64, generator=g, dtype=torch.float64) for _ in range(3))
+torch.matmul(q, k.transpose(-1, -2))  # a BLAS call first, as a user's code may make
+with torch.no_grad():
+    outs = [reference_attention(q, k, v) for _ in range(2)]
+print(int(torch.equal(*outs)), hashlib.md5(outs[0].numpy().tobytes()).hexdigest())
+"""
+
+
+def test_the_first_reference_of_a_process_has_the_bits_of_every_later_one():
+    """ops.settle_exp: without it, about one fresh process in four computed its first exp inaccurately on one
+    thread (FP64 reference off by up to 5e-10 on half the heads). Eight fresh processes one after another (at
+    once, on two cores, the fault rarely shows), two threads each: every first call equals the second, and every
+    process gets the same bits (run as users run it: no OMP_NUM_THREADS, which hides the fault)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    runs = [
+        subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True, text=True, env=env) for _ in range(8)
+    ]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    lines = [r.stdout.split() for r in runs]
+    assert [line[0] for line in lines] == ["1"] * 8
+    assert len({line[1] for line in lines}) == 1

@@ -20,7 +20,7 @@ from flashcheck.core.numerics import Policy, info, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max
+from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -373,6 +373,7 @@ def flash_attention(
     exp2). Causal masks are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked
     rows, and every row when Lk = 0, give 0 (kernels.validation has the input rule). Memory
     O(Lq * block_k). See FlashConfig for the options."""
+    settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import prescale_is_exact
+from flashcheck.kernels.ops import prescale_is_exact, settle_exp
 from flashcheck.kernels.tiles import row_chunks, rows_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -31,6 +31,7 @@ def reference_attention(
     and lse -inf (kernels.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
     fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES, never under kernels.tiles.MIN_ROWS
     (a shorter last chunk joins the one before), so every chunking gives the bits of one L x L block."""
+    settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive integer")

@@ -14,7 +14,7 @@ import torch
 from flashcheck.core.numerics import Policy, info, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max
+from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.tiles import row_chunks, rows_max, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -40,6 +40,7 @@ def standard_attention(
     `mask` is bool (True = keep) or additive, broadcastable to [B, H, Lq, Lk]; Lk = 0 gives zeros
     (kernels.validation has the input rule). `chunk_rows`: query rows per chunk (None: sized by
     CHUNK_BYTES; Lq: one L x L block; at least MIN_ROWS). Memory O(chunk_rows * Lk) (O(Lq * Lk) with autograd)."""
+    settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
     s = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     if pol.fp8_scaling == "block":
