@@ -257,3 +257,27 @@ def test_padded_errors_and_ratios_are_over_the_visible_rows_of_both(padding, bat
         assert got[who] == pytest.approx(want[who], rel=1e-9), who
     ratio = {m: want["candidate"][m] / want["baseline"][m] for m in want["candidate"]}
     assert got["ratio"] == pytest.approx(ratio, rel=1e-9)
+
+
+def test_no_hadamard_turns_a_policys_hadamard_off_and_the_heading_says_so():
+    """fa3-fp8 has Hadamard on: --no-hadamard must turn it off (it was ignored), --hadamard turn it on for a
+    policy without it; the heading names what differs from the named policy."""
+
+    fp8 = ["compare", "--numerics", "fa3-fp8", "--baseline-numerics", "baseline-fp8", "--seq-len", "64"]
+    own = run_compare(CompareConfig(numerics="fa3-fp8", baseline_numerics="baseline-fp8", inputs=InputSpec(seq_len=64)))
+    off_cfg = CompareConfig(
+        numerics="fa3-fp8", baseline_numerics="baseline-fp8", inputs=InputSpec(seq_len=64), hadamard=False
+    )
+    off = run_compare(off_cfg)
+    assert off_cfg.candidate_policy().hadamard is False and off.candidate != own.candidate
+    res = _human([*fp8, "--no-hadamard"])
+    _one_line(res.output, "flash [fa3-fp8, no hadamard] vs standard [baseline-fp8]")
+    assert _row(res.output, "rel_l2")[1] == f"{off.candidate['rel_l2']:.3e}"
+    _one_line(_human(fp8).output, "flash [fa3-fp8] vs standard [baseline-fp8]")
+    _one_line(_human(["compare", "--seq-len", "64", "--hadamard"]).output, "flash [bf16-mixed, hadamard] vs")
+
+
+def test_fp8_scaling_on_a_policy_without_fp8_inputs_is_refused():
+    res = runner.invoke(app, ["compare", "--seq-len", "64", "--fp8-scaling", "block"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--fp8-scaling block: the candidate policy 'bf16-mixed' has no FP8 inputs to scale" in res.output

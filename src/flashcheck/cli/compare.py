@@ -83,7 +83,11 @@ def compare(
     padding: str = typer.Option("none", help=PADDING_HELP),
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
-    hadamard: bool = typer.Option(False, help="Hadamard incoherent processing of Q and K (candidate)."),
+    hadamard: bool = typer.Option(
+        None,
+        "--hadamard/--no-hadamard",
+        help="Hadamard incoherent processing of Q and K in the candidate, on or off (default: as its policy has it).",
+    ),
     splits: str = typer.Option(None, help=SPLITS_HELP),
     backward: bool = typer.Option(False, "--backward", help=BACKWARD_HELP),
     delta_source: str = typer.Option(None, help=DELTA_SOURCE_HELP),
@@ -359,9 +363,18 @@ def _shape(cfg) -> str:
     )
 
 
-def _policy_label(pol) -> str:
-    """A policy's name, with its backward knobs where they differ from the defaults (they do not show in it)."""
-    knobs = [f"delta_source={pol.delta_source}"] if pol.delta_source != "forward" else []
+def _policy_label(pol, named: str | None = None) -> str:
+    """A policy's name, with every knob a flag set apart from the named policy's own (hadamard, FP8 scaling,
+    delta_source, ds_correction): they do not show in the name."""
+    from flashcheck.core.numerics import parse_policy
+
+    base = parse_policy(named) if named else None
+    knobs = []
+    if base is not None and pol.hadamard != base.hadamard:
+        knobs.append("hadamard" if pol.hadamard else "no hadamard")
+    if base is not None and pol.fp8_scaling != base.fp8_scaling:
+        knobs.append(f"fp8_scaling={pol.fp8_scaling}")
+    knobs += [f"delta_source={pol.delta_source}"] if pol.delta_source != "forward" else []
     knobs += ["ds_correction"] if pol.ds_correction else []
     return ", ".join([pol.name, *knobs])
 
@@ -372,7 +385,8 @@ def _print_compare(cfg, result) -> None:
 
     splits = f"S={cfg.case().method.splits} ({cfg.chunks()} chunks) " if cfg.kernel == "splitkv" else ""
     title = (
-        f"{cfg.kernel} [{_policy_label(cfg.candidate_policy())}] vs standard [{_policy_label(cfg.baseline_policy())}]  "
+        f"{cfg.kernel} [{_policy_label(cfg.candidate_policy(), cfg.numerics)}] vs standard "
+        f"[{_policy_label(cfg.baseline_policy())}]  "
         f"{splits}{_shape(cfg)}"
     )
     console = _console()

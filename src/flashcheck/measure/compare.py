@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from flashcheck.backends.base import DEVICES
 from flashcheck.core.inputs import InputSpec
-from flashcheck.core.numerics import DELTA_SOURCES, Policy, info, parse_format, parse_policy
+from flashcheck.core.numerics import DELTA_SOURCES, FP8_FORMATS, Policy, info, parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.kernels.decode import split_spans
 from flashcheck.kernels.memory import Footprint, check_fits
@@ -21,7 +21,7 @@ KERNELS = SIMULATED_KERNELS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareConfig:
     """One simulator comparison. `baseline_numerics` defaults to `numerics`; `fp8_scaling` and `hadamard`,
-    when set, override the candidate policy's (the baseline keeps its own). `splits`: key chunks S of the
+    when set (not None), override the candidate policy's (the baseline keeps its own). `splits`: key chunks S of the
     splitkv kernel (None: its default, 4). `backward`: dQ, dK, dV errors too; `delta_source` and
     `ds_correction` (Policy's backward knobs, flash only) then override the candidate policy's."""
 
@@ -34,7 +34,7 @@ class CompareConfig:
     inputs: InputSpec = field(default_factory=InputSpec)
     causal: bool = False
     fp8_scaling: str | None = None
-    hadamard: bool = False
+    hadamard: bool | None = None  # None: as the candidate policy has it
     device: str = "cpu"  # where both simulators and the FP64 references run (cpu or cuda)
     splits: int | None = None
     backward: bool = False
@@ -48,6 +48,11 @@ class CompareConfig:
             raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
         _check_decoding(self)
         _check_backward(self)
+        if self.fp8_scaling is not None and parse_policy(self.numerics).input not in FP8_FORMATS:
+            raise ValueError(
+                f"--fp8-scaling {self.fp8_scaling}: the candidate policy {self.numerics!r} has no FP8 inputs to scale; "
+                "give an FP8 policy (e.g. --numerics fa3-fp8) or drop --fp8-scaling"
+            )
         for role, pol in (("candidate", self.candidate_policy()), ("baseline", self.baseline_policy())):
             if pol.fp8_scaling == "block" and (role == "baseline" or self.kernel == "standard"):
                 raise ValueError(
@@ -61,8 +66,8 @@ class CompareConfig:
         changes: dict[str, object] = {}
         if self.fp8_scaling is not None:
             changes["fp8_scaling"] = self.fp8_scaling
-        if self.hadamard:
-            changes["hadamard"] = True
+        if self.hadamard is not None:
+            changes["hadamard"] = self.hadamard
         if self.delta_source is not None:
             changes["delta_source"] = self.delta_source
         if self.ds_correction:
