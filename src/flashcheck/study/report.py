@@ -40,7 +40,8 @@ def _row(p: Point, question: str) -> list[str]:
 
 
 def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(question, header, rows): each point's mean and 95% interval over seeds, and its ratios in both views."""
+    """(question, header, rows): each point's mean and 95% interval over seeds, and its ratios in both views
+    (columns empty in every row left out: fa3's methods are paired in its verdicts, not per point)."""
     out = []
     for sw in config.sweeps:
         points = sorted(sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block))
@@ -55,7 +56,9 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
             "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own) [95%]",
             "paper",
         ]
-        out.append((sw.question, header, [_row(p, sw.question) for p in points]))
+        rows = [_row(p, sw.question) for p in points]
+        keep = [i for i in range(len(header)) if i < 6 or any(r[i] for r in rows)]  # no column that is empty
+        out.append((sw.question, [header[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     return out
 
 
