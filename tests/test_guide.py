@@ -111,6 +111,10 @@ def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
     assert len(first_table) == 2 and "|" not in first_table[0]  # the claims are the report's first table
     assert "not measured here: needs a GPU" in md and (out / "figures" / "boundary.png").exists()
     assert json.loads((out / "summary.json").read_text())["findings"] == summary["findings"]
+    gpu = [f for f in summary["findings"] if f["id"].startswith("gpu_")]
+    if not torch.cuda.is_available():  # summary.json says what the table says: not inconclusive
+        assert gpu and {f["shown"] for f in gpu} == {"not measured here"}
+    assert all(f["shown"] == f["status"] for f in summary["findings"] if not f["id"].startswith("gpu_"))
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
     ]
     figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
     answer = gc.answer(records, results)
+    claims = [{**c, "shown": table_status(c)} for c in claims]  # summary.json says what the table says
     part = {
         "findings": claims,
         "answer": answer,
