@@ -15,8 +15,9 @@ from flashcheck.study.findings_dims import QUESTIONS, dead_row_table, err, recor
 NOTES = {
     "causal": "Kernel's own error (rel-L2 vs FP64 of the rounded inputs); causal masks are bottom-right aligned.",
     "gqa": "8 query heads sharing 8, 2 or 1 K/V heads (x axis: K/V heads), causal.",
-    "padding": "Batch of 2 sequences padded on the left or right (a quarter and a half of the keys); errors over "
-    "the rows that see a key. The next table counts what each implementation returns on the rows that see none.",
+    "padding": "Batch of 2 sequences padded on the left or right, left:0.25 / right:0.25 (element b of B pads "
+    "0.25 (b + 1) / B of its keys: an eighth and a quarter); errors over the rows that see a key. The next table "
+    "counts, per implementation, the cases whose rows that see no key hold zeros, NaN or other values.",
     "decoding": "Lq of 1 and 16 queries against a KV cache (x axis: its length), GQA 8:1, causal; splitkv merges "
     "its chunks through their log-sum-exp in the policy's merge format.",
     "backward": "dQ, dK, dV against FP64 autograd through the reference on the rounded inputs (the kernel's own).",
