@@ -502,7 +502,7 @@ def test_compare_padding_says_what_it_counted(pad, causal):
 
     args = ["compare", "--seq-len", "48", "--batch", "3", "--heads", "2", "--padding", pad]
     res = human([*args, "--causal"] if causal else args)
-    line = one_line(res.output, f"padding {pad}: keys kept per batch row", "query rows (those with a visible key)")
+    line = one_line(res.output, f"padding {pad}: keys kept per batch row", "query rows (those that see a key")
     spec = InputSpec(batch=3, heads=2, seq_len=48, padding=pad)
     refs = References(spec, causal=causal)
     live = int(refs.live.sum()) // 2

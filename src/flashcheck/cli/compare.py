@@ -419,7 +419,8 @@ def padding_counts(spec, causal: bool) -> str:
     live, total = int(rows.sum()), spec.batch * spec.seq_len
     return (
         f"padding {spec.padding}: keys kept per batch row {', '.join(map(str, keys))} of {spec.lk}; errors over "
-        f"{live} of {total} query rows (those with a visible key), in each of the {spec.heads} heads"
+        f"{live} of {total} query rows (those that see a key: padded query positions see none), in each of the "
+        f"{spec.heads} heads"
     )
 
 
