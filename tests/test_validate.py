@@ -407,3 +407,14 @@ def test_validate_without_transformers_is_a_one_line_usage_error(monkeypatch, tm
     result = CliRunner().invoke(app, ["validate", "--impls", "eager", "--samples", "4", "--out", str(tmp_path / "v")])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "flashcheck[validate]" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_unknown_implementation_is_named_with_the_known_ones_in_words():
+    pytest.importorskip("transformers")
+    from flashcheck.validate.loading import check_impls
+
+    with pytest.raises(ValueError) as err:
+        check_impls(["eager", "sdpx"])
+    msg = str(err.value)
+    assert msg.startswith("unknown attention implementation 'sdpx'; expected one of eager, ")
+    assert "[" not in msg and "did you mean 'sdpa'?" in msg

@@ -180,7 +180,7 @@ def check_impls(impls: list[str]) -> None:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown attention implementation {name!r}; expected one of {known}{hint}")
+            raise ValueError(f"unknown attention implementation {name!r}; expected one of {', '.join(known)}{hint}")
 
 
 def switch_impl(model, impl: str) -> str | None:
