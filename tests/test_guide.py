@@ -353,3 +353,18 @@ def test_a_guide_folder_from_before_resumes_and_others_are_refused(tmp_path):
             with pytest.raises(ValueError, match="holds another study"):
                 save_config(folder, preset(name))
             assert "guide" not in json.loads((folder / "study.json").read_text())
+
+
+def test_speed_up_growth_over_three_lengths_says_the_trend_rule_cannot_decide(monkeypatch):
+    """Three lengths: even a perfectly growing speed-up gives Kendall p = 0.33, and the row says so."""
+    from flashcheck.study import guide_claims as gc
+
+    times = {"sdpa-math:bf16": {512: 2.0, 1024: 4.4, 2048: 10.0}, "sdpa-flash:bf16": {512: 1.0, 1024: 2.0, 2048: 4.0}}
+    monkeypatch.setattr(gc, "_medians", lambda results, method, backward: times[method])
+    rows = {c["id"]: c for c in gc._speed_claims({}, GuideSettings())}
+    grows = rows["speedup_grows/forward"]
+    assert grows["status"] == "inconclusive"
+    assert (
+        "too few lengths for the trend rule (3 lengths: even a perfectly monotone speed-up gives p = 0.33"
+        in (grows["measured"])
+    )

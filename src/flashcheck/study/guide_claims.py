@@ -117,7 +117,7 @@ def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
         v = compare(est, above=True)
         text = "Flash Attention is faster than standard attention beyond 512 tokens"
         out.append(claim(text, v, f"math / flash time {est.text()}", cond, f"speedup/{p}"))
-        g = trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True)
+        g = _with_floor(trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True), ls, "speed-up")
         out.append(claim("Its benefits scale with length", g, g.reason, cond, f"speedup_grows/{p}"))
     return out
 
@@ -345,13 +345,13 @@ def best_trend_p(xs: Iterable[float]) -> float:
     return float(min(stats.kendalltau(sx, ranks).pvalue, stats.kendalltau(sx, sx).pvalue))
 
 
-def _with_floor(t: Verdict, xs: list[int]) -> Verdict:
+def _with_floor(t: Verdict, xs: list[int], what: str = "error") -> Verdict:
     """t with "too few lengths for the trend rule" in its reason where even a perfect trend gives p >= 0.05."""
     best = best_trend_p(xs)
     if best < 0.05:
         return t
     why = f"{t.reason}; too few lengths for the trend rule ({len(set(xs))} lengths: even a perfectly monotone "
-    why += f"error gives p = {best:.2g} >= 0.05)"
+    why += f"{what} gives p = {best:.2g} >= 0.05)"
     return Verdict(t.status, t.rule, why, t.estimate)
 
 
