@@ -280,8 +280,8 @@ def test_doctor_wheel_tag_names_the_cuda_major(monkeypatch):
 def test_explain_human_heading_one_line_and_progress(tmp_path):
     res = human(["explain", *SMALL, "--out", str(tmp_path)])
     data = json.loads((tmp_path / "summary.json").read_text())
-    heading = one_line(res.output, "rel_l2 vs FP64 of bf16-mixed: full", "dominant stage:")
-    assert heading.endswith(f"dominant stage: {data['dominant_stage']}")
+    heading = one_line(res.output, "rel_l2 vs FP64 of bf16-mixed: full", "dominant stage (")
+    assert heading.endswith(f"dominant stage (raising it to FP64 removes the most): {data['dominant_stage']}")
     assert f"{data['alone']['output']:.3e}" in _row(res.output, "output", "bf16")
     progress_lines(res.stderr, "explain 13/13", "bf16-mixed")
     one_line(res.output, f"wrote {tmp_path}/summary.json, figures/explain.png")

@@ -172,7 +172,7 @@ def _print_explain(attr, metric: str) -> None:
     console = _console()
     console.print(
         f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
-        f"{100 * attr.output_share:.0f}%; dominant stage: {attr.dominant}"
+        f"{100 * attr.output_share:.0f}%; dominant stage (raising it to FP64 removes the most): {attr.dominant}"
     )
     table = Table()
     for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):
