@@ -41,6 +41,7 @@ PADDING_HELP = (
     "Key padding: none, left:F or right:F (batch element b of B pads a fraction F*(b+1)/B of its keys, at least "
     "one and at most all but one; errors count only the query rows with a visible key)."
 )
+HADAMARD_HELP = "Hadamard incoherent processing of Q and K in the candidate, on or off (default: as its policy has it)."
 SPLITS_HELP = (
     "Split-KV decoding: the splitkv kernel with S key chunks merged through their log-sum-exps, for each S of a "
     "comma-separated list (each at most the key blocks ceil(Lk / block_k)), beside the flash kernel (use with "
@@ -83,11 +84,7 @@ def compare(
     padding: str = typer.Option("none", help=PADDING_HELP),
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     fp8_scaling: Fp8Scaling = typer.Option(None, help="FP8 input scaling of the candidate."),
-    hadamard: bool = typer.Option(
-        None,
-        "--hadamard/--no-hadamard",
-        help="Hadamard incoherent processing of Q and K in the candidate, on or off (default: as its policy has it).",
-    ),
+    hadamard: bool = typer.Option(None, "--hadamard/--no-hadamard", help=HADAMARD_HELP),
     splits: str = typer.Option(None, help=SPLITS_HELP),
     backward: bool = typer.Option(False, "--backward", help=BACKWARD_HELP),
     delta_source: str = typer.Option(None, help=DELTA_SOURCE_HELP),
