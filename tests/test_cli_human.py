@@ -493,19 +493,21 @@ def test_a_pipe_closed_early_is_not_a_failed_check():
     assert first.startswith(b"flash [bf16-mixed] vs standard") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("pad,causal", [("right:0.25", False), ("left:0.5", True)])
-def test_compare_padding_says_what_it_counted(pad, causal):
+@pytest.mark.parametrize(
+    "pad,causal,lk", [("right:0.25", False, 48), ("left:0.5", True, 48), ("left:0.5", True, 80), ("left:0.5", True, 32)]
+)
+def test_compare_padding_says_what_it_counted(pad, causal, lk):
     """The line under a padded comparison: the keys each batch row keeps and the query rows in the errors, the
     same rows the measurement uses (lse finite in the FP64 reference)."""
     from flashcheck.core.inputs import InputSpec, make_mask
     from flashcheck.measure.case import References
 
-    args = ["compare", "--seq-len", "48", "--batch", "3", "--heads", "2", "--padding", pad]
+    args = ["compare", "--seq-len", "48", "--seq-len-k", str(lk), "--batch", "3", "--heads", "2", "--padding", pad]
     res = human([*args, "--causal"] if causal else args)
     line = one_line(res.output, f"padding {pad}: keys kept per batch row", "query rows (those that see a key")
-    spec = InputSpec(batch=3, heads=2, seq_len=48, padding=pad)
+    spec = InputSpec(batch=3, heads=2, seq_len=48, seq_len_k=lk, padding=pad)
     refs = References(spec, causal=causal)
     live = int(refs.live.sum()) // 2
     kept = make_mask(spec)[:, 0].any(dim=-2).sum(dim=-1).tolist()
-    assert f"per batch row {', '.join(map(str, kept))} of 48;" in line
+    assert f"per batch row {', '.join(map(str, kept))} of {lk};" in line
     assert f"errors over {live} of 144 query rows" in line and live < 144

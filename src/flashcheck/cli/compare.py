@@ -407,12 +407,16 @@ def _print_compare(cfg, result) -> None:
 def padding_counts(spec, causal: bool) -> str:
     """What a padded comparison counted: the keys each batch row keeps and the query rows with a visible key
     (the only rows in the errors), from the same mask the measurement uses."""
-    from flashcheck.core.inputs import make_mask
-    from flashcheck.kernels.masks import rows_with_keys
+    import torch
 
-    mask = make_mask(spec)
-    keys = mask[:, 0].any(dim=-2).sum(dim=-1).tolist()  # [B]: keys some query row sees
-    rows = rows_with_keys(spec.seq_len, spec.lk, causal=causal, mask=mask).expand(spec.batch, 1, spec.seq_len, 1)
+    from flashcheck.core.inputs import make_mask
+
+    mask = make_mask(spec)[:, 0]  # bool [B, Lq, Lk], as the measurement builds it (no L x L float bias here)
+    keys = mask.any(dim=-2).sum(dim=-1).tolist()  # [B]: keys some query row sees
+    rows = mask.any(dim=-1)
+    if causal:  # bottom-right aligned: row i sees key j <= i + Lk - Lq, so its first kept key must be one of them
+        first = mask.to(torch.uint8).argmax(dim=-1)
+        rows &= first <= torch.arange(spec.seq_len) + (spec.lk - spec.seq_len)
     live, total = int(rows.sum()), spec.batch * spec.seq_len
     return (
         f"padding {spec.padding}: keys kept per batch row {', '.join(map(str, keys))} of {spec.lk}; errors over "
