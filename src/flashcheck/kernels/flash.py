@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import Policy, info, parse_policy
+from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -168,13 +168,8 @@ class _Scratch:
     @staticmethod
     def make(rows: int, cols: int, dv: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Scratch:
         """rows: B * H * tile rows; cols: the widest key block."""
-        narrow = info(pol.stage("p")).dtype
-        cast = rows * cols if narrow != dtype else 0
-        s, p, pv = (
-            torch.empty(n, dtype=dt, device=device)
-            for n, dt in ((rows * cols, dtype), (cast, narrow), (rows * dv, dtype))
-        )
-        return _Scratch(s, p, pv)
+        s, pv = (torch.empty(n, dtype=dtype, device=device) for n in (rows * cols, rows * dv))
+        return _Scratch(s, cast_scratch(rows * cols, dtype, pol, "p", device), pv)
 
     @staticmethod
     def view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

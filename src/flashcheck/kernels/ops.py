@@ -28,6 +28,13 @@ def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | No
     return x.copy_(round_to(x, fmt))
 
 
+def cast_scratch(n: int, dtype: torch.dtype, policy: Policy, stage: str, device: torch.device) -> torch.Tensor:
+    """A flat buffer for rnd_'s cast of up to n elements of `dtype` to `stage`'s format: n elements of that
+    format's dtype, or none when the stage is `dtype` itself (rnd_ then never casts)."""
+    narrow = info(policy.stage(stage)).dtype
+    return torch.empty(n if narrow != dtype else 0, dtype=narrow, device=device)
+
+
 def mm(a: torch.Tensor, b: torch.Tensor, policy: Policy, out: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b formed and summed in policy.matmul precision, returned in a's dtype (written into `out`, of
     the product's shape, when given).

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import Policy, info, parse_policy
+from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.tiles import row_chunks, rows_max, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -75,13 +75,11 @@ class _Buffers:
     every chunk (a fresh block per chunk faults its pages in again, most of the time at long Lk)."""
 
     scores: torch.Tensor
-    cast: torch.Tensor | None
+    cast: torch.Tensor
 
     @staticmethod
     def make(n: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Buffers:
-        narrow = info(pol.stage("p")).dtype
-        cast = torch.empty(n, dtype=narrow, device=device) if narrow != dtype else None
-        return _Buffers(torch.empty(n, dtype=dtype, device=device), cast)
+        return _Buffers(torch.empty(n, dtype=dtype, device=device), cast_scratch(n, dtype, pol, "p", device))
 
 
 def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float, fold: bool, causal=False, mask=None):
