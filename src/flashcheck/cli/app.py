@@ -65,6 +65,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Is Flash Attention stable? Measure attention numerics against an exact FP64 reference.",
 )
 
