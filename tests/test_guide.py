@@ -368,3 +368,52 @@ def test_speed_up_growth_over_three_lengths_says_the_trend_rule_cannot_decide(mo
         "too few lengths for the trend rule (3 lengths: even a perfectly monotone speed-up gives p = 0.33"
         in (grows["measured"])
     )
+
+
+def _boundary_results(bf16_scale: int | None, bf16_sums: dict[str, str]) -> dict[str, dict]:
+    """quick's boundary and sum tasks for flash:fp16: non-finite from sigma 2^9 at L=256 (inputs overflow at
+    2^14), ok at Lk = 65519 and non-finite at 65520 keys at the maximum; the bf16 twin as given."""
+
+    def task(tid: str, params: dict, result: dict) -> tuple[str, dict]:
+        return tid, {"id": tid, "status": "ok", "params": params, "result": result}
+
+    scale = {"kind": "scale", "seq_len": 256}
+    points = {"kind": "sum_points"}
+    fp16 = {"boundary_i": 72, "inputs_overflow_i": 112}
+    return dict(
+        [
+            task("scale/flash:fp16/L=256", scale | {"method": "flash:fp16"}, fp16),
+            task("scale/flash:bf16/L=256", scale | {"method": "flash:bf16"}, {"boundary_i": bf16_scale}),
+            task(
+                "sum/flash:fp16",
+                points | {"method": "flash:fp16"},
+                {"boundary_keys": 65520, "outcome": "non-finite", "searched": False,
+                 "points": {"65519": "ok", "65520": "non-finite"}},
+            ),
+            task(
+                "sum/flash:bf16",
+                points | {"method": "flash:bf16"},
+                {"boundary_keys": 65519 if "wrong" in bf16_sums.values() else None, "outcome": "wrong",
+                 "searched": False, "points": bf16_sums},
+            ),
+        ]
+    )  # fmt: skip
+
+
+def test_fp16_structural_counts_only_where_bf16_is_right():
+    """quick's flash:fp16 line: bf16 is wrong at 65519 and 65520 keys too, so the sum does not count for
+    "NaN where BF16 was fine" (the line said structural beside "bf16 ... wrong at Lk = 65519"); the scale
+    search, where bf16 stays finite, does. With bf16 failing everywhere fp16 fails the claim does not hold."""
+    from flashcheck.study.guide_claims import boundary_claims
+
+    s = GuideSettings(boundary_methods=("flash:fp16",), sum_methods=("flash:fp16",), sum_keys=(65519, 65520))
+    wrong = {"65519": "wrong", "65520": "wrong"}
+    [f] = boundary_claims(_boundary_results(None, wrong), s)
+    assert f["status"] == "structural"
+    assert "fp16 fails where bf16 does not: L=256 sigma 2^9" in f["measured"]
+    not_counted = "Not counted (bf16 fails there too): Lk = 65520 keys at the maximum (non-finite; bf16 wrong)"
+    assert not_counted in f["measured"]
+    [f] = boundary_claims(_boundary_results(64, wrong), s)  # bf16 non-finite from a lower sigma too
+    assert f["status"] == "does not hold" and "bf16 failed too" in f["verdict"]["reason"]
+    [f] = boundary_claims(_boundary_results(64, {"65519": "ok", "65520": "ok"}), s)
+    assert f["status"] == "structural" and "Lk = 65520 keys at the maximum (non-finite; bf16 ok)" in f["measured"]

@@ -95,6 +95,21 @@ def test_verdicts_on_a_known_answer(tmp_path):
         assert set(f) >= {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
 
 
+def test_br_no_effect_says_when_the_sweep_has_no_br_pairs_and_fails_on_a_counterexample(tmp_path):
+    """A custom sweep whose tiles never differ only in Br: "not measured by this sweep", not "0 of 0 pairs"
+    beside a structural verdict; a pair that differs only in Br with different errors: does not hold."""
+    cfg = StudyConfig(name="c", sweeps=(config().sweeps[0],))  # one tile (16x16): no pair
+    br = by_id(findings(cfg, write_study(tmp_path / "one", cfg)))["br_no_effect"]
+    assert br["measured"].startswith("not measured by this sweep") and "0 of 0" not in br["measured"]
+    cfg = config()
+    records = write_study(tmp_path / "pairs", cfg)
+    for r in records.values():  # the swapped sweep's 64x16 tile now differs from 16x16 at the same Bc
+        if r.case.block_q == 64 and r.case.block_k == 16:
+            r.errors["max_abs"] *= 1.5
+    br = by_id(findings(cfg, records))["br_no_effect"]
+    assert br["status"] == "does not hold" and br["measured"].startswith("0 of 2 pairs")
+
+
 def test_a_flat_trend_and_too_few_seeds_give_no_verdict(tmp_path):
     cfg = config()
     found = by_id(findings(cfg, write_study(tmp_path / "flat", cfg, growth=0.0)))
