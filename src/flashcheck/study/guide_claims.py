@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from flashcheck.core.load import BUSY_FRACTION, busy
 from flashcheck.reporting.verdicts import (
     Estimate,
     Verdict,
@@ -76,7 +77,25 @@ def _exponent_claim(results, method: str, backward: bool, what: str, power: int,
         return claim(text, t, "too few lengths measured", cond, cid)
     v = band(t.estimate, *EXPONENT_BANDS[power])
     v = Verdict(v.status, f"{v.rule} (nearest integer exponent {power})", f"{v.reason}; {t.reason}", t.estimate)
+    if what == "time":
+        v = unless_busy(v, _tasks(results, "cost", lambda p: p["method"] == method and p["backward"] == backward))
     return claim(text, v, f"exponent {t.estimate.text()}", cond, cid)
+
+
+def _tasks(results: dict[str, dict], kind: str, pick=lambda p: True) -> list[dict]:
+    """The ok tasks of one kind whose parameters `pick` accepts."""
+    return [r for r in results.values() if r["status"] == "ok" and r["params"]["kind"] == kind and pick(r["params"])]
+
+
+def unless_busy(v: Verdict, timed: list[dict]) -> Verdict:
+    """A timing verdict, made inconclusive when any of the timings it rests on ran on a busy machine (the load
+    recorded beside each timing, core.load.busy); an inconclusive verdict stays as it is."""
+    why = [(r["id"], b) for r in timed if (b := busy(r.get("load")))]
+    if not why or v.status == "inconclusive":
+        return v
+    rule = f"{v.rule}; inconclusive when a timing ran on a busy machine (load > {BUSY_FRACTION:g} x cores)"
+    reason = f"{len(why)} of {len(timed)} timings ran on a busy machine ({why[0][0]}: {why[0][1]}); {v.reason}"
+    return Verdict("inconclusive", rule, reason, v.estimate)
 
 
 def cost_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
@@ -114,10 +133,12 @@ def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
             continue
         est = ratio_interval([math_t[n] for n in ls], [flash_t[n] for n in ls])
         cond = f"sdpa-math vs sdpa-flash at bf16, {p}, median times at L = {', '.join(map(str, ls))}, CPU"
-        v = compare(est, above=True)
+        timed = _tasks(results, "cost", lambda q, bwd=bwd, ls=ls: q["backward"] == bwd and q["seq_len"] in ls)
+        v = unless_busy(compare(est, above=True), timed)
         text = "Flash Attention is faster than standard attention beyond 512 tokens"
         out.append(claim(text, v, f"math / flash time {est.text()}", cond, f"speedup/{p}"))
         g = _with_floor(trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True), ls, "speed-up")
+        g = unless_busy(g, timed)
         out.append(claim("Its benefits scale with length", g, g.reason, cond, f"speedup_grows/{p}"))
     return out
 
@@ -151,7 +172,7 @@ def latency_claim(results: dict[str, dict], s: GuideSettings) -> dict:
             flash += [cv(b) for b in blocks["sdpa-flash:bf16"]]
             base += [cv(b) for b in blocks["sdpa-math:bf16"]]
     est = ratio_interval(flash, base)
-    v = compare(est, above=False)
+    v = unless_busy(compare(est, above=False), _tasks(results, "latency"))
     calls = s.latency_calls
     cond = (
         f"sdpa-flash vs sdpa-math at bf16, forward, L = {', '.join(map(str, s.latency_lengths))}, "
@@ -296,7 +317,7 @@ def gpu_claims(results: dict[str, dict] | None = None) -> list[dict]:
     for cid, text in GPU_CLAIMS.items():
         r = results.get(cid.replace("_", "/", 1))
         if r is not None and r["status"] == "ok" and r["result"].get("available", True):
-            out.append(_gpu_measured(cid, text, r["result"]))
+            out.append(_gpu_measured(cid, text, r))
         else:
             reason = r["result"].get("reason", why) if r is not None and r["status"] == "ok" else why
             out.append(
@@ -305,7 +326,8 @@ def gpu_claims(results: dict[str, dict] | None = None) -> list[dict]:
     return out
 
 
-def _gpu_measured(cid: str, text: str, res: dict) -> dict:
+def _gpu_measured(cid: str, text: str, task: dict) -> dict:
+    res = task["result"]
     if cid == "gpu_same":
         same = res["identical"]
         v = Verdict(
@@ -319,7 +341,8 @@ def _gpu_measured(cid: str, text: str, res: dict) -> dict:
     off = [median_interval(b).value for b in res["blocks"]["off"]]
     est = ratio_interval(on, off)
     cond = f"SDPA default backend, bf16, L = {res['seq_len']}, H = 16, blocks interleaved, CUDA"
-    return claim(text, compare(est, above=True), f"time on / off {est.text()}", cond, cid)
+    v = unless_busy(compare(est, above=True), [task])
+    return claim(text, v, f"time on / off {est.text()}", cond, cid)
 
 
 def log_mean(values: list[float]) -> Estimate:
