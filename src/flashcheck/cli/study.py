@@ -166,6 +166,10 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             f"{stats['reference_computations']} FP64 references{guide}, {stats['seconds']:.1f} s"
         )
     if not quiet:
+        if summary.get("answer"):  # the report's first lines: the answer in plain sentences
+            console.print("[bold]Answer[/]")
+            for text in [summary["answer"]] if isinstance(summary["answer"], str) else summary["answer"]:
+                console.print(escape(text))
         if summary.get("conclusion") and summary.get("study") != "production":  # production: verdicts first
             console.print("[bold]Conclusion[/]")
             for c in summary["conclusion"]:

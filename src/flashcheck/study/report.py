@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
+from flashcheck.study.answer import answer, draw_headline, verdict_rows
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
@@ -110,15 +111,18 @@ def build_report(folder: str | Path) -> dict:
     found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
     n_skipped = sum(s["cases"] for s in skipped)
-    figures = draw_figures(config, ok, folder / "figures")
     dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
-    figures = {q: p for q, p in figures.items() if q not in dims_figures} | dims_figures
+    figures = draw_figures(config, ok, folder / "figures", skip=frozenset(dims_figures)) | dims_figures
     env = next(iter(records.values())).env if records else {}
     guide, guide_blocks = _guide(folder, config, records)
     failures += guide.get("failures", [])  # the guide's failed tasks (tried again on the next run)
     said = conclusion(found, pts, (len(failures), n_skipped), guide_sentences(guide) if guide else [])
+    headline = draw_headline(pts.get("seq_len", []), folder / "figures" / "headline.png")
+    if headline is not None:
+        figures = {"headline": headline} | figures
     summary = {
         "study": config.name,
+        "answer": answer(found, pts.get("seq_len", [])),
         "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
@@ -185,17 +189,20 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
 
 
 def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
-    """The study report as a reporting.Page: conclusion, verdicts, the guide's claims (when measured),
-    skipped/failed cases, one section per question, the guide's evidence."""
+    """The study report as a reporting.Page: the answer in plain sentences, the headline figure and the
+    verdicts as a table first; then the conclusion sentence by sentence, each verdict's rule, the guide's
+    claims (when measured), skipped/failed cases, one section per question, the guide's evidence."""
     page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
-    if summary["study"] == "production":  # its verdicts are the first lines of its report
-        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
+    page.add(Heading("Answer", anchor="answer"), *(Text(t) for t in summary["answer"]))
+    if "headline" in figures:
+        page.add(Figure(figures["headline"], "Flash / standard attention against the length, both policies"))
+    page.add(Heading("Verdicts", anchor="verdicts"), Table(*verdict_rows(summary["findings"])))
     page.add(
         Heading("Conclusion", anchor="conclusion"),
         Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
+        Heading("Verdicts: rules and reasons", anchor="rules"),
+        Bullets(_verdict_items(summary)),
     )
-    if summary["study"] != "production":
-        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
     page.add(
         Text(
             f"{summary['cases']} cases, {summary['failed']} failed. Two views of error: the paper's (the metric "
