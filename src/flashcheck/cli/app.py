@@ -50,6 +50,43 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except _CLICK_ERROR as exc:
             _usage_error(exc)
+        except OSError as exc:
+            from flashcheck.core.fileio import is_full
+
+            if not is_full(exc):
+                raise
+            _disk_full(exc)
+
+
+EXIT_DISK_FULL = 3  # README: exit codes
+
+
+def _disk_full(exc: OSError) -> None:
+    """A full disk as one line on stderr (the folder, its free space, what is still needed) and exit code 3."""
+    import shutil
+
+    target = Path(exc.filename or ".").absolute()
+    folder = next((p for p in [target, *target.parents] if p.is_dir()), Path("/"))
+    try:
+        free = _size(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    needed = getattr(exc, "needed", None)
+    need = f"free at least {_size(needed)} there" if needed else "free some space there"
+    typer.echo(
+        f"error: no space left in {str(folder)!r} ({free} free) while writing {target.name!r}; {need} (or give "
+        "another --out folder) and run the same command again: everything written before is kept whole",
+        err=True,
+    )
+    raise typer.Exit(EXIT_DISK_FULL)
+
+
+def _size(n: int) -> str:
+    """Bytes in kB, MB or GB (powers of 1000) to three significant digits."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _usage_error(exc: Exception) -> None:

@@ -60,10 +60,10 @@ def study(
         if config is None and is_guide(cfg):
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_study(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
+            return run_study(cfg, out, workers=workers, quiet=quiet), _room(build_guide_report, out)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
-        return stats, build_report(out)
+        return stats, _room(build_report, out)
 
     stats, summary = _guarded(run)
     if "settings" in summary:  # the guide's summary
@@ -83,10 +83,21 @@ def report(
     from flashcheck.study.report import build_report
 
     if is_guide_folder(folder):
-        _print_guide(_guarded(lambda: build_guide_report(folder)), None, folder)
+        _print_guide(_guarded(lambda: _room(build_guide_report, folder)), None, folder)
         return
-    summary = _guarded(lambda: build_report(folder))
+    summary = _guarded(lambda: _room(build_report, folder))
     _print_findings(summary, None, folder)
+
+
+def _room(build: Callable[[str], dict], folder: str) -> dict:
+    """build(folder), a report; a full disk says the room a report takes (runner.REPORT_BYTES)."""
+    from flashcheck.core.fileio import DiskFull, full_error
+    from flashcheck.study.runner import REPORT_BYTES
+
+    try:
+        return build(folder)
+    except DiskFull as exc:
+        raise full_error(exc, exc.path, REPORT_BYTES) from exc
 
 
 def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
