@@ -14,6 +14,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _out_folder,
     app,
+    default_out,
 )
 
 LISTED_FAILURES = 20
@@ -30,7 +31,11 @@ def study(
         "quick", help="quick | paper | fa3 | full | tiny | production | guide | guide-full | guide-tiny."
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
-    out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
+    out: str = typer.Option(
+        None,
+        help="Folder for records, figures and the report (default: flashcheck-study for quick, "
+        "flashcheck-study-PRESET for another preset, flashcheck-study-NAME for --config NAME.toml).",
+    ),
     workers: int = typer.Option(None, help="Processes (default: the core count; at most 256)."),
     executor: Executor = typer.Option(Executor.local, help="local process pool or ray."),
     ray_address: str = typer.Option(None, help="Address of a running Ray cluster (default: start a local one)."),
@@ -45,6 +50,8 @@ def study(
     from flashcheck.study.guide_report import build_guide_report
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
+
+    out = default_out("flashcheck-study", preset, config) if out is None else out
 
     def run() -> tuple[dict, dict]:
         _out_folder(out)
