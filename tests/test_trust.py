@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import re
 import signal
 import struct
@@ -120,7 +121,21 @@ def test_write_atomic_on_a_full_disk_keeps_the_old_file(tmp_path, monkeypatch):
         fileio.write_atomic(path, "x" * 1000)
     monkeypatch.undo()
     assert exc.value.needed == 1000 and exc.value.path == path
+    again = pickle.loads(pickle.dumps(exc.value))  # as a pool worker's error reaches its parent
+    assert (type(again), again.path, again.needed, again.errno) == (fileio.DiskFull, path, 1000, errno.ENOSPC)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_writer_that_fails_on_a_full_disk_without_an_oserror_is_a_disk_full(tmp_path, monkeypatch):
+    """torch.save reports ENOSPC as a RuntimeError ("unexpected pos ..."): with (almost) no space left, the
+    failure is a DiskFull all the same; with space, the writer's own error."""
+    path = tmp_path / "state.pt"
+    for room, expected in ((0, fileio.DiskFull), (1 << 30, RuntimeError)):
+        monkeypatch.setattr(fileio, "_no_room", lambda folder, room=room: room < fileio.LOW_ROOM)
+        with pytest.raises(expected), fileio.atomic_target(path) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 67776 vs 67664")
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_study_on_a_full_disk_is_one_line_exit_3_and_the_store_stays_whole(tmp_path, monkeypatch, one_records):

@@ -3,7 +3,8 @@
 A file is written to a temporary name in the same folder, flushed to disk and renamed over the target,
 so a reader never sees half a file. The temporary file is created with mode 0o666 less the umask (the
 mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600.
-A full disk (ENOSPC, EDQUOT) raises DiskFull naming the file, with nothing half-written left behind.
+A full disk (ENOSPC, EDQUOT; or any error of a writer such as torch.save while under LOW_ROOM bytes are
+free) raises DiskFull naming the file, with nothing half-written left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class DiskFull(OSError):
     def __init__(self, path: str | Path, needed: int | None = None, code: int = errno.ENOSPC) -> None:
         super().__init__(code, os.strerror(code), str(path))
         self.path, self.needed = Path(path), needed
+
+    def __reduce__(self) -> tuple:  # from a pool worker to its parent intact
+        return DiskFull, (str(self.path), self.needed, self.errno)
 
 
 def is_full(exc: BaseException) -> bool:
@@ -72,10 +76,23 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
+        full = is_full(exc) or (isinstance(exc, Exception) and _no_room(path.parent))
         tmp.unlink(missing_ok=True)
-        if is_full(exc):
-            raise full_error(exc, path) from exc
+        if full:
+            raise DiskFull(path, None, exc.errno if is_full(exc) else errno.ENOSPC) from exc
         raise
+
+
+LOW_ROOM = 1 << 20  # bytes: a writer that fails with less free space than this has run out of it
+
+
+def _no_room(folder: Path) -> bool:
+    """Whether `folder`'s disk is (nearly) full: writers such as torch.save report ENOSPC as a RuntimeError."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_ROOM
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, write_atomic
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.training.drift import compare_series
 from flashcheck.training.model import GPTConfig
@@ -159,8 +159,27 @@ def run_train_study(
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
     with folder_lock(out, "train-study"):  # a second train-study on `out` is refused at once, naming this one
-        train_runs(study.runs, out, workers=workers, on_progress=on_progress)
-        return analyse(study, out, on_progress=on_analysis)
+        try:
+            train_runs(study.runs, out, workers=workers, on_progress=on_progress)
+            return analyse(study, out, on_progress=on_analysis)
+        except DiskFull as exc:
+            raise full_error(exc, exc.path, bytes_left(study, out)) from exc
+
+
+REPORT_BYTES = 16 * 2**20  # room for report.html, report.md, summary.json and figures/
+
+
+def bytes_left(study: TrainStudy, out: Path) -> int:
+    """About what the runs not yet complete still write (fp32 weights at each save, the resume state with
+    AdamW's two moments), and room for the report: the space a full disk needs freed."""
+    from flashcheck.training.model import GPT
+
+    need = REPORT_BYTES
+    for r in study.runs:
+        if not run_complete(out / "runs" / r.name, r):
+            params = sum(p.numel() for p in GPT(r.model, attention=None).parameters())
+            need += 4 * params * (r.steps // r.save_every + 2 + 3)
+    return need
 
 
 def train_runs(
