@@ -92,8 +92,9 @@ def _disk_full(exc: OSError) -> None:
     """A full disk as one line on stderr (the folder, its free space, what is still needed) and exit code 3."""
     import shutil
 
-    target = Path(exc.filename or ".").absolute()
+    target = Path(exc.filename or ".").absolute()  # no file named: the working folder
     folder = next((p for p in [target, *target.parents] if p.is_dir()), Path("/"))
+    writing = f" while writing {target.name!r}" if target != folder else ""
     try:
         free = _size(shutil.disk_usage(folder).free)
     except OSError:
@@ -101,7 +102,7 @@ def _disk_full(exc: OSError) -> None:
     needed = getattr(exc, "needed", None)
     need = f"free at least {_size(needed)} there" if needed else "free some space there"
     typer.echo(
-        f"error: no space left in {str(folder)!r} ({free} free) while writing {target.name!r}; {need} (or give "
+        f"error: no space left in {str(folder)!r} ({free} free){writing}; {need} (or give "
         "another --out folder) and run the same command again: everything written before is kept whole",
         err=True,
     )
