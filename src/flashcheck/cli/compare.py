@@ -302,20 +302,14 @@ def _print_backends(results: list[dict]) -> None:
     console = _console()
     console.print("errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
     table = Table()
-    for col in (
-        "backend",
-        "device",
-        "fmt",
-        "L",
-        "rel_l2",
-        "max_abs",
-        "baseline",
-        "ratio",
-        "budget",
-        "kernel ran",
-        "checks",
-    ):
+    labels = [escape(r["config"]["label"]) for r in results]
+    # a backend's name is never cut (sdpa-math and sdpa-math-lowp must stay apart); an op name folds onto
+    # more lines in a narrow terminal rather than losing its end (..._for_cpu)
+    table.add_column("backend", no_wrap=True, min_width=max(map(len, labels), default=7))
+    for col in ("device", "fmt", "L", "rel_l2", "max_abs", "baseline", "ratio", "budget"):
         table.add_column(col)
+    table.add_column("kernel ran", overflow="fold")
+    table.add_column("checks")
     skipped = []
     for r in results:
         c = r["config"]
@@ -324,7 +318,7 @@ def _print_backends(results: list[dict]) -> None:
             skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
             continue
         ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
-        ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
+        ops = ops[0].replace("aten::", "") if ops else "-"
         grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
         det = r.get("determinism")
         if det:
