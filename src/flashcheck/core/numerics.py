@@ -19,12 +19,19 @@ class Format(StrEnum):
     FP16 = "fp16"
     FP8_E4M3 = "fp8-e4m3"
     FP8_E5M2 = "fp8-e5m2"
+    FP6_E2M3 = "fp6-e2m3"
+    FP6_E3M2 = "fp6-e3m2"
+    FP4_E2M1 = "fp4-e2m1"
+    INT8 = "int8"
+    INT4 = "int4"
 
 
 @dataclass(frozen=True, slots=True)
 class FormatInfo:
     """Properties of a format. `precision` counts the implicit bit; `min_exp` is frexp's exponent of
-    the smallest normal number (so it equals 2**(min_exp - 1))."""
+    the smallest normal number (so it equals 2**(min_exp - 1)). `dtype` is the torch dtype that holds
+    every value exactly: the format's own, or for the EMULATED formats (no torch dtype: fp6, fp4, the
+    integers) a wider carrier they are never cast through."""
 
     dtype: torch.dtype
     precision: int
@@ -40,9 +47,22 @@ _INFO: dict[Format, FormatInfo] = {
     Format.FP16: FormatInfo(torch.float16, 11, -13, 65504.0, 16),
     Format.FP8_E4M3: FormatInfo(torch.float8_e4m3fn, 4, -5, 448.0, 8),
     Format.FP8_E5M2: FormatInfo(torch.float8_e5m2, 3, -13, 57344.0, 8),
+    # OCP MX v1.0 section 5.3: FP6 E2M3 (bias 1, max 7.5), FP6 E3M2 (bias 3, max 28), FP4 E2M1 (bias 1,
+    # max 6); no inf or NaN, so conversions saturate. Every value is exact in e4m3, their carrier.
+    Format.FP6_E2M3: FormatInfo(torch.float8_e4m3fn, 4, 1, 7.5, 6),
+    Format.FP6_E3M2: FormatInfo(torch.float8_e4m3fn, 3, -1, 28.0, 6),
+    Format.FP4_E2M1: FormatInfo(torch.float8_e4m3fn, 2, 1, 6.0, 4),
+    # symmetric integers (SageAttention's INT8 / INT4: +-127, +-7), spacing 1; exact in fp16
+    Format.INT8: FormatInfo(torch.float16, 7, 1, 127.0, 8),
+    Format.INT4: FormatInfo(torch.float16, 3, 1, 7.0, 4),
 }
 
 FP8_FORMATS = frozenset({Format.FP8_E4M3, Format.FP8_E5M2})
+MX_ELEMENT_FORMATS = frozenset({Format.FP6_E2M3, Format.FP6_E3M2, Format.FP4_E2M1})
+INT_FORMATS = frozenset({Format.INT8, Format.INT4})
+EMULATED = MX_ELEMENT_FORMATS | INT_FORMATS  # no torch dtype: rounded by scaling to integers
+SATURATING = FP8_FORMATS | EMULATED  # conversions clamp at +-max instead of overflowing to inf
+NARROW_FORMATS = FP8_FORMATS | EMULATED  # formats a tensor is scaled into before rounding (fp8 and below)
 
 
 def parse_format(name: str | Format) -> Format:
@@ -59,6 +79,9 @@ def parse_format(name: str | Format) -> Format:
         "half": "fp16",
         "e4m3": "fp8-e4m3",
         "e5m2": "fp8-e5m2",
+        "e2m1": "fp4-e2m1",
+        "e2m3": "fp6-e2m3",
+        "e3m2": "fp6-e3m2",
     }
     key = aliases.get(str(name).lower(), str(name).lower())
     try:
@@ -74,7 +97,7 @@ def info(fmt: Format | str) -> FormatInfo:
 
 def format_of_dtype(dtype: torch.dtype) -> Format:
     for fmt, fi in _INFO.items():
-        if fi.dtype == dtype:
+        if fi.dtype == dtype and fmt not in EMULATED:
             return fmt
     raise ValueError(f"dtype {dtype} has no flashcheck format; expected one of {[f.value for f in Format]}")
 
@@ -89,8 +112,11 @@ def spacing(x: torch.Tensor, fmt: Format | str) -> torch.Tensor:
     """The gap between adjacent values of `fmt` at the magnitude of each element of x (its ULP).
 
     Subnormal range included; returned in float64, same shape as x."""
-    fi = info(fmt)
+    fmt = parse_format(fmt)
+    fi = _INFO[fmt]
     x64 = x.detach().to(torch.float64)
+    if fmt in INT_FORMATS:
+        return torch.ones_like(x64)
     _, exp = torch.frexp(x64)
     exp = torch.clamp(exp, min=fi.min_exp)
     return torch.ldexp(torch.ones_like(x64), (exp - fi.precision).to(torch.float64))
@@ -105,14 +131,15 @@ def round_to(
 ) -> torch.Tensor:
     """Round x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
-    fp8 saturates at +-max (as FA3's conversions do); other formats overflow to inf. With
+    fp8, fp6, fp4 and the integers saturate at +-max (as FA3's conversions and OCP MX's do); other
+    formats overflow to inf. With
     `stochastic`, round up with probability equal to the distance from the value below (unbiased).
     Under autograd the gradient is rounded to the same format (as a cast's backward does), except
-    for fp8, whose gradient passes straight through."""
+    for the SATURATING formats, whose gradient passes straight through."""
     fmt = parse_format(fmt)
     if stochastic:
         return _round_stochastic(x, fmt, generator)
-    if _INFO[fmt].dtype == x.dtype:
+    if _INFO[fmt].dtype == x.dtype and fmt not in EMULATED:
         return x
     if fmt == Format.FP64 or (fmt == Format.FP32 and x.dtype in (torch.float16, torch.bfloat16)):
         raise ValueError(f"cannot round a {x.dtype} tensor to the wider format {fmt.value}")
@@ -123,8 +150,10 @@ def round_to(
 
 def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     fi = _INFO[fmt]
-    if fmt in FP8_FORMATS:
+    if fmt in SATURATING:
         x = torch.clamp(x, -fi.max, fi.max)
+    if fmt in EMULATED:
+        return _round_exact(x, fmt)
     if x.dtype == torch.float64 and fi.precision < 24:
         # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
         # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
@@ -133,9 +162,9 @@ def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
 
 
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """Round-to-nearest-even of float64 x to fmt by scaling to integers: exact for precision <= 53."""
+    """Round-to-nearest-even of x to fmt by scaling to integers: exact for precision <= x's precision."""
     fi = _INFO[fmt]
-    ulp = spacing(x, fmt)
+    ulp = spacing(x, fmt).to(x.dtype)
     out = torch.round(x / ulp) * ulp  # torch.round rounds half to even
     out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
     return torch.where(torch.isfinite(x), out, x)
@@ -149,7 +178,7 @@ class _Round(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.fmt in FP8_FORMATS:
+        if ctx.fmt in SATURATING:
             return grad, None
         return _round_value(grad, ctx.fmt), None
 
@@ -158,7 +187,7 @@ def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator |
     """Round up with probability (x - low) / ulp; value of the rounding, gradient straight through."""
     fi = _INFO[fmt]
     x64 = x.detach().to(torch.float64)
-    if fmt in FP8_FORMATS:
+    if fmt in SATURATING:
         x64 = torch.clamp(x64, -fi.max, fi.max)
     ulp = spacing(x64, fmt)
     low = torch.floor(x64 / ulp) * ulp
@@ -166,7 +195,7 @@ def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator |
     u = torch.rand(x64.shape, generator=generator, dtype=torch.float64, device=x64.device)
     out = torch.where(u < frac, low + ulp, low)
     out = torch.where(torch.isfinite(x64), out, x64)
-    if fmt not in FP8_FORMATS:
+    if fmt not in SATURATING:
         out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
     return x + (out.to(x.dtype) - x).detach()
 
