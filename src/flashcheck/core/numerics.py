@@ -258,12 +258,36 @@ class Policy:
     delta_source: str = "forward"
     delta_seed: int = 0
     ds_correction: bool = False
+    # Stage knobs of FP8/FP4 and quantized kernels (FA4, SageAttention; ALGORITHMS.md, "Stage knobs"). Each
+    # is inert at its default, and inert while the stage it belongs to is FP64 (so explain's "raised" runs
+    # remove it with its stage): qk_scaling, smooth_q, smooth_k, v_format, v_scaling, v_scale_max (input);
+    # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
+    # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
+    # the algorithm, not a precision: never inert.
+    qk_scaling: str = ""
+    smooth_q: bool = False
+    smooth_k: bool = False
+    v_format: Format | None = None
+    v_scaling: str = ""
+    v_scale_max: float = 0.0
+    p_scale: float = 1.0
+    p_scaling: str = ""
+    acc_bits: int = 0
+    acc_promote: int = 0
+    acc_nearest: bool = False
+    qk_acc_bits: int = 0
+    exp2_emu: int = 0
+    exp2_emu_res: int = 4
+    exp2_emu_start: int = 1
+    rescale_threshold: float = 0.0
+    approx_recip: bool = False
 
     def __post_init__(self) -> None:
-        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES):
+        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, parse_format(value))
+        _check_knobs(self)
         if self.matmul not in (Format.FP32, Format.FP64):
             raise ValueError(f"matmul precision {self.matmul.value!r} not supported; expected fp32 or fp64")
         if self.fp8_scaling not in ("tensor", "block"):
@@ -299,7 +323,12 @@ class Policy:
             "delta_source": self.delta_source,
             "delta_seed": self.delta_seed,
             "ds_correction": self.ds_correction,
+            **{k: (v.value if isinstance(v, Format) else v) for k, v in self.knobs().items()},
         }
+
+    def knobs(self) -> dict[str, object]:
+        """The stage knobs (STAGE_KNOBS) that differ from their defaults (empty for every policy without them)."""
+        return {k: getattr(self, k) for k, default in STAGE_KNOBS.items() if getattr(self, k) != default}
 
     @property
     def work_dtype(self) -> torch.dtype:
@@ -319,6 +348,49 @@ class Policy:
         if "name" not in changes:
             base["name"] = "custom"
         return Policy(**base)
+
+
+STAGE_KNOBS: dict[str, object] = {
+    "qk_scaling": "",
+    "smooth_q": False,
+    "smooth_k": False,
+    "v_format": None,
+    "v_scaling": "",
+    "v_scale_max": 0.0,
+    "p_scale": 1.0,
+    "p_scaling": "",
+    "acc_bits": 0,
+    "acc_promote": 0,
+    "acc_nearest": False,
+    "qk_acc_bits": 0,
+    "exp2_emu": 0,
+    "exp2_emu_res": 4,
+    "exp2_emu_start": 1,
+    "rescale_threshold": 0.0,
+    "approx_recip": False,
+}
+QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
+V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
+P_SCALINGS = ("", "nvfp4")
+
+
+def _check_knobs(pol: Policy) -> None:
+    for name, allowed in (("qk_scaling", QK_SCALINGS), ("v_scaling", V_SCALINGS), ("p_scaling", P_SCALINGS)):
+        if getattr(pol, name) not in allowed:
+            shown = ", ".join(a or "''" for a in allowed)
+            raise ValueError(f"unknown {name} {getattr(pol, name)!r}; expected one of {shown}")
+    for name in ("acc_bits", "acc_promote", "qk_acc_bits", "exp2_emu", "exp2_emu_res", "exp2_emu_start"):
+        value = getattr(pol, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    if max(pol.acc_bits, pol.qk_acc_bits) > 23:
+        raise ValueError(f"acc_bits={pol.acc_bits}, qk_acc_bits={pol.qk_acc_bits} must be at most 23 (float32's)")
+    for name in ("p_scale", "rescale_threshold", "v_scale_max"):
+        value = getattr(pol, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
+    if pol.p_scale <= 0 or pol.rescale_threshold < 0 or pol.v_scale_max < 0:
+        raise ValueError(f"p_scale={pol.p_scale!r} must be > 0 and rescale_threshold={pol.rescale_threshold!r} >= 0")
 
 
 def _is_default_grad(policy: Policy, field: str) -> bool:
@@ -412,7 +484,7 @@ def parse_policy(spec: str | Policy) -> Policy:
     if not parts:
         return base
     changes: dict[str, object] = {}
-    allowed = (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "fp8_scaling", "hadamard", *_KNOBS)
+    allowed = (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "fp8_scaling", "hadamard", *_KNOBS, *STAGE_KNOBS)
     for part in parts:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
@@ -420,12 +492,22 @@ def parse_policy(spec: str | Policy) -> Policy:
             raise ValueError(
                 f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in {', '.join(allowed)}"
             )
-        if key in ("hadamard", "ds_correction"):
+        if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source"):
+        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling"):
             changes[key] = value.strip()
-        elif key == "delta_seed":
+        elif key in (
+            "delta_seed",
+            "acc_bits",
+            "acc_promote",
+            "qk_acc_bits",
+            "exp2_emu",
+            "exp2_emu_res",
+            "exp2_emu_start",
+        ):
             changes[key] = _int_term(part, value)
+        elif key in ("p_scale", "rescale_threshold", "v_scale_max"):
+            changes[key] = _float_term(part, value)
         else:
             changes[key] = parse_format(value.strip())
     policy = base.replace(**changes)
@@ -440,6 +522,13 @@ def _int_term(part: str, value: str) -> int:
         return int(value.strip())
     except ValueError:
         raise ValueError(f"bad policy term {part!r}: expected an integer") from None
+
+
+def _float_term(part: str, value: str) -> float:
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise ValueError(f"bad policy term {part!r}: expected a number") from None
 
 
 def _named_policy(name: str) -> Policy:

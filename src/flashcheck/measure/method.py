@@ -147,6 +147,9 @@ class Method:
             return None
         fp8_block = pol.input in FP8_FORMATS and pol.fp8_scaling == "block"
         blocks = (self.block_q, self.block_k) if fp8_block else None
+        if pol.knobs():  # quantized inputs depend on the knobs and on both block sizes
+            knobs = sorted(pol.knobs().items())
+            return (pol.input, pol.fp8_scaling, pol.hadamard, (self.block_q, self.block_k), *knobs)
         return (pol.input, pol.fp8_scaling, pol.hadamard, blocks)
 
     def rounded_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
