@@ -323,3 +323,40 @@ def test_mx_inputs_are_usable_as_policy_scaling():
     want = flash_attention(quantize_mx(q, "fp4-e2m1"), quantize_mx(k, "fp4-e2m1"), quantize_mx(v, "fp4-e2m1", dim=-2),
                            policy="bf16-mixed")  # fmt: skip
     assert torch.equal(out, want)
+
+
+def test_sink_logits_against_an_appended_column():
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 3, 50, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    sink = torch.tensor([0.5, 3.0, -2.0], dtype=torch.float64)
+    s = torch.cat([q @ k.transpose(-1, -2) / 4, sink.view(1, 3, 1, 1).expand(1, 3, 50, 1)], dim=-1)
+    want = torch.softmax(s, dim=-1)[..., :50] @ v  # one more column with no value
+    ref = reference_attention(q, k, v, sink=sink)
+    assert torch.allclose(ref, want, rtol=0, atol=1e-14)
+    for exp2 in (False, True):
+        got = flash_attention(q, k, v, policy="fp64", sink=sink, exp2=exp2, block_k=16)
+        assert torch.allclose(got, ref, rtol=0, atol=1e-14)
+    mask = torch.zeros(50, 50, dtype=torch.bool)  # every key masked: only the sink, whose value is 0
+    assert flash_attention(q, k, v, policy="fp64", sink=sink, mask=mask).abs().max() == 0
+    with pytest.raises(ValueError, match="one per head"):
+        reference_attention(q, k, v, sink=torch.zeros(2))
+
+
+def test_cli_presets_run_at_their_own_format():
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    runner = CliRunner()
+    small = ["--seq-len", "64", "--heads", "1", "--head-dim", "32", "--json"]
+    res = runner.invoke(app, ["compare", "--preset", "fa3-fp8", *small])  # refused before: "got bf16"
+    assert res.exit_code in (0, 1), res.output
+    assert json.loads(res.stdout)["config"]["numerics"] == "fp8-e4m3"
+    res = runner.invoke(app, ["compare", "--preset", "sage2", *small])
+    assert res.exit_code in (0, 1) and json.loads(res.stdout)["config"]["numerics"] == "fp16"
+    res = runner.invoke(app, ["predict", "--preset", "fa4-fp8", "--seq-len", "1024", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["numerics"] == "fa4-fp8@fp8-e4m3"
+    res = runner.invoke(app, ["predict", "--preset", "fa4-nope", "--seq-len", "1024"])
+    assert res.exit_code == 2 and "fa4-nope" in res.output
+    res = runner.invoke(app, ["compare", "--preset", "sage1", "--numerics", "fp8-e4m3", *small])
+    assert res.exit_code == 2 and "sage1 runs fp16, bf16" in res.output

@@ -23,6 +23,7 @@ from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.quantized import quantize_p
+from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -37,7 +38,8 @@ class FlashConfig:
     """Everything but the tensors. `key_order`: forward, reverse, shuffle (seeded by order_seed) or an
     explicit permutation of key-block indices. `exp2`: scores in log2 units with log2(e) folded into
     the scale, as FA2 kernels compute them. `p_probe(p, p_cast)`: called with each forward step's P before and
-    after its cast (see _knob_step); from the query tiles' threads, so it must be thread-safe."""
+    after its cast (see _knob_step); from the query tiles' threads, so it must be thread-safe. `sink`: sink
+    logits [H] (forward only), added to l at the end as FA4's finalize does."""
 
     policy: Policy
     block_q: int = 128
@@ -52,6 +54,7 @@ class FlashConfig:
     hadamard_seed: int = 0
     tie_beta: float | None = None
     p_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+    sink: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tie_beta is not None and (self.algorithm != "fa2" or not self.tie_beta > 1):
@@ -135,6 +138,11 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1]))
     for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol, fold), strict=True):
         o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
+    if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
+        sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
+        m = torch.where(torch.isneginf(m), sk, m)
+        exp = torch.exp2 if cfg.exp2 else torch.exp
+        l = rnd(l + exp(sk - m), pol, "stats")
     dead = l == 0
     if cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
         o = rnd(o * rcp_approx(torch.where(dead, torch.ones_like(l), l)), pol, "accum")
@@ -427,6 +435,7 @@ def flash_attention(
     hadamard_seed: int = 0,
     tie_beta: float | None = None,
     p_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    sink: float | torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Tiled online-softmax attention under `policy`, differentiable through the FA2 backward.
@@ -454,7 +463,12 @@ def flash_attention(
         hadamard_seed=hadamard_seed,
         tie_beta=tie_beta,
         p_probe=p_probe,
+        sink=None if sink is None else sink_logits(sink, q.shape[1], q.device),
     )
+    if sink is not None and (
+        cfg.algorithm != "fa2" or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    ):
+        raise ValueError("sink logits run in the fa2 forward only (no autograd)")
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
