@@ -101,8 +101,13 @@ def test_exp2_emulation_changes_only_the_emulated_columns():
     hw, emu = probes
     cols = emulated_columns(16, 10)  # a 16-wide block is one (last) fragment: nothing emulated
     assert not cols.any() and torch.equal(hw, emu)
-    with pytest.raises(ValueError, match="exp2=True"):
-        flash_attention(q, k, v, policy=base.replace(exp2_emu=10), exp2=False)
+    probes.clear()  # 64 keys in one 128-wide block: fragment 1 (columns 32..63) is emulated
+    k2, v2 = (torch.randn(1, 1, 64, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    flash_attention(q, k2, v2, policy=base, exp2=True, block_k=128, p_probe=probe)
+    flash_attention(q, k2, v2, policy=base.replace(exp2_emu=10), exp2=True, block_k=128, p_probe=probe)
+    hw, emu = probes
+    cols = emulated_columns(128, 10)[:64]
+    assert torch.equal(hw[..., ~cols], emu[..., ~cols]) and not torch.equal(hw[..., cols], emu[..., cols])
 
 
 # ---- accumulator -----------------------------------------------------------------------------------------

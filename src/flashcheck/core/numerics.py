@@ -263,7 +263,8 @@ class Policy:
     # remove it with its stage): qk_scaling, smooth_q, smooth_k, v_format, v_scaling, v_scale_max (input);
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
-    # the algorithm, not a precision: never inert.
+    # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
+    # the flash kernel's key_order; arXiv 2606.06521).
     qk_scaling: str = ""
     smooth_q: bool = False
     smooth_k: bool = False
@@ -281,6 +282,7 @@ class Policy:
     exp2_emu_start: int = 1
     rescale_threshold: float = 0.0
     approx_recip: bool = False
+    kv_order: str = ""
 
     def __post_init__(self) -> None:
         for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
@@ -368,6 +370,7 @@ STAGE_KNOBS: dict[str, object] = {
     "exp2_emu_start": 1,
     "rescale_threshold": 0.0,
     "approx_recip": False,
+    "kv_order": "",
 }
 QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
 V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
@@ -375,7 +378,13 @@ P_SCALINGS = ("", "nvfp4")
 
 
 def _check_knobs(pol: Policy) -> None:
-    for name, allowed in (("qk_scaling", QK_SCALINGS), ("v_scaling", V_SCALINGS), ("p_scaling", P_SCALINGS)):
+    orders = ("", "forward", "reverse")
+    for name, allowed in (
+        ("qk_scaling", QK_SCALINGS),
+        ("v_scaling", V_SCALINGS),
+        ("p_scaling", P_SCALINGS),
+        ("kv_order", orders),
+    ):
         if getattr(pol, name) not in allowed:
             shown = ", ".join(a or "''" for a in allowed)
             raise ValueError(f"unknown {name} {getattr(pol, name)!r}; expected one of {shown}")
@@ -468,7 +477,8 @@ def policy_names() -> list[str]:
 
 
 def parse_policy(spec: str | Policy) -> Policy:
-    """A policy from its name (`FMT`, `FMT-mixed`, a named policy) or from keywords.
+    """A policy from its name (`FMT`, `FMT-mixed`, a named policy, a modern kernel preset `NAME[@FMT]` such
+    as sage2@fp16 or fa4-fp8: kernels.presets_modern) or from keywords.
 
     Keyword form: `bf16-mixed,p=fp32` (a base name then overrides) or `input=bf16,score=fp32,...`
     (unnamed stages default to fp64). Keys: the stage names (merge too), matmul, fp8_scaling, hadamard,
@@ -494,7 +504,7 @@ def parse_policy(spec: str | Policy) -> Policy:
             )
         if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling"):
+        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order"):
             changes[key] = value.strip()
         elif key in (
             "delta_seed",
@@ -535,6 +545,11 @@ def _named_policy(name: str) -> Policy:
     key = name.strip().lower()
     if key in NAMED_POLICIES:
         return NAMED_POLICIES[key]
+    from flashcheck.kernels.presets_modern import preset_policy  # the kernel presets of 2026 (FA4, Sage)
+
+    found = preset_policy(key)
+    if found is not None:
+        return found[0]
     mixed = key.endswith("-mixed")
     fmt_name = key[: -len("-mixed")] if mixed else key
     try:

@@ -63,8 +63,6 @@ class FlashConfig:
             raise ValueError(
                 f"the stage knobs {sorted(self.policy.knobs())} and p_probe need algorithm fa2 without tie_beta"
             )
-        if self.policy.exp2_emu and not self.exp2:
-            raise ValueError("exp2_emu (FA4's software exp2) needs exp2=True (scores in log2 units)")
         for name in ("block_q", "block_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -304,7 +302,7 @@ def _knob_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, *, log2: b
         # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
         cols = emulated_columns(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
         cols = cols[: x.shape[-1]]
-        p = exp2_fa4(x, cols)
+        p = exp2_fa4(x if log2 else x * LOG2E, cols)  # natural-log scores: one more rounding than FA4's FMA
     else:
         p = exp(x, out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
@@ -449,6 +447,7 @@ def flash_attention(
     pol = parse_policy(policy)
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
+    order = pol.kv_order or order  # the policy's KV iteration order, when it names one
     cfg = FlashConfig(
         policy=pol,
         block_q=block_q,

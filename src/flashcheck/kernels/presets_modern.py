@@ -159,6 +159,18 @@ def _fa3_fp8_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
     return (128, 160) if d <= 192 else (128, 128)
 
 
+def preset_policy(spec: str) -> tuple[Policy, KernelPreset] | None:
+    """(policy, preset) for "NAME" or "NAME@FMT" naming a preset here (NAME's default format when no FMT);
+    None when NAME is not one of them. ValueError for a format the preset does not run."""
+    name, _, fmt = spec.strip().lower().partition("@")
+    pre = MODERN_PRESETS.get(name)
+    if pre is None:
+        return None
+    from flashcheck.core.numerics import parse_format
+
+    return pre.policy(parse_format(fmt or pre.default_format)), pre
+
+
 # FA4 sm100: m_block_size 128 per CTA, n_block_size 128. Sage: CTA_Q 128, CTA_K 64 (SageAttention2 kernels,
 # the triton per-block kernel BLKQ 128, BLKK 64); SageAttention3 (Blackwell) modelled with 128 x 128 tiles.
 MODERN_PRESETS: dict[str, KernelPreset] = {

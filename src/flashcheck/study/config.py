@@ -572,6 +572,13 @@ def quick() -> StudyConfig:
     )
 
 
+def modern() -> StudyConfig:
+    """FlashAttention-4, FP8/FP4 attention and SageAttention against FP64 (study.modern): minutes on 2 cores."""
+    from flashcheck.study.modern import modern_sweeps
+
+    return StudyConfig(name="modern", sweeps=tuple(modern_sweeps((1024,), (0, 1, 2), 2)))
+
+
 def full() -> StudyConfig:
     """Everything, lengths up to 16k, five seeds, the guide at guide-full's sizes (hours)."""
     return StudyConfig(
@@ -582,9 +589,20 @@ def full() -> StudyConfig:
             _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
             *dims_sweeps(small=False),
             _guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),
+            *_modern_part(),
         ),
         guide=GUIDE_SETTINGS["guide-full"],
     )
+
+
+def _modern_part() -> list[Sweep]:
+    """full's small part of the modern study (study.modern): FA4 vs FA2 and the sink question at 1k and 4k, five
+    seeds. Not in quick, whose numbers and time budget stay as they are."""
+    from flashcheck.study.modern import modern_sweeps
+
+    return [
+        sw for sw in modern_sweeps((1024, 4096), (0, 1, 2, 3, 4), 2) if sw.question in ("modern_fa4", "modern_sink")
+    ]
 
 
 def tiny() -> StudyConfig:
@@ -607,6 +625,7 @@ PRESETS = {
     "guide": guide,
     "guide-full": guide_full,
     "guide-tiny": guide_tiny,
+    "modern": modern,
 }
 
 
