@@ -22,6 +22,7 @@ from flashcheck.kernels.fastmath import (
     poly_rel_error_bound,
     truncate_bits,
 )
+from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
 from flashcheck.kernels.presets_modern import MODERN_PRESETS
 
@@ -29,8 +30,12 @@ GOLDEN = Path(__file__).parent / "golden" / "preset_outputs.json"
 
 
 def test_existing_presets_and_policies_unchanged():
-    """tests/golden/preset_outputs.json was written by the code before the stage knobs (commit de6274c)."""
+    """tests/golden/preset_outputs.json was written by the code before the stage knobs (commit de6274c). On a CPU
+    of the recording's capability the numbers must be bit-identical; elsewhere BLAS may sum float32 products
+    in another order, so 1e-5 relative (a changed rounding stage moves them by 1e-3 or more)."""
     golden = json.loads(GOLDEN.read_text())
+    same_cpu = golden.pop("_recorded")["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    rel = 0.0 if same_cpu else 1e-5
     g = torch.Generator().manual_seed(23)
     q, k, v = (torch.randn(1, 2, 136, 64, generator=g, dtype=torch.float64) * 2 for _ in range(3))
     for name in ("torch-cpu-flash", "fa2-gpu", "fa3-fp8"):
@@ -42,10 +47,10 @@ def test_existing_presets_and_policies_unchanged():
                 r = reference_attention(q, k, v, causal=causal)
                 got = [float(o.sum()), float((o - r).norm() / r.norm()), float(o.abs().max())]
                 want = golden[f"{name}@{fmt}/causal={causal}"]
-                assert got == pytest.approx(want, rel=1e-9, abs=0), (name, fmt, causal)
+                assert got == pytest.approx(want, rel=rel, abs=0), (name, fmt, causal)
     for pol in ("bf16-mixed", "fp16", "fa3-fp8-no-block", "baseline-fp8"):
         o = standard_attention(q, k, v, policy=pol)
-        assert [float(o.sum()), float(o.abs().max())] == pytest.approx(golden[f"standard:{pol}"], rel=1e-9, abs=0)
+        assert [float(o.sum()), float(o.abs().max())] == pytest.approx(golden[f"standard:{pol}"], rel=rel, abs=0)
 
 
 def test_default_knobs_are_inert_and_absent_from_records():
@@ -209,6 +214,8 @@ def _groups(n: int, gran: str, block: int, warp: int, threads: int) -> list[list
 
 
 def _oracle_inputs(q, k, v, pol: Policy, bq: int, bk: int):
+    if pol.hadamard:  # fa3-fp8-fp22: FA3's input stage, tested on its own (tests/test_kernels.py)
+        return [t.double() for t in round_inputs(q, k, v, pol, block_q=bq, block_k=bk)[:3]]
     if pol.input == Format.FP8_E4M3 and not pol.qk_scaling:  # fa4-fp8: per-tensor scales
         return [round_to(t / (t.abs().max() / 448), "fp8-e4m3") * (t.abs().max() / 448) for t in (q, k, v)]
     if not pol.qk_scaling:  # fa4-bf16: plain rounding
@@ -256,7 +263,14 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
             for i in range(q.shape[2]):
                 m, l, o = -math.inf, 0.0, torch.zeros(v.shape[-1], dtype=torch.float64)
                 for c0 in range(0, k.shape[2], bk):
-                    s = f32(f32(kq[b, h, c0 : c0 + bk] @ qq[b, h, i]) * sc)
+                    if pol.qk_acc_bits:  # the FP8 MMA's FP22 sum over D, 32 at a time, truncating
+                        acc = torch.zeros(len(kq[b, h, c0 : c0 + bk]), dtype=torch.float64)
+                        for d0 in range(0, q.shape[-1], 32):
+                            part = kq[b, h, c0 : c0 + bk, d0 : d0 + 32] @ qq[b, h, i, d0 : d0 + 32]
+                            acc = truncate_bits(acc + part, pol.qk_acc_bits)
+                        s = f32(f32(acc) * sc)
+                    else:
+                        s = f32(f32(kq[b, h, c0 : c0 + bk] @ qq[b, h, i]) * sc)
                     m_new = max(m, float(s.max()))
                     if pol.rescale_threshold and m != -math.inf and m_new - m <= pol.rescale_threshold:
                         m_new = m
@@ -268,8 +282,8 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
                     l = float(f32(torch.tensor(alpha * l + float(p.sum()))))
                     pc = _oracle_p(p, pol)
                     o = f32(o * alpha)
-                    if pol.acc_bits:
-                        acc, outer = torch.zeros_like(o), o.clone()
+                    if pol.acc_bits:  # two-level: O is the outer sum; one-level: the MMA accumulates into O
+                        acc, outer = (torch.zeros_like(o), o.clone()) if pol.acc_promote else (o * pol.p_scale, 0 * o)
                         for k0 in range(0, len(pc), 32):
                             part = pc[k0 : k0 + 32] @ vq[b, h, c0 + k0 : c0 + k0 + 32]
                             acc = truncate_bits(acc + part, pol.acc_bits, nearest=pol.acc_nearest)
@@ -285,7 +299,7 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(set(MODERN_PRESETS) - {"fa3-fp8-fp22"}))
+@pytest.mark.parametrize("name", sorted(MODERN_PRESETS))
 def test_modern_presets_against_the_slow_oracle(name):
     g = torch.Generator().manual_seed(7)
     lq, lk, d = 40, 192, 32
