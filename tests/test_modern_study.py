@@ -17,6 +17,7 @@ from flashcheck.study.modern import (
     FA4,
     P_FP8,
     QUESTIONS,
+    RAISED,
     SINK_METHODS,
     modern_findings,
     modern_sentences,
@@ -53,6 +54,11 @@ def test_modern_findings_and_conclusion_from_points():
     assert by["modern_sage2_vs_fa3_fp8"]["status"] == "holds"
     assert math.isclose(by["modern_sink_static_scale"]["estimate"], 100.0, rel_tol=0.05)  # MSE: squared ratio
     assert by["modern_sink_reverse"]["status"] == "not measured"
+    assert by["modern_sage2_dominant_stage"]["status"] == "not measured"
+    stages = [_pt("flash:sage2", [1.0, 1.1, 0.9])]
+    stages += [_pt(f"flash:sage2,{s}=fp64", [x * (0.3 if s == "p" else 0.99) for x in (1.0, 1.1, 0.9)]) for s in RAISED]
+    f = {f["id"]: f for f in modern_findings(pts | {"modern_sage_stages": stages})}["modern_sage2_dominant_stage"]
+    assert f["measured"].startswith("dominant stage p") and f["status"] == "holds"
     said = modern_sentences(list(by.values()))
     assert said[0][1] == "modern_fa4" and "2606.06521" in said[-1][0]
     assert modern_findings({"seq_len": []}) == [] and modern_sentences([]) == []

@@ -211,7 +211,8 @@ def parse_method(
         kw = {"block_q": block_q, "block_k": block_k, "algorithm": algorithm, "splits": splits, "device": device}
         from flashcheck.kernels.presets_modern import preset_policy
 
-        found = preset_policy(spec) if name == "flash" and spec else None  # a preset's own exp2
+        # a preset's own exp2, also under overrides (flash:sage2,input=fp64)
+        found = preset_policy(spec.split(",", 1)[0]) if name == "flash" and spec else None
         return Method(kernel=name, policy=policy, exp2=bool(found and found[1].exp2), **kw)
     from flashcheck.backends import backend_names
 

@@ -20,7 +20,10 @@ LOWP = ("flash:fa4-fp8", "flash:fa4-fp4", "flash:sage3-fp4", FA3_FP8, FP22, FA2)
 SAGE = ("flash:sage1", "flash:sage2", "flash:sage2pp", "flash:sage2-4b")
 P_FP8 = "flash:input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
 SINK_METHODS = (P_FP8, P_FP8 + ",kv_order=reverse", P_FP8 + ",p_scale=256", P_FP8 + ",kv_order=reverse,p_scale=256")
-QUESTIONS = ("modern_fa4", "modern_lowp", "modern_sage", "modern_sink")
+STAGE_PRESETS = {"modern_stages": ("fa4-fp8", "fa4-fp4", "sage3-fp4", "fa3-fp8-fp22"),
+                 "modern_sage_stages": ("sage1", "sage2", "sage2pp")}  # fmt: skip
+RAISED = ("input", "score", "stats", "p", "accum", "output")  # each raised to FP64 alone: explain's attribution
+QUESTIONS = ("modern_fa4", "modern_lowp", "modern_sage", "modern_sink", *STAGE_PRESETS)
 
 # What the papers publish beside each question (quoted, not measured here).
 PUBLISHED = {
@@ -50,7 +53,39 @@ def modern_sweeps(lengths: tuple[int, ...], seeds: tuple[int, ...], heads: int, 
         Sweep(question="modern_sage", methods=SAGE, distributions=dists, blocks=((128, 64),),
               head_dims=(32,), **common),
         Sweep(question="modern_sink", methods=SINK_METHODS, distributions=("sink",), blocks=((128, 128),), **common),
+        *(Sweep(question=q, methods=_stage_methods(names), distributions=("normal",), head_dims=(32,),
+                blocks=((128, 64 if "sage" in q else 128),), **common) for q, names in STAGE_PRESETS.items()),
     ]  # fmt: skip
+
+
+def _stage_methods(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Each preset, and the preset with one stage raised to FP64 (explain's "raised" runs, as study cases)."""
+    return tuple(m for n in names for m in (f"flash:{n}", *(f"flash:{n},{s}=fp64" for s in RAISED)))
+
+
+def stage_findings(pts: dict[str, list[Point]]) -> list[dict]:
+    """Per preset of the stage sweeps: the dominant stage, the one whose raising to FP64 lowers the error most
+    (explain's rule), with the paired ratio raised / full and its interval."""
+    from flashcheck.reporting.verdicts import compare
+
+    out = []
+    for q, names in STAGE_PRESETS.items():
+        points = pts.get(q, [])
+        for n in names:
+            full = f"flash:{n}"
+            ests = {s: _ratio(points, f"{full},{s}=fp64", full) for s in RAISED}
+            ests = {s: e for s, e in ests.items() if e is not None and e.n}
+            claim = f"{n}: raising its dominant stage to FP64 lowers its error (explain's attribution)"
+            if not ests:
+                out.append(finding(f"modern_{n}_dominant_stage", claim, NOT_MEASURED, None, section=q))
+                continue
+            top = min(ests, key=lambda s: ests[s].value)
+            what = f"dominant stage {top}: error with {top} in FP64 / the preset's"
+            out.append(
+                finding(f"modern_{n}_dominant_stage", claim, f"{what}: {ratio_text(ests[top])}",
+                        compare(ests[top], above=False), section=q)
+            )  # fmt: skip
+    return out
 
 
 def _ratio(points: list[Point], a: str, b: str, *, square: bool = False) -> Estimate | None:
@@ -74,7 +109,7 @@ def modern_findings(pts: dict[str, list[Point]]) -> list[dict]:
 
     if not any(pts.get(q) for q in QUESTIONS):
         return []
-    fa4, low, sage, sink = (pts.get(q, []) for q in QUESTIONS)
+    fa4, low, sage, sink = (pts.get(q, []) for q in QUESTIONS[:4])
     within = lambda e: compare(e, above=False, threshold=1.1)  # noqa: E731  at most 10% above FA2
     out = []
     for fid, method, what in (
@@ -108,7 +143,7 @@ def modern_findings(pts: dict[str, list[Point]]) -> list[dict]:
         est = _ratio(sink, P_FP8, method, square=True)
         verdict = lambda e: compare(e, above=True, threshold=3.0)  # noqa: E731
         out.append(_judged(fid, claim, est, f"MSE of forward S=1 / {what}", verdict, PUBLISHED["sink"], "modern_sink"))
-    return out
+    return out + stage_findings(pts)
 
 
 def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
@@ -120,6 +155,10 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
     def said(fid: str) -> str:
         f = by.get(fid)
         return "not measured" if f is None or f["status"] == "not measured" else f"{f['measured']} ({f['status']})"
+
+    def dominant() -> str:
+        rows = [f for k, f in by.items() if k.endswith("_dominant_stage") and f["status"] != "not measured"]
+        return "; ".join(f["claim"].split(":")[0] + " " + f["measured"].split(":")[0] for f in rows) or "not measured"
 
     def each(methods) -> str:
         names = [m.split(":", 1)[1] for m in methods]
@@ -133,8 +172,8 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
             "modern_fa4",
         ),
         (
-            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}. `flashcheck explain --preset NAME` "
-            "names the dominant stage of each.",
+            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}. The stage that causes it (raising it to "
+            f"FP64 lowers the error most, as `flashcheck explain --preset NAME` finds): {dominant()}.",
             "modern_lowp",
         ),
         (
