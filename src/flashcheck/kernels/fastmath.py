@@ -77,12 +77,14 @@ def rcp_approx(x: torch.Tensor) -> torch.Tensor:
 
 def truncate_bits(x: torch.Tensor, bits: int, *, nearest: bool = False) -> torch.Tensor:
     """x rounded toward zero (nearest: to nearest, ties to even) to `bits` explicit mantissa bits (float32's
-    exponent range; subnormals kept), in x's dtype: the value a tensor-core accumulator of that width holds."""
-    x64 = x.to(torch.float64)
-    _, e = torch.frexp(x64)
-    e = torch.clamp(e, min=-125)
-    ulp = torch.ldexp(torch.ones_like(x64), (e - 1 - bits).to(torch.float64))
-    return ((torch.round if nearest else torch.trunc)(x64 / ulp) * ulp).to(x.dtype)
+    exponent range), in x's dtype: the value a tensor-core accumulator of that width holds. Done on float64's
+    bit pattern (sign and magnitude): clearing the low 52 - bits mantissa bits truncates; adding half an ulp
+    less one, plus the kept last bit, first rounds to nearest, ties to even (a carry moves to the next binade)."""
+    i = x.to(torch.float64).contiguous().view(torch.int64)
+    shift = 52 - bits
+    if nearest:
+        i = i + ((1 << (shift - 1)) - 1) + ((i >> shift) & 1)
+    return (i & ~((1 << shift) - 1)).view(torch.float64).to(x.dtype)
 
 
 def mm_accumulate(
@@ -102,7 +104,8 @@ def mm_accumulate(
     the float32 outer sum with `promote`, else the accumulator's starting value (the MMA accumulates into O,
     as FA3's does). `nearest`: the accumulator rounds to nearest (an fp16 accumulator: bits 10) instead of
     truncating (the FP22 accumulator of FP8 MMA on Ada/Hopper: bits 13). Returns the float32 total."""
-    k = a.shape[-1]
+    k, dtype = a.shape[-1], a.dtype
+    a, b = a.to(torch.float64), b.to(torch.float64)
     acc = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=torch.float64, device=a.device)
     outer = torch.zeros_like(acc)
     if init is not None:  # two-level: the float32 O is the outer sum; one level: the MMA accumulates into O
@@ -113,10 +116,10 @@ def mm_accumulate(
     since = 0
     for c0 in range(0, k, chunk):
         c1 = min(k, c0 + chunk)
-        part = torch.matmul(a[..., c0:c1].to(torch.float64), b[..., c0:c1, :].to(torch.float64))
+        part = torch.matmul(a[..., c0:c1], b[..., c0:c1, :])
         acc = truncate_bits(acc + part, bits, nearest=nearest)
         since += c1 - c0
         if promote and since >= promote:
             outer = (outer + acc).to(torch.float32).to(torch.float64)
             acc, since = torch.zeros_like(acc), 0
-    return (outer + acc).to(torch.float32).to(a.dtype) if promote else acc.to(torch.float32).to(a.dtype)
+    return ((outer + acc) if promote else acc).to(torch.float32).to(dtype)
