@@ -379,3 +379,12 @@ def test_cli_presets_run_at_their_own_format():
     assert res.exit_code == 2 and "fa4-nope" in res.output
     res = runner.invoke(app, ["compare", "--preset", "sage1", "--numerics", "fp8-e4m3", *small])
     assert res.exit_code == 2 and "sage1 runs fp16, bf16" in res.output
+
+
+def test_quantized_presets_refuse_autograd_fa4_knobs_run_the_fa2_backward():
+    q, k, v = (torch.randn(1, 1, 32, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with pytest.raises(ValueError, match="forward only"):
+        flash_attention(q, k, v, **resolve("sage2", "fp16", 32, 32, 16, False))
+    out = flash_attention(q, k, v, **resolve("fa4-bf16", "bf16", 32, 32, 16, False))
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -22,7 +22,7 @@ from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
-from flashcheck.kernels.quantized import quantize_p
+from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
@@ -464,10 +464,14 @@ def flash_attention(
         p_probe=p_probe,
         sink=None if sink is None else sink_logits(sink, q.shape[1], q.device),
     )
-    if sink is not None and (
-        cfg.algorithm != "fa2" or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    ):
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if sink is not None and (cfg.algorithm != "fa2" or grads):
         raise ValueError("sink logits run in the fa2 forward only (no autograd)")
+    if grads and uses_quantized_inputs(pol):  # the backward would round dO to int8 / fp4 without scales
+        raise ValueError(
+            f"policy {pol.name!r} quantizes its inputs (SageAttention / FP4 presets): forward only, no autograd; "
+            "the forward stage knobs of FA4 (exp2_emu, rescale_threshold, p_scale) run with the FA2 backward"
+        )
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
