@@ -172,6 +172,7 @@ class Distribution(StrEnum):
     outliers = "outliers"
     sharp = "sharp"
     tied = "tied"
+    sink = "sink"
 
 
 class Fp8Scaling(StrEnum):

@@ -52,6 +52,10 @@ DELTA_SOURCE_HELP = (
     "Which O the flash backward's delta = rowsum(dO*O) reads: forward (its rounded output, the default), "
     "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
 )
+PRESET_HELP = (
+    "Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, fa4-fp8, fa4-fp4, "
+    "sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
+)
 DS_CORRECTION_HELP = "Remove the row sums of the rounded dS in the flash backward (arXiv 2609.34272); needs --backward."
 
 
@@ -70,7 +74,7 @@ def compare(
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
     backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
-    preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
+    preset: str = typer.Option(None, help=PRESET_HELP),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
     block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX), help="Key block size Bc."),
@@ -253,11 +257,18 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
     cases = [
         BackendCase(backend=name, numerics=fmt, inputs=InputSpec(seq_len=n, **shape), **opts)
         for name in _names(backend, "--backend")
-        for fmt in _names(numerics or "bf16", "--numerics")
+        for fmt in _names(numerics or _preset_format(opts.get("preset")), "--numerics")
         for n in lengths
     ]
     check_all_fit(backend_footprint(c) for c in cases)
     return cases
+
+
+def _preset_format(preset: str | None) -> str:
+    """The format a backend case runs without --numerics: the preset's own (fa3-fp8: fp8-e4m3), else bf16."""
+    from flashcheck.kernels.presets import default_format
+
+    return default_format(preset)
 
 
 def _device(device: str | None, backend: str | None, preset: str | None) -> str:

@@ -73,6 +73,19 @@ def _checked(
     return lk, min(4, blocks) if splits is None else splits, block_k
 
 
+def _preset_setting(preset, numerics, kernel: str, shape: tuple, block_k: int):
+    """(numerics, block_k) for the model: the preset's policy at its format and its key block, or the given ones
+    (default numerics bf16-mixed for the simulators, bf16 for a backend)."""
+    if preset is None:
+        return numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16"), block_k
+    if kernel != "flash":
+        raise ValueError(f"--preset {preset} is a flash kernel preset; it takes --kernel flash (got {kernel!r})")
+    from flashcheck.kernels.presets import default_format, resolve
+
+    kw = resolve(preset, numerics or default_format(preset), *shape)
+    return kw["policy"], kw["block_k"]
+
+
 @app.command()
 def predict(
     numerics: str = typer.Option(
@@ -92,6 +105,9 @@ def predict(
     splits: int = typer.Option(None, help="Key chunks S of splitkv (default 4, or the key blocks when fewer)."),
     causal: bool = typer.Option(False, help="Bottom-right causal mask."),
     distribution: str = typer.Option("normal", help="Input distribution (its statistics)."),
+    preset: str = typer.Option(
+        None, help="A flash kernel preset (fa4-fp8, sage2, ...: see compare) at format --numerics (default: its own)."
+    ),
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -99,8 +115,10 @@ def predict(
     each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict)."""
     from flashcheck.measure import predict as model
 
-    numerics = numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16")
     try:
+        numerics, block_k = _preset_setting(
+            preset, numerics, kernel, (seq_len, seq_len_k or seq_len, head_dim, causal), block_k
+        )
         if splits is not None and kernel != "splitkv":
             raise ValueError(f"--splits {splits} is only for --kernel splitkv (got --kernel {kernel})")
         lk, splits, bk = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
@@ -114,26 +132,16 @@ def predict(
     value = model.predict(setting)
     shares = model.contributions(setting)
     data = {
-        "predicted_rel_l2": value,
-        "kernel": kernel,
-        "equivalent_kernel": setting.kernel,
-        "numerics": setting.policy.name,
-        "block_k": setting.block_k,
+        "predicted_rel_l2": value, "kernel": kernel, "equivalent_kernel": setting.kernel,
+        "numerics": setting.policy.name, "block_k": setting.block_k,
         "block_k_asked": block_k,  # None: --block-k not given
-        "seq_len": seq_len,
-        "seq_len_k": lk,
-        "tiles_per_row": model.tiles(setting),
-        "f_score": fs,
-        "f_p": fp,
-        "statistics": source,
-        "contributions": shares,
-        "coefficients": model.COEFFS,
-        "training": model.TRAINING,
-    }
+        "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
+        "statistics": source, "contributions": shares, "coefficients": model.COEFFS, "training": model.TRAINING,
+    }  # fmt: skip
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    _print_human(kernel, numerics, setting, data, head_dim)
+    _print_human(kernel, setting.policy.name if preset else numerics, setting, data, head_dim)
 
 
 def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int) -> None:

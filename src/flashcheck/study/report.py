@@ -16,6 +16,8 @@ from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.guide_report import guide_part, guide_sentences
+from flashcheck.study.modern import NOTES as MODERN_NOTES
+from flashcheck.study.modern import modern_findings, modern_sentences
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
@@ -108,8 +110,9 @@ def build_report(folder: str | Path) -> dict:
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
-    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
+    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
+    found += modern_findings(pts)  # FA4, FP8/FP4, SageAttention, P-cast with a sink (study.modern)
     n_skipped = sum(s["cases"] for s in skipped)
     dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
     figures = draw_figures(config, ok, folder / "figures", skip=frozenset(dims_figures)) | dims_figures
@@ -120,6 +123,9 @@ def build_report(folder: str | Path) -> dict:
     headline = draw_headline(pts.get("seq_len", []), folder / "figures" / "headline.png")
     if headline is not None:
         figures = {"headline": headline} | figures
+    first = modern_sentences(found)  # the modern questions open the conclusion when the study measured them
+    if first:
+        said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
         "answer": answer(found, pts.get("seq_len", [])),
@@ -177,6 +183,7 @@ NOTES = {
 
 
 NOTES |= DIMS_NOTES  # the attention-variant questions and the error model (study.tables_dims)
+NOTES |= MODERN_NOTES
 
 
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
