@@ -430,6 +430,45 @@ def test_threads_on_pinned_sdpa_backends_run_the_kernel_asked_for():
         assert s.calls == 200 and s.fallbacks == {} and s.served_preferred == 200
 
 
+def test_a_plain_sdpa_call_in_another_thread_keeps_its_kernel():
+    """While a guard serves through its fallback (sdpa-math) and shadow-checks every call in one thread, plain
+    bf16 F.scaled_dot_product_attention calls in another thread keep the kernel torch picks for them (on the
+    CPU: the flash kernel), bit for bit: the guard flips no process-wide switch (sdpa_kernel() did)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = qkv(g, shape=(1, 4, 64, 32), dtype=torch.bfloat16)
+    own = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]
+    assert torch.equal(torch.nn.functional.scaled_dot_product_attention(q, k, v), own)
+    assert not torch.equal(MATH.forward(q, k, v), own)  # a switch to MATH would show
+    guard = Guard(Faulty("raises", _raise), "sdpa-math", breaker=None, shadow=ShadowConfig(every=1, max_overhead=None))
+    stop, started, wrong, plain = threading.Event(), threading.Event(), [], [0]
+
+    def served() -> None:
+        gq = torch.Generator().manual_seed(6)
+        while not stop.is_set():
+            guard(*qkv(gq, shape=(1, 4, 64, 32), dtype=torch.bfloat16))
+            started.set()
+
+    def user() -> None:
+        started.wait(timeout=60)
+        for i in range(300):
+            wrong.extend([i] if not torch.equal(torch.nn.functional.scaled_dot_product_attention(q, k, v), own) else [])
+            plain[0] += 1
+
+    threads = [threading.Thread(target=served), threading.Thread(target=user)]
+    for th in threads:
+        th.start()
+    threads[1].join()
+    stop.set()
+    threads[0].join()
+    s = guard.stats()
+    assert plain[0] == 300 and s.fallbacks.get("exception", 0) == s.calls > 0 and s.shadow.checks == s.calls
+    assert wrong == [], f"{len(wrong)} of 300 plain SDPA calls ran another kernel while the guard worked"
+
+
+def _raise(q, k, v, **kw):
+    raise RuntimeError("preferred backend fault injected by the test")
+
+
 # ---- environment --------------------------------------------------------------------------------------------
 def test_pin_file_mismatch_raises_an_environment_alarm(tmp_path):
     fp = environment_fingerprint("sdpa-flash")

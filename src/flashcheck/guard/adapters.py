@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from flashcheck.backends import Backend, get_backend
-from flashcheck.backends.sdpa import SdpaBackend
 from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget
 from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
@@ -25,12 +22,6 @@ __all__ = [
     "resolve",
     "run",
 ]
-
-
-# SdpaBackend pins its kernel with torch's sdpa_kernel(), which sets process-wide flags: two threads inside it
-# at once (say the preferred sdpa-flash and the fallback or reference sdpa-math) can leave a call with no kernel
-# enabled ("No available kernel"), a fault that is not the kernel's. The guard runs those calls one at a time.
-_SDPA_LOCK = threading.RLock()
 
 
 def resolve(backend: str | Backend) -> Backend:
@@ -67,9 +58,7 @@ def run(
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """backend's attention on the tensors' device: q, k, v [B, H, L, D] -> [B, H, Lq, Dv]."""
-    if isinstance(backend, SdpaBackend):
-        with _SDPA_LOCK:
-            return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
+    # SDPA backends call their aten op directly (backends/sdpa.py): no process-wide flag to guard with a lock
     return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
 
 
