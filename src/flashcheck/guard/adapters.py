@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.backends import Backend, get_backend
-from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget
+from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget, rounding_floor
 from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
 
@@ -62,10 +62,14 @@ def run(
     return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
 
 
-def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str) -> BudgetResult:
-    """The project's acceptance rule `rule` (one of RULES): |out - ref| <= k x |baseline - ref| + rounding
-    floor of out's dtype, and the rule's other views; out, ref, baseline of one shape [..., L, D]."""
-    return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule)
+def budget(
+    out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str, floor: float = 0.0
+) -> BudgetResult:
+    """The project's acceptance rule `rule` (one of RULES): |out - ref| <= k x |baseline - ref| + the rounding
+    floor of out's dtype (or `floor` where larger), and the rule's other views; out, ref, baseline of one
+    shape [..., L, D]."""
+    fl = max(rounding_floor(ref, out.dtype), floor)
+    return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule, floor=fl)
 
 
 def environment_differences(pin: str, impl: str | None) -> list[str]:

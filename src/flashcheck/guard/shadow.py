@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import flashcheck.guard.adapters as adapters
+from flashcheck.guard.allowance import rounding_allowance
 from flashcheck.guard.config import ShadowConfig
 
 log = logging.getLogger("flashcheck.guard")
@@ -119,7 +120,10 @@ class ShadowChecker:
             hmask = job.mask if job.mask is None or job.mask.dtype == torch.bool else job.mask.to(c.reference_dtype)
             ref = adapters.run(self.reference, *hi, causal=job.causal, scale=job.scale, mask=hmask)
             base = adapters.run(self.baseline, job.q, job.k, job.v, causal=job.causal, scale=job.scale, mask=job.mask)
-            res = adapters.budget(job.out, ref, base, c.k, c.rule)
+            floor = rounding_allowance(
+                job.q, job.k, job.v, ref, job.out.dtype, job.scale, causal=job.causal, mask=job.mask
+            )
+            res = adapters.budget(job.out, ref, base, c.k, c.rule, floor=floor)
             rel = adapters.rel_l2(job.out, ref)
         mx = res.checks[0]
         failed = tuple(f"{x.name} {x.value:.3e} > {x.bound:.3e}" for x in res.failed())
