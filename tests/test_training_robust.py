@@ -9,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -542,6 +543,22 @@ def test_broken_sharded_checkpoints_exit_2(hf_saves, tmp_path):
         assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, (case, res.output)
     with pytest.raises(CheckpointError, match="holds no single checkpoint"):
         open_checkpoint(tmp_path)
+
+
+def test_planted_dcp_metadata_runs_nothing_and_is_exit_2(tmp_path):
+    """torch reads a distributed checkpoint's .metadata with pickle.load: drift unpickles it with only the
+    metadata's own classes allowed, so a planted one runs nothing (exit 2 naming the folder); a real one reads."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3), "n": {"b": torch.zeros(2, dtype=torch.bfloat16)}}, checkpoint_id=str(tmp_path / "ok"))
+    assert open_checkpoint(tmp_path / "ok").tensor("n.b").dtype == torch.bfloat16
+    shutil.copytree(tmp_path / "ok", tmp_path / "bad")
+    marker = tmp_path / "code-ran"
+    (tmp_path / "bad" / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+    res = runner.invoke(app, ["drift", str(tmp_path / "bad"), str(tmp_path / "ok")])
+    assert not marker.exists(), "unpickling .metadata ran the planted code"
+    assert res.exit_code == 2 and "is not a readable distributed checkpoint" in res.output, res.output
+    assert "Traceback" not in res.output
 
 
 def _two_shards(folder: Path, index: bool) -> list[Path]:
