@@ -356,6 +356,23 @@ def test_healthy_fp32_outputs_that_the_peers_floor_failed_pass_the_shadow_check(
     assert off.stats().shadow.failed == 5
 
 
+def test_sdpa_math_lowp_is_checked_at_its_own_working_format():
+    """sdpa-math-lowp computes in bf16 itself: its check allows bf16 rounding (guard.adapters.working_dtype), so
+    the draw on which it exceeded 2x plain PyTorch's error (a healthy kernel) passes; fp32 kernels keep fp32's."""
+    from flashcheck.guard.adapters import working_dtype
+
+    lowp = get_backend("sdpa-math-lowp")
+    assert working_dtype(lowp, torch.bfloat16) == torch.bfloat16 and working_dtype(lowp, torch.float32) is None
+    assert working_dtype(MATH, torch.bfloat16) is None and working_dtype(FLASH, torch.float16) is None
+    g = torch.Generator().manual_seed(22)
+    q, k, v = [qkv(g, shape=(1, 2, 16, 8), dtype=torch.bfloat16) for _ in range(1528)][-1]
+    ref, base = MATH.forward(q.double(), k.double(), v.double()), get_backend("eager").forward(q, k, v)
+    assert not check_budget(lowp.forward(q, k, v), ref, base, k=2.0, rule="peers")  # the peers' floor alone
+    guard = Guard(lowp, "sdpa-math", shadow=ShadowConfig(every=1, max_overhead=None))
+    guard(q, k, v)
+    assert (guard.stats().shadow.checks, guard.stats().shadow.failed) == (1, 0)
+
+
 def test_rounding_allowance_covers_correct_kernels_and_is_tens_of_ulps_in_fp32(gen):
     """Against the exact output: the fp32 errors of SDPA math, SDPA's CPU flash kernel and plain PyTorch lie
     within the allowance (causal with Lq < Lk, a bool mask, GQA-repeated heads) with room to spare, and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.backends import Backend, get_backend
+from flashcheck.backends.sdpa import SdpaBackend
 from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget, rounding_floor
 from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
@@ -60,6 +61,13 @@ def run(
     """backend's attention on the tensors' device: q, k, v [B, H, L, D] -> [B, H, Lq, Dv]."""
     # SDPA backends call their aten op directly (backends/sdpa.py): no process-wide flag to guard with a lock
     return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
+
+
+def working_dtype(backend: Backend, dtype: torch.dtype) -> torch.dtype | None:
+    """The format a backend computes in for inputs of `dtype`, where it is not fp32 or better: SDPA math in
+    true low precision (sdpa-math-lowp) works in the input's bf16/fp16; None for every other backend."""
+    low = dtype in (torch.bfloat16, torch.float16)
+    return dtype if low and isinstance(backend, SdpaBackend) and backend.lowp_math else None
 
 
 def budget(

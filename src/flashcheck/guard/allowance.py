@@ -29,9 +29,10 @@ in fp64 (memory as the fp64 reference's own scores). lambda comes from a union b
 checked: 2 N exp(-lambda^2 / 2) <= ALPHA, so a correct kernel fails a check through rounding at most once in
 1 / ALPHA checks.
 
-A kernel that works in the low format itself (scores or the accumulator in bf16/fp16: sdpa-math-lowp, the
-mutant accum-lowp) is outside this model: it is judged by k x plain PyTorch's error alone, as in the peers'
-tests.
+A kernel that declares a lower working format (sdpa-math-lowp: scores, softmax and P V in bf16/fp16, as
+plain PyTorch in that dtype) gets u_w of that format (guard.adapters.working_dtype): its check is then
+about as lax as its arithmetic. A kernel that works in the low format without saying so (the mutant
+accum-lowp) is judged by the fp32 allowance and k x plain PyTorch's error, as in the peers' tests.
 
 What it costs in sensitivity: in bf16 and fp16 the fp32 terms are ~1e-5 of the output and the output term is
 about the peers' floor, so the rule is as before; in fp32 it is some tens of ulps of the output, below any
@@ -74,10 +75,12 @@ def rounding_allowance(
     *,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    working: torch.dtype | None = None,
 ) -> float:
     """The largest per-element allowance (see the module docstring) for an output of `dtype` against the exact
     `ref` [.., Lq, Dv] of q [.., Lq, D], k, v [.., Lk, D] (K/V with q's heads), with the call's causal flag
-    (bottom-right aligned) and mask (bool, True = keep, or additive); 0.0 for an empty output."""
+    (bottom-right aligned) and mask (bool, True = keep, or additive); `working`: the format the kernel computes
+    in where it is not fp32 or better (sdpa-math-lowp: bf16/fp16); 0.0 for an empty output."""
     if ref.numel() == 0 or k.shape[-2] == 0:
         return 0.0
     q64, k64, v64, o = (t.detach().to(torch.float64) for t in (q, k, v, ref))
@@ -90,7 +93,7 @@ def rounding_allowance(
     w = (d + SCORE_ROUNDINGS) * p2 * a * a + SOFTMAX_ROUNDINGS * p2  # per key, on (v_jd - o_id)^2
     var = _weighted_spread(w, v64, o_abs * o.sign())  # sum_j w_ij (v_jd - o_id)^2
     var = var + torch.matmul(p2, v64 * v64) + lk * (torch.matmul(p, v64.abs()) ** 2 + o_abs**2)
-    lam, u_w, u_o = confidence(ref.numel()), unit_roundoff(working_dtype(dtype)), unit_roundoff(dtype)
+    lam, u_w, u_o = confidence(ref.numel()), unit_roundoff(working or working_dtype(dtype)), unit_roundoff(dtype)
     return float((lam * u_w * var.clamp(min=0.0).sqrt() + u_o * o_abs).max())
 
 

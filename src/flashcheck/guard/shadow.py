@@ -58,6 +58,8 @@ class ShadowJob:
     causal: bool
     scale: float | None
     mask: torch.Tensor | None
+    working: torch.dtype | None = None
+    """The served kernel's working format where lower than fp32 (adapters.working_dtype)."""
 
 
 class Sampler:
@@ -80,7 +82,9 @@ class Sampler:
         return None if m is None or n <= m else sorted(self._rng.sample(range(n), m))
 
 
-def make_job(site: str, call: int, served_by: str, q, k, v, out, causal, scale, mask, idx, copy: bool) -> ShadowJob:
+def make_job(
+    site: str, call: int, served_by: str, q, k, v, out, causal, scale, mask, idx, copy: bool, working=None
+) -> ShadowJob:
     """Narrow q, k, v [B, H, L, D], out and the mask to the slices `idx` of B*H (as [1, n, L, D])."""
     b, h, lq, lk = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
 
@@ -91,7 +95,7 @@ def make_job(site: str, call: int, served_by: str, q, k, v, out, causal, scale, 
         return t.clone() if copy and idx is None else t
 
     m = None if mask is None else pick(mask.expand(b, h, lq, lk))
-    return ShadowJob(site, call, served_by, pick(q), pick(k), pick(v), pick(out), causal, scale, m)
+    return ShadowJob(site, call, served_by, pick(q), pick(k), pick(v), pick(out), causal, scale, m, working)
 
 
 class ShadowChecker:
@@ -121,7 +125,15 @@ class ShadowChecker:
             ref = adapters.run(self.reference, *hi, causal=job.causal, scale=job.scale, mask=hmask)
             base = adapters.run(self.baseline, job.q, job.k, job.v, causal=job.causal, scale=job.scale, mask=job.mask)
             floor = rounding_allowance(
-                job.q, job.k, job.v, ref, job.out.dtype, job.scale, causal=job.causal, mask=job.mask
+                job.q,
+                job.k,
+                job.v,
+                ref,
+                job.out.dtype,
+                job.scale,
+                causal=job.causal,
+                mask=job.mask,
+                working=job.working,
             )
             res = adapters.budget(job.out, ref, base, c.k, c.rule, floor=floor)
             rel = adapters.rel_l2(job.out, ref)
