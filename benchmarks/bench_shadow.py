@@ -14,7 +14,16 @@ Catches: every forward mutant of `flashcheck mutants` (flashcheck.testing.mutant
 shapes with several key blocks (the block bugs need them) and the small ones, causal and not, normal and tied
 inputs, `--mutant-seeds` seeds; a case counts where the bug changes the output (bitwise, against the clean
 kernel); a mutant is caught when at least one of its cases fails the check. The backward-only mutants are
-not listed: the shadow check sees the forward output only."""
+not listed: the shadow check sees the forward output only.
+
+Measured 2026-12-04, torch 2.13.0+cpu, 2 shared cores (`--checks 10000 --part false-alarms` per dtype, the
+low-precision kernel alone with `--kernels sdpa-math-lowp`; `--mutant-seeds 2 --part mutants`):
+  fp32  10032 checks of sdpa-math, sdpa-flash, clean-fa2: failed before 50 (5.0e-3), after 0 (worst 0.12)
+  bf16  7524 checks of the three: before 0, after 0 (worst 0.46); sdpa-math-lowp 10010: before 56, after 0
+  fp16  7524 checks of the three: before 0, after 0 (worst 0.49); sdpa-math-lowp 10010: before 52, after 0
+  mutants x dtypes caught 35 / 38 before and after (accum-lowp bf16/fp16 and scale-0.5% bf16 never); cases
+  caught 656 / 835 before, 653 after (fp32: one case each of scale-1%, scale-3%, no-rescale-block-1 at
+  errors of 1e-6 to 1e-5 on tied inputs, inside what a correct fp32 kernel may round)."""
 
 from __future__ import annotations
 
