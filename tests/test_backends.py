@@ -80,6 +80,58 @@ def test_sdpa_math_is_exact_in_fp64(device):
     assert (out - reference_attention(q, k, v, causal=True)).abs().max() < 1e-13
 
 
+def _sdpa_pinned_by_flags(b: SdpaBackend, q, k, v, causal, scale, mask):
+    """What SdpaBackend ran before it called the ops itself: F.scaled_dot_product_attention inside
+    sdpa_kernel([which]) with allow_fp16_bf16_reduction_math_sdp(lowp_math), both process-wide (a test may)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashcheck.backends.sdpa import _sdpa_mask
+
+    prev = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(b.lowp_math)
+    try:
+        with sdpa_kernel([getattr(SDPBackend, b.which)]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=_sdpa_mask(mask, causal, q, k), scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                is_causal=causal and mask is None and q.shape[-2] == k.shape[-2],
+            )  # fmt: skip
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(prev)
+
+
+_SAME_BITS = [  # (lq, lk, kv heads, causal, mask, scale): square, Lq < Lk, Lq > Lk (rows with no key), GQA
+    (16, 16, 4, False, None, None),
+    (7, 19, 2, True, None, 0.3),
+    (19, 7, 4, True, "bool", None),
+    (12, 12, 1, True, None, -0.2),
+    (9, 13, 4, False, "add", None),
+]
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-math-lowp", "sdpa-flash"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_sdpa_ops_called_directly_give_the_bits_of_the_pinned_call(name, dtype):
+    """Each SDPA backend calls its aten op itself (no process-wide flag): outputs and gradients bitwise equal
+    to F.scaled_dot_product_attention pinned by sdpa_kernel (and the low-precision math flag), as before."""
+    b = get_backend(name)
+    g = torch.Generator().manual_seed(3)
+    for lq, lk, hkv, causal, kind, scale in _SAME_BITS:
+        q = torch.randn(2, 4, lq, 24, generator=g).to(dtype)
+        k, v = (torch.randn(2, hkv, lk, 24, generator=g).to(dtype) for _ in "kv")
+        mask = {"bool": torch.rand(lq, lk, generator=g) > 0.3, "add": torch.randn(1, 1, lq, lk, generator=g).to(dtype)}
+        mask = mask.get(kind)
+        got = []
+        for fn in (lambda *a: _sdpa_pinned_by_flags(b, *a), lambda q, k, v, c, s, m: b.run(
+                q, k, v, device="cpu", causal=c, scale=s, mask=m)):  # fmt: skip
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*leaves, causal, scale, mask)
+            out.float().square().sum().backward()
+            got.append([out.detach(), *(t.grad for t in leaves)])
+        bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+        for a, c in zip(*got, strict=True):
+            assert a.dtype == c.dtype == dtype and torch.equal(a.view(bits), c.view(bits)), (lq, lk, hkv, kind)
+
+
 def test_math_lowp_really_runs_in_low_precision(device):
     q, k, v = qkv(64, 64, dtype=torch.bfloat16)
     ref = reference_attention(q.double(), k.double(), v.double())

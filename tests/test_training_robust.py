@@ -9,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -62,7 +63,7 @@ def _fingerprint(run_dir: Path) -> dict:
             continue
         assert not p.name.startswith("."), f"leftover temporary file {rel}"
         if p.suffix == ".pt":
-            obj = torch.load(p, weights_only=False)
+            obj = torch.load(p, weights_only=True)  # every file train() writes loads without unpickling code
             out[rel] = _flat(obj)
         else:
             out[rel] = json.loads(p.read_text())
@@ -155,6 +156,31 @@ def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_pa
     assert a["pairs"] == b["pairs"] and a["ratios"] == b["ratios"] and a["final_loss"] == b["final_loss"]
     for run in study.runs:
         assert _fingerprint(out / "runs" / run.name) == _fingerprint(ref / "runs" / run.name), run.name
+
+
+class _Planted:
+    """A pickle payload: unpickling it calls open(marker, "w"), i.e. runs code of the file's author."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_planted_state_pt_runs_nothing_and_is_one_line_exit_2(tmp_path):
+    """A crafted state.pt in a run folder without complete.json: re-running the study must not unpickle
+    its objects (weights_only=True); the user sees one error line naming the file, exit 2."""
+    study = train_preset("tiny")
+    out, marker = tmp_path / "out", tmp_path / "code-ran"
+    for run in study.runs:  # every run, so whichever the worker starts first meets one
+        (out / "runs" / run.name).mkdir(parents=True)
+        torch.save({"step": _Planted(marker), "losses": []}, out / "runs" / run.name / "state.pt")
+    res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "1", "--quiet"])
+    assert not marker.exists(), "unpickling state.pt ran the planted code"
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: ") and "state.pt" in lines[0] and "nothing in it was run" in lines[0], lines
 
 
 def _check_train_study_human(res, out: Path) -> None:
@@ -522,6 +548,56 @@ def test_broken_sharded_checkpoints_exit_2(hf_saves, tmp_path):
         assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, (case, res.output)
     with pytest.raises(CheckpointError, match="holds no single checkpoint"):
         open_checkpoint(tmp_path)
+
+
+def test_planted_dcp_metadata_runs_nothing_and_is_exit_2(tmp_path):
+    """torch reads a distributed checkpoint's .metadata with pickle.load: drift unpickles it with only the
+    metadata's own classes allowed, so a planted one runs nothing (exit 2 naming the folder); a real one reads."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3), "n": {"b": torch.zeros(2, dtype=torch.bfloat16)}}, checkpoint_id=str(tmp_path / "ok"))
+    assert open_checkpoint(tmp_path / "ok").tensor("n.b").dtype == torch.bfloat16
+    shutil.copytree(tmp_path / "ok", tmp_path / "bad")
+    marker = tmp_path / "code-ran"
+    (tmp_path / "bad" / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+    res = runner.invoke(app, ["drift", str(tmp_path / "bad"), str(tmp_path / "ok")])
+    assert not marker.exists(), "unpickling .metadata ran the planted code"
+    assert res.exit_code == 2 and "is not a readable distributed checkpoint" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
+def _two_shards(folder: Path, index: bool) -> list[Path]:
+    folder.mkdir(parents=True)
+    paths = [folder / f"m-{i}-of-2.safetensors" for i in (1, 2)]
+    for i, p in enumerate(paths):
+        save_safetensors({f"w{i}": torch.full((2,), float(i))}, p)
+    if index:
+        wm = {f"w{i}": p.name for i, p in enumerate(paths)}
+        (folder / "m.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return paths
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index", "of-names"])
+def test_shard_linked_outside_its_folder_is_refused(tmp_path, index):
+    """A shard that is a symbolic link to a file elsewhere is not followed (exit 2 naming it); the Hugging
+    Face cache's snapshots/<rev>/ -> ../../blobs/ links are read."""
+    outside = tmp_path / "secret.safetensors"
+    save_safetensors({"w1": torch.ones(2)}, outside)
+    paths = _two_shards(tmp_path / "ckpt", index)
+    paths[1].unlink()
+    paths[1].symlink_to(outside)
+    res = runner.invoke(app, ["drift", str(tmp_path / "ckpt"), str(tmp_path / "ckpt")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "'m-2-of-2.safetensors' is a link to" in res.output and "outside the checkpoint" in res.output
+    repo = tmp_path / "models--org--m"
+    for p in _two_shards(repo / "snapshots" / "abc123", index):
+        blob = repo / "blobs" / f"h{p.name[2]}"
+        blob.parent.mkdir(exist_ok=True)
+        p.rename(blob)
+        p.symlink_to(Path("..", "..", "blobs", blob.name))
+    reader = open_checkpoint(repo / "snapshots" / "abc123")
+    assert sorted(reader.keys()) == ["w0", "w1"] and reader.tensor("w1").tolist() == [1.0, 1.0]
+    reader.close()
 
 
 # ---- drift: progress and human output ----------------------------------------------------------------

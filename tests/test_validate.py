@@ -324,6 +324,21 @@ def test_unknown_impl_and_other_bad_input_exit_2(tiny_bert: Path, tmp_path: Path
         assert res.exit_code == 2 and "error:" in message and fragment in message, (args, res.output)
 
 
+@pytest.mark.parametrize("rel", ["../bert", "/abs/bert"])
+def test_module_path_outside_the_model_folder_is_refused(tiny_bert: Path, tmp_path: Path, rel: str) -> None:
+    """modules.json is file contents: a module path that leaves the model's folder must not pick the model
+    that is loaded (exit 2 naming the path), whatever lies there."""
+    (tmp_path / "bert").symlink_to(tiny_bert, target_is_directory=True)
+    st = tmp_path / "st"
+    st.mkdir()
+    (st / "config.json").write_text("{}")
+    path = rel if rel.startswith("..") else str(tmp_path / "bert")
+    (st / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Transformer", "path": path}]))
+    res = _invoke(str(st), "--out", str(tmp_path / "o"), "--quiet")
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"names module path {path!r}, outside the model's folder" in message, res.output
+
+
 # --- the bundled all-MiniLM-L6-v2 (the guide's sentence-transformer) ---------------------------------
 
 MINILM = ("--samples", "64", "--max-length", "128", "--quiet")

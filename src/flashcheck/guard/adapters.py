@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from flashcheck.backends import Backend, get_backend
 from flashcheck.backends.sdpa import SdpaBackend
-from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget
+from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget, rounding_floor
 from flashcheck.core.metrics import rel_l2
 from flashcheck.kernels.validation import check_attention_inputs
 
@@ -25,12 +23,6 @@ __all__ = [
     "resolve",
     "run",
 ]
-
-
-# SdpaBackend pins its kernel with torch's sdpa_kernel(), which sets process-wide flags: two threads inside it
-# at once (say the preferred sdpa-flash and the fallback or reference sdpa-math) can leave a call with no kernel
-# enabled ("No available kernel"), a fault that is not the kernel's. The guard runs those calls one at a time.
-_SDPA_LOCK = threading.RLock()
 
 
 def resolve(backend: str | Backend) -> Backend:
@@ -67,16 +59,25 @@ def run(
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """backend's attention on the tensors' device: q, k, v [B, H, L, D] -> [B, H, Lq, Dv]."""
-    if isinstance(backend, SdpaBackend):
-        with _SDPA_LOCK:
-            return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
+    # SDPA backends call their aten op directly (backends/sdpa.py): no process-wide flag to guard with a lock
     return backend.run(q, k, v, device=q.device.type, causal=causal, scale=scale, mask=mask)
 
 
-def budget(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str) -> BudgetResult:
-    """The project's acceptance rule `rule` (one of RULES): |out - ref| <= k x |baseline - ref| + rounding
-    floor of out's dtype, and the rule's other views; out, ref, baseline of one shape [..., L, D]."""
-    return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule)
+def working_dtype(backend: Backend, dtype: torch.dtype) -> torch.dtype | None:
+    """The format a backend computes in for inputs of `dtype`, where it is not fp32 or better: SDPA math in
+    true low precision (sdpa-math-lowp) works in the input's bf16/fp16; None for every other backend."""
+    low = dtype in (torch.bfloat16, torch.float16)
+    return dtype if low and isinstance(backend, SdpaBackend) and backend.lowp_math else None
+
+
+def budget(
+    out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, k: float, rule: str, floor: float = 0.0
+) -> BudgetResult:
+    """The project's acceptance rule `rule` (one of RULES): |out - ref| <= k x |baseline - ref| + the rounding
+    floor of out's dtype (or `floor` where larger), and the rule's other views; out, ref, baseline of one
+    shape [..., L, D]."""
+    fl = max(rounding_floor(ref, out.dtype), floor)
+    return check_budget(out, ref, baseline, k=k, dtype=out.dtype, rule=rule, floor=fl)
 
 
 def environment_differences(pin: str, impl: str | None) -> list[str]:

@@ -36,7 +36,8 @@ class ShadowConfig:
 
     A checked call's served output is compared with `reference` run at `reference_dtype`; it passes when
     max |out - ref| <= k * max |baseline - ref| + floor (and likewise for the mean), `baseline` being
-    `baseline` run in the served output's dtype: the project's budget rule (flashcheck.core.budget)."""
+    `baseline` run in the served output's dtype: the project's budget rule (flashcheck.core.budget), its floor
+    raised to the rounding allowance of a correct kernel where that is larger (flashcheck.guard.allowance)."""
 
     every: int = 0
     """Check every N-th call of each site (0: off)."""

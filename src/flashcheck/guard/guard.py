@@ -243,7 +243,8 @@ class Guard:
     # ---- shadow checks ----------------------------------------------------------------------------------
     def _submit_shadow(self, site, call, s: _Served, q, k, v, causal, scale, mask, idx) -> None:
         copy = self.shadow_config.background and self.shadow_config.copy_inputs
-        job = make_job(site, call, s.served_by, q, k, v, s.out, causal, scale, mask, idx, copy)
+        working = adapters.working_dtype(self.preferred if s.served_by == PREFERRED else self.fallback, q.dtype)
+        job = make_job(site, call, s.served_by, q, k, v, s.out, causal, scale, mask, idx, copy, working)
         if not self._shadow.submit(job):
             with self._lock:
                 self._sites[site].shadow_dropped += 1

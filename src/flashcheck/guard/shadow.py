@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import flashcheck.guard.adapters as adapters
+from flashcheck.guard.allowance import rounding_allowance
 from flashcheck.guard.config import ShadowConfig
 
 log = logging.getLogger("flashcheck.guard")
@@ -57,6 +58,8 @@ class ShadowJob:
     causal: bool
     scale: float | None
     mask: torch.Tensor | None
+    working: torch.dtype | None = None
+    """The served kernel's working format where lower than fp32 (adapters.working_dtype)."""
 
 
 class Sampler:
@@ -79,7 +82,9 @@ class Sampler:
         return None if m is None or n <= m else sorted(self._rng.sample(range(n), m))
 
 
-def make_job(site: str, call: int, served_by: str, q, k, v, out, causal, scale, mask, idx, copy: bool) -> ShadowJob:
+def make_job(
+    site: str, call: int, served_by: str, q, k, v, out, causal, scale, mask, idx, copy: bool, working=None
+) -> ShadowJob:
     """Narrow q, k, v [B, H, L, D], out and the mask to the slices `idx` of B*H (as [1, n, L, D])."""
     b, h, lq, lk = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
 
@@ -90,7 +95,7 @@ def make_job(site: str, call: int, served_by: str, q, k, v, out, causal, scale, 
         return t.clone() if copy and idx is None else t
 
     m = None if mask is None else pick(mask.expand(b, h, lq, lk))
-    return ShadowJob(site, call, served_by, pick(q), pick(k), pick(v), pick(out), causal, scale, m)
+    return ShadowJob(site, call, served_by, pick(q), pick(k), pick(v), pick(out), causal, scale, m, working)
 
 
 class ShadowChecker:
@@ -119,7 +124,18 @@ class ShadowChecker:
             hmask = job.mask if job.mask is None or job.mask.dtype == torch.bool else job.mask.to(c.reference_dtype)
             ref = adapters.run(self.reference, *hi, causal=job.causal, scale=job.scale, mask=hmask)
             base = adapters.run(self.baseline, job.q, job.k, job.v, causal=job.causal, scale=job.scale, mask=job.mask)
-            res = adapters.budget(job.out, ref, base, c.k, c.rule)
+            floor = rounding_allowance(
+                job.q,
+                job.k,
+                job.v,
+                ref,
+                job.out.dtype,
+                job.scale,
+                causal=job.causal,
+                mask=job.mask,
+                working=job.working,
+            )
+            res = adapters.budget(job.out, ref, base, c.k, c.rule, floor=floor)
             rel = adapters.rel_l2(job.out, ref)
         mx = res.checks[0]
         failed = tuple(f"{x.name} {x.value:.3e} > {x.bound:.3e}" for x in res.failed())

@@ -4,6 +4,7 @@ torch.distributed.checkpoint folders."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -123,16 +124,58 @@ def _flatten(obj: dict, prefix: str = ""):
             yield from _flatten(v, f"{prefix}{k}.")
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a distributed checkpoint's .metadata (torch writes it with pickle and reads it back with
+    pickle.load, which runs whatever a planted file names): only the classes that metadata is made of."""
+
+    def find_class(self, module: str, name: str):
+        if _metadata_global(module, name):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of checkpoint metadata; refused, nothing was run")
+
+
+def _metadata_global(module: str, name: str) -> bool:
+    """The globals torch's checkpoint metadata pickles reference: its own dataclasses and enums, tensor sizes
+    and dtypes, layouts by name, paths."""
+    import importlib
+
+    if module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"):
+        obj = getattr(importlib.import_module(module), name, None)
+        return isinstance(obj, type) and obj.__module__ == module  # a class defined there, not one imported
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+    if module == "pathlib":
+        return name in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
+    return (module, name) == ("torch.serialization", "_get_layout")
+
+
+def _safe_dcp_reader(path: Path):
+    """torch's FileSystemReader with read_metadata through _MetadataUnpickler (as torch's own, otherwise)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
 class DcpReader(Reader):
-    """A torch.distributed.checkpoint folder (what FSDP training writes); shards assembled per tensor."""
+    """A torch.distributed.checkpoint folder (what FSDP training writes); shards assembled per tensor. Its
+    .metadata is unpickled with only the metadata's own classes allowed (_MetadataUnpickler)."""
 
     def __init__(self, path: Path) -> None:
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         self.path = path
         try:
-            md = FileSystemReader(str(path)).read_metadata()
+            md = _safe_dcp_reader(path).read_metadata()
         except Exception as exc:
             raise CheckpointError(f"{str(path)!r} is not a readable distributed checkpoint: {exc}") from None
         self.meta = {
@@ -153,7 +196,7 @@ class DcpReader(Reader):
         out = {name: torch.empty(shape, dtype=dtype)}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dcp.load(out, checkpoint_id=str(self.path))
+            dcp.load(out, storage_reader=_safe_dcp_reader(self.path))
         return out[name]
 
 

@@ -24,6 +24,8 @@ class ShardedReader(Reader):
     def __init__(self, path: Path, shards: list[Path], weight_map: dict[str, str] | None) -> None:
         self.path = path
         self._readers: dict[str, Reader] = {}
+        for shard in shards:
+            _check_inside(path, shard)
         try:
             for shard in shards:
                 self._readers[shard.name] = open_file(shard)
@@ -57,6 +59,22 @@ class ShardedReader(Reader):
     def close(self) -> None:
         for r in self._readers.values():
             r.close()
+
+
+def _check_inside(checkpoint: Path, shard: Path) -> None:
+    """CheckpointError unless the shard, links followed, lies in the checkpoint's folder: a shard that is a
+    link elsewhere would make the reader open any file the link names. The one exception is the layout of
+    the Hugging Face cache, whose snapshots/<revision>/ files link into the model's blobs/ folder."""
+    folder = shard.parent.resolve()
+    target = shard.resolve()
+    allowed = [folder]
+    if folder.parent.name == "snapshots":
+        allowed.append(folder.parent.parent / "blobs")
+    if not any(target.is_relative_to(a) for a in allowed):
+        raise CheckpointError(
+            f"{str(checkpoint)!r}: shard {shard.name!r} is a link to {str(target)!r}, outside the checkpoint's "
+            f"folder {str(folder)!r}; refused (copy the file into the folder to read it)"
+        )
 
 
 def index_of(shard: Path) -> Path | None:

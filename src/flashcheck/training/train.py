@@ -190,13 +190,38 @@ def _resume(run_dir: Path, steps: int, model: GPT, opt, scaler) -> tuple[int, li
     if not state_path.exists():
         save_torch(model.state_dict(), weights_path(run_dir, 0))
         return 0, []
-    try:
-        state = torch.load(state_path, weights_only=False)
-    except Exception as exc:  # only a file damaged outside flashcheck: every write is atomic
-        raise ValueError(f"{str(state_path)!r} cannot be read ({type(exc).__name__}); delete it to retrain") from None
+    state = _load_state(state_path)
     if state["step"] > steps:
         raise ValueError(f"{str(run_dir)!r} is trained to step {state['step']}, past steps={steps}; raise steps")
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     scaler.load_state_dict(state["scaler"])
     return state["step"], state["losses"]
+
+
+STATE_KEYS = ("model", "opt", "scaler", "step", "losses")
+
+
+def _load_state(path: Path) -> dict:
+    """state.pt as train() writes it (tensors, dicts, lists and plain numbers only), read with
+    weights_only=True: a file planted in the run folder can hold no object whose unpickling runs code."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # damaged outside flashcheck (every write is atomic), or not flashcheck's
+        raise ValueError(
+            f"{str(path)!r} cannot be read as a train-study resume point ({_why(exc)}); nothing in it was run; "
+            "delete it to retrain"
+        ) from None
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS) or not isinstance(state["step"], int):
+        raise ValueError(f"{str(path)!r} is not a train-study resume point (expected keys {', '.join(STATE_KEYS)})")
+    return state
+
+
+def _why(exc: Exception) -> str:
+    """One short line for a failed load: the global a weights-only load refused (torch's message around it
+    advises loading with weights_only=False, which is what must not happen), else the first line."""
+    text = str(exc)
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if m:
+        return f"it holds the object {m.group(1)}, which a weights-only load refuses"
+    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:160]}"

@@ -60,6 +60,18 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+def _module_folder(folder: Path, rel: object) -> Path:
+    """A module's folder named in modules.json: relative, inside the model's folder (a path from a file's
+    contents must not lead the loader to another model elsewhere on the disk)."""
+    part = Path(str(rel))
+    if part.is_absolute() or ".." in part.parts:
+        raise ValueError(
+            f"{str(folder / 'modules.json')!r} names module path {str(rel)!r}, outside the model's folder; "
+            "expected a path relative to it"
+        )
+    return folder / part
+
+
 def _sentence_transformers_layout(folder: Path) -> tuple[Path, str, bool, int | None]:
     """(transformer folder, pooling, normalize, max_seq_length) from modules.json and its module folders."""
     modules = _read_json(folder / "modules.json")
@@ -68,7 +80,7 @@ def _sentence_transformers_layout(folder: Path) -> tuple[Path, str, bool, int | 
     tpath, pooling, normalize = folder, "mean", False
     for m in modules:
         kind = str(m.get("type", "")) if isinstance(m, dict) else ""
-        sub = folder / str(m.get("path", "")) if isinstance(m, dict) else folder
+        sub = _module_folder(folder, m.get("path", "")) if isinstance(m, dict) else folder
         if kind.endswith("Transformer"):
             tpath = sub
         elif kind.endswith("Pooling") and (sub / "config.json").is_file():
