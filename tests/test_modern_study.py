@@ -10,8 +10,7 @@ import torch
 from flashcheck.core.inputs import SINK_DELTA, InputSpec, make_qkv
 from flashcheck.kernels import flash_attention
 from flashcheck.study.cases import check_sweeps_can_run
-from flashcheck.study.config import StudyConfig, preset
-from flashcheck.study.modern import (
+from flashcheck.study.config import (
     FA2,
     FA3_FP8,
     FA4,
@@ -19,10 +18,11 @@ from flashcheck.study.modern import (
     QUESTIONS,
     RAISED,
     SINK_METHODS,
-    modern_findings,
-    modern_sentences,
+    StudyConfig,
     modern_sweeps,
+    preset,
 )
+from flashcheck.study.modern import modern_findings, modern_sentences
 from flashcheck.study.points import Point
 
 
