@@ -70,7 +70,7 @@ def compare(
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
     backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
-    preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8."),
+    preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, jax-xla, fa2-gpu, fa3-fp8."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
     block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX), help="Key block size Bc."),
@@ -250,6 +250,7 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
 
     shape, opts = fields
     _no_padded_gradients(shape["padding"], opts["backward"])
+    _packages_present(_names(backend, "--backend"))
     cases = [
         BackendCase(backend=name, numerics=fmt, inputs=InputSpec(seq_len=n, **shape), **opts)
         for name in _names(backend, "--backend")
@@ -258,6 +259,16 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
     ]
     check_all_fit(backend_footprint(c) for c in cases)
     return cases
+
+
+def _packages_present(names: list[str]) -> None:
+    """ValueError (one line naming the extra to install) for a backend asked for by name whose optional package
+    is missing: an explicit request is bad usage here, not a skipped row."""
+    from flashcheck.backends import get_backend
+
+    for name in dict.fromkeys(names):
+        if why := get_backend(name).missing_package():
+            raise ValueError(f"--backend {name}: {why}")
 
 
 def _device(device: str | None, backend: str | None, preset: str | None) -> str:
