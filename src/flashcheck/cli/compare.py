@@ -29,6 +29,10 @@ NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
     "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16)."
 )
+BACKEND_HELP = (
+    "Real backends or simulators, comma-separated (see `flashcheck backends`); NAME:FMT runs NAME at FMT alone "
+    "(e.g. onnxruntime:fp16 beside --numerics bf16)."
+)
 BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
 DEVICE_HELP = (
     "cpu or cuda: where real backends run (default: cuda where available), or the simulators and the FP64 "
@@ -69,7 +73,7 @@ def compare(
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
-    backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
+    backend: str = typer.Option(None, help=BACKEND_HELP),
     preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, jax-xla, fa2-gpu, fa3-fp8."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
@@ -250,11 +254,15 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
 
     shape, opts = fields
     _no_padded_gradients(shape["padding"], opts["backward"])
-    _packages_present(_names(backend, "--backend"))
+    formats = _names(numerics or "bf16", "--numerics")
+    pairs = [
+        (name, [fmt] if fmt else formats) for name, _, fmt in (b.partition(":") for b in _names(backend, "--backend"))
+    ]
+    _packages_present([name for name, _ in pairs])
     cases = [
         BackendCase(backend=name, numerics=fmt, inputs=InputSpec(seq_len=n, **shape), **opts)
-        for name in _names(backend, "--backend")
-        for fmt in _names(numerics or "bf16", "--numerics")
+        for name, fmts in pairs
+        for fmt in fmts
         for n in lengths
     ]
     check_all_fit(backend_footprint(c) for c in cases)
