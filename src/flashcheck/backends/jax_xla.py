@@ -8,6 +8,7 @@ added to the fp32 logits). The backward is jax.vjp through the same function (a 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -110,8 +111,8 @@ class _JaxAttention(torch.autograd.Function):
 
 @dataclass
 class JaxBackend(Backend):
-    """jax.nn.dot_product_attention with `implementation` ("xla" or "cudnn"), jitted (compiled) on each call,
-    except fp16 on the CPU (see _unjitted)."""
+    """jax.nn.dot_product_attention with `implementation` ("xla" or "cudnn"), jitted (compiled once per setting
+    and shape), except fp16 on the CPU (see _unjitted)."""
 
     implementation: str = "xla"
     supports_gqa: bool = True
@@ -140,16 +141,22 @@ class JaxBackend(Backend):
         lq, lk = q.shape[-2], k.shape[-2]
         keep, bias, is_causal = _masks(mask, causal, lq, lk)
         dev = _jax_device(q.device.type)
-        jmask = None if keep is None else jax.device_put(keep.numpy(), dev)
-        jbias = None if bias is None else jax.device_put(bias.numpy(), dev)
-        impl = self.implementation
+        extra = [None if t is None else jax.device_put(t.numpy(), dev) for t in (keep, bias)]
+        fn = _attention(self.implementation, scale, is_causal, not _unjitted(q.dtype, dev))
+        return _JaxAttention.apply(q, k, v, functools.partial(fn, mask=extra[0], bias=extra[1]), dev)
 
-        def fn(a, b, c):
-            return jax.nn.dot_product_attention(
-                a, b, c, bias=jbias, mask=jmask, scale=scale, is_causal=is_causal, implementation=impl
-            )
 
-        return _JaxAttention.apply(q, k, v, fn if _unjitted(q.dtype, dev) else jax.jit(fn), dev)
+@functools.cache
+def _attention(implementation: str, scale: float | None, is_causal: bool, jit: bool):
+    """fn(q, k, v, mask=, bias=) in JAX's layout; jitted once per setting (XLA caches each input shape)."""
+    import jax
+
+    def fn(a, b, c, mask=None, bias=None):
+        return jax.nn.dot_product_attention(
+            a, b, c, bias=bias, mask=mask, scale=scale, is_causal=is_causal, implementation=implementation
+        )
+
+    return jax.jit(fn) if jit else fn
 
 
 def _unjitted(dtype: torch.dtype, dev) -> bool:
