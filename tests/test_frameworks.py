@@ -22,7 +22,7 @@ def test_one_table_across_frameworks_and_its_json():
     res = CliRunner().invoke(app, [*LINE, *SMALL])
     assert res.exit_code == 0, res.output
     rows = [line for line in res.output.splitlines() if line.startswith("│")]
-    assert [r.split("│")[1].strip() for r in rows] == ["sdpa-math", "sdpa-flash", "jax-xla", "onnxruntime"]
+    assert [r.split("│")[1].strip() for r in rows] == ["sdpa-math", "sdpa-flash", "jax-xla", "onnxruntime[Attention]"]
     assert [r.split("│")[3].strip() for r in rows] == ["bf16", "bf16", "bf16", "fp16"]
     data = json.loads(CliRunner().invoke(app, [*LINE, *SMALL, "--json"]).output)["backends"]
     assert [(r["config"]["backend"], r["status"], r["baseline_impl"]) for r in data] == [
