@@ -215,3 +215,13 @@ def test_a_zip_member_bigger_than_allowed_is_refused_before_inflating(tmp_path):
     np.savez_compressed(path, q=np.zeros((1, 1, 512, 512), np.float32))  # 1 MiB inflated, a few KiB on disk
     with pytest.raises(DumpError, match="more than the 100000 bytes allowed"):
         read_dump(path, max_bytes=100_000)
+
+
+def test_a_small_file_naming_a_long_sequence_is_refused_before_computing(tmp_path, monkeypatch):
+    import flashcheck.kernels.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)  # 1 MiB free
+    q = np.zeros((1, 1, 2048, 1), np.float16)
+    np.savez(tmp_path / "long.npz", q=q, k=q, v=q, out=q)
+    res = _judge(tmp_path / "long.npz")
+    assert res.exit_code == 2 and "needs about" in res.output and "Traceback" not in res.output, res.output

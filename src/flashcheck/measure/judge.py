@@ -170,6 +170,7 @@ def _grads(dump: Dump, outs: dict, q, k, v) -> tuple[dict[str, tuple[torch.Tenso
 def judge(path: str) -> list[dict]:
     """Every output of the dump judged, in the form of `compare --backend`'s results (run_backend_case)."""
     j = load(path)
+    _fits(j)
     kw = dict(causal=j.causal, mask=j.mask, scale=j.scale)
     ref, lse = reference_attention(j.q, j.k, j.v, return_lse=True, **kw)
     live = torch.isfinite(lse)
@@ -206,6 +207,17 @@ def judge(path: str) -> list[dict]:
             res["grad"] = _grad_results(j.grads[name], base_g, ref_g, live, dtype)
         results.append(res)
     return results
+
+
+def _fits(j: Judged) -> None:
+    """InsufficientMemory (a ValueError) before computing when the FP64 reference and the eager baseline (L x L
+    scores) of these shapes cannot fit here: a small file can name a large L."""
+    from flashcheck.kernels.memory import Footprint, check_fits
+
+    b, h, lq, d = j.q.shape
+    work = max(4, info(j.fmt).dtype.itemsize)
+    dims = dict(batch=b, heads=h, seq_len=lq, head_dim=max(d, j.v.shape[-1]), seq_len_k=j.k.shape[-2])
+    check_fits(Footprint(**dims, kernels=("standard",), work_itemsize=work, backward=bool(j.grads)))
 
 
 def _eager(dtype: torch.dtype, kw: dict):
