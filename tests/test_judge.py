@@ -48,6 +48,10 @@ def test_a_dump_written_with_numpy_alone_is_judged(tmp_path):
     res = _judge(path)
     assert res.exit_code == 0, res.output
     assert "out.mine" in res.output and "fp16" in res.output and "eager:fp16" in res.output and "pass" in res.output
+    head = res.output.splitlines()[0]
+    assert head.endswith(
+        "B=1 H=4 Hkv=2 Lq=64 D=32, judged in fp16 (baseline eager PyTorch in fp16), scale 0.125, causal"
+    )
     data = json.loads(_judge(path, "--json").output)
     cfg = data["config"]
     assert (cfg["heads"], cfg["kv_heads"], cfg["causal"], cfg["scale"], cfg["numerics"]) == (4, 2, True, 0.125, "fp16")
