@@ -25,6 +25,8 @@ def judge(
     from flashcheck.measure.judge import judge as run_judge
 
     try:
+        if not file.strip():
+            raise ValueError(f"FILE {file!r} is empty; give a .safetensors or .npz file")
         results = run_judge(file)
     except ValueError as exc:
         _fail_usage(str(exc))
