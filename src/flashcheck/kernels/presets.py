@@ -60,6 +60,14 @@ def _named_mixed(tag: str) -> Callable[[Format], Policy]:
     return make
 
 
+def _p_in_fp32(tag: str) -> Callable[[Format], Policy]:
+    def make(fmt: Format) -> Policy:
+        pol = mixed_policy(fmt)
+        return pol.replace(p=pol.accum, name=f"{tag}@{fmt.value}")
+
+    return make
+
+
 KERNEL_PRESETS: dict[str, KernelPreset] = {
     "torch-cpu-flash": KernelPreset(
         "torch-cpu-flash",
@@ -70,9 +78,17 @@ KERNEL_PRESETS: dict[str, KernelPreset] = {
     "jax-xla": KernelPreset(
         "jax-xla",
         "JAX's XLA attention (jax.nn.dot_product_attention, implementation='xla') as its CPU lowering rounds: "
-        "unfused (one block), Q K^T accumulated and scaled in fp32, fp32 softmax, P in the input dtype, P·V in fp32",
+        "unfused (one block), Q K^T accumulated and scaled in fp32, fp32 softmax, P in the input dtype, P·V in fp32 "
+        "(jitted on the CPU: below 4096 query rows B*H*Lq at D=64)",
         _whole_tiles,
         _named_mixed("jax-xla"),
+    ),
+    "jax-xla-fused": KernelPreset(
+        "jax-xla-fused",
+        "jitted JAX XLA attention on the CPU from 4096 query rows B*H*Lq (D=64): XLA fuses softmax into P·V and the "
+        "cast of P to the input dtype disappears, so P stays fp32; otherwise as jax-xla",
+        _whole_tiles,
+        _p_in_fp32("jax-xla-fused"),
     ),
     "fa2-gpu": KernelPreset(
         "fa2-gpu",
