@@ -33,6 +33,7 @@ BACKEND_HELP = (
     "Real backends or simulators, comma-separated (see `flashcheck backends`); NAME:FMT runs NAME at FMT alone "
     "(e.g. onnxruntime:fp16 beside --numerics bf16)."
 )
+PRESET_HELP = "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8."
 BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
 DEVICE_HELP = (
     "cpu or cuda: where real backends run (default: cuda where available), or the simulators and the FP64 "
@@ -74,7 +75,7 @@ def compare(
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
     backend: str = typer.Option(None, help=BACKEND_HELP),
-    preset: str = typer.Option(None, help="Kernel preset for sim-flash: torch-cpu-flash, jax-xla, fa2-gpu, fa3-fp8."),
+    preset: str = typer.Option(None, help=PRESET_HELP),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
     block_k: int = typer.Option(128, callback=_int_range("--block-k", 1, BLOCK_MAX), help="Key block size Bc."),
