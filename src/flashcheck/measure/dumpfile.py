@@ -148,8 +148,8 @@ def _read_npz(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[st
             for name in npz.files:
                 try:
                     arr = npz[name]
-                except ValueError as exc:  # object arrays need pickle, which is never allowed
-                    raise DumpError(f"{str(p)!r}: array {name!r} cannot be read without pickle ({exc})") from None
+                except ValueError as exc:  # object arrays (they need pickle, never allowed), a header that lies
+                    raise DumpError(f"{str(p)!r}: array {name!r} cannot be read ({exc})") from None
                 if arr.ndim == 0:
                     meta[name] = _scalar_text(p, name, arr)
                 else:
