@@ -390,6 +390,15 @@ def test_other_frameworks_backends_validate_by_name(tiny_bert: Path, tmp_path: P
     assert row["pass"] and row["b"] == "eager:fp32" and 0 < row["max_abs"] < 1e-5
 
 
+def test_a_backend_without_the_models_dtype_is_skipped_with_the_reason(tiny_bert: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    res = _invoke(str(tiny_bert), "--impls", "eager,onnxruntime", "--dtypes", "bf16", "--out", str(tmp_path), *FAST)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["impl"] for c in summary["comparisons"]] == ["eager"], summary["comparisons"]
+    skipped = json.dumps(summary)
+    assert "dtype bfloat16 not supported" in skipped and "onnxruntime" in res.output
+
+
 def test_a_backend_whose_extra_is_missing_is_a_one_line_usage_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "jax", None)
     res = _invoke("--impls", "eager,jax-xla", "--samples", "4", "--out", str(tmp_path / "v"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+_REGISTERED: set[str] = set()  # the backends registered with transformers in this process
+
 
 def backend_attention(name: str):
     """transformers' attention signature around backend `name`: fn(module, query, key, value, attention_mask,
@@ -44,3 +46,16 @@ def register_backend(name: str) -> None:
         raise ValueError(f"--impls {name}: transformers loads names like 'flash...' as its own kernels; use sdpa")
     AttentionInterface.register(name, backend_attention(name))
     AttentionMaskInterface.register(name, sdpa_mask)
+    _REGISTERED.add(name)
+
+
+def cannot_run(name: str, model) -> str | None:
+    """Why registered backend `name` cannot run `model` here (its dtype and device); None: it can, or `name` is
+    not a flashcheck backend registered with transformers."""
+    if name not in _REGISTERED:
+        return None
+    from flashcheck.backends import get_backend
+
+    p = next(model.parameters())
+    avail = get_backend(name).available(p.dtype, p.device.type)
+    return None if avail.ok else avail.reason
