@@ -20,9 +20,10 @@ def budget_ok(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, k: float
 
 
 @contextlib.contextmanager
-def audited_figures() -> Iterator[list[tuple[str, list[str], list[str]]]]:
+def audited_figures(save: bool = True) -> Iterator[list[tuple[str, list[str], list[str]]]]:
     """Every figure saved inside the block as (file name, reporting.figures.figure_problems, y labels):
-    wraps matplotlib's Figure.savefig, so it audits any report's figures (study, train-study)."""
+    wraps matplotlib's Figure.savefig, so it audits any report's figures (study, train-study). save=False
+    writes an empty file instead of the PNG (the audit without the rendering, for speed)."""
     from matplotlib.figure import Figure
 
     from flashcheck.reporting.figures import figure_problems
@@ -32,6 +33,9 @@ def audited_figures() -> Iterator[list[tuple[str, list[str], list[str]]]]:
 
     def savefig(self, fname, *args, **kwargs):
         seen.append((Path(str(fname)).name, figure_problems(self), [ax.get_ylabel() for ax in self.axes]))
+        if not save:
+            Path(fname).write_bytes(b"")
+            return None
         return original(self, fname, *args, **kwargs)
 
     Figure.savefig = savefig

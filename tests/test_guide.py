@@ -368,3 +368,84 @@ def test_speed_up_growth_over_three_lengths_says_the_trend_rule_cannot_decide(mo
         "too few lengths for the trend rule (3 lengths: even a perfectly monotone speed-up gives p = 0.33"
         in (grows["measured"])
     )
+
+
+def _boundary_results(bf16_scale: int | None, bf16_sums: dict[str, str]) -> dict[str, dict]:
+    """quick's boundary and sum tasks for flash:fp16: non-finite from sigma 2^9 at L=256 (inputs overflow at
+    2^14), ok at Lk = 65519 and non-finite at 65520 keys at the maximum; the bf16 twin as given."""
+
+    def task(tid: str, params: dict, result: dict) -> tuple[str, dict]:
+        return tid, {"id": tid, "status": "ok", "params": params, "result": result}
+
+    scale = {"kind": "scale", "seq_len": 256}
+    points = {"kind": "sum_points"}
+    fp16 = {"boundary_i": 72, "inputs_overflow_i": 112}
+    return dict(
+        [
+            task("scale/flash:fp16/L=256", scale | {"method": "flash:fp16"}, fp16),
+            task("scale/flash:bf16/L=256", scale | {"method": "flash:bf16"}, {"boundary_i": bf16_scale}),
+            task(
+                "sum/flash:fp16",
+                points | {"method": "flash:fp16"},
+                {"boundary_keys": 65520, "outcome": "non-finite", "searched": False,
+                 "points": {"65519": "ok", "65520": "non-finite"}},
+            ),
+            task(
+                "sum/flash:bf16",
+                points | {"method": "flash:bf16"},
+                {"boundary_keys": 65519 if "wrong" in bf16_sums.values() else None, "outcome": "wrong",
+                 "searched": False, "points": bf16_sums},
+            ),
+        ]
+    )  # fmt: skip
+
+
+def test_fp16_structural_counts_only_where_bf16_is_right():
+    """quick's flash:fp16 line: bf16 is wrong at 65519 and 65520 keys too, so the sum does not count for
+    "NaN where BF16 was fine" (the line said structural beside "bf16 ... wrong at Lk = 65519"); the scale
+    search, where bf16 stays finite, does. With bf16 failing everywhere fp16 fails the claim does not hold."""
+    from flashcheck.study.guide_claims import boundary_claims
+
+    s = GuideSettings(boundary_methods=("flash:fp16",), sum_methods=("flash:fp16",), sum_keys=(65519, 65520))
+    wrong = {"65519": "wrong", "65520": "wrong"}
+    [f] = boundary_claims(_boundary_results(None, wrong), s)
+    assert f["status"] == "structural"
+    assert "fp16 fails where bf16 does not: L=256 sigma 2^9" in f["measured"]
+    not_counted = "Not counted (bf16 fails there too): Lk = 65520 keys at the maximum (non-finite; bf16 wrong)"
+    assert not_counted in f["measured"]
+    [f] = boundary_claims(_boundary_results(64, wrong), s)  # bf16 non-finite from a lower sigma too
+    assert f["status"] == "does not hold" and "bf16 failed too" in f["verdict"]["reason"]
+    [f] = boundary_claims(_boundary_results(64, {"65519": "ok", "65520": "ok"}), s)
+    assert f["status"] == "structural" and "Lk = 65520 keys at the maximum (non-finite; bf16 ok)" in f["measured"]
+
+
+def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_inconclusive(monkeypatch):
+    """A timed task stores the 1-minute load average before and after, the cores and this process's threads
+    (a search does not); the latency claim that holds on a quiet machine is inconclusive when a timing it
+    rests on ran with a load beyond 0.75 x cores besides the process's own thread (core.load)."""
+    from flashcheck.core.load import busy
+    from flashcheck.study import guide
+    from flashcheck.study.guide import _run_one
+    from flashcheck.study.guide_claims import latency_claim
+
+    monkeypatch.setattr(guide, "run_task", lambda params, s: {"times": [0.1]})  # the record, not the timing
+    cost = _run_one("cost/x", {"kind": "cost", "method": "sdpa-math:bf16", "seq_len": 32, "backward": False}, TINY)
+    assert set(cost["load"]) == {"load1_before", "load1_after", "cpus", "own_threads"}
+    assert cost["load"]["own_threads"] == TINY.threads and cost["load"]["cpus"] >= 1
+    scale = _run_one("scale/x", {"kind": "scale", "method": "flash:fp16", "seq_len": 16}, TINY)
+    assert scale["status"] == "ok" and "load" not in scale
+    assert busy({"load1_before": 1.2, "load1_after": 3.0, "cpus": 2, "own_threads": 1}).startswith("load average 3")
+    assert busy({"load1_before": 1.2, "load1_after": 2.4, "cpus": 2, "own_threads": 1}) is None  # 1.4 <= 1.5
+    assert busy(None) is None and busy({"load1_before": None, "load1_after": None, "cpus": 2}) is None
+    steady, noisy = [[1.0, 1.01, 1.0, 1.02]] * 3, [[1.0, 1.5, 0.7, 1.3], [1.0, 1.4, 0.8, 1.2], [1.2, 0.9, 1.5, 1]]
+    quiet = {"load1_before": 0.1, "load1_after": 0.2, "cpus": 2, "own_threads": 1}
+    task = {"id": "latency/L=64", "status": "ok", "params": {"kind": "latency", "seq_len": 64}, "load": quiet}
+    task["result"] = {"blocks": {"sdpa-flash:bf16": steady, "sdpa-math:bf16": noisy}}
+    assert latency_claim({"t": task}, TINY)["status"] == "holds"
+    task["load"] = quiet | {"load1_after": 12.0}  # a shared machine under a load average of 12
+    f = latency_claim({"t": task}, TINY)
+    assert (
+        f["status"] == "inconclusive"
+        and f["measured"] == latency_claim({"t": task | {"load": quiet}}, TINY)["measured"]
+    )  # the numbers stay; only the verdict says the machine was busy
+    assert "1 of 1 timings ran on a busy machine (latency/L=64: load average 12.00" in f["verdict"]["reason"]

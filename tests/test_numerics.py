@@ -119,6 +119,8 @@ def test_rounding_gradient_follows_the_cast():
 @pytest.mark.parametrize("fmt", list(Format))
 def test_spacing_is_machine_epsilon_at_one(fmt):
     eps = {Format.FP8_E4M3: 2.0**-3, Format.FP8_E5M2: 2.0**-2}.get(fmt)
+    emulated = {Format.FP6_E2M3: 2.0**-3, Format.FP6_E3M2: 2.0**-2, Format.FP4_E2M1: 0.5, Format.INT8: 1.0}
+    eps = {**emulated, Format.INT4: 1.0}.get(fmt, eps)
     eps = eps if eps is not None else torch.finfo(info(fmt).dtype).eps
     assert float(spacing(torch.tensor([1.0, 1.5]), fmt)[0]) == eps
 

@@ -102,7 +102,7 @@ def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:
     if "DIR" in words:
         shutil.copytree(tiny_study, cwd / "DIR")
     if words[1:] == ["study", "--preset", "tiny"]:  # the fixture computed this study: resume it
-        shutil.copytree(tiny_study, cwd / "flashcheck-study")
+        shutil.copytree(tiny_study, cwd / "flashcheck-study-tiny")
     if "--config" in words:
         (cwd / words[words.index("--config") + 1]).write_text(_readme_sweep())
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):

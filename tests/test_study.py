@@ -72,7 +72,8 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert "guide tasks" in res.output and "The production guide's claims" in res.output  # tiny has a guide part
     summary = json.loads((out / "summary.json").read_text())
     guide_figs = [Path(p).name for p in summary["guide"]["figures"].values()]  # the guide part's (study.guide_report)
-    assert len(seen) == len(preset("tiny").sweeps) + 1 + len(guide_figs)  # and the error model's (study.errormodel)
+    # and the error model's (study.errormodel) and the headline (study.answer)
+    assert len(seen) == len(preset("tiny").sweeps) + 2 + len(guide_figs)
     assert {name: problems for name, problems, _ in seen if problems} == {}
     assert all(y for _, _, ylabels in seen for y in ylabels)
     assert {f["id"] for f in summary["findings"]} >= FINDING_IDS
@@ -83,10 +84,11 @@ def test_tiny_preset_end_to_end(tmp_path):
     for name in ("report.md", "report.html", "records.jsonl"):
         assert (out / name).stat().st_size > 0
     figs = sorted(p.name for p in (out / "figures").glob("*.png"))
-    assert figs == sorted([*(f"{s.question}.png" for s in preset("tiny").sweeps), "error_model.png", *guide_figs])
+    questions = [f"{s.question}.png" for s in preset("tiny").sweeps]
+    assert figs == sorted([*questions, "error_model.png", "headline.png", *guide_figs])
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(figs)
-    assert html.index("Conclusion") < html.index("Verdicts") < html.index("<img")
+    assert html.index("Answer") < html.index("<img") < html.index("Verdicts") < html.index("Conclusion")
     md = (out / "report.md").read_text()
     assert "9.1e-03" in md  # the FA3 paper's values beside ours
     fa3 = md.split("## fa3")[1].split("\n## ")[0]  # its methods are paired in verdicts: no empty ratio columns

@@ -95,6 +95,21 @@ def test_verdicts_on_a_known_answer(tmp_path):
         assert set(f) >= {"id", "claim", "measured", "status", "holds", "rule", "interval", "n"}
 
 
+def test_br_no_effect_says_when_the_sweep_has_no_br_pairs_and_fails_on_a_counterexample(tmp_path):
+    """A custom sweep whose tiles never differ only in Br: "not measured by this sweep", not "0 of 0 pairs"
+    beside a structural verdict; a pair that differs only in Br with different errors: does not hold."""
+    cfg = StudyConfig(name="c", sweeps=(config().sweeps[0],))  # one tile (16x16): no pair
+    br = by_id(findings(cfg, write_study(tmp_path / "one", cfg)))["br_no_effect"]
+    assert br["measured"].startswith("not measured by this sweep") and "0 of 0" not in br["measured"]
+    cfg = config()
+    records = write_study(tmp_path / "pairs", cfg)
+    for r in records.values():  # the swapped sweep's 64x16 tile now differs from 16x16 at the same Bc
+        if r.case.block_q == 64 and r.case.block_k == 16:
+            r.errors["max_abs"] *= 1.5
+    br = by_id(findings(cfg, records))["br_no_effect"]
+    assert br["status"] == "does not hold" and br["measured"].startswith("0 of 2 pairs")
+
+
 def test_a_flat_trend_and_too_few_seeds_give_no_verdict(tmp_path):
     cfg = config()
     found = by_id(findings(cfg, write_study(tmp_path / "flat", cfg, growth=0.0)))
@@ -130,21 +145,29 @@ def test_conclusion_states_the_numbers_and_links_each_sentence(tmp_path):
     assert {a for _, a in sentences} <= {"seq_len", "block_area", "problems"}
 
 
-def test_report_opens_with_the_conclusion_and_its_links_resolve(tmp_path):
+def test_report_opens_with_the_answer_and_its_links_resolve(tmp_path):
     cfg = config()
     write_study(tmp_path, cfg)
-    with audited_figures() as seen:
+    with audited_figures(save=False) as seen:
         summary = build_report(tmp_path)
     md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     headings = [line for line in md.splitlines() if line.startswith("## ")]
-    assert headings[:3] == ["## Conclusion", "## Verdicts", "## Skipped and failed cases"]
+    first = [
+        "## Answer",
+        "## Verdicts",
+        "## Conclusion",
+        "## Verdicts: rules and reasons",
+        "## Skipped and failed cases",
+    ]
+    assert headings[:5] == first
     for c in summary["conclusion"]:
         assert f"](#{c['section']})" in md and f'<a id="{c["section"]}"></a>' in md
         assert f"href='#{c['section']}'" in page and f"id='{c['section']}'" in page
-    assert page.index("Conclusion") < page.index("Verdicts") < page.index("<img")
+    assert page.index("Answer") < page.index("<img") < page.index("Verdicts") < page.index("Conclusion")
     assert "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own)" in md  # the second view, labelled
     assert re.search(r"\| flash:bf16 \| 4096 \| 64 \| 16x16 \| 3 \| [\d.e-]+ \[", md)  # mean [95%], n
-    assert sorted(name for name, _, _ in seen) == ["block_area.tmp.png", "seq_len.tmp.png", "swapped.tmp.png"]
+    drawn = ["block_area.tmp.png", "headline.tmp.png", "seq_len.tmp.png", "swapped.tmp.png"]
+    assert sorted(name for name, _, _ in seen) == drawn
     for name, problems, ylabels in seen:
         assert problems == [], (name, problems)
         assert all(re.search(r"max-abs|rel-L2", y) for y in ylabels if y), (name, ylabels)
@@ -176,6 +199,51 @@ def test_figure_problems_catches_what_the_old_figures_did(tmp_path):
     ax.plot([1, 2], [2, 3], color="C1", label="b")
     ax.set_xlabel("x")
     ax.set_ylabel("y")
+    ax.legend()
+    assert figure_problems(fig) == []
+    plt.close(fig)
+
+
+def test_figure_problems_catches_crowded_x_twin_styles_and_markers_without_a_legend():
+    """The old padding.png (20 series at one length), two series in one colour and marker, and the old
+    boundary.png (markers in four styles, none in a legend) are reported; one colour in two markers, hollow
+    beside filled, and a legend for every marker style are fine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting import Styler
+    from flashcheck.reporting.figures import MAX_AT_ONE_X, figure_problems
+
+    def axes():
+        fig, ax = plt.subplots()
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+        return fig, ax
+
+    fig, ax = axes()
+    style = Styler()
+    for i in range(MAX_AT_ONE_X + 1):
+        ax.errorbar([512], [1.0 + i], yerr=[[0.1], [0.1]], **style(f"s{i}"))
+    ax.legend()
+    assert figure_problems(fig) == [f"axes 0 (y): 9 series at x = 512 (at most {MAX_AT_ONE_X} can be told apart)"]
+    plt.close(fig)
+    fig, ax = axes()
+    ax.plot([1, 2], [1, 2], color="C0", marker="o", label="a")
+    ax.plot([1, 2], [2, 3], color="C0", marker="o", label="b")
+    ax.plot([1, 2], [3, 4], color="C0", marker="s", label="c")  # the same colour, another marker: told apart
+    ax.legend()
+    assert figure_problems(fig) == ["axes 0 (y): one colour and marker for more than one series (['a', 'b'])"]
+    plt.close(fig)
+    fig, ax = axes()
+    for marker, colour, face in (("o", "g", "g"), ("X", "r", "r"), ("o", "g", "none"), ("X", "r", "none")):
+        ax.scatter([1, 2], [1, 2], marker=marker, edgecolors=colour, facecolors=face)
+    assert figure_problems(fig) == ["axes 0 (y): 4 marker series with no legend entry"]
+    plt.close(fig)
+    fig, ax = axes()
+    for i, (marker, colour, face) in enumerate((("o", "g", "g"), ("o", "g", "none"), ("X", "r", "r"))):
+        ax.scatter([1, 2], [1, 2], marker=marker, edgecolors=colour, facecolors=face, label=f"k{i}")
     ax.legend()
     assert figure_problems(fig) == []
     plt.close(fig)

@@ -290,11 +290,12 @@ def test_the_default_relative_out_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--quiet"])
     assert res.exit_code == 0, res.output
-    page = (tmp_path / "flashcheck-study" / "report.html").read_text()
-    pngs = list((tmp_path / "flashcheck-study" / "figures").glob("*.png"))  # seq_len and the error model
+    out = tmp_path / "flashcheck-study-cfg"  # --config cfg.toml
+    page = (out / "report.html").read_text()
+    pngs = list((out / "figures").glob("*.png"))  # seq_len and the error model
     assert len(pngs) >= 2 and page.count("data:image/png;base64,") == len(pngs)  # each one embedded
-    assert "](figures/seq_len.png)" in (tmp_path / "flashcheck-study" / "report.md").read_text()
-    assert runner.invoke(app, ["report", "flashcheck-study"]).exit_code == 0
+    assert "](figures/seq_len.png)" in (out / "report.md").read_text()
+    assert runner.invoke(app, ["report", "flashcheck-study-cfg"]).exit_code == 0
 
 
 def test_a_second_study_on_the_same_folder_exits_2_naming_the_holder(tmp_path):

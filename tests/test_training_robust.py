@@ -172,7 +172,12 @@ def _check_train_study_human(res, out: Path) -> None:
             assert _row(res.stdout, *cells) and f"steps {lo}-{hi}" in res.stdout, res.stdout
     assert f"report: {out}/report.html" in res.stdout
     total = sum(r.steps for r in train_preset("tiny").runs)
-    assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run [\w-]+ step \d+", res.stderr.splitlines()[-1])
+    lines = res.stderr.splitlines()
+    last = max(i for i, x in enumerate(lines) if x.startswith("train-study "))
+    assert re.fullmatch(rf"train-study {total}/{total}, \d+ s, run [\w-]+ step \d+", lines[last]), lines
+    parts = len(train_preset("tiny").pairs) + 1  # the analysis after training has its own progress
+    assert all(x.startswith("analysis ") for x in lines[last + 1 :]), lines
+    assert re.fullmatch(rf"analysis {parts}/{parts}, \d+ s, report written", lines[-1]), lines
 
 
 def test_tied_max_human_output_and_progress(tmp_path, monkeypatch):

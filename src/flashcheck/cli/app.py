@@ -9,7 +9,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 # click's base of every usage error (typer vendors click in newer releases, so found through typer's own class)
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -32,10 +32,37 @@ def _one_line(exc: Exception) -> str:
     return " ".join(message.split())
 
 
+def _plain_flags(params: list) -> list:
+    """`params` with no type shown for an on/off flag (--quiet, --json, --help): typer would print `<bool>`
+    after it, as if it took a value."""
+    for p in params:
+        if getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """typer's command with plain flags in its help (_plain_flags)."""
+
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_flags(super().get_params(ctx))
+
+
+class _Typer(typer.Typer):
+    """typer's app whose commands are _Command unless a command asks for another class."""
+
+    def command(self, *args: object, cls: type[TyperCommand] | None = None, **kwargs: object):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
 class _Group(TyperGroup):
     """typer's group, whose usage errors (an unknown option or command, a value out of range or of the
     wrong type, a missing argument) are one line on stderr, "error: ...", and exit code 2, like the
-    commands' own checks; rich's framed error box and the usage lines are left out."""
+    commands' own checks; rich's framed error box and the usage lines are left out. Plain flags as in
+    _Command."""
+
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_flags(super().get_params(ctx))
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: typer.Context | None = None, **extra: object
@@ -50,6 +77,44 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except _CLICK_ERROR as exc:
             _usage_error(exc)
+        except OSError as exc:
+            from flashcheck.core.fileio import is_full
+
+            if not is_full(exc):
+                raise
+            _disk_full(exc)
+
+
+EXIT_DISK_FULL = 3  # README: exit codes
+
+
+def _disk_full(exc: OSError) -> None:
+    """A full disk as one line on stderr (the folder, its free space, what is still needed) and exit code 3."""
+    import shutil
+
+    target = Path(exc.filename or ".").absolute()  # no file named: the working folder
+    folder = next((p for p in [target, *target.parents] if p.is_dir()), Path("/"))
+    writing = f" while writing {target.name!r}" if target != folder else ""
+    try:
+        free = _size(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    needed = getattr(exc, "needed", None)
+    need = f"free at least {_size(needed)} there" if needed else "free some space there"
+    typer.echo(
+        f"error: no space left in {str(folder)!r} ({free} free){writing}; {need} (or give "
+        "another --out folder) and run the same command again: everything written before is kept whole",
+        err=True,
+    )
+    raise typer.Exit(EXIT_DISK_FULL)
+
+
+def _size(n: int) -> str:
+    """Bytes in kB, MB or GB (powers of 1000) to three significant digits."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _usage_error(exc: Exception) -> None:
@@ -60,11 +125,12 @@ def _usage_error(exc: Exception) -> None:
     raise typer.Exit(getattr(exc, "exit_code", 2))
 
 
-app = typer.Typer(
+app = _Typer(
     cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Is Flash Attention stable? Measure attention numerics against an exact FP64 reference.",
 )
 
@@ -106,6 +172,7 @@ class Distribution(StrEnum):
     outliers = "outliers"
     sharp = "sharp"
     tied = "tied"
+    sink = "sink"
 
 
 class Fp8Scaling(StrEnum):
@@ -194,6 +261,15 @@ def _out_folder(out: str, flag: str = "--out") -> Path:
     if not os.access(lowest, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out!r} is not writable: no write permission in {str(lowest)!r}")
     return path
+
+
+def default_out(base: str, preset: str, config: str | None = None) -> str:
+    """A command's default folder: `base` for the quick preset, `base-PRESET` for another, `base-NAME` for a
+    custom sweep NAME.toml, so that running two of them one after the other needs no --out."""
+    name = Path(config).stem if config is not None else preset
+    if (name == "quick" and config is None) or not re.fullmatch(r"[\w.+-]+", name):  # an odd name errs later
+        return base
+    return f"{base}-{name}"
 
 
 def _names(text: str, flag: str) -> list[str]:

@@ -33,7 +33,6 @@ BACKEND_HELP = (
     "Real backends or simulators, comma-separated (see `flashcheck backends`); NAME:FMT runs NAME at FMT alone "
     "(e.g. onnxruntime:fp16 beside --numerics bf16)."
 )
-PRESET_HELP = "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8."
 BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
 DEVICE_HELP = (
     "cpu or cuda: where real backends run (default: cuda where available), or the simulators and the FP64 "
@@ -56,6 +55,10 @@ BACKWARD_HELP = "dQ, dK, dV errors vs FP64 too: candidate and standard baseline 
 DELTA_SOURCE_HELP = (
     "Which O the flash backward's delta = rowsum(dO*O) reads: forward (its rounded output, the default), "
     "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
+)
+PRESET_HELP = (
+    "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, "
+    "fa4-fp8, fa4-fp4, sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
 )
 DS_CORRECTION_HELP = "Remove the row sums of the rounded dS in the flash backward (arXiv 2609.34272); needs --backward."
 
@@ -255,7 +258,7 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
 
     shape, opts = fields
     _no_padded_gradients(shape["padding"], opts["backward"])
-    formats = _names(numerics or "bf16", "--numerics")
+    formats = _names(numerics or _preset_format(opts.get("preset")), "--numerics")
     pairs = [
         (name, [fmt] if fmt else formats) for name, _, fmt in (b.partition(":") for b in _names(backend, "--backend"))
     ]
@@ -278,6 +281,13 @@ def _packages_present(names: list[str]) -> None:
     for name in dict.fromkeys(names):
         if why := get_backend(name).missing_package():
             raise ValueError(f"--backend {name}: {why}")
+
+
+def _preset_format(preset: str | None) -> str:
+    """The format a backend case runs without --numerics: the preset's own (fa3-fp8: fp8-e4m3), else bf16."""
+    from flashcheck.kernels.presets import default_format
+
+    return default_format(preset)
 
 
 def _device(device: str | None, backend: str | None, preset: str | None) -> str:
@@ -322,20 +332,14 @@ def _print_backends(results: list[dict]) -> None:
     console = _console()
     console.print("errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
     table = Table()
-    for col in (
-        "backend",
-        "device",
-        "fmt",
-        "L",
-        "rel_l2",
-        "max_abs",
-        "baseline",
-        "ratio",
-        "budget",
-        "kernel ran",
-        "checks",
-    ):
+    labels = [escape(r["config"]["label"]) for r in results]
+    # a backend's name is never cut (sdpa-math and sdpa-math-lowp must stay apart); an op name folds onto
+    # more lines in a narrow terminal rather than losing its end (..._for_cpu)
+    table.add_column("backend", no_wrap=True, min_width=max(map(len, labels), default=7))
+    for col in ("device", "fmt", "L", "rel_l2", "max_abs", "baseline", "ratio", "budget"):
         table.add_column(col)
+    table.add_column("kernel ran", overflow="fold")
+    table.add_column("checks")
     skipped = []
     for r in results:
         c = r["config"]
@@ -344,7 +348,7 @@ def _print_backends(results: list[dict]) -> None:
             skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
             continue
         ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
-        ops = (ops[0].replace("aten::", "") if ops else "-")[:40]
+        ops = ops[0].replace("aten::", "") if ops else "-"
         grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
         det = r.get("determinism")
         if det:

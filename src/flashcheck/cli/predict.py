@@ -41,13 +41,18 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
     return st["f_score"], st["f_p"], "inputs drawn now (seed 0, 2 heads)"
 
 
+DEFAULT_BLOCK_K = 128  # Bc of flash and splitkv when --block-k is not given
 MAX_LEN = 2**24  # 16M tokens: beyond any context a kernel runs today
 MAX_HEAD_DIM = 1024  # kernels ship head dims up to 256
 
 
-def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: int | None) -> tuple[int, int]:
-    """(Lk, S) of checked sizes: positive, lengths at most MAX_LEN and head dim at most MAX_HEAD_DIM (the
-    model's range; predicting needs no memory), S at most the key blocks ceil(Lk / Bc) (default min(4, blocks))."""
+def _checked(
+    seq_len: int, seq_len_k: int, head_dim: int, block_k: int | None, splits: int | None
+) -> tuple[int, int, int]:
+    """(Lk, S, Bc) of checked sizes: positive, lengths at most MAX_LEN and head dim at most MAX_HEAD_DIM (the
+    model's range; predicting needs no memory), S at most the key blocks ceil(Lk / Bc) (default min(4, blocks)),
+    Bc DEFAULT_BLOCK_K when not given."""
+    block_k = DEFAULT_BLOCK_K if block_k is None else block_k
     sizes = (
         ("--seq-len", seq_len),
         ("--block-k", block_k),
@@ -65,7 +70,20 @@ def _checked(seq_len: int, seq_len_k: int, head_dim: int, block_k: int, splits: 
     for name, v, top in tops:
         if v > top:
             raise ValueError(f"{name} {v} is not allowed; the error model covers 1 to {top}")
-    return lk, min(4, blocks) if splits is None else splits
+    return lk, min(4, blocks) if splits is None else splits, block_k
+
+
+def _preset_setting(preset, numerics, kernel: str, shape: tuple, block_k: int):
+    """(numerics, block_k) for the model: the preset's policy at its format and its key block, or the given ones
+    (default numerics bf16-mixed for the simulators, bf16 for a backend)."""
+    if preset is None:
+        return numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16"), block_k
+    if kernel != "flash":
+        raise ValueError(f"--preset {preset} is a flash kernel preset; it takes --kernel flash (got {kernel!r})")
+    from flashcheck.kernels.presets import default_format, resolve
+
+    kw = resolve(preset, numerics or default_format(preset), *shape)
+    return kw["policy"], kw["block_k"]
 
 
 @app.command()
@@ -82,11 +100,14 @@ def predict(
         help="flash, standard, splitkv, or a CPU backend (sdpa-math, sdpa-math-lowp, sdpa-flash, eager) "
         "predicted through the setting its kernel is equivalent to; a backend takes a dtype as --numerics.",
     ),
-    block_k: int = typer.Option(128, help="Key block Bc (flash, splitkv)."),
+    block_k: int = typer.Option(None, help="Key block Bc (flash, splitkv; default 128)."),
     head_dim: int = typer.Option(64, help="Head dim D."),
     splits: int = typer.Option(None, help="Key chunks S of splitkv (default 4, or the key blocks when fewer)."),
     causal: bool = typer.Option(False, help="Bottom-right causal mask."),
     distribution: str = typer.Option("normal", help="Input distribution (its statistics)."),
+    preset: str = typer.Option(
+        None, help="A flash kernel preset (fa4-fp8, sage2, ...: see compare) at format --numerics (default: its own)."
+    ),
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -94,14 +115,16 @@ def predict(
     each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict)."""
     from flashcheck.measure import predict as model
 
-    numerics = numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16")
     try:
+        numerics, block_k = _preset_setting(
+            preset, numerics, kernel, (seq_len, seq_len_k or seq_len, head_dim, causal), block_k
+        )
         if splits is not None and kernel != "splitkv":
             raise ValueError(f"--splits {splits} is only for --kernel splitkv (got --kernel {kernel})")
-        lk, splits = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
+        lk, splits, bk = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
         fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
         setting = model.setting_for(
-            kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=block_k,
+            kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=bk,
             splits=splits, f_score=fs, f_p=fp,
         )  # fmt: skip
     except ValueError as exc:
@@ -109,26 +132,16 @@ def predict(
     value = model.predict(setting)
     shares = model.contributions(setting)
     data = {
-        "predicted_rel_l2": value,
-        "kernel": kernel,
-        "equivalent_kernel": setting.kernel,
-        "numerics": setting.policy.name,
-        "block_k": setting.block_k,
-        "block_k_asked": block_k,
-        "seq_len": seq_len,
-        "seq_len_k": lk,
-        "tiles_per_row": model.tiles(setting),
-        "f_score": fs,
-        "f_p": fp,
-        "statistics": source,
-        "contributions": shares,
-        "coefficients": model.COEFFS,
-        "training": model.TRAINING,
-    }
+        "predicted_rel_l2": value, "kernel": kernel, "equivalent_kernel": setting.kernel,
+        "numerics": setting.policy.name, "block_k": setting.block_k,
+        "block_k_asked": block_k,  # None: --block-k not given
+        "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
+        "statistics": source, "contributions": shares, "coefficients": model.COEFFS, "training": model.TRAINING,
+    }  # fmt: skip
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    _print_human(kernel, numerics, setting, data, head_dim)
+    _print_human(kernel, setting.policy.name if preset else numerics, setting, data, head_dim)
 
 
 def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int) -> None:
@@ -147,8 +160,10 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
         tiling = f"Bc={setting.block_k}, {data['tiles_per_row']} key tile(s) per row"
         if setting.kernel == "splitkv":
             tiling += f" in each of S={setting.splits} chunk(s)"
-        if setting.block_k != data["block_k_asked"]:
-            tiling += f" (the {kernel} kernel's own block; --block-k ignored)"
+        if data["block_k_asked"] not in (None, setting.block_k):
+            tiling += f" (the {kernel} kernel's own block; --block-k {data['block_k_asked']} ignored)"
+        elif setting.block_k != DEFAULT_BLOCK_K and setting.kernel != kernel:
+            tiling += f" (the {kernel} kernel's own block)"
     typer.echo(
         f"{kernel}:{numerics}, Lq={data['seq_len']}, Lk={data['seq_len_k']}, D={head_dim}, {tiling}; input "
         f"statistics from the {data['statistics']}: the error's sensitivity to score rounding f_score "

@@ -14,6 +14,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _out_folder,
     app,
+    default_out,
 )
 
 LISTED_FAILURES = 20
@@ -30,7 +31,11 @@ def study(
         "quick", help="quick | paper | fa3 | full | tiny | production | guide | guide-full | guide-tiny."
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
-    out: str = typer.Option("flashcheck-study", help="Folder for records, figures and the report."),
+    out: str = typer.Option(
+        None,
+        help="Folder for records, figures and the report (default: flashcheck-study for quick, "
+        "flashcheck-study-PRESET for another preset, flashcheck-study-NAME for --config NAME.toml).",
+    ),
     workers: int = typer.Option(None, help="Processes (default: the core count; at most 256)."),
     executor: Executor = typer.Option(Executor.local, help="local process pool or ray."),
     ray_address: str = typer.Option(None, help="Address of a running Ray cluster (default: start a local one)."),
@@ -46,6 +51,8 @@ def study(
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
 
+    out = default_out("flashcheck-study", preset, config) if out is None else out
+
     def run() -> tuple[dict, dict]:
         _out_folder(out)
         if ray_address is not None and not ray_address.strip():
@@ -60,10 +67,10 @@ def study(
         if config is None and is_guide(cfg):
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_study(cfg, out, workers=workers, quiet=quiet), build_guide_report(out)
+            return run_study(cfg, out, workers=workers, quiet=quiet), _room(build_guide_report, out)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
-        return stats, build_report(out)
+        return stats, _room(build_report, out)
 
     stats, summary = _guarded(run)
     if "settings" in summary:  # the guide's summary
@@ -83,10 +90,21 @@ def report(
     from flashcheck.study.report import build_report
 
     if is_guide_folder(folder):
-        _print_guide(_guarded(lambda: build_guide_report(folder)), None, folder)
+        _print_guide(_guarded(lambda: _room(build_guide_report, folder)), None, folder)
         return
-    summary = _guarded(lambda: build_report(folder))
+    summary = _guarded(lambda: _room(build_report, folder))
     _print_findings(summary, None, folder)
+
+
+def _room(build: Callable[[str], dict], folder: str) -> dict:
+    """build(folder), a report; a full disk says the room a report takes (runner.REPORT_BYTES)."""
+    from flashcheck.core.fileio import DiskFull, full_error
+    from flashcheck.study.runner import REPORT_BYTES
+
+    try:
+        return build(folder)
+    except DiskFull as exc:
+        raise full_error(exc, exc.path, REPORT_BYTES) from exc
 
 
 def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
@@ -166,6 +184,10 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             f"{stats['reference_computations']} FP64 references{guide}, {stats['seconds']:.1f} s"
         )
     if not quiet:
+        if summary.get("answer"):  # the report's first lines: the answer in plain sentences
+            console.print("[bold]Answer[/]")
+            for text in [summary["answer"]] if isinstance(summary["answer"], str) else summary["answer"]:
+                console.print(escape(text))
         if summary.get("conclusion") and summary.get("study") != "production":  # production: verdicts first
             console.print("[bold]Conclusion[/]")
             for c in summary["conclusion"]:

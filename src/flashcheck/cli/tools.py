@@ -82,10 +82,10 @@ def backends(
 def explain(
     numerics: str = typer.Option(
         None,
-        help="The policy to explain (default bf16-mixed); with --preset its format (default bf16; fa3-fp8: fp8-e4m3).",
+        help="The policy to explain (default bf16-mixed); with --preset its format (default: the preset's own).",
     ),
     preset: str = typer.Option(
-        None, help="Explain a kernel preset (torch-cpu-flash, fa2-gpu, fa3-fp8) at format --numerics."
+        None, help="Explain a kernel preset (fa2-gpu, fa3-fp8, fa4-fp8, sage2, ...: see compare) at format --numerics."
     ),
     kernel: Kernel = typer.Option(Kernel.flash, help="The kernel whose stages are switched."),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm (without --preset)."),
@@ -150,9 +150,11 @@ def _explain_kernel(
 ) -> tuple:
     """(policy, {block_q, block_k, algorithm, exp2}): the kernel preset at format `numerics` for the shape
     (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm. Without
-    numerics: bf16-mixed, or for a preset (which takes a format) bf16, fp8-e4m3 for fa3-fp8."""
+    numerics: bf16-mixed, or for a preset (which takes a format) its own (kernels.presets.default_format)."""
     if numerics is None:
-        numerics = {None: "bf16-mixed", "fa3-fp8": "fp8-e4m3"}.get(preset, "bf16")
+        from flashcheck.kernels.presets import default_format
+
+        numerics = default_format(preset, "bf16-mixed")
     if not preset:
         from flashcheck.core.numerics import parse_policy
 

@@ -15,6 +15,7 @@ from flashcheck.cli.app import (
     _int_range,
     _out_folder,
     app,
+    default_out,
 )
 
 MAX_WORKERS = 256  # runs trained at once; a study has 5
@@ -45,6 +46,10 @@ class _Progress:
             self.advance(done - self.done, note)
             self.done = done
 
+    def close(self) -> None:
+        """End this progress (its last line or bar) before another one starts; idempotent."""
+        self.stack.close()
+
     def __enter__(self) -> _Progress:
         return self
 
@@ -60,7 +65,11 @@ def _fail_check(message: str) -> None:
 @app.command("train-study")
 def train_study(
     preset: str = typer.Option("quick", help="quick | paper | full | tiny (smoke test, no verdicts) | tied-max."),
-    out: str = typer.Option("flashcheck-train-study", help="Folder for runs, figures and the report."),
+    out: str = typer.Option(
+        None,
+        help="Folder for runs, figures and the report (default: flashcheck-train-study for quick, "
+        "flashcheck-train-study-PRESET for another preset).",
+    ),
     workers: int = typer.Option(None, help="Runs trained in parallel (default: the core count)."),
     steps: int = typer.Option(None, help="Training steps instead of the preset's (saves about 8 times)."),
     save_every: int = typer.Option(None, help="Save the weights every N steps instead of the preset's."),
@@ -73,6 +82,7 @@ def train_study(
     weights. A run killed at any point resumes where it stopped when the command is run again."""
     from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
 
+    out = default_out("flashcheck-train-study", preset) if out is None else out
     try:
         for flag, value in (("--preset", preset), ("--out", out), ("--policy", policy)):
             if value is not None and not value.strip():
@@ -85,17 +95,27 @@ def train_study(
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)
         else:
-            from flashcheck.training.experiments import run_train_study, train_preset
-
-            study = train_preset(preset, **{k: v for k, v in overrides.items() if v is not None})
-            with _Progress("train-study", quiet) as on_progress:
-                summary = run_train_study(study, out, workers=workers, on_progress=on_progress)
+            summary = _train_preset(preset, out, workers, quiet, overrides)
     except ValueError as exc:
         _fail_usage(str(exc).replace("save_every=", "--save-every ").replace("lr=", "--lr "))
     except (StudyInterrupted, NonFiniteWeights) as exc:
         _fail_check(str(exc))
     if not quiet:
         _print_train_study(summary, out)
+
+
+def _train_preset(preset: str, out: str, workers: int | None, quiet: bool, overrides: dict) -> dict:
+    """Train the preset's runs, then analyse them, each with its own progress (training's ends first)."""
+    from flashcheck.training.experiments import run_train_study, train_preset
+
+    study = train_preset(preset, **{k: v for k, v in overrides.items() if v is not None})
+    with _Progress("train-study", quiet) as on_progress, _Progress("analysis", quiet) as analysis:
+
+        def on_analysis(done: int, total: int, note: str = "") -> None:
+            on_progress.close()  # training is over: its bar ends before the analysis's starts
+            analysis(done, total, note)
+
+        return run_train_study(study, out, workers=workers, on_progress=on_progress, on_analysis=on_analysis)
 
 
 def _check_counts(steps: int | None, save_every: int | None, seeds: int | None) -> None:

@@ -3,15 +3,46 @@
 A file is written to a temporary name in the same folder, flushed to disk and renamed over the target,
 so a reader never sees half a file. The temporary file is created with mode 0o666 less the umask (the
 mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600.
+A full disk (ENOSPC, EDQUOT; or any error of a writer such as torch.save while under LOW_ROOM bytes are
+free) raises DiskFull naming the file, with nothing half-written left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(OSError):
+    """No space left (ENOSPC, or the quota: EDQUOT) while writing `path`; the writer left no partial file or
+    line behind. `needed`: bytes still to write when the writer knows them (None otherwise)."""
+
+    def __init__(self, path: str | Path, needed: int | None = None, code: int = errno.ENOSPC) -> None:
+        super().__init__(code, os.strerror(code), str(path))
+        self.path, self.needed = Path(path), needed
+
+    def __reduce__(self) -> tuple:  # from a pool worker to its parent intact
+        return DiskFull, (str(self.path), self.needed, self.errno)
+
+
+def is_full(exc: BaseException) -> bool:
+    """True for an OSError that means the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
+
+
+def full_error(exc: OSError, path: str | Path, needed: int | None = None) -> OSError:
+    """`exc` as a DiskFull naming `path` when it means a full disk (a DiskFull already raised keeps its
+    path and takes the larger `needed`), else `exc` unchanged: for `raise full_error(exc, path) from exc`."""
+    if isinstance(exc, DiskFull):
+        known = [n for n in (exc.needed, needed) if n is not None]
+        return DiskFull(exc.path, max(known) if known else None, exc.errno)
+    return DiskFull(path, needed, exc.errno) if is_full(exc) else exc
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
@@ -25,8 +56,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if is_full(exc):
+            raise full_error(exc, path, len(payload)) from exc
         raise
 
 
@@ -42,9 +75,24 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        full = is_full(exc) or (isinstance(exc, Exception) and _no_room(path.parent))
         tmp.unlink(missing_ok=True)
+        if full:
+            raise DiskFull(path, None, exc.errno if is_full(exc) else errno.ENOSPC) from exc
         raise
+
+
+LOW_ROOM = 1 << 20  # bytes: a writer that fails with less free space than this has run out of it
+
+
+def _no_room(folder: Path) -> bool:
+    """Whether `folder`'s disk is (nearly) full: writers such as torch.save report ENOSPC as a RuntimeError."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_ROOM
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -55,4 +103,6 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:
             continue
+        except OSError as exc:  # no inode left, or the quota
+            raise full_error(exc, path) from exc
     raise FileExistsError(f"no free temporary name next to {path}")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-DISTRIBUTIONS = ("normal", "uniform", "outliers", "sharp", "tied")
+DISTRIBUTIONS = ("normal", "uniform", "outliers", "sharp", "tied", "sink")
+SINK_DELTA = 8.0  # the "sink" distribution's sink score (arXiv 2606.06521's moderate sink strength)
 CAPTURED = "captured"  # "captured:MODEL": Q, K, V recorded from a real model (core.captured)
 PADDING_SIDES = ("none", "left", "right")
 
@@ -165,4 +166,17 @@ def _tied(spec, g, sq, sk):
     return q, k, v
 
 
-_DRAW = {"normal": _normal, "uniform": _uniform, "outliers": _outliers, "sharp": _sharp, "tied": _tied}
+def _sink(spec, g, sq, sk):
+    """An attention sink (arXiv 2606.06521's synthetic setting): Q, K, V ~ N(0, 1) except Q's first coordinate,
+    sqrt(D) in every row, and K's: 0 for every key but key 0 (the sink), whose K is SINK_DELTA e_0. With the
+    scale 1/sqrt(D), every row scores the sink SINK_DELTA exactly and the other keys ~ N(0, (D - 1) / D)."""
+    q, k, v = _randn(sq, g), _randn(sk, g), _randn(sk, g)
+    d = sq[-1]
+    q[..., 0] = d**0.5
+    k[..., 0] = 0.0
+    k[..., 0, :] = 0.0
+    k[..., 0, 0] = SINK_DELTA
+    return q, k, v
+
+
+_DRAW = {"normal": _normal, "uniform": _uniform, "outliers": _outliers, "sharp": _sharp, "tied": _tied, "sink": _sink}

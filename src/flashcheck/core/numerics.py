@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -19,12 +20,19 @@ class Format(StrEnum):
     FP16 = "fp16"
     FP8_E4M3 = "fp8-e4m3"
     FP8_E5M2 = "fp8-e5m2"
+    FP6_E2M3 = "fp6-e2m3"
+    FP6_E3M2 = "fp6-e3m2"
+    FP4_E2M1 = "fp4-e2m1"
+    INT8 = "int8"
+    INT4 = "int4"
 
 
 @dataclass(frozen=True, slots=True)
 class FormatInfo:
     """Properties of a format. `precision` counts the implicit bit; `min_exp` is frexp's exponent of
-    the smallest normal number (so it equals 2**(min_exp - 1))."""
+    the smallest normal number (so it equals 2**(min_exp - 1)). `dtype` is the torch dtype that holds
+    every value exactly: the format's own, or for the EMULATED formats (no torch dtype: fp6, fp4, the
+    integers) a wider carrier they are never cast through."""
 
     dtype: torch.dtype
     precision: int
@@ -40,9 +48,22 @@ _INFO: dict[Format, FormatInfo] = {
     Format.FP16: FormatInfo(torch.float16, 11, -13, 65504.0, 16),
     Format.FP8_E4M3: FormatInfo(torch.float8_e4m3fn, 4, -5, 448.0, 8),
     Format.FP8_E5M2: FormatInfo(torch.float8_e5m2, 3, -13, 57344.0, 8),
+    # OCP MX v1.0 section 5.3: FP6 E2M3 (bias 1, max 7.5), FP6 E3M2 (bias 3, max 28), FP4 E2M1 (bias 1,
+    # max 6); no inf or NaN, so conversions saturate. Every value is exact in e4m3, their carrier.
+    Format.FP6_E2M3: FormatInfo(torch.float8_e4m3fn, 4, 1, 7.5, 6),
+    Format.FP6_E3M2: FormatInfo(torch.float8_e4m3fn, 3, -1, 28.0, 6),
+    Format.FP4_E2M1: FormatInfo(torch.float8_e4m3fn, 2, 1, 6.0, 4),
+    # symmetric integers (SageAttention's INT8 / INT4: +-127, +-7), spacing 1; exact in fp16
+    Format.INT8: FormatInfo(torch.float16, 7, 1, 127.0, 8),
+    Format.INT4: FormatInfo(torch.float16, 3, 1, 7.0, 4),
 }
 
 FP8_FORMATS = frozenset({Format.FP8_E4M3, Format.FP8_E5M2})
+MX_ELEMENT_FORMATS = frozenset({Format.FP6_E2M3, Format.FP6_E3M2, Format.FP4_E2M1})
+INT_FORMATS = frozenset({Format.INT8, Format.INT4})
+EMULATED = MX_ELEMENT_FORMATS | INT_FORMATS  # no torch dtype: rounded by scaling to integers
+SATURATING = FP8_FORMATS | EMULATED  # conversions clamp at +-max instead of overflowing to inf
+NARROW_FORMATS = FP8_FORMATS | EMULATED  # formats a tensor is scaled into before rounding (fp8 and below)
 
 
 def parse_format(name: str | Format) -> Format:
@@ -59,6 +80,9 @@ def parse_format(name: str | Format) -> Format:
         "half": "fp16",
         "e4m3": "fp8-e4m3",
         "e5m2": "fp8-e5m2",
+        "e2m1": "fp4-e2m1",
+        "e2m3": "fp6-e2m3",
+        "e3m2": "fp6-e3m2",
     }
     key = aliases.get(str(name).lower(), str(name).lower())
     try:
@@ -74,7 +98,7 @@ def info(fmt: Format | str) -> FormatInfo:
 
 def format_of_dtype(dtype: torch.dtype) -> Format:
     for fmt, fi in _INFO.items():
-        if fi.dtype == dtype:
+        if fi.dtype == dtype and fmt not in EMULATED:
             return fmt
     raise ValueError(f"dtype {dtype} has no flashcheck format; expected one of {[f.value for f in Format]}")
 
@@ -89,8 +113,11 @@ def spacing(x: torch.Tensor, fmt: Format | str) -> torch.Tensor:
     """The gap between adjacent values of `fmt` at the magnitude of each element of x (its ULP).
 
     Subnormal range included; returned in float64, same shape as x."""
-    fi = info(fmt)
+    fmt = parse_format(fmt)
+    fi = _INFO[fmt]
     x64 = x.detach().to(torch.float64)
+    if fmt in INT_FORMATS:
+        return torch.ones_like(x64)
     _, exp = torch.frexp(x64)
     exp = torch.clamp(exp, min=fi.min_exp)
     return torch.ldexp(torch.ones_like(x64), (exp - fi.precision).to(torch.float64))
@@ -105,14 +132,15 @@ def round_to(
 ) -> torch.Tensor:
     """Round x to the nearest value of `fmt` (ties to even), returned in x's dtype.
 
-    fp8 saturates at +-max (as FA3's conversions do); other formats overflow to inf. With
+    fp8, fp6, fp4 and the integers saturate at +-max (as FA3's conversions and OCP MX's do); other
+    formats overflow to inf. With
     `stochastic`, round up with probability equal to the distance from the value below (unbiased).
     Under autograd the gradient is rounded to the same format (as a cast's backward does), except
-    for fp8, whose gradient passes straight through."""
+    for the SATURATING formats, whose gradient passes straight through."""
     fmt = parse_format(fmt)
     if stochastic:
         return _round_stochastic(x, fmt, generator)
-    if _INFO[fmt].dtype == x.dtype:
+    if _INFO[fmt].dtype == x.dtype and fmt not in EMULATED:
         return x
     if fmt == Format.FP64 or (fmt == Format.FP32 and x.dtype in (torch.float16, torch.bfloat16)):
         raise ValueError(f"cannot round a {x.dtype} tensor to the wider format {fmt.value}")
@@ -123,8 +151,10 @@ def round_to(
 
 def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     fi = _INFO[fmt]
-    if fmt in FP8_FORMATS:
+    if fmt in SATURATING:
         x = torch.clamp(x, -fi.max, fi.max)
+    if fmt in EMULATED:
+        return _round_exact(x, fmt)
     if x.dtype == torch.float64 and fi.precision < 24:
         # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
         # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
@@ -133,9 +163,9 @@ def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
 
 
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """Round-to-nearest-even of float64 x to fmt by scaling to integers: exact for precision <= 53."""
+    """Round-to-nearest-even of x to fmt by scaling to integers: exact for precision <= x's precision."""
     fi = _INFO[fmt]
-    ulp = spacing(x, fmt)
+    ulp = spacing(x, fmt).to(x.dtype)
     out = torch.round(x / ulp) * ulp  # torch.round rounds half to even
     out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
     return torch.where(torch.isfinite(x), out, x)
@@ -149,7 +179,7 @@ class _Round(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.fmt in FP8_FORMATS:
+        if ctx.fmt in SATURATING:
             return grad, None
         return _round_value(grad, ctx.fmt), None
 
@@ -158,7 +188,7 @@ def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator |
     """Round up with probability (x - low) / ulp; value of the rounding, gradient straight through."""
     fi = _INFO[fmt]
     x64 = x.detach().to(torch.float64)
-    if fmt in FP8_FORMATS:
+    if fmt in SATURATING:
         x64 = torch.clamp(x64, -fi.max, fi.max)
     ulp = spacing(x64, fmt)
     low = torch.floor(x64 / ulp) * ulp
@@ -166,7 +196,7 @@ def _round_stochastic(x: torch.Tensor, fmt: Format, generator: torch.Generator |
     u = torch.rand(x64.shape, generator=generator, dtype=torch.float64, device=x64.device)
     out = torch.where(u < frac, low + ulp, low)
     out = torch.where(torch.isfinite(x64), out, x64)
-    if fmt not in FP8_FORMATS:
+    if fmt not in SATURATING:
         out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
     return x + (out.to(x.dtype) - x).detach()
 
@@ -229,12 +259,38 @@ class Policy:
     delta_source: str = "forward"
     delta_seed: int = 0
     ds_correction: bool = False
+    # Stage knobs of FP8/FP4 and quantized kernels (FA4, SageAttention; ALGORITHMS.md, "Stage knobs"). Each
+    # is inert at its default, and inert while the stage it belongs to is FP64 (so explain's "raised" runs
+    # remove it with its stage): qk_scaling, smooth_q, smooth_k, v_format, v_scaling, v_scale_max (input);
+    # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
+    # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
+    # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
+    # the flash kernel's key_order; arXiv 2606.06521).
+    qk_scaling: str = ""
+    smooth_q: bool = False
+    smooth_k: bool = False
+    v_format: Format | None = None
+    v_scaling: str = ""
+    v_scale_max: float = 0.0
+    p_scale: float = 1.0
+    p_scaling: str = ""
+    acc_bits: int = 0
+    acc_promote: int = 0
+    acc_nearest: bool = False
+    qk_acc_bits: int = 0
+    exp2_emu: int = 0
+    exp2_emu_res: int = 4
+    exp2_emu_start: int = 1
+    rescale_threshold: float = 0.0
+    approx_recip: bool = False
+    kv_order: str = ""
 
     def __post_init__(self) -> None:
-        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES):
+        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, parse_format(value))
+        _check_knobs(self)
         if self.matmul not in (Format.FP32, Format.FP64):
             raise ValueError(f"matmul precision {self.matmul.value!r} not supported; expected fp32 or fp64")
         if self.fp8_scaling not in ("tensor", "block"):
@@ -270,7 +326,12 @@ class Policy:
             "delta_source": self.delta_source,
             "delta_seed": self.delta_seed,
             "ds_correction": self.ds_correction,
+            **{k: (v.value if isinstance(v, Format) else v) for k, v in self.knobs().items()},
         }
+
+    def knobs(self) -> dict[str, object]:
+        """The stage knobs (STAGE_KNOBS) that differ from their defaults (empty for every policy without them)."""
+        return {k: getattr(self, k) for k, default in STAGE_KNOBS.items() if getattr(self, k) != default}
 
     @property
     def work_dtype(self) -> torch.dtype:
@@ -290,6 +351,56 @@ class Policy:
         if "name" not in changes:
             base["name"] = "custom"
         return Policy(**base)
+
+
+STAGE_KNOBS: dict[str, object] = {
+    "qk_scaling": "",
+    "smooth_q": False,
+    "smooth_k": False,
+    "v_format": None,
+    "v_scaling": "",
+    "v_scale_max": 0.0,
+    "p_scale": 1.0,
+    "p_scaling": "",
+    "acc_bits": 0,
+    "acc_promote": 0,
+    "acc_nearest": False,
+    "qk_acc_bits": 0,
+    "exp2_emu": 0,
+    "exp2_emu_res": 4,
+    "exp2_emu_start": 1,
+    "rescale_threshold": 0.0,
+    "approx_recip": False,
+    "kv_order": "",
+}
+QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
+V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
+P_SCALINGS = ("", "nvfp4")
+
+
+def _check_knobs(pol: Policy) -> None:
+    orders = ("", "forward", "reverse")
+    for name, allowed in (
+        ("qk_scaling", QK_SCALINGS),
+        ("v_scaling", V_SCALINGS),
+        ("p_scaling", P_SCALINGS),
+        ("kv_order", orders),
+    ):
+        if getattr(pol, name) not in allowed:
+            shown = ", ".join(a or "''" for a in allowed)
+            raise ValueError(f"unknown {name} {getattr(pol, name)!r}; expected one of {shown}")
+    for name in ("acc_bits", "acc_promote", "qk_acc_bits", "exp2_emu", "exp2_emu_res", "exp2_emu_start"):
+        value = getattr(pol, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    if max(pol.acc_bits, pol.qk_acc_bits) > 23:
+        raise ValueError(f"acc_bits={pol.acc_bits}, qk_acc_bits={pol.qk_acc_bits} must be at most 23 (float32's)")
+    for name in ("p_scale", "rescale_threshold", "v_scale_max"):
+        value = getattr(pol, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
+    if pol.p_scale <= 0 or pol.rescale_threshold < 0 or pol.v_scale_max < 0:
+        raise ValueError(f"p_scale={pol.p_scale!r} must be > 0 and rescale_threshold={pol.rescale_threshold!r} >= 0")
 
 
 def _is_default_grad(policy: Policy, field: str) -> bool:
@@ -367,7 +478,8 @@ def policy_names() -> list[str]:
 
 
 def parse_policy(spec: str | Policy) -> Policy:
-    """A policy from its name (`FMT`, `FMT-mixed`, a named policy) or from keywords.
+    """A policy from its name (`FMT`, `FMT-mixed`, a named policy, a modern kernel preset `NAME[@FMT]` such
+    as sage2@fp16 or fa4-fp8: kernels.presets_modern) or from keywords.
 
     Keyword form: `bf16-mixed,p=fp32` (a base name then overrides) or `input=bf16,score=fp32,...`
     (unnamed stages default to fp64). Keys: the stage names (merge too), matmul, fp8_scaling, hadamard,
@@ -383,7 +495,7 @@ def parse_policy(spec: str | Policy) -> Policy:
     if not parts:
         return base
     changes: dict[str, object] = {}
-    allowed = (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "fp8_scaling", "hadamard", *_KNOBS)
+    allowed = (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "fp8_scaling", "hadamard", *_KNOBS, *STAGE_KNOBS)
     for part in parts:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
@@ -391,12 +503,22 @@ def parse_policy(spec: str | Policy) -> Policy:
             raise ValueError(
                 f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in {', '.join(allowed)}"
             )
-        if key in ("hadamard", "ds_correction"):
+        if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source"):
+        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order"):
             changes[key] = value.strip()
-        elif key == "delta_seed":
+        elif key in (
+            "delta_seed",
+            "acc_bits",
+            "acc_promote",
+            "qk_acc_bits",
+            "exp2_emu",
+            "exp2_emu_res",
+            "exp2_emu_start",
+        ):
             changes[key] = _int_term(part, value)
+        elif key in ("p_scale", "rescale_threshold", "v_scale_max"):
+            changes[key] = _float_term(part, value)
         else:
             changes[key] = parse_format(value.strip())
     policy = base.replace(**changes)
@@ -413,10 +535,26 @@ def _int_term(part: str, value: str) -> int:
         raise ValueError(f"bad policy term {part!r}: expected an integer") from None
 
 
+def _float_term(part: str, value: str) -> float:
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise ValueError(f"bad policy term {part!r}: expected a number") from None
+
+
+# Lookups a higher floor registers (kernels.presets_modern: "NAME[@FMT]" -> Policy or None), so that policy names
+# the kernels define parse here without core importing kernels.
+POLICY_LOOKUPS: list[Callable[[str], Policy | None]] = []
+
+
 def _named_policy(name: str) -> Policy:
     key = name.strip().lower()
     if key in NAMED_POLICIES:
         return NAMED_POLICIES[key]
+    for lookup in POLICY_LOOKUPS:  # the kernel presets of 2026 (FA4, Sage), registered by kernels.presets_modern
+        found = lookup(key)
+        if found is not None:
+            return found
     mixed = key.endswith("-mixed")
     fmt_name = key[: -len("-mixed")] if mixed else key
     try:

@@ -3,7 +3,7 @@ in higher precision, output-norm and latency alarms, logging and Prometheus, tra
 
     guard = Guard("sdpa-flash", "sdpa-math", shadow=ShadowConfig(every=100))
     out = guard(q, k, v, causal=True, site="layer3")     # [B, H, L, D]
-    register_transformers(guard)                         # attn_implementation="flashcheck"
+    register_transformers(guard)                         # attn_implementation="fcguard"
 """
 
 from flashcheck.guard.config import BreakerConfig, MonitorConfig, ShadowConfig

@@ -27,7 +27,8 @@ def format_stats(s: GuardStats) -> str:
         f"guard {s.preferred} -> {s.fallback}: {s.calls} calls, {s.served_fallback} served by the fallback "
         f"({fb}); breaker {s.breaker} (opened {s.breaker_opened}x); non-finite outputs {s.nonfinite_outputs} "
         f"(served {s.nonfinite_served}); shadow {s.shadow.checks} checks, {s.shadow.failed} over budget, "
-        f"worst rel L2 {s.shadow.worst_rel_l2:.2e}; alarms: {al}; latency p50 {_ms(p[50])} p99 {_ms(p[99])}",
+        f"worst rel L2 {s.shadow.worst_rel_l2:.2e}; alarms: {al}; "
+        f"latency p50 {_ms(p[50], ' ms')} p99 {_ms(p[99], ' ms')}",
     ]
     if s.environment:
         lines.append("environment differs from the pin: " + "; ".join(s.environment))
@@ -49,8 +50,9 @@ def log_stats(s: GuardStats, level: int = logging.INFO, logger: logging.Logger =
         logger.log(level, "%s", line)
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{1e3 * seconds:.3f}"
+def _ms(seconds: float, unit: str = "") -> str:
+    """Milliseconds with 3 decimals (and `unit`), or "-" when nothing was timed."""
+    return "-" if math.isnan(seconds) else f"{1e3 * seconds:.3f}{unit}"
 
 
 def _num(x: float, spec: str) -> str:

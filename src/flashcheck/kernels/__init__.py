@@ -2,6 +2,7 @@
 
 from flashcheck.kernels.decode import split_kv_attention
 from flashcheck.kernels.flash import FlashConfig, flash_attention
+from flashcheck.kernels.presets_modern import MODERN_PRESETS as _MODERN  # noqa: F401  (registers their policy names)
 from flashcheck.kernels.reference import reference_attention
 from flashcheck.kernels.standard import standard_attention
 

@@ -11,16 +11,19 @@ current key block.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import Policy, parse_policy
+from flashcheck.core.numerics import Format, Policy, parse_policy
+from flashcheck.kernels.fastmath import emulated_columns, exp2_fa4, mm_accumulate, rcp_approx
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
+from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
@@ -34,7 +37,9 @@ TILE_BYTES = 2 * 2**20  # one forward step's score block [B, H, rows, Bc]: cache
 class FlashConfig:
     """Everything but the tensors. `key_order`: forward, reverse, shuffle (seeded by order_seed) or an
     explicit permutation of key-block indices. `exp2`: scores in log2 units with log2(e) folded into
-    the scale, as FA2 kernels compute them."""
+    the scale, as FA2 kernels compute them. `p_probe(p, p_cast)`: called with each forward step's P before and
+    after its cast (see _knob_step); from the query tiles' threads, so it must be thread-safe. `sink`: sink
+    logits [H] (forward only), added to l at the end as FA4's finalize does."""
 
     policy: Policy
     block_q: int = 128
@@ -48,10 +53,16 @@ class FlashConfig:
     exp2: bool = False
     hadamard_seed: int = 0
     tie_beta: float | None = None
+    p_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+    sink: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tie_beta is not None and (self.algorithm != "fa2" or not self.tie_beta > 1):
             raise ValueError(f"tie_beta={self.tie_beta!r} needs algorithm fa2 and a value > 1")
+        if (step_knobs(self.policy) or self.p_probe is not None) and (self.algorithm != "fa2" or self.tie_beta):
+            raise ValueError(
+                f"the stage knobs {sorted(self.policy.knobs())} and p_probe need algorithm fa2 without tie_beta"
+            )
         for name in ("block_q", "block_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -125,8 +136,15 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1]))
     for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol, fold), strict=True):
         o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
+    if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
+        sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
+        m = torch.where(torch.isneginf(m), sk, m)
+        exp = torch.exp2 if cfg.exp2 else torch.exp
+        l = rnd(l + exp(sk - m), pol, "stats")
     dead = l == 0
-    if cfg.algorithm == "fa2":
+    if cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
+        o = rnd(o * rcp_approx(torch.where(dead, torch.ones_like(l), l)), pol, "accum")
+    elif cfg.algorithm == "fa2":
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
@@ -193,6 +211,8 @@ def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashC
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
+    if step_knobs(pol) or cfg.p_probe is not None:
+        step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
     for t in steps:
@@ -224,7 +244,11 @@ def _tile_scores(q_r, k, rows: tuple[int, int, int, int], t: _Tiles, cfg: FlashC
     Lk): [B, H, r1 - r0, c1 - c0], formed in the flat buffer `buf`. sc = 1 skips the multiply."""
     r0, r1, lq, lk = rows
     out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
-    prod = mm_rows(q_r, k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
+    if pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
+        k_t = k[..., t.c0 : t.c1, :].transpose(-1, -2)
+        prod = out.copy_(mm_accumulate(q_r, k_t, pol.qk_acc_bits))
+    else:
+        prod = mm_rows(q_r, k[..., t.c0 : t.c1, :].transpose(-1, -2), pol, lq - t.r0, out=out)
     s = rnd_(prod if sc == 1.0 else prod.mul_(sc), pol, "score")
     bias = tile_bias((r0, r1), (t.c0, t.c1), lq, lk, causal=cfg.causal, mask=cfg.mask, dtype=s.dtype)
     if bias is not None:
@@ -250,6 +274,55 @@ def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, tie_beta: f
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
     pv = rnd_(mm_rows(rnd_(p, pol, "p", bufs[0]), v_j, pol, untiled, out=bufs[1]), pol, "accum")
     rnd_(rnd_(o.mul_(alpha), pol, "accum").add_(pv), pol, "accum")
+    return m_new, l
+
+
+def step_knobs(pol: Policy) -> bool:
+    """True when the policy sets a knob of the forward step (P scaling, accumulator, exp2, rescale threshold)."""
+    return bool(pol.p_scale != 1.0 or pol.p_scaling or pol.acc_bits or pol.exp2_emu or pol.rescale_threshold)
+
+
+def _knob_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, *, log2: bool, block_k: int, probe=None):
+    """_fa2_step with the stage knobs of FA4 and the quantized kernels (see Policy): conditional rescaling
+    (the max moves only when it grows by more than rescale_threshold, in log2 units; P then reaches up to
+    2^threshold), FA4's emulated exp2 on its columns, P scaled / quantised before P·V (kernels.quantized),
+    and the P·V MMA's narrow accumulator, one-level (into O) or promoted every acc_promote keys. Without knobs
+    it computes what _fa2_step does; `probe(p, p_cast)` (FlashConfig.p_probe) sees each step's P before and
+    after its cast (the cast in p_scale units), e.g. to count P values that underflow."""
+    mt = s.amax(dim=-1, keepdim=True)
+    m_new = rnd(torch.maximum(m, mt), pol, "stats")
+    if pol.rescale_threshold > 0:
+        thr = pol.rescale_threshold if log2 else pol.rescale_threshold * math.log(2.0)
+        m_new = torch.where(torch.isfinite(m) & (m_new - m <= thr), m, m_new)
+    ms = safe_max(m_new)
+    alpha = rnd(exp(m - ms), pol, "stats")
+    x = s.sub_(ms)
+    low_p = pol.p != Format.FP64
+    if pol.exp2_emu and low_p:
+        # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
+        cols = emulated_columns(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
+        cols = cols[: x.shape[-1]]
+        p = exp2_fa4(x if log2 else x * LOG2E, cols)  # natural-log scores: one more rounding than FA4's FMA
+    else:
+        p = exp(x, out=s)
+    l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
+    pc, sc = (quantize_p(p, pol), pol.p_scale) if low_p else (p, 1.0)
+    if probe is not None:
+        probe(p, pc)
+    rnd_(o.mul_(alpha), pol, "accum")
+    if pol.acc_bits and pol.accum != Format.FP64:
+        if pol.acc_promote:
+            pv = mm_accumulate(pc, v_j, pol.acc_bits, promote=pol.acc_promote, nearest=pol.acc_nearest)
+            o.add_(pv.div_(sc) if sc != 1.0 else pv)
+        else:
+            init = o * sc if sc != 1.0 else o
+            o.copy_(mm_accumulate(pc, v_j, pol.acc_bits, init=init, nearest=pol.acc_nearest))
+            if sc != 1.0:
+                o.div_(sc)
+        rnd_(o, pol, "accum")
+        return m_new, l
+    pv = mm_rows(pc, v_j, pol, untiled)
+    rnd_(o.add_(rnd_(pv.div_(sc) if sc != 1.0 else pv, pol, "accum")), pol, "accum")
     return m_new, l
 
 
@@ -359,6 +432,8 @@ def flash_attention(
     exp2: bool = False,
     hadamard_seed: int = 0,
     tie_beta: float | None = None,
+    p_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    sink: float | torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Tiled online-softmax attention under `policy`, differentiable through the FA2 backward.
@@ -372,20 +447,20 @@ def flash_attention(
     pol = parse_policy(policy)
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
+    order = pol.kv_order or order  # the policy's KV iteration order, when it names one
     cfg = FlashConfig(
-        policy=pol,
-        block_q=block_q,
-        block_k=block_k,
-        algorithm=algorithm,
-        causal=causal,
-        mask=mask,
-        scale=scale,
-        key_order=order,
-        order_seed=order_seed,
-        exp2=exp2,
-        hadamard_seed=hadamard_seed,
-        tie_beta=tie_beta,
-    )
+        policy=pol, block_q=block_q, block_k=block_k, algorithm=algorithm, causal=causal, mask=mask, scale=scale,
+        key_order=order, order_seed=order_seed, exp2=exp2, hadamard_seed=hadamard_seed, tie_beta=tie_beta,
+        p_probe=p_probe, sink=None if sink is None else sink_logits(sink, q.shape[1], q.device),
+    )  # fmt: skip
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if sink is not None and (cfg.algorithm != "fa2" or grads):
+        raise ValueError("sink logits run in the fa2 forward only (no autograd)")
+    if grads and uses_quantized_inputs(pol):  # the backward would round dO to int8 / fp4 without scales
+        raise ValueError(
+            f"policy {pol.name!r} quantizes its inputs (SageAttention / FP4 presets): forward only, no autograd; "
+            "the forward stage knobs of FA4 (exp2_emu, rescale_threshold, p_scale) run with the FA2 backward"
+        )
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
+from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
 
 def hadamard_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -48,7 +49,8 @@ def round_inputs(
     """Q, K, V as the kernel holds them (policy.input, in the working dtype), and the rotation used.
 
     FP8 inputs are scaled per tensor, or per block of block_q (Q) / block_k (K, V) rows when
-    policy.fp8_scaling == "block". With policy.hadamard, Q and K are rotated by M first (see
+    policy.fp8_scaling == "block"; quantized-attention policies (fp6/fp4/int inputs, or the input knobs
+    qk_scaling, v_format, ...) take kernels.quantized's path. With policy.hadamard, Q and K are rotated by M first (see
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T."""
     work = policy.work_dtype
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
@@ -57,6 +59,9 @@ def round_inputs(
         rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
         q, k = q @ rot, k @ rot
     fmt = policy.input
+    if uses_quantized_inputs(policy):
+        qq, kq, vq = quantize_inputs(q, k, v, policy, block_q=block_q or 128, block_k=block_k or 64)
+        return qq.to(work), kq.to(work), vq.to(work), rot
     if fmt not in FP8_FORMATS:
         return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt), rot
     if policy.fp8_scaling == "block":

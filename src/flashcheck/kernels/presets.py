@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from flashcheck.core.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
+from flashcheck.kernels.preset_type import KernelPreset
+from flashcheck.kernels.presets_modern import MODERN_PRESETS
 
-
-@dataclass(frozen=True, slots=True)
-class KernelPreset:
-    """`tiles(lq, lk, d, causal) -> (block_q, block_k)`; `policy(fmt)` the kernel's own policy at dtype fmt."""
-
-    name: str
-    description: str
-    tiles: Callable[[int, int, int, bool], tuple[int, int]]
-    policy: Callable[[Format], Policy]
-    algorithm: str = "fa2"
-    exp2: bool = False
+__all__ = ["KERNEL_PRESETS", "KernelPreset", "default_format", "kernel_preset", "resolve"]
 
 
 def _cpu_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
@@ -103,7 +94,9 @@ KERNEL_PRESETS: dict[str, KernelPreset] = {
         _fa3_fp8_tiles,
         _fp8_policy,
         exp2=True,
+        default_format="fp8-e4m3",
     ),
+    **MODERN_PRESETS,
 }
 
 
@@ -118,10 +111,18 @@ def resolve(name: str, fmt: Format | str, lq: int, lk: int, d: int, causal: bool
     """Keyword arguments of flash_attention for preset `name` at dtype fmt and this shape."""
     pre = kernel_preset(name)
     bq, bk = pre.tiles(lq, lk, d, causal)
-    return {
+    out = {
         "policy": pre.policy(parse_format(fmt)),
         "block_q": bq,
         "block_k": bk,
         "algorithm": pre.algorithm,
         "exp2": pre.exp2,
     }
+    if pre.key_order != "forward":
+        out["key_order"] = pre.key_order
+    return out
+
+
+def default_format(name: str | None, fallback: str = "bf16") -> str:
+    """The input format preset `name` runs by default (fallback without a preset)."""
+    return fallback if name is None else kernel_preset(name).default_format

@@ -22,6 +22,7 @@ def reference_attention(
     scale: float | None = None,
     chunk: int = 1024,
     return_lse: bool = False,
+    sink: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale * q k^T + mask) v in float64.
 
@@ -30,7 +31,14 @@ def reference_attention(
     additive, broadcastable to [B, H, Lq, Lk]. Fully masked rows, and every row when Lk = 0, give 0
     and lse -inf (kernels.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
     fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES, never under kernels.tiles.MIN_ROWS
-    (a shorter last chunk joins the one before), so every chunking gives the bits of one L x L block."""
+    (a shorter last chunk joins the one before), so every chunking gives the bits of one L x L block.
+    `sink`: learnable sink logits (a float or one per head [H]; gpt-oss, FA4): an extra softmax column with no
+    value, so out is scaled by sigmoid(lse - sink) and lse becomes logaddexp(lse, sink)."""
+    if sink is not None:
+        out, lse = reference_attention(q, k, v, causal=causal, mask=mask, scale=scale, chunk=chunk, return_lse=True)
+        sk = sink_logits(sink, q.shape[1], out.device).view(1, -1, 1)
+        out, lse = out * torch.sigmoid(lse - sk).unsqueeze(-1), torch.logaddexp(lse, sk)
+        return (out, lse) if return_lse else out
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -61,6 +69,16 @@ def reference_attention(
             parts = [_rows(q, k64, v64, rows, (lq, lk), s, causal, mask) for rows in chunks]
             out, lse = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     return (out, lse) if return_lse else out
+
+
+def sink_logits(sink: float | torch.Tensor, heads: int, device) -> torch.Tensor:
+    """The sink logits as float64 [heads] (a float for every head, or one per head); ValueError otherwise."""
+    t = torch.as_tensor(sink, dtype=torch.float64, device=device).flatten()
+    if t.numel() == 1:
+        t = t.expand(heads)
+    if t.numel() != heads or not bool(torch.isfinite(t).all()):
+        raise ValueError(f"sink logits must be one finite value or one per head ({heads}); got {tuple(t.shape)}")
+    return t
 
 
 def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask):

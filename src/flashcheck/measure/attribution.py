@@ -86,7 +86,8 @@ def attribute(
             on_step(note=note)
         return METRICS[metric](out, refs.reference)
 
-    exact = Policy(name="fp64", fp8_scaling=policy.fp8_scaling, hadamard=policy.hadamard)
+    # the stage knobs travel with every variant: each is inert while its own stage is FP64 (core.numerics.Policy)
+    exact = Policy(name="fp64", fp8_scaling=policy.fp8_scaling, hadamard=policy.hadamard, **policy.knobs())
     alone = {s: err(exact.replace(**{s: policy.stage(s)}), f"{s} alone") for s in STAGES}
     raised = {s: err(policy.replace(**{s: Format.FP64}), f"{s} raised") for s in STAGES}
     return Attribution(policy, metric, err(policy, policy.name), alone, raised)

@@ -36,6 +36,7 @@ class Method:
     algorithm: str = "fa2"
     device: str = "cpu"
     splits: int = 4  # key chunks of the split-KV simulator ("splitkv"), else unused
+    exp2: bool = False  # flash: scores in log2 units (a kernel preset's policy as a method, e.g. flash:fa4-fp8)
 
     @property
     def is_simulator(self) -> bool:
@@ -104,6 +105,8 @@ class Method:
         """fn(q, k, v) -> out in the method's own dtype and device (autograd-capable)."""
         if self.kernel == "splitkv":
             flash_options = {"splits": self.splits, **flash_options}
+        if self.exp2 and self.kernel == "flash":
+            flash_options = {"exp2": True, **flash_options}
         if self.is_simulator:
             dev = torch.device(self.device)
             flash_options = {n: x.to(dev) if isinstance(x, torch.Tensor) else x for n, x in flash_options.items()}
@@ -147,6 +150,9 @@ class Method:
             return None
         fp8_block = pol.input in FP8_FORMATS and pol.fp8_scaling == "block"
         blocks = (self.block_q, self.block_k) if fp8_block else None
+        if pol.knobs():  # quantized inputs depend on the knobs and on both block sizes
+            knobs = sorted(pol.knobs().items())
+            return (pol.input, pol.fp8_scaling, pol.hadamard, (self.block_q, self.block_k), *knobs)
         return (pol.input, pol.fp8_scaling, pol.hadamard, blocks)
 
     def rounded_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -203,7 +209,11 @@ def parse_method(
         if name == "splitkv" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
             raise ValueError(f"splits={splits!r} must be a positive integer")
         kw = {"block_q": block_q, "block_k": block_k, "algorithm": algorithm, "splits": splits, "device": device}
-        return Method(kernel=name, policy=policy, **kw)
+        from flashcheck.kernels.presets_modern import preset_policy
+
+        # a preset's own exp2, also under overrides (flash:sage2,input=fp64)
+        found = preset_policy(spec.split(",", 1)[0]) if name == "flash" and spec else None
+        return Method(kernel=name, policy=policy, exp2=bool(found and found[1].exp2), **kw)
     from flashcheck.backends import backend_names
 
     names = backend_names()

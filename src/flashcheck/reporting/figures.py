@@ -78,7 +78,7 @@ def label_axes(ax, *, x: str, y: str, x_unit: str = "", y_unit: str = "") -> Non
 
 
 def _handle_data(handle) -> tuple[tuple, list[float], list[float]]:
-    """(rgba colour, x values, y values) of a legend handle: a line, an error-bar or bar container."""
+    """(rgba colour, x values, y values) of a legend handle: a line, an error-bar or bar container, a scatter."""
     from matplotlib.colors import to_rgba
 
     if hasattr(handle, "patches"):  # bars
@@ -88,7 +88,41 @@ def _handle_data(handle) -> tuple[tuple, list[float], list[float]]:
     line = handle.lines[0] if hasattr(handle, "lines") and isinstance(handle.lines, tuple) else handle
     if hasattr(line, "get_ydata"):
         return to_rgba(line.get_color()), list(map(float, line.get_xdata())), list(map(float, line.get_ydata()))
+    if _is_scatter(handle):  # its points; its colour the face's, else the edge's (a hollow marker)
+        faces, edges = handle.get_facecolor(), handle.get_edgecolor()
+        colour = to_rgba(faces[0]) if len(faces) else to_rgba(edges[0]) if len(edges) else (0, 0, 0, 0)
+        pts = [tuple(map(float, o)) for o in handle.get_offsets()]
+        return colour, [x for x, _ in pts], [y for _, y in pts]
     return to_rgba(handle.get_facecolor()[0]), [], []
+
+
+def _style(handle) -> tuple:
+    """What tells a series apart: (rgb, marker, filled) of its line or scatter."""
+    data_line = handle.lines[0] if hasattr(handle, "lines") and isinstance(handle.lines, tuple) else handle
+    colour = tuple(round(c, 3) for c in _handle_data(handle)[0][:3])
+    if hasattr(data_line, "get_marker"):
+        marker, face = str(data_line.get_marker()), data_line.get_markerfacecolor()
+        return colour, marker, str(face) != "none", data_line.get_linestyle()
+    if _is_scatter(handle):
+        paths = handle.get_paths()
+        shape = tuple(map(tuple, paths[0].vertices.round(3))) if len(paths) else ()
+        return colour, shape, len(handle.get_facecolor()) > 0, ""
+    return colour, "", True, ""
+
+
+def _is_scatter(artist) -> bool:
+    from matplotlib.collections import PathCollection
+
+    return isinstance(artist, PathCollection)
+
+
+def _has_markers(artist) -> bool:
+    if _is_scatter(artist):
+        return len(artist.get_offsets()) > 0 and len(artist.get_paths()) > 0
+    if not hasattr(artist, "get_xdata"):
+        return False  # a filled area, a bar: no markers
+    marker = artist.get_marker() if hasattr(artist, "get_marker") else None
+    return marker not in (None, "None", "none", "", " ") and len(artist.get_xdata()) > 0
 
 
 def _drawn(xs: list[float], ys: list[float], ax) -> bool:
@@ -103,16 +137,21 @@ def _drawn(xs: list[float], ys: list[float], ax) -> bool:
     return any(ok(x, ax.get_xscale()) and ok(y, ax.get_yscale()) for x, y in zip(xs, ys, strict=False))
 
 
+MAX_AT_ONE_X = 8  # series whose points share one x value that a reader can still tell apart
+
+
 def figure_problems(fig) -> list[str]:
     """What would make a figure misleading, one line per problem ([] when none), for every axes that draws
     labelled series: a missing axis label, repeated tick labels, legend entries that differ from the series
-    drawn (a series that draws nothing must not be in the legend), a colour used twice, a linear axis over
-    more than two decades. Call it before saving (tests wrap Figure.savefig)."""
+    drawn (a series that draws nothing must not be in the legend), two series with the same colour, marker,
+    fill and line style, more than MAX_AT_ONE_X series with a point at one x, markers in several styles with
+    no legend entry, a linear axis over more than two decades. Call it before saving (tests wrap
+    Figure.savefig)."""
     fig.canvas.draw()
     out = []
     for i, ax in enumerate(fig.axes):
         handles, labels = ax.get_legend_handles_labels()
-        if not ax.axison or not (handles or ax.patches or ax.lines):
+        if not ax.axison or not (handles or ax.patches or ax.lines or any(map(_is_scatter, ax.collections))):
             continue
         where = f"axes {i} ({ax.get_ylabel() or ax.get_title() or 'unlabelled'})"
         out += [f"{where}: no {n} label" for n, t in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())) if not t]
@@ -128,11 +167,39 @@ def figure_problems(fig) -> list[str]:
             out.append(f"{where}: {len(drawn)} series and no legend")
         elif legend is not None and sorted(entries) != sorted(drawn):
             out.append(f"{where}: legend {entries} but drawn {drawn}")
-        colours = [tuple(round(c, 3) for c in col[:3]) for col, _, _ in data]
-        if len(colours) != len(set(colours)):
-            out.append(f"{where}: a colour is used by more than one series ({labels})")
+        styles = [_style(h) for h in handles]
+        twins = sorted({lab for lab, st in zip(labels, styles, strict=True) if styles.count(st) > 1})
+        if twins:
+            out.append(f"{where}: one colour and marker for more than one series ({twins})")
+        out += _crowded_x(ax, labels, data, where) + _unlegended_markers(ax, handles, where)
         out += _decade_problem(ax, data, where)
     return out
+
+
+def _crowded_x(ax, labels: list[str], data, where: str) -> list[str]:
+    """More than MAX_AT_ONE_X series with a visible point at one x value (bars excluded)."""
+    at: dict[float, set[str]] = {}
+    for lab, (_, xs, ys) in zip(labels, data, strict=True):
+        for x, y in zip(xs, ys, strict=False):
+            if _drawn([x], [y], ax):
+                at.setdefault(round(float(x), 9), set()).add(lab)
+    worst = max(at.items(), key=lambda kv: len(kv[1]), default=(0.0, set()))
+    if len(worst[1]) > MAX_AT_ONE_X:
+        return [f"{where}: {len(worst[1])} series at x = {worst[0]:g} (at most {MAX_AT_ONE_X} can be told apart)"]
+    return []
+
+
+def _unlegended_markers(ax, handles, where: str) -> list[str]:
+    """Markers in more than one style, some of them in no legend entry (a reader cannot tell what they mean)."""
+    legended = set()
+    for h in handles:
+        legended |= {id(a) for a in (h.get_children() if hasattr(h, "get_children") and hasattr(h, "lines") else [])}
+        legended.add(id(h))
+    marked = [a for a in [*ax.lines, *ax.collections] if _has_markers(a)]
+    bare = [a for a in marked if id(a) not in legended]
+    if bare and len({_style(a) for a in marked}) > 1:
+        return [f"{where}: {len(bare)} marker series with no legend entry"]
+    return []
 
 
 def _decade_problem(ax, data, where: str) -> list[str]:

@@ -65,7 +65,8 @@ def _paper(by: dict, pts: dict) -> Sentence | None:
         return None
     return (
         f"Paper's policy (every stage in bf16): Flash deviates {ratio_text(p.ratio_estimate())} as much as "
-        f"Baseline at L={p.seq_len} with {p.label} tiles (the paper reports about 10x); the claim that Flash "
+        f"Baseline at L={p.seq_len} with {p.label} tiles (the paper reports about 10x at lengths and tiles it "
+        f"does not state); the claim that Flash "
         f"deviates more {_verdict(f)}. Its own error on the rounded inputs is {ratio_text(p.own_ratio_estimate())}.",
         "seq_len",
     )

@@ -572,6 +572,51 @@ def quick() -> StudyConfig:
     )
 
 
+# The modern study's sweeps (FA4, FP8/FP4, SageAttention, P-cast with a sink; findings in study.modern).
+FA2, FA4 = "flash:bf16-mixed", "flash:fa4-bf16"
+FA4_EMU, FA4_THR = "flash:bf16-mixed,exp2_emu=10", "flash:bf16-mixed,rescale_threshold=8"
+FA3_FP8, FP22 = "flash:fa3-fp8", "flash:fa3-fp8-fp22"
+LOWP = ("flash:fa4-fp8", "flash:fa4-fp4", "flash:sage3-fp4", FA3_FP8, FP22, FA2)
+SAGE = ("flash:sage1", "flash:sage2", "flash:sage2pp", "flash:sage2-4b")
+P_FP8 = "flash:input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
+SINK_METHODS = (P_FP8, P_FP8 + ",kv_order=reverse", P_FP8 + ",p_scale=256", P_FP8 + ",kv_order=reverse,p_scale=256")
+STAGE_PRESETS = {"modern_stages": ("fa4-fp8", "fa4-fp4", "sage3-fp4", "fa3-fp8-fp22"),
+                 "modern_sage_stages": ("sage1", "sage2", "sage2pp")}  # fmt: skip
+RAISED = ("input", "score", "stats", "p", "accum", "output")  # each raised to FP64 alone: explain's attribution
+QUESTIONS = ("modern_fa4", "modern_lowp", "modern_sage", "modern_sink", *STAGE_PRESETS)
+
+
+def modern_sweeps(lengths: tuple[int, ...], seeds: tuple[int, ...], heads: int, captured: bool = True) -> list[Sweep]:
+    """The four questions' sweeps at these lengths and seeds (captured MiniLM inputs unless `captured` is off;
+    the FP8/FP4 and Sage questions at MiniLM's head dim 32; Sage at its 128 x 64 tiles is paired with
+    modern_lowp's FA3-FP8 on the same inputs)."""
+    dists = ("normal", "outliers", *(("captured:minilm",) if captured else ()))
+    common = dict(seq_lens=lengths, seeds=seeds, heads=heads, algorithm="fa2", baseline=False, metric="rel_l2")
+    return [
+        Sweep(question="modern_fa4", methods=(FA2, FA4, FA4_EMU, FA4_THR), distributions=("normal", "outliers"),
+              blocks=((128, 128),), **common),
+        Sweep(question="modern_lowp", methods=LOWP, distributions=dists, blocks=((128, 128),), head_dims=(32,),
+              **common),
+        Sweep(question="modern_sage", methods=SAGE, distributions=dists, blocks=((128, 64),),
+              head_dims=(32,), **common),
+        Sweep(question="modern_sink", methods=SINK_METHODS, distributions=("sink",), blocks=((128, 128),), **common),
+        *(Sweep(question=q, methods=_stage_methods(names), distributions=("normal",), head_dims=(32,),
+                blocks=((128, 64 if "sage" in q else 128),), **common) for q, names in STAGE_PRESETS.items()),
+    ]  # fmt: skip
+
+
+def _stage_methods(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Each preset, and the preset with one stage raised to FP64 (explain's "raised" runs, as study cases)."""
+    return tuple(m for n in names for m in (f"flash:{n}", *(f"flash:{n},{s}=fp64" for s in RAISED)))
+
+
+
+
+def modern() -> StudyConfig:
+    """FlashAttention-4, FP8/FP4 attention and SageAttention against FP64 (study.modern): minutes on 2 cores."""
+    return StudyConfig(name="modern", sweeps=tuple(modern_sweeps((1024,), (0, 1, 2), 2)))
+
+
 def full() -> StudyConfig:
     """Everything, lengths up to 16k, five seeds, the guide at guide-full's sizes (hours)."""
     return StudyConfig(
@@ -582,9 +627,18 @@ def full() -> StudyConfig:
             _fa3_sweep((512, 1024, 2048, 4096, 8192, 16384), (64, 128, 256), 8, (0, 1, 2, 3, 4)),
             *dims_sweeps(small=False),
             _guide_sweep((512, 1024, 2048, 4096, 8192, 16384), 2, (0, 1, 2, 3, 4)),
+            *_modern_part(),
         ),
         guide=GUIDE_SETTINGS["guide-full"],
     )
+
+
+def _modern_part() -> list[Sweep]:
+    """full's small part of the modern study (study.modern): FA4 vs FA2 and the sink question at 1k and 4k, five
+    seeds. Not in quick, whose numbers and time budget stay as they are."""
+    return [
+        sw for sw in modern_sweeps((1024, 4096), (0, 1, 2, 3, 4), 2) if sw.question in ("modern_fa4", "modern_sink")
+    ]
 
 
 def tiny() -> StudyConfig:
@@ -607,6 +661,7 @@ PRESETS = {
     "guide": guide,
     "guide-full": guide_full,
     "guide-tiny": guide_tiny,
+    "modern": modern,
 }
 
 

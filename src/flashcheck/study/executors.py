@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
 
@@ -32,9 +33,11 @@ _DEVICE = "cpu"
 Task = Callable[[list[Case]], int]
 
 
-def _init_worker(q, device: str = "cpu") -> None:
+def _init_worker(q, device: str = "cpu", parent_pid: int | None = None) -> None:
     global _QUEUE, _DEVICE
     _QUEUE, _DEVICE = q, device
+    if parent_pid is not None:  # a study killed by SIGKILL takes its workers with it
+        exit_with_parent(parent_pid)
 
 
 def _pool_task(cases: list[Case]) -> int:
@@ -148,7 +151,7 @@ def _run_pool(
                 on_record(rec)
 
     waiting, pending, started = list(todo), {}, []
-    init = (q, plan.device)
+    init = (q, plan.device, os.getpid())
     with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
         while True:
             if broken is None:

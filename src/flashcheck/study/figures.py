@@ -18,14 +18,17 @@ METRIC = {"max_abs": "max-abs", "mean_abs": "mean-abs", "std": "std", "rmse": "R
 OWN = "rel-L2 vs FP64 of the rounded inputs"
 
 
-def draw_figures(config: StudyConfig, records: dict[str, CaseRecord], folder: Path) -> dict[str, Path]:
-    """One PNG per question with points; {} when matplotlib is not installed."""
+def draw_figures(
+    config: StudyConfig, records: dict[str, CaseRecord], folder: Path, skip: frozenset[str] = frozenset()
+) -> dict[str, Path]:
+    """One PNG per question with points, except the questions in `skip` (drawn elsewhere); {} when matplotlib
+    is not installed."""
     if not matplotlib_available():
         return {}
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
     for sw in config.sweeps:
-        points = sweep_points(sw, records)
+        points = sweep_points(sw, records) if sw.question not in skip else []
         if not points:
             continue
         path = folder / f"{sw.question}.png"
@@ -219,13 +222,25 @@ def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
         _legend_below(ax, "seq_len")
 
 
-def draw_groups(groups: dict[tuple[str, int], list[float]], path: Path, *, x: str, y: str, log_x: bool) -> None:
+def draw_groups(
+    groups: dict[tuple[str, int], list[float]], path: Path, *, x: str, y: str, log_x: bool, cases: str = "case"
+) -> None:
     """One series per variant of {(variant, x): values, one per seed}: the mean over seeds at each x with its
     95% t interval (reporting.verdicts.mean_interval; a point without bars where n < 2), distinct colours and
-    markers (Styler), the legend beside the axes, a log y axis over more than a decade."""
+    markers (Styler), the legend beside the axes, a log y axis over more than a decade. Where more than
+    MAX_AT_ONE_X variants would share one x (padding: 5 methods x 2 paddings x 2 masks at one length), one
+    series per method instead, over categories named by the rest of the variant (`cases`) and x, side by side."""
+    from flashcheck.reporting.figures import MAX_AT_ONE_X
+
     series: dict[str, list[tuple[int, Estimate]]] = {}
     for (variant, xv), vals in sorted(groups.items()):
         series.setdefault(variant, []).append((xv, mean_interval(vals)))
+    per_x: dict[int, int] = {}
+    for _, xv in groups:
+        per_x[xv] = per_x.get(xv, 0) + 1
+    if max(per_x.values()) > MAX_AT_ONE_X:
+        _draw_categories(series, path, x=x, y=y, cases=cases)
+        return
     style = Styler()
     with figure(path, size=(7.0, 4.2)) as (_, ax):
         for variant, pts in series.items():
@@ -239,7 +254,37 @@ def draw_groups(groups: dict[tuple[str, int], list[float]], path: Path, *, x: st
         _log_if_decades(ax, [e.value for pts in series.values() for _, e in pts])
         ax.set_xlabel(x)
         ax.set_ylabel(y)
-        ns = sorted({e.n for pts in series.values() for _, e in pts})
-        n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
-        ax.set_title(f"mean over seeds (n={n}) and its 95% interval", fontsize=9)
+        _n_title(ax, series)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _n_title(ax, series: dict[str, list[tuple[int, Estimate]]]) -> None:
+    ns = sorted({e.n for pts in series.values() for _, e in pts})
+    n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    ax.set_title(f"mean over seeds (n={n}) and its 95% interval", fontsize=9)
+
+
+def _draw_categories(series: dict[str, list[tuple[int, Estimate]]], path: Path, *, x: str, y: str, cases: str) -> None:
+    """One series per method (the variant's first word) over categories (the rest of the variant, and x where
+    there are several), the methods side by side within a category."""
+    xs = sorted({xv for pts in series.values() for xv, _ in pts})
+    by: dict[str, dict[tuple[str, int], Estimate]] = {}
+    for variant, pts in series.items():
+        method, _, rest = variant.partition(" ")
+        for xv, e in pts:
+            by.setdefault(method, {})[(rest or "-", xv)] = e
+    cats = sorted({c for cells in by.values() for c in cells}, key=lambda c: (c[1], c[0]))
+    names = [c[0] if len(xs) == 1 else f"{c[0]}, {c[1]}" for c in cats]
+    style, width = Styler(), 0.8 / len(by)
+    with figure(path, size=(7.0, 4.6)) as (_, ax):
+        for j, (method, cells) in enumerate(by.items()):
+            here = [c for c in cats if c in cells]
+            ys, err = _yerr([cells[c] for c in here])
+            pos = [cats.index(c) + (j - (len(by) - 1) / 2) * width for c in here]
+            ax.errorbar(pos, ys, yerr=err, capsize=3, ls="none", **style(method))
+        ax.set_xticks(range(len(cats)), names, rotation=20, ha="right", fontsize=8)
+        _log_if_decades(ax, [e.value for cells in by.values() for e in cells.values()])
+        ax.set_xlabel(f"{cases} (at {x}: {xs[0]})" if len(xs) == 1 else f"{cases}, {x}")
+        ax.set_ylabel(y)
+        _n_title(ax, series)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

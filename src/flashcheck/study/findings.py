@@ -157,9 +157,16 @@ def _br_finding(pts: dict[str, list[Point]]) -> dict:
         for p in group[1:]:
             total += 1
             same += p.values == group[0].values and p.own == group[0].own
-    measured = f"{same} of {total} pairs of tiles that differ only in Br gave identical errors in this study"
     claim = "The query-block size Br has no effect on the error (only the key-block size Bc has)"
-    return finding("br_no_effect", claim, measured, structural(BR_REASON, BR_TEST), section="swapped")
+    verdict = structural(BR_REASON, BR_TEST)
+    if total == 0:
+        measured = "not measured by this sweep (no two of its tiles differ only in Br)"
+    else:
+        measured = f"{same} of {total} pairs of tiles that differ only in Br gave identical errors in this study"
+    if same < total:  # a counterexample in the study's own records outweighs the algorithm's argument
+        why = f"{total - same} of {total} pairs that differ only in Br gave different errors"
+        verdict = Verdict("does not hold", f"every pair identical ({BR_TEST} checks it)", why)
+    return finding("br_no_effect", claim, measured, verdict, section="swapped")
 
 
 def _swapped_finding(sw: list[Point]) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.core.load import load_average, load_record
 from flashcheck.core.progress import progress
 from flashcheck.study import guide_measure as gm
 from flashcheck.study.config import GUIDE_SETTINGS, GuideSettings, StudyConfig
@@ -140,17 +141,24 @@ def _too_big(params: dict, s: GuideSettings) -> str | None:
     return None
 
 
+TIMED_KINDS = ("cost", "latency", "gpu_deterministic")  # tasks whose result is a timing (core.load beside it)
+
+
 def _run_one(tid: str, params: dict, s: GuideSettings) -> dict:
     start = time.perf_counter()
     why = _too_big(params, s)
     if why:
         return {"id": tid, "params": params, "status": "skipped", "reason": why, "seconds": 0.0}
+    before = load_average()
     try:
         result = run_task(params, s)
     except Exception as exc:  # a failed task is recorded and the guide goes on; tried again next run
         return {"id": tid, "params": params, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     secs = round(time.perf_counter() - start, 3)
-    return {"id": tid, "params": params, "status": "ok", "result": result, "seconds": secs}
+    rec = {"id": tid, "params": params, "status": "ok", "result": result, "seconds": secs}
+    if params["kind"] in TIMED_KINDS:  # how busy the machine was (timing verdicts are inconclusive when busy)
+        rec["load"] = load_record(before, s.threads)
+    return rec
 
 
 def run_guide_tasks(folder: str | Path, settings: GuideSettings, *, quiet: bool = False) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from flashcheck.core.load import BUSY_FRACTION, busy
 from flashcheck.reporting.verdicts import (
     Estimate,
     Verdict,
@@ -76,7 +77,25 @@ def _exponent_claim(results, method: str, backward: bool, what: str, power: int,
         return claim(text, t, "too few lengths measured", cond, cid)
     v = band(t.estimate, *EXPONENT_BANDS[power])
     v = Verdict(v.status, f"{v.rule} (nearest integer exponent {power})", f"{v.reason}; {t.reason}", t.estimate)
+    if what == "time":
+        v = unless_busy(v, _tasks(results, "cost", lambda p: p["method"] == method and p["backward"] == backward))
     return claim(text, v, f"exponent {t.estimate.text()}", cond, cid)
+
+
+def _tasks(results: dict[str, dict], kind: str, pick=lambda p: True) -> list[dict]:
+    """The ok tasks of one kind whose parameters `pick` accepts."""
+    return [r for r in results.values() if r["status"] == "ok" and r["params"]["kind"] == kind and pick(r["params"])]
+
+
+def unless_busy(v: Verdict, timed: list[dict]) -> Verdict:
+    """A timing verdict, made inconclusive when any of the timings it rests on ran on a busy machine (the load
+    recorded beside each timing, core.load.busy); an inconclusive verdict stays as it is."""
+    why = [(r["id"], b) for r in timed if (b := busy(r.get("load")))]
+    if not why or v.status == "inconclusive":
+        return v
+    rule = f"{v.rule}; inconclusive when a timing ran on a busy machine (load > {BUSY_FRACTION:g} x cores)"
+    reason = f"{len(why)} of {len(timed)} timings ran on a busy machine ({why[0][0]}: {why[0][1]}); {v.reason}"
+    return Verdict("inconclusive", rule, reason, v.estimate)
 
 
 def cost_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
@@ -114,10 +133,12 @@ def _speed_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
             continue
         est = ratio_interval([math_t[n] for n in ls], [flash_t[n] for n in ls])
         cond = f"sdpa-math vs sdpa-flash at bf16, {p}, median times at L = {', '.join(map(str, ls))}, CPU"
-        v = compare(est, above=True)
+        timed = _tasks(results, "cost", lambda q, bwd=bwd, ls=ls: q["backward"] == bwd and q["seq_len"] in ls)
+        v = unless_busy(compare(est, above=True), timed)
         text = "Flash Attention is faster than standard attention beyond 512 tokens"
         out.append(claim(text, v, f"math / flash time {est.text()}", cond, f"speedup/{p}"))
         g = _with_floor(trend(ls, [math_t[n] / flash_t[n] for n in ls], increasing=True), ls, "speed-up")
+        g = unless_busy(g, timed)
         out.append(claim("Its benefits scale with length", g, g.reason, cond, f"speedup_grows/{p}"))
     return out
 
@@ -151,7 +172,7 @@ def latency_claim(results: dict[str, dict], s: GuideSettings) -> dict:
             flash += [cv(b) for b in blocks["sdpa-flash:bf16"]]
             base += [cv(b) for b in blocks["sdpa-math:bf16"]]
     est = ratio_interval(flash, base)
-    v = compare(est, above=False)
+    v = unless_busy(compare(est, above=False), _tasks(results, "latency"))
     calls = s.latency_calls
     cond = (
         f"sdpa-flash vs sdpa-math at bf16, forward, L = {', '.join(map(str, s.latency_lengths))}, "
@@ -175,19 +196,29 @@ def latency_rows(results: dict[str, dict], s: GuideSettings) -> list[list[str]]:
 
 
 def boundary_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
-    """fp16 NaN where bf16 is fine: structural where found (the search, pinned by tests/test_guide.py)."""
+    """fp16 NaN where bf16 is fine: structural where the search found a setting at which the fp16 method fails
+    and its bf16 twin does not (pinned by tests/test_guide.py); an fp16 failure where bf16 fails too (e.g. an
+    all-bf16 sum that is wrong at the same number of keys) is named and not counted."""
     out = []
     for m in s.boundary_methods:
-        scales, inside = _scale_text(results, m)
+        scales, _ = _scale_text(results, m)
         sums = _sum_text(results, m)
         bf = f"{_scale_text(results, twin(m))[0]}; {_sum_text(results, twin(m))}"
+        counted, not_counted = _fp16_only(results, m)
         measured = f"{m}: {scales}; {sums}. bf16 at the same settings: {bf}"
-        if inside or "from Lk" in sums:
+        if counted:
+            measured += f". fp16 fails where bf16 does not: {'; '.join(counted)}"
+        if not_counted:
+            measured += f". Not counted (bf16 fails there too): {'; '.join(not_counted)}"
+        if counted:
             v = structural(
                 "fp16's largest finite value is 65504; the search found where a stage kept in fp16 passes it "
-                "before the inputs overflow",
+                "before the inputs overflow, at a setting where bf16 stays right",
                 "tests/test_guide.py",
             )
+        elif not_counted:
+            rule = "an fp16 failure counts where the bf16 twin is right at the same setting"
+            v = Verdict("does not hold", rule, "wherever fp16 failed, bf16 failed too")
         else:
             rule = f"search over sigma <= 2^16 and Lk <= {s.sum_keys[1]} keys at the maximum"
             why = "no Inf/NaN before the fp16 inputs themselves overflow, and no wrong output with keys at the max"
@@ -197,6 +228,46 @@ def boundary_claims(results: dict[str, dict], s: GuideSettings) -> list[dict]:
             claim("FP16 produced NaN at very long sequences where BF16 was fine", v, measured, cond, f"fp16/{m}")
         )
     return out
+
+
+def _fp16_only(results: dict[str, dict], method: str) -> tuple[list[str], list[str]]:
+    """The settings where `method` (fp16) fails: (those where its bf16 twin is right, those where it is not)."""
+    counted, not_counted = [], []
+    for r in results.values():
+        p = r["params"]
+        if r["status"] != "ok" or p["kind"] != "scale" or p["method"] != method:
+            continue
+        i, top = r["result"]["boundary_i"], r["result"].get("inputs_overflow_i")
+        if i is None or (top is not None and i >= top):
+            continue  # finite, or only where the fp16 inputs overflow themselves
+        other = results.get(f"scale/{twin(method)}/L={p['seq_len']}")
+        j = other["result"]["boundary_i"] if other and other["status"] == "ok" else i
+        where = f"L={p['seq_len']} sigma 2^{i / OCTAVE_STEPS:.4g}"
+        (counted if j is None or j > i else not_counted).append(where)
+    r, t = results.get(f"sum/{method}"), results.get(f"sum/{twin(method)}")
+    if r is None or r["status"] != "ok" or r["result"]["boundary_keys"] is None:
+        return counted, not_counted
+    n = r["result"]["boundary_keys"]
+    pinned = r["result"].get("searched", True) or r["result"]["points"].get(str(n - 1)) == "ok"
+    if pinned:
+        bf = _outcome_at(t, n)
+        where = f"Lk = {n} keys at the maximum ({r['result']['outcome']}; bf16 {bf})"
+        (counted if bf == "ok" else not_counted).append(where)
+    return counted, not_counted
+
+
+def _outcome_at(r: dict | None, n: int) -> str:
+    """A sum task's outcome with n keys at the maximum: tried there, or implied by its searched boundary."""
+    if r is None or r["status"] != "ok":
+        return "not measured"
+    res = r["result"]
+    if str(n) in res["points"]:
+        return res["points"][str(n)]
+    if not res.get("searched", True):
+        return "not tried"
+    if res["boundary_keys"] is None:
+        return "ok" if n <= max(map(int, res["points"])) else "not tried"
+    return "ok" if n < res["boundary_keys"] else res["outcome"]
 
 
 def _scale_text(results: dict[str, dict], method: str) -> tuple[str, bool]:
@@ -246,7 +317,7 @@ def gpu_claims(results: dict[str, dict] | None = None) -> list[dict]:
     for cid, text in GPU_CLAIMS.items():
         r = results.get(cid.replace("_", "/", 1))
         if r is not None and r["status"] == "ok" and r["result"].get("available", True):
-            out.append(_gpu_measured(cid, text, r["result"]))
+            out.append(_gpu_measured(cid, text, r))
         else:
             reason = r["result"].get("reason", why) if r is not None and r["status"] == "ok" else why
             out.append(
@@ -255,7 +326,8 @@ def gpu_claims(results: dict[str, dict] | None = None) -> list[dict]:
     return out
 
 
-def _gpu_measured(cid: str, text: str, res: dict) -> dict:
+def _gpu_measured(cid: str, text: str, task: dict) -> dict:
+    res = task["result"]
     if cid == "gpu_same":
         same = res["identical"]
         v = Verdict(
@@ -269,7 +341,8 @@ def _gpu_measured(cid: str, text: str, res: dict) -> dict:
     off = [median_interval(b).value for b in res["blocks"]["off"]]
     est = ratio_interval(on, off)
     cond = f"SDPA default backend, bf16, L = {res['seq_len']}, H = 16, blocks interleaved, CUDA"
-    return claim(text, compare(est, above=True), f"time on / off {est.text()}", cond, cid)
+    v = unless_busy(compare(est, above=True), [task])
+    return claim(text, v, f"time on / off {est.text()}", cond, cid)
 
 
 def log_mean(values: list[float]) -> Estimate:

@@ -317,29 +317,46 @@ def _draw_cost(path: Path, results, s: GuideSettings) -> None:
             ax.legend(fontsize=6)
 
 
+BOUNDARY_STYLE = {  # (finite?, the fp16 method or its bf16 twin): colour, marker, filled
+    (True, False): ("#2ca02c", "o", True),
+    (False, False): ("#d62728", "X", True),
+    (True, True): ("#2ca02c", "s", False),
+    (False, True): ("#d62728", "D", False),
+}
+
+
 def _draw_boundary(path: Path, results, s: GuideSettings) -> None:
+    """Per fp16 method: each input scale tried at each length, finite (green) or not (red), the fp16 method
+    filled and its bf16 twin hollow beside it, with a legend for the four kinds of marker."""
     n = len(s.boundary_methods)
     with figure(path, ncols=n, size=(3.6, 3.4)) as (_, axes):
         axes = axes if n > 1 else [axes]
         for ax, m in zip(axes, s.boundary_methods, strict=True):
-            for name, shift, hollow in ((m, 0.93, False), (twin(m), 1.07, True)):
+            for name, shift, is_twin in ((m, 0.93, False), (twin(m), 1.07, True)):
+                pts: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
                 for r in results.values():
                     if _ok(r, "scale") and r["params"]["method"] == name:
                         for i, fin in r["result"]["points"].items():
-                            colour = "#2ca02c" if fin else "#d62728"
-                            face = "none" if hollow else colour
-                            ax.scatter(
-                                r["params"]["seq_len"] * shift,
-                                2 ** (int(i) / OCTAVE_STEPS),
-                                s=18,
-                                marker="o" if fin else "X",
-                                edgecolors=colour,
-                                facecolors=face,
-                            )
+                            pts[bool(fin)].append((r["params"]["seq_len"] * shift, 2 ** (int(i) / OCTAVE_STEPS)))
+                for fin, xy in pts.items():
+                    if not xy:
+                        continue
+                    colour, marker, filled = BOUNDARY_STYLE[(fin, is_twin)]
+                    ax.scatter(
+                        [x for x, _ in xy],
+                        [y for _, y in xy],
+                        s=18,
+                        marker=marker,
+                        edgecolors=colour,
+                        facecolors=colour if filled else "none",
+                        label=f"{name.split(':')[1]}: {'finite' if fin else 'Inf/NaN'}",
+                    )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
-            ax.set_title(f"{m} (filled), {twin(m).split(':')[1]} (hollow)", fontsize=8)
+            ax.set_title(f"{m} (filled) beside {twin(m).split(':')[1]} (hollow)", fontsize=8)
             label_axes(ax, x="L", y="input scale sigma", x_unit="tokens")
+            if ax.collections:
+                ax.legend(fontsize=6, loc="lower left")
 
 
 def _draw_slope(path: Path, records, methods) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
+from flashcheck.study.answer import answer, draw_headline, verdict_rows
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
@@ -15,6 +16,8 @@ from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.guide_report import guide_part, guide_sentences
+from flashcheck.study.modern import NOTES as MODERN_NOTES
+from flashcheck.study.modern import modern_findings, modern_sentences
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
@@ -107,18 +110,25 @@ def build_report(folder: str | Path) -> dict:
     records = ResultStore(folder).load()
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
-    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
+    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
+    found += modern_findings(pts)  # FA4, FP8/FP4, SageAttention, P-cast with a sink (study.modern)
     n_skipped = sum(s["cases"] for s in skipped)
-    figures = draw_figures(config, ok, folder / "figures")
     dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
-    figures = {q: p for q, p in figures.items() if q not in dims_figures} | dims_figures
+    figures = draw_figures(config, ok, folder / "figures", skip=frozenset(dims_figures)) | dims_figures
     env = next(iter(records.values())).env if records else {}
     guide, guide_blocks = _guide(folder, config, records)
     failures += guide.get("failures", [])  # the guide's failed tasks (tried again on the next run)
     said = conclusion(found, pts, (len(failures), n_skipped), guide_sentences(guide) if guide else [])
+    headline = draw_headline(pts.get("seq_len", []), folder / "figures" / "headline.png")
+    if headline is not None:
+        figures = {"headline": headline} | figures
+    first = modern_sentences(found)  # the modern questions open the conclusion when the study measured them
+    if first:
+        said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
+        "answer": answer(found, pts.get("seq_len", [])),
         "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
@@ -173,6 +183,7 @@ NOTES = {
 
 
 NOTES |= DIMS_NOTES  # the attention-variant questions and the error model (study.tables_dims)
+NOTES |= MODERN_NOTES
 
 
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
@@ -185,17 +196,20 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
 
 
 def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
-    """The study report as a reporting.Page: conclusion, verdicts, the guide's claims (when measured),
-    skipped/failed cases, one section per question, the guide's evidence."""
+    """The study report as a reporting.Page: the answer in plain sentences, the headline figure and the
+    verdicts as a table first; then the conclusion sentence by sentence, each verdict's rule, the guide's
+    claims (when measured), skipped/failed cases, one section per question, the guide's evidence."""
     page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
-    if summary["study"] == "production":  # its verdicts are the first lines of its report
-        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
+    page.add(Heading("Answer", anchor="answer"), *(Text(t) for t in summary["answer"]))
+    if "headline" in figures:
+        page.add(Figure(figures["headline"], "Flash / standard attention against the length, both policies"))
+    page.add(Heading("Verdicts", anchor="verdicts"), Table(*verdict_rows(summary["findings"])))
     page.add(
         Heading("Conclusion", anchor="conclusion"),
         Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
+        Heading("Verdicts: rules and reasons", anchor="rules"),
+        Bullets(_verdict_items(summary)),
     )
-    if summary["study"] != "production":
-        page.add(Heading("Verdicts", anchor="verdicts"), Bullets(_verdict_items(summary)))
     page.add(
         Text(
             f"{summary['cases']} cases, {summary['failed']} failed. Two views of error: the paper's (the metric "

@@ -8,7 +8,7 @@ import time
 import warnings
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, is_full, write_atomic
 from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
@@ -19,6 +19,8 @@ from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder
 
 MAX_WORKERS = 256
 PROGRESS_EVERY_S = 5.0  # plain progress lines off a terminal, at most this often
+RECORD_BYTES = 2048  # a record line's size when the store holds none to measure (tiny's average 1.2 kB)
+REPORT_BYTES = 16 * 2**20  # room for report.html, report.md and figures/ (tiny's take 3 MB)
 
 
 def prepare_out(out: str | Path) -> Path:
@@ -26,12 +28,15 @@ def prepare_out(out: str | Path) -> Path:
     if not str(out).strip():
         raise ValueError(f"--out {str(out)!r} is empty; give a folder for the study")
     path = Path(out)
+    probe = path / ".write-test"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
+        if is_full(exc):
+            probe.unlink(missing_ok=True)
+            raise full_error(exc, probe, REPORT_BYTES) from exc
         raise ValueError(f"--out {str(path)!r} is not writable: {exc.strerror or exc}") from None
     return path
 
@@ -149,15 +154,19 @@ def _run_locked(
         advance(note=f"{written['failed']} failed" if written["failed"] else "")
 
     done = len(cases) - len(runnable) - len(skips)  # all but what this run will record
-    with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
-        for rec in skips:
-            on_record(rec)
-        if not groups:
-            refs = 0
-        elif executor == "ray":
-            refs = run_ray(groups, workers, on_record, ray_address, temp_dir=_ray_temp(path))
-        else:
-            refs = run_local(groups, workers, on_record, device=device)
+    try:
+        with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
+            for rec in skips:
+                on_record(rec)
+            if not groups:
+                refs = 0
+            elif executor == "ray":
+                refs = run_ray(groups, workers, on_record, ray_address, temp_dir=_ray_temp(path))
+            else:
+                refs = run_local(groups, workers, on_record, device=device)
+    except DiskFull as exc:
+        left = sum(not _done(current.get(c.case_id)) for c in cases)
+        raise full_error(exc, exc.path, left * _record_bytes(store) + REPORT_BYTES) from exc
     stats = {
         "cases_total": len(cases),
         "cases_computed": len(runnable),
@@ -173,6 +182,16 @@ def _run_locked(
     if sum(written.values()):  # a run that changed nothing leaves no trace
         append_line(path / "runs.jsonl", json.dumps(stats))
     return stats
+
+
+def _record_bytes(store: ResultStore) -> int:
+    """The mean size of a record line in the store (RECORD_BYTES when it holds none)."""
+    try:
+        data = store.path.read_bytes()
+    except OSError:
+        return RECORD_BYTES
+    lines = data.count(b"\n")
+    return -(-len(data) // lines) if lines else RECORD_BYTES
 
 
 def _fit_memory(todo: list[Case], current: dict[str, CaseRecord]) -> tuple[list[Case], list[CaseRecord]]:

@@ -2,28 +2,23 @@
 
 Reading never changes a file: a damaged line is dropped with a warning naming the file and line.
 Writing appends whole lines with fsync (or replaces a file atomically), so a kill loses at most the
-line being written. For each case an `ok` record is final; otherwise the last record wins.
+line being written, and a full disk none (the file is cut back to its last whole line: DiskFull).
+A study run removes lines that are not JSON with a warning, keeping their text in records.jsonl.dropped.
+For each case an `ok` record is final; otherwise the last record wins.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import full_error, write_atomic
+from flashcheck.core.lock import LOCK_NAME, FolderLocked, folder_lock  # noqa: F401  (the study folder's lock)
 from flashcheck.study.cases import CaseRecord
 
-LOCK_NAME = ".flashcheck.lock"
-
-
-class FolderLocked(ValueError):
-    """Another process holds the study folder's lock."""
+DROPPED_SUFFIX = ".dropped"  # records.jsonl.dropped: the text of the lines repair() removed
 
 
 class DamagedFile(ValueError):
@@ -64,7 +59,7 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[tuple[int, dict]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: brackets nested too deep to parse
             bad.append((n, f"not JSON: {type(exc).__name__}"))
             continue
         if isinstance(obj, dict):
@@ -78,16 +73,32 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[tuple[int, dict]]:
 
 def append_line(path: str | Path, line: str) -> None:
     """Append one line and fsync; a previous half-written line (no newline) is closed first."""
+    append_bytes(path, line.encode() + b"\n")
+
+
+def append_bytes(path: str | Path, data: bytes) -> None:
+    """Append `data` (whole lines) and fsync, whole or not at all: on a failed write (a full disk: DiskFull)
+    the file is cut back to its size before. A previous half-written line (no newline) is closed first."""
     path = Path(path)
-    with path.open("ab+") as f:
-        f.seek(0, os.SEEK_END)
-        prefix = b""
-        if f.tell():
+    with path.open("ab+", buffering=0) as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
             f.seek(-1, os.SEEK_END)
-            prefix = b"" if f.read(1) == b"\n" else b"\n"
-        f.write(prefix + line.encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+            data = data if f.read(1) == b"\n" else b"\n" + data
+        try:
+            _write_all(f, data)
+            os.fsync(f.fileno())
+        except OSError as exc:
+            os.ftruncate(f.fileno(), size)  # shrinking needs no space
+            os.fsync(f.fileno())
+            raise full_error(exc, path, len(data)) from exc
+
+
+def _write_all(f, data: bytes) -> None:
+    """Write every byte of `data` to the unbuffered file `f` (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]
 
 
 class ResultStore:
@@ -108,7 +119,7 @@ class ResultStore:
                 continue
             try:
                 rec = CaseRecord.from_dict(json.loads(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
                 bad.append((n, type(exc).__name__))
                 continue
             prev = records.get(rec.case_id)
@@ -119,25 +130,37 @@ class ResultStore:
             _warn_dropped(self.path, bad, "those cases will be recomputed")
         return records
 
+    @property
+    def dropped_path(self) -> Path:
+        """records.jsonl.dropped: the text of every line repair() removed, one per line, oldest first."""
+        return self.path.with_name(self.path.name + DROPPED_SUFFIX)
+
     def repair(self) -> int:
-        """Remove lines that are not JSON (half-written by a kill) atomically; keep every JSON line,
-        understood or not. Only a study run holding the folder's lock calls this. Returns lines removed."""
+        """Remove lines that are not JSON (half-written by a kill) atomically, with a warning naming the
+        file and lines; their text is appended to `dropped_path` first, so nothing is lost. Every JSON
+        line is kept, understood or not. Only a study run holding the folder's lock calls this. Returns
+        lines removed."""
         data = _read_bytes(self.path, "records")
         if not data:
             return 0
-        keep, removed = [], 0
-        for line in data.split(b"\n"):
+        keep, bad, removed = [], [], []
+        for n, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
                 json.loads(line)
-            except ValueError:
-                removed += 1
+            except (ValueError, RecursionError) as exc:
+                bad.append((n, f"not JSON: {type(exc).__name__}"))
+                removed.append(line + b"\n")
                 continue
             keep.append(line + b"\n")
+        if removed:
+            append_bytes(self.dropped_path, b"".join(removed))
         if removed or not data.endswith(b"\n"):
             write_atomic(self.path, b"".join(keep))
-        return removed
+        if bad:
+            _warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
+        return len(removed)
 
     def append(self, record: CaseRecord) -> None:
         append_line(self.path, record.to_json())
@@ -156,27 +179,3 @@ def read_study_json(folder: str | Path) -> dict | None:
     if not isinstance(obj, dict):
         raise DamagedFile(f"{str(path)!r} is damaged: a JSON {type(obj).__name__}, not an object")
     return obj
-
-
-@contextmanager
-def folder_lock(folder: str | Path) -> Iterator[None]:
-    """Hold an advisory lock (flock) on `folder` for the duration; FolderLocked naming the holder's
-    PID when another process has it. The kernel releases it when the holder dies, even by SIGKILL."""
-    path = Path(folder) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise FolderLocked(
-                f"--out {str(folder)!r} is in use by another flashcheck study (PID {holder}); "
-                "wait for it to finish or use another --out folder"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)

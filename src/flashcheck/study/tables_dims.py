@@ -44,6 +44,7 @@ X_LABEL = {
     "layer": "layer of the captured activations",
 }
 Y_LABEL = "kernel rel-L2 vs FP64 of the rounded inputs"
+CASES = {"padding": "padding side and fraction, causal mask"}  # a crowded figure's categories (study.figures)
 
 
 def _variant(c: Case, xname: str) -> str:
@@ -124,7 +125,8 @@ def _draw(recs: list[CaseRecord], question: str, path: Path) -> Path | None:
     if not groups or not matplotlib_available():
         return None
     xname = X_AXIS.get(question, "seq_len")
-    draw_groups(groups, path, x=X_LABEL.get(xname, xname), y=Y_LABEL, log_x=xname in ("seq_len", "lk"))
+    cases = CASES.get(question.removeprefix("production_"), "case")
+    draw_groups(groups, path, x=X_LABEL.get(xname, xname), y=Y_LABEL, log_x=xname in ("seq_len", "lk"), cases=cases)
     return path
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, write_atomic
+from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.training.drift import compare_series
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.ratios import conclusion, describe_slope, findings, growth_fit, ratio_by_step, ratios
@@ -117,9 +118,11 @@ class NonFiniteWeights(RuntimeError):
     """A run's weights hold NaN or Inf (it diverged): the pairs cannot be measured."""
 
 
-def _worker_init(queue) -> None:
+def _worker_init(queue, parent_pid: int | None = None) -> None:
     global _QUEUE
     _QUEUE = queue
+    if parent_pid is not None:  # a train-study killed by SIGKILL takes its workers with it
+        exit_with_parent(parent_pid)
 
 
 def _run(args: tuple[RunConfig, str]) -> str:
@@ -142,16 +145,41 @@ def run_train_study(
     *,
     workers: int | None = None,
     on_progress: Callable[[int, int, str], None] | None = None,
+    on_analysis: Callable[[int, int, str], None] | None = None,
 ) -> dict:
     """Train every run not yet complete (resuming any that stopped), then measure the pairs and write the
-    report. on_progress(steps done, steps of the runs to train, note) while training."""
+    report, holding `out`'s folder lock (FolderLocked, a ValueError naming the holder's PID, when another
+    study or train-study has it). on_progress(steps done, steps of the runs to train, note) while training;
+    on_analysis(parts done, parts, note) while measuring the pairs and writing the report."""
+    from flashcheck.core.lock import folder_lock
+
     out = Path(out)
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
-    train_runs(study.runs, out, workers=workers, on_progress=on_progress)
-    return analyse(study, out)
+    with folder_lock(out, "train-study"):  # a second train-study on `out` is refused at once, naming this one
+        try:
+            train_runs(study.runs, out, workers=workers, on_progress=on_progress)
+            return analyse(study, out, on_progress=on_analysis)
+        except DiskFull as exc:
+            raise full_error(exc, exc.path, bytes_left(study, out)) from exc
+
+
+REPORT_BYTES = 16 * 2**20  # room for report.html, report.md, summary.json and figures/
+
+
+def bytes_left(study: TrainStudy, out: Path) -> int:
+    """About what the runs not yet complete still write (fp32 weights at each save, the resume state with
+    AdamW's two moments), and room for the report: the space a full disk needs freed."""
+    from flashcheck.training.model import GPT
+
+    need = REPORT_BYTES
+    for r in study.runs:
+        if not run_complete(out / "runs" / r.name, r):
+            params = sum(p.numel() for p in GPT(r.model, attention=None).parameters())
+            need += 4 * params * (r.steps // r.save_every + 2 + 3)
+    return need
 
 
 def train_runs(
@@ -185,7 +213,8 @@ def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> 
             if on_progress is not None:
                 on_progress(sum(steps.values()), total, f"run {name} step {step}")
 
-    pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init, initargs=(queue,))
+    init = (queue, os.getpid())
+    pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init, initargs=init)
     with pool:
         pending = {pool.submit(_run, item) for item in todo}
         try:
@@ -227,12 +256,15 @@ def _pair_curve(out: Path, pname: str, a: str, b: str) -> dict:
     }
 
 
-def _curves(study: TrainStudy, out: Path) -> dict:
-    """{pair: {factor, seeds: {seed: curve}}} for every pair of every seed group."""
+def _curves(study: TrainStudy, out: Path, on_pair: Callable[[int, str], None] | None = None) -> dict:
+    """{pair: {factor, seeds: {seed: curve}}} for every pair of every seed group; on_pair(pairs done, note)
+    after each."""
     curves: dict = {}
-    for pname, a, b, factor, seed in study.pairs:
+    for i, (pname, a, b, factor, seed) in enumerate(study.pairs, 1):
         entry = curves.setdefault(pname, {"factor": factor, "seeds": {}})
         entry["seeds"][str(seed)] = _pair_curve(out, pname, a, b)
+        if on_pair is not None:
+            on_pair(i, f"{pname} seed {seed}")
     return curves
 
 
@@ -256,12 +288,16 @@ SMOKE_NOTE = (
 )
 
 
-def analyse(study: TrainStudy, out: Path) -> dict:
+def analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Deviation curves of each pair and seed, growth-phase slopes, the paper's ratios with intervals over
-    seeds, findings (none for a smoke test); writes summary.json, report.md/html and the figures."""
+    seeds, findings (none for a smoke test); writes summary.json, report.md/html and the figures.
+    on_progress(parts done, parts, note): a part is a pair of one seed, and the report last."""
     from flashcheck.training.train_report import write_train_report
 
-    curves = _curves(study, out)
+    parts = len(study.pairs) + 1
+    tell = on_progress or (lambda done, total, note: None)
+    tell(0, parts, "comparing the weights of each pair")
+    curves = _curves(study, out, lambda done, note: tell(done, parts, f"pair {note}"))
     r = ratios(curves)
     losses = {run.name: json.loads((out / "runs" / run.name / "losses.json").read_text()) for run in study.runs}
     summary = {
@@ -278,8 +314,10 @@ def analyse(study: TrainStudy, out: Path) -> dict:
         "final_loss": {k: v[-1] for k, v in losses.items()},
     }
     summary["conclusion"] = conclusion(summary)
+    tell(parts - 1, parts, "report and figures")
     write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
     write_train_report(summary, losses, out)
+    tell(parts, parts, "report written")
     return summary
 
 

@@ -70,7 +70,10 @@ def record_weights(
 
 def hf_callback(out: str | Path, *, every: int = 100, fmt: str = "safetensors"):
     """A transformers.TrainerCallback that records weights every `every` optimizer steps."""
-    from transformers import TrainerCallback
+    try:
+        from transformers import TrainerCallback
+    except ImportError as exc:
+        raise ImportError("hf_callback needs transformers: pip install 'flashcheck[hf]'") from exc
 
     class FlashcheckRecorder(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -81,11 +84,15 @@ def hf_callback(out: str | Path, *, every: int = 100, fmt: str = "safetensors"):
 
 
 def lightning_callback(out: str | Path, *, every: int = 100, fmt: str = "safetensors"):
-    """A Lightning Callback that records weights every `every` optimizer steps."""
+    """A Lightning Callback that records weights every `every` optimizer steps (lightning, or the older
+    pytorch_lightning)."""
     try:
         from lightning.pytorch import Callback
     except ImportError:
-        from pytorch_lightning import Callback
+        try:
+            from pytorch_lightning import Callback
+        except ImportError as exc:
+            raise ImportError("lightning_callback needs lightning: pip install 'flashcheck[lightning]'") from exc
 
     class FlashcheckRecorder(Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

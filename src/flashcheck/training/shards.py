@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from flashcheck.training.readers import CHECKPOINT_SUFFIXES, CheckpointError, Reader, open_file
+from flashcheck.training.safetensors_format import MAX_HEADER, nesting_problem
 
 SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d+)-of-(?P<count>\d+)(?P<suffix>\.safetensors|\.pt|\.pth|\.bin)$")
 INDEX_SUFFIX = ".index.json"
@@ -68,8 +69,13 @@ def index_of(shard: Path) -> Path | None:
 def open_index(index: Path) -> ShardedReader:
     """The checkpoint an index file describes; CheckpointError names a malformed index or a missing shard."""
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if (size := index.stat().st_size) > MAX_HEADER:
+            raise ValueError(f"{size} bytes, more than the {MAX_HEADER} an index may hold")
+        raw = index.read_bytes()
+        if problem := nesting_problem(raw):
+            raise ValueError(f"it {problem}")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{str(index)!r} is not a readable checkpoint index: {exc}") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):

@@ -158,11 +158,18 @@ def tied_max_report(
     for name, value in (("seeds", seeds), ("steps", kw.get("steps", 40))):
         if type(value) is not int or value < 1:
             raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+    from flashcheck.core.lock import folder_lock
+
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
+    with folder_lock(out, "train-study"):  # another run on `out` is refused at once, naming this one
+        return _tied_max_locked(out, on_progress, seeds, kw)
+
+
+def _tied_max_locked(out: Path, on_progress: Callable[[int, int, str], None] | None, seeds: int, kw: dict) -> dict:
     steps = kw.get("steps", 40)
     runs: dict[str, list[dict]] = {"tied": [], "control": []}
     for i, (label, dist) in enumerate(

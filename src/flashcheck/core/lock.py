@@ -1,0 +1,41 @@
+"""The lock of an output folder: one flashcheck study or train-study writes into a folder at a time."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_NAME = ".flashcheck.lock"
+
+
+class FolderLocked(ValueError):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
+    """Hold an advisory lock (flock) on `folder` for the duration; FolderLocked naming the holder's
+    command and PID when another process has it. The kernel releases it when the holder dies, even by
+    SIGKILL. `command` (study, train-study) is what this holder is called in the lock file."""
+    path = Path(folder) / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            pid, _, other = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")
+            raise FolderLocked(
+                f"--out {str(folder)!r} is in use by another flashcheck {other.strip() or 'study'} "
+                f"(PID {pid.strip() or 'unknown'}); wait for it to finish or use another --out folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n{command}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

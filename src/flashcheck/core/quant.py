@@ -1,0 +1,161 @@
+"""Scaled quantisers: E8M0 scales, OCP MX block formats (MXFP8/MXFP6/MXFP4), NVFP4, and integer quantisation
+with per-tensor / per-block / per-token / per-thread scales (SageAttention's granularities).
+
+Every quantiser returns the dequantised tensor (the value the kernel's MMA sees times its scale), in x's dtype
+and shape; blocks run along `dim` (the reduction dimension of the product the tensor enters)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashcheck.core.numerics import INT_FORMATS, Format, info, parse_format, round_to
+
+E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127  # OCP MX v1.0 section 5.4.1: 2^-127 .. 2^127, 0xFF is NaN
+
+MX_SCHEMES: dict[str, tuple[Format, int]] = {
+    "mxfp8": (Format.FP8_E4M3, 32),
+    "mxfp8-e5m2": (Format.FP8_E5M2, 32),
+    "mxfp6": (Format.FP6_E2M3, 32),
+    "mxfp6-e3m2": (Format.FP6_E3M2, 32),
+    "mxfp4": (Format.FP4_E2M1, 32),
+}
+BLOCK_SCHEMES = (*MX_SCHEMES, "nvfp4")
+NVFP4_BLOCK = 16
+
+
+def round_e8m0(x: torch.Tensor) -> torch.Tensor:
+    """x (positive) rounded to E8M0 as torch's float8_e8m0fnu cast does: the nearest power of two, ties
+    (m = 1.5 * 2^e) up, saturating into [2^-127, 2^127]; 0 and negatives give 2^-127, inf and NaN NaN."""
+    x64 = x.detach().to(torch.float64)
+    mant, exp = torch.frexp(x64)  # x = mant * 2^exp, mant in [0.5, 1)
+    e = torch.where(mant >= 0.75, exp, exp - 1).clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    out = torch.ldexp(torch.ones_like(x64), e.to(torch.float64))
+    out = torch.where(x64 > 0, out, torch.full_like(x64, 2.0**E8M0_MIN_EXP))
+    return torch.where(torch.isfinite(x64), out, torch.full_like(x64, math.nan)).to(x.dtype)
+
+
+def emax(fmt: Format | str) -> int:
+    """The exponent of fmt's largest normal value (OCP MX's emax_elem: e4m3 8, e5m2 15, e2m3 2, e3m2 4, e2m1 2)."""
+    return math.frexp(info(fmt).max)[1] - 1
+
+
+def _blocked(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, int]:
+    """x with `dim` moved last and split into [..., n / block, block] (zero-padded), and the pad."""
+    xt = x.movedim(dim, -1)
+    pad = (-xt.shape[-1]) % block
+    if pad:
+        xt = torch.nn.functional.pad(xt, (0, pad))
+    return xt.reshape(*xt.shape[:-1], -1, block), pad
+
+
+def _unblocked(xb: torch.Tensor, pad: int, dim: int) -> torch.Tensor:
+    xt = xb.reshape(*xb.shape[:-2], -1)
+    if pad:
+        xt = xt[..., :-pad]
+    return xt.movedim(-1, dim)
+
+
+def mx_scales(amax: torch.Tensor, fmt: Format | str) -> torch.Tensor:
+    """OCP MX v1.0 section 6.3: X = 2^(floor(log2(amax)) - emax_elem), clamped to E8M0's range (amax 0: 2^-127)."""
+    a64 = amax.to(torch.float64)
+    _, exp = torch.frexp(a64)
+    shared = (exp - 1 - emax(fmt)).clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    x = torch.ldexp(torch.ones_like(a64), shared.to(torch.float64))
+    return torch.where(a64 > 0, x, torch.full_like(a64, 2.0**E8M0_MIN_EXP))
+
+
+def quantize_mx(x: torch.Tensor, fmt: Format | str, *, block: int = 32, dim: int = -1) -> torch.Tensor:
+    """MX block quantisation: blocks of `block` elements along `dim` share the scale X of mx_scales; each
+    element is x / X rounded to fmt (nearest-even, saturating at fmt's max) and multiplied back by X."""
+    fmt = parse_format(fmt)
+    xb, pad = _blocked(x.detach().to(torch.float64), dim, block)
+    scale = mx_scales(xb.abs().amax(dim=-1, keepdim=True), fmt)
+    return _unblocked(round_to(xb / scale, fmt) * scale, pad, dim).to(x.dtype)
+
+
+def quantize_nvfp4(x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None) -> torch.Tensor:
+    """NVFP4: e2m1 values in blocks of 16 along `dim`, each block with an e4m3 scale, the tensor with an FP32
+    scale s = 448 * 6 / amax(|x|) (NVIDIA's two-level recipe): block scale e4m3(amax_b / 6 * s), element
+    e2m1(x / (scale_b / s)), value e2m1 * scale_b / s, the arithmetic in float32 as the kernels do.
+    `tensor_amax` overrides amax(|x|) (a calibrated or per-row amax, broadcasting against x)."""
+    x32 = x.detach().to(torch.float32)
+    amax_t = x32.abs().amax() if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
+    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
+    if tensor_amax is not None and s_enc.dim():
+        s_enc = _blocked(s_enc.expand_as(x32), dim, block)[0][..., :1]
+    xb, pad = _blocked(x32, dim, block)
+    s_block = round_to(xb.abs().amax(dim=-1, keepdim=True) / 6.0 * s_enc, Format.FP8_E4M3)
+    dec = s_block / s_enc
+    safe = torch.where(dec > 0, dec, torch.ones_like(dec))
+    out = torch.where(dec > 0, round_to(xb / safe, Format.FP4_E2M1) * dec, torch.zeros_like(xb))
+    return _unblocked(out, pad, dim).to(x.dtype)
+
+
+def quantize_blocks(x: torch.Tensor, scheme: str, *, dim: int = -1) -> torch.Tensor:
+    """Block (microscaling) quantisation of x along `dim` by scheme: mxfp8 (e4m3), mxfp8-e5m2, mxfp6 (e2m3),
+    mxfp6-e3m2, mxfp4 (e2m1), all 32-element blocks with an E8M0 scale; nvfp4 (see quantize_nvfp4)."""
+    if scheme == "nvfp4":
+        return quantize_nvfp4(x, dim=dim)
+    if scheme not in MX_SCHEMES:
+        raise ValueError(f"unknown block scheme {scheme!r}; expected one of {', '.join(BLOCK_SCHEMES)}")
+    fmt, block = MX_SCHEMES[scheme]
+    return quantize_mx(x, fmt, block=block, dim=dim)
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest integer, halves away from zero (SageAttention's x + 0.5 sign(x), truncated)."""
+    return torch.trunc(x + 0.5 * torch.sign(x))
+
+
+GRANULARITIES = ("tensor", "block", "token", "thread", "channel")
+
+
+def group_ids(n: int, granularity: str, *, block: int = 128, warp: int = 32, threads: int = 8) -> torch.Tensor:
+    """The scale group of each of n tokens [n] (int64): block — `block` consecutive tokens; token — one each;
+    thread — SageAttention2's per-thread groups: within each `warp` of consecutive tokens, the tokens whose
+    index mod 8 falls in one thread's share (threads = 8: index mod 8; threads = 4: pairs {2t, 2t + 1});
+    tensor — all one group."""
+    idx = torch.arange(n)
+    if granularity == "tensor":
+        return torch.zeros(n, dtype=torch.int64)
+    if granularity == "token":
+        return idx
+    if granularity == "block":
+        return idx // block
+    if granularity == "thread":
+        lane = (idx % 8) // (8 // threads)
+        return (idx // warp) * threads + lane
+    raise ValueError(f"unknown token granularity {granularity!r}; expected one of {', '.join(GRANULARITIES)}")
+
+
+def quantize_int(
+    x: torch.Tensor,
+    fmt: Format | str,
+    granularity: str = "block",
+    *,
+    block: int = 128,
+    warp: int = 32,
+    threads: int = 8,
+    eps: float = 1e-7,
+) -> torch.Tensor:
+    """Symmetric integer quantisation of x [..., L, D] (int8: +-127, int4: +-7) with one scale per token
+    group (group_ids; `channel`: one per column of D over all tokens): scale = amax / qmax + eps (as
+    SageAttention computes it), value round_half_away(x / scale) * scale, in float32 arithmetic."""
+    fmt = parse_format(fmt)
+    if fmt not in INT_FORMATS:
+        raise ValueError(f"quantize_int takes int8 or int4; got {fmt.value}")
+    qmax = info(fmt).max
+    x32 = x.detach().to(torch.float32)
+    if granularity == "channel":
+        amax = x32.abs().amax(dim=-2, keepdim=True)
+    else:
+        ids = group_ids(x32.shape[-2], granularity, block=block, warp=warp, threads=threads).to(x32.device)
+        groups = int(ids.max()) + 1 if ids.numel() else 0
+        amax_g = torch.zeros(*x32.shape[:-2], groups, dtype=torch.float32, device=x32.device)
+        amax_g.scatter_reduce_(-1, ids.expand(*x32.shape[:-2], -1), x32.abs().amax(dim=-1), "amax")
+        amax = amax_g.index_select(-1, ids).unsqueeze(-1)
+    scale = amax / qmax + eps
+    q = round_half_away(x32 / scale).clamp(-qmax, qmax)
+    return (q * scale).to(x.dtype)

@@ -1,0 +1,98 @@
+"""Quantized-attention inputs and P (SageAttention 1/2/3, FA4's FP8/FP4 paths): Q and K per block / token /
+thread or in MX / NVFP4 blocks along D, optional smoothing, V in its own format and scaling, P scaled or
+two-level NVFP4. Tensors q, k [B, H, L, D], v [B, H, L, Dv], float64 in and out (dequantised values)."""
+
+from __future__ import annotations
+
+import torch
+
+from flashcheck.core.numerics import (
+    INT_FORMATS,
+    MX_ELEMENT_FORMATS,
+    NARROW_FORMATS,
+    Format,
+    Policy,
+    amax_scale,
+    info,
+    quantize_scaled,
+    round_to,
+)
+from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
+
+SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
+
+
+def uses_quantized_inputs(policy: Policy) -> bool:
+    """True when the policy's inputs take this module's path (any input knob set, or an fp6/fp4/int input)."""
+    knobs = policy.qk_scaling or policy.v_scaling or policy.smooth_q or policy.smooth_k or policy.v_format
+    return bool(knobs) or policy.input in MX_ELEMENT_FORMATS | INT_FORMATS
+
+
+def quantize_tokens(
+    t: torch.Tensor, fmt: Format, scaling: str, *, block: int, role: str, scale_max: float = 0.0
+) -> torch.Tensor:
+    """t [B, H, L, D] quantised to fmt with `scaling` (QK_SCALINGS / V_SCALINGS): tensor, block (of `block`
+    tokens), token, thread (SageAttention2: role q 8 groups per 32 rows, k 4 per 64), channel (one scale per
+    column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
+    q and k, along the tokens for v)."""
+    along = -2 if role == "v" else -1
+    if scaling == "mx":
+        return quantize_mx(t, fmt, dim=along)
+    if scaling == "nvfp4":
+        return quantize_nvfp4(t, dim=along)
+    if fmt in INT_FORMATS:
+        warp, threads = (SAGE_WARP_Q, 8) if role == "q" else (SAGE_WARP_K, 4)
+        return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
+    if scaling in ("", "tensor"):
+        return quantize_scaled(t, fmt, amax_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
+    if scaling == "channel":  # SageAttention's per_channel_fp8: amax maps to scale_max (default fmt's max)
+        scale = amax_scale(t, fmt, dims=(-2,))
+        return quantize_scaled(t, fmt, scale * (info(fmt).max / scale_max) if scale_max else scale)
+    ids = group_ids(t.shape[-2], scaling, block=block, warp=SAGE_WARP_Q if role == "q" else SAGE_WARP_K,
+                    threads=8 if role == "q" else 4)  # fmt: skip
+    return _per_group(t, fmt, ids.to(t.device))
+
+
+def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
+    amax = torch.zeros(*t.shape[:-2], int(ids.max()) + 1, dtype=t.dtype, device=t.device)
+    amax.scatter_reduce_(-1, ids.expand(*t.shape[:-2], -1), t.abs().amax(dim=-1), "amax")
+    a = amax.index_select(-1, ids).unsqueeze(-1)
+    scale = torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
+    return quantize_scaled(t, fmt, scale)
+
+
+def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
+    """(q, k, v) as the quantized kernel holds them. smooth_k subtracts K's mean over the tokens (a per-row
+    constant of the scores, which softmax cancels: the kernels drop it); smooth_q subtracts each query block's
+    mean before quantising and adds it back inside the float32 score product (the kernels add the GEMV
+    mean · K^T to the scores). V in policy.v_format (default: input) with v_scaling."""
+    fmt = policy.input
+    if fmt == Format.FP64:
+        return q, k, v
+    if policy.smooth_k:
+        k = k - k.mean(dim=-2, keepdim=True)
+    qm = None
+    if policy.smooth_q:
+        ids = group_ids(q.shape[-2], "block", block=block_q).to(q.device)
+        sums = torch.zeros(*q.shape[:-2], int(ids.max()) + 1, q.shape[-1], dtype=q.dtype, device=q.device)
+        sums.index_add_(-2, ids, q)
+        counts = torch.bincount(ids).to(q.dtype).unsqueeze(-1)
+        qm = (sums / counts).index_select(-2, ids)
+        q = q - qm
+    qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q")
+    kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k")
+    if qm is not None:
+        qq = qq + qm
+    vfmt = policy.v_format or fmt
+    vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max)
+    return qq, kq, vq
+
+
+def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
+    """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
+    P * p_scale rounded to the p format, or with p_scaling nvfp4 SageAttention3's two-level quantisation (each
+    row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
+    if policy.p_scaling == "nvfp4":
+        rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
+        return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=rowmax * policy.p_scale).to(p.dtype)
+    return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p)

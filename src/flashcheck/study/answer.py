@@ -1,0 +1,138 @@
+"""The top of a study report: two or three plain sentences answering "is Flash Attention stable?" for real
+kernels (fp32 statistics, bf16-mixed) and for the paper's all-bf16 policy, derived from the computed verdicts
+and ratios; the headline figure (the Flash/Baseline ratio against the length for both policies, the paper's
+value marked at its own conditions); and the verdicts as one table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from flashcheck.reporting.verdicts import Estimate, compare, ratio_interval
+from flashcheck.study.findings import MIXED, PAPER, at_longest, ratio_text
+from flashcheck.study.points import Point
+
+# arXiv 2405.02803 gives figures only: about 10x at BF16 under the all-bf16 policy, with no length or tile size
+# stated beside it (tiles from FlashAttention-1's Bc = ceil(M / 4d) on its GPU), so it is matched on the policy
+# and drawn across every length, never at one length of ours.
+PAPER_RATIO = 10.0
+PAPER_CONDITIONS = "all bf16, FA1 tiles on its GPU; no length or tile size stated"
+PAPER_CELL = f"about {PAPER_RATIO:g}x ({PAPER_CONDITIONS})"
+
+
+def pooled_mixed(points: list[Point]) -> tuple[Estimate, list[int]]:
+    """The kernel-realistic ratio to Baseline pooled over every measured length (paired per seed and length)
+    and the lengths it pools."""
+    mixed = [p for p in points if p.method == MIXED and p.baseline]
+    est = ratio_interval([v for p in mixed for v in p.values], [v for p in mixed for v in p.base_values])
+    return est, sorted({p.seq_len for p in mixed})
+
+
+def answer(found: list[dict], points: list[Point]) -> list[str]:
+    """Two or three sentences from the seq_len question's points and the verdicts (findings); one saying so
+    when the study did not measure Flash against Baseline over the length."""
+    by = {f["id"]: f for f in found}
+    real, paper = _real(points), _paper(by, points)
+    if real is None and paper is None:
+        return [
+            "This study did not measure Flash against standard attention over the sequence length (the seq_len "
+            "question); its verdicts follow."
+        ]
+    out = [s for s in (real, paper) if s]
+    est, _ = pooled_mixed(points)
+    bf16 = by.get("flash_vs_baseline_bf16", {}).get("status")
+    if real is not None and paper is not None and bf16 == "holds" and compare(est, above=True).status != "holds":
+        out.append(
+            "So the tiling is not what makes Flash Attention deviate: low-precision softmax statistics are. Keep "
+            "them and the accumulator in fp32, as every real kernel does."
+        )
+    return out
+
+
+def _real(points: list[Point]) -> str | None:
+    est, lengths = pooled_mixed(points)
+    if est.n < 2 or not math.isfinite(est.high):
+        return None
+    status = compare(est, above=True).status  # the claim "Flash deviates more than Baseline"
+    word = "Not entirely" if status == "holds" else "Yes"
+    how = {
+        "holds": "larger than standard attention's at 95% confidence",
+        "does not hold": "no larger than standard attention's at 95% confidence",
+        "inconclusive": "indistinguishable from standard attention's (the 95% interval contains 1)",
+    }[status]
+    return (
+        f"{word}, for real kernels: with fp32 softmax statistics and accumulator (bf16-mixed, as real kernels "
+        f"keep them) Flash's max-abs error is {ratio_text(est)} that of standard attention over lengths "
+        f"{lengths[0]}-{lengths[-1]}, {how}."
+    )
+
+
+def _paper(by: dict, points: list[Point]) -> str | None:
+    f, p = by.get("flash_vs_baseline_bf16"), at_longest(points, PAPER)
+    if f is None or p is None:
+        return None
+    more = {
+        "holds": "deviates more",
+        "does not hold": "does not deviate more",
+        "inconclusive": "may deviate more (inconclusive)",
+    }.get(f["status"], "was not compared")
+    grows = by.get("grows_with_seq_len", {}).get("status")
+    trend = {
+        "holds": ", and the ratio grows with the length",
+        "does not hold": ", and the ratio does not grow with the length",
+        "inconclusive": "; whether the ratio grows with the length is not settled here",
+    }.get(grows or "", "")
+    return (
+        f"With every stage in bf16 (the paper's policy) Flash {more}: {ratio_text(p.ratio_estimate())} that of "
+        f"standard attention at L={p.seq_len} with {p.label} tiles{trend}. The paper reports {PAPER_CELL}."
+    )
+
+
+def verdict_rows(found: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value, verdict."""
+    header = ["claim", "ours (95% interval)", "paper", "verdict"]
+    rows = []
+    for f in found:
+        paper = PAPER_CELL if f["id"] == "flash_vs_baseline_bf16" else f.get("paper") or "-"
+        rows.append([f["claim"], f["measured"], paper, f.get("status", "not measured")])
+    return header, rows
+
+
+def draw_headline(points: list[Point], path: Path) -> Path | None:
+    """Flash / Baseline (max-abs vs FP64 of the original inputs) against the length for the all-bf16 and the
+    bf16-mixed policy, with 95% intervals, a line at 1 and the paper's value across every length (its own
+    conditions, not one of our lengths). None without matplotlib or without both policies' ratios."""
+    from flashcheck.reporting import Styler, figure, label_axes, matplotlib_available
+
+    series = {
+        m: sorted((p for p in points if p.method == m and p.baseline), key=lambda p: p.seq_len) for m in (PAPER, MIXED)
+    }
+    if not matplotlib_available() or not all(series.values()):
+        return None
+    words = {PAPER: "all bf16 (the paper's policy)", MIXED: "bf16-mixed: fp32 statistics (real kernels)"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    style = Styler()
+    with figure(tmp, size=(7.0, 4.6)) as (_, ax):
+        for m, ps in series.items():
+            ests = [p.ratio_estimate() for p in ps]
+            ys = [e.value for e in ests]
+            lo = [e.value - e.low if e.n >= 2 and math.isfinite(e.low) else 0.0 for e in ests]
+            hi = [e.high - e.value if e.n >= 2 and math.isfinite(e.high) else 0.0 for e in ests]
+            tiles = ps[0].label
+            st = style(f"{words[m]}, tiles {tiles}")
+            ax.errorbar([p.seq_len for p in ps], ys, yerr=[lo, hi], capsize=3, **st)
+        paper = f"paper: about {PAPER_RATIO:g}x (all bf16; no L given)"
+        ax.axhline(PAPER_RATIO, color="0.3", ls="--", lw=1.2, label=paper)
+        ax.axhline(1.0, color="0.6", lw=0.8)  # no difference: no legend entry
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ls = sorted({p.seq_len for ps in series.values() for p in ps})
+        ax.set_xticks(ls, [str(n) for n in ls])
+        ax.minorticks_off()
+        label_axes(ax, x="sequence length L", y="Flash / standard attention, max-abs error", x_unit="tokens")
+        title = "Flash's error over standard attention's, same policy and inputs: mean and 95% interval"
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    tmp.replace(path)
+    return path

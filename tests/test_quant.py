@@ -1,0 +1,170 @@
+"""fp6 / fp4 / integer formats, E8M0 scales and the block quantisers (core.quant) against hand-made cases,
+torch's own float8 dtypes and ml_dtypes (an independent implementation of the OCP formats)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flashcheck.core.numerics import Format, parse_policy, round_to
+from flashcheck.core.quant import (
+    group_ids,
+    mx_scales,
+    quantize_blocks,
+    quantize_int,
+    quantize_mx,
+    quantize_nvfp4,
+    round_e8m0,
+)
+
+
+def _probe_values() -> torch.Tensor:
+    """Every e4m3 value, the midpoints between neighbours (ties), and random values over 2^-12 .. 2^7."""
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float64)
+    grid = torch.unique(grid[torch.isfinite(grid)])
+    mids = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(0)
+    rand = torch.sign(torch.randn(4000, generator=g, dtype=torch.float64)) * 2 ** (
+        torch.rand(4000, generator=g, dtype=torch.float64) * 19 - 12
+    )
+    return torch.cat([grid, mids, rand, torch.tensor([0.0, 1e9, -1e9, 6.25, 28.5, 7.6])])
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mlname"),
+    [("fp4-e2m1", "float4_e2m1fn"), ("fp6-e2m3", "float6_e2m3fn"), ("fp6-e3m2", "float6_e3m2fn")],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_small_float_formats_match_ml_dtypes(fmt, mlname, dtype):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = _probe_values().to(dtype)
+    ours = round_to(x, fmt).to(torch.float64).numpy()
+    theirs = x.numpy().astype(getattr(ml_dtypes, mlname)).astype(np.float64)  # saturating, ties to even
+    assert np.array_equal(ours, theirs)
+
+
+def test_small_formats_hand_made_and_saturate():
+    x = torch.tensor([0.25, 0.75, 1.25, 2.5, 5.0, 100.0, -7.0, 0.0625, 0.1875], dtype=torch.float64)
+    assert round_to(x, "fp4-e2m1").tolist() == [0.0, 1.0, 1.0, 2.0, 4.0, 6.0, -6.0, 0.0, 0.0]
+    assert round_to(x, "fp6-e3m2").tolist() == [0.25, 0.75, 1.25, 2.5, 5.0, 28.0, -7.0, 0.0625, 0.1875]
+    assert round_to(x, "int8").tolist() == [0.0, 1.0, 1.0, 2.0, 5.0, 100.0, -7.0, 0.0, 0.0]
+    assert round_to(torch.tensor([300.0, -9.0]), "int8").tolist() == [127.0, -9.0]
+    assert round_to(torch.tensor([300.0, -9.0, 2.5]), "int4").tolist() == [7.0, -7.0, 2.0]
+
+
+def test_fp8_rounding_unchanged_by_the_new_formats():
+    x = _probe_values()
+    for fmt, dt in ((Format.FP8_E4M3, torch.float8_e4m3fn), (Format.FP8_E5M2, torch.float8_e5m2)):
+        want = torch.clamp(x, -torch.finfo(dt).max, torch.finfo(dt).max).to(dt).to(torch.float64)
+        got = round_to(x.float(), fmt).double()
+        assert torch.equal(got, want)
+
+
+def test_policies_take_the_new_format_names():
+    pol = parse_policy("bf16-mixed,p=fp4-e2m1,input=fp6-e3m2")
+    assert pol.p == Format.FP4_E2M1 and pol.input == Format.FP6_E3M2
+    with pytest.raises(ValueError, match="fp4-e2m1"):
+        parse_policy("p=fp5")
+
+
+def test_e8m0_matches_torch_and_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = torch.cat([_probe_values().abs().float(), torch.tensor([2.0**-130, 2.0**-127, 1.5, 0.75, 3.0, 2.0**127])])
+    x = x[x > 0]
+    ours = round_e8m0(x)
+    assert torch.equal(ours, x.to(torch.float8_e8m0fnu).float())
+    assert np.array_equal(ours.numpy(), x.numpy().astype(ml_dtypes.float8_e8m0fnu).astype(np.float32))
+
+
+def test_mx_hand_made_blocks():
+    # mxfp4: amax 6 -> X = 2^(2 - 2) = 1; amax 100 -> X = 2^(6 - 2) = 16, 100 / 16 = 6.25 -> 6 (96), 20/16 -> 1.25 -> 1
+    blk = torch.zeros(2, 32, dtype=torch.float64)
+    blk[0, :4] = torch.tensor([6.0, 1.0, -0.5, 0.2])
+    blk[1, :3] = torch.tensor([100.0, 20.0, -40.0])
+    out = quantize_blocks(blk, "mxfp4")
+    assert out[0, :4].tolist() == [6.0, 1.0, -0.5, 0.0]
+    assert out[1, :3].tolist() == [96.0, 16.0, -32.0]
+    # mxfp8 (e4m3, emax 8): amax 300 -> X = 2^(8 - 8) = 1, so 300 -> 288 (e4m3 spacing 32 at 256..448)
+    e = torch.zeros(1, 32, dtype=torch.float64)
+    e[0, :2] = torch.tensor([300.0, 1.0 / 3])
+    assert quantize_blocks(e, "mxfp8")[0, :2].tolist() == [288.0, round_to(torch.tensor(1.0 / 3), "e4m3").item()]
+    # the scale rule and its E8M0 clamps; all-zero block -> 2^-127, values 0
+    scales = mx_scales(torch.tensor([6.0, 100.0, 0.0, 2.0**-140]), "fp4-e2m1")
+    assert scales.tolist() == [1.0, 16.0, 2.0**-127, 2.0**-127]
+    assert quantize_blocks(torch.zeros(1, 32), "mxfp6").abs().sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("scheme", "mlname", "emax"),
+    [
+        ("mxfp8", "float8_e4m3fn", 8),
+        ("mxfp6", "float6_e2m3fn", 2),
+        ("mxfp6-e3m2", "float6_e3m2fn", 4),
+        ("mxfp4", "float4_e2m1fn", 2),
+    ],
+)
+def test_mx_against_ml_dtypes(scheme, mlname, emax):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 70, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 6, dtype=torch.float64)[:, None]
+    ours = quantize_blocks(x, scheme).numpy()
+    xs = np.pad(x.numpy(), ((0, 0), (0, 26))).reshape(6, 3, 32)
+    amax = np.abs(xs).max(axis=-1, keepdims=True)
+    scale = 2.0 ** (np.floor(np.log2(amax)) - emax)
+    elems = np.clip(xs / scale, -1e30, 1e30).astype(getattr(ml_dtypes, mlname)).astype(np.float64)
+    if mlname == "float8_e4m3fn":  # ml_dtypes' e4m3 overflows to NaN; MX conversions saturate
+        elems = np.where(np.isnan(elems), np.sign(xs / scale) * 448.0, elems)
+    want = (elems * scale).reshape(6, 96)[:, :70]
+    assert np.array_equal(ours, want)
+
+
+def test_mx_blocks_run_along_dim():
+    x = torch.randn(3, 64, 5, dtype=torch.float64)
+    assert torch.equal(quantize_mx(x, "fp4-e2m1", dim=1), quantize_mx(x.transpose(1, 2), "fp4-e2m1").transpose(1, 2))
+
+
+def test_nvfp4_hand_made_and_against_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    # tensor amax 6: s = 448; a block of amax 6 gets scale e4m3(448) = 448, so its elements are plain e2m1
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([6.0, 2.6, -0.7, 0.2])
+    x[0, 16:18] = torch.tensor([0.3, 0.1])  # block amax 0.3: scale e4m3(0.05 * 448 = 22.4) = 22
+    out = quantize_nvfp4(x)
+    assert out[0, :4].tolist() == [6.0, 3.0, -0.5, 0.0]
+    dec = 22.0 / 448.0
+    fp4 = ml_dtypes.float4_e2m1fn
+    want = [float(np.float32(v / np.float32(dec)).astype(fp4).astype(np.float32) * np.float32(dec)) for v in (0.3, 0.1)]
+    assert out[0, 16:18].tolist() == pytest.approx(want, rel=0, abs=0)
+    g = torch.Generator().manual_seed(2)
+    y = torch.randn(4, 48, generator=g) * 3
+    s = np.float32(448.0 * 6.0) / np.float32(y.abs().max().item())
+    yb = y.numpy().reshape(4, 3, 16)
+    sb = (np.abs(yb).max(-1, keepdims=True) / np.float32(6.0) * s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    d = sb / s
+    ref = ((yb / d).astype(ml_dtypes.float4_e2m1fn).astype(np.float32) * d).reshape(4, 48)
+    assert np.array_equal(quantize_nvfp4(y).numpy(), ref)
+
+
+def test_sage_group_ids():
+    # per-thread Q: within 32-token warps, tokens with equal index mod 8 share a scale
+    q = group_ids(64, "thread", warp=32, threads=8)
+    assert q[:10].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1] and q[32].item() == 8
+    # per-thread K (4 threads): pairs {2t, 2t + 1} of index mod 8
+    k = group_ids(64, "thread", warp=64, threads=4)
+    assert k[:10].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    assert group_ids(300, "block", block=128)[[0, 127, 128, 299]].tolist() == [0, 0, 1, 2]
+
+
+def test_quantize_int_hand_made():
+    x = torch.zeros(1, 1, 4, 2)
+    x[0, 0, :, 0] = torch.tensor([127.0, 63.5, -1.0, 0.49])
+    x[0, 0, 1, 1] = 0.25
+    out = quantize_int(x, "int8", "tensor", eps=0.0)
+    assert out[0, 0, :, 0].tolist() == [127.0, 64.0, -1.0, 0.0]  # 63.5 rounds half away from zero
+    tok = quantize_int(x, "int4", "token", eps=0.0)  # row 1: amax 63.5, scale 63.5 / 7
+    s = np.float32(63.5) / np.float32(7.0)
+    assert tok[0, 0, 1].tolist() == [float(np.float32(7) * s), 0.0]
+    assert math.isclose(tok[0, 0, 0, 0].item(), 127.0, rel_tol=1e-6)
+    ch = quantize_int(x, "int8", "channel", eps=0.0)
+    assert ch[0, 0, 1, 1].item() == pytest.approx(0.25, rel=1e-6)

@@ -1,0 +1,123 @@
+"""The study report answers its question first (plain sentences, the headline figure, the verdicts as a table,
+then the details), and every figure the quick preset draws passes reporting.figures.figure_problems: both on a
+quick-shaped folder of synthetic records (tests/quick_shaped.py, no kernel run), built once."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from tests.helpers import audited_figures
+from tests.quick_shaped import write_quick_shaped
+from tests.test_study_report import config, write_study
+
+from flashcheck.study.answer import PAPER_RATIO, answer
+from flashcheck.study.findings import findings
+from flashcheck.study.points import sweep_points
+from flashcheck.study.report import build_report
+
+OLD_KEYS = {
+    "study",
+    "conclusion",
+    "findings",
+    "cases",
+    "failed",
+    "skipped",
+    "failures",
+    "runs",
+    "environment",
+    "figures",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    """(folder, summary, audited figures, the headline figure's series) of a quick-shaped study's report."""
+    from matplotlib.figure import Figure
+
+    from flashcheck.reporting.figures import _handle_data
+
+    folder = tmp_path_factory.mktemp("quick")
+    write_quick_shaped(folder)
+    headline: dict[str, tuple] = {}
+
+    with audited_figures(save=False) as seen:
+        audited = Figure.savefig
+
+        def keep(self, fname, *args, **kwargs):  # the headline's legend entries: (xs, ys) of each
+            if "headline" in str(fname):
+                for handle, label in zip(*self.axes[0].get_legend_handles_labels(), strict=True):
+                    headline[label] = _handle_data(handle)[1:]
+            return audited(self, fname, *args, **kwargs)
+
+        Figure.savefig = keep
+        try:
+            summary = build_report(folder)
+        finally:
+            Figure.savefig = audited
+    return folder, summary, seen, headline
+
+
+def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verdict_table(quick_report):
+    folder, summary, _, _ = quick_report
+    md = (folder / "report.md").read_text()
+    lines = [x for x in md.splitlines() if x.strip() and not x.startswith("<a id=")]
+    assert lines[1] == "## Answer"
+    first = lines[2:5]  # three plain sentences: real kernels, the paper's policy, what follows
+    assert first[0].startswith("Yes, for real kernels: with fp32 softmax statistics") and "0.946x [" in first[0]
+    assert "no larger than standard attention's at 95% confidence" in first[0]
+    assert first[1].startswith("With every stage in bf16 (the paper's policy) Flash deviates more: 8.02x [")
+    assert "at L=8192 with 16x16 tiles, and the ratio grows with the length" in first[1]
+    assert "The paper reports about 10x (all bf16" in first[1] and first[2].startswith("So the tiling is not")
+    assert first == summary["answer"]
+    assert lines[5] == "![Flash / standard attention against the length, both policies](figures/headline.png)"
+    assert lines[6:8] == ["## Verdicts", "| claim | ours (95% interval) | paper | verdict |"]
+    rows = [x for x in lines[9 : 9 + len(summary["findings"])]]
+    assert len(rows) == len(summary["findings"]) and all(r.startswith("| ") for r in rows)
+    for f, row in zip(summary["findings"], rows, strict=True):  # one row per verdict, in order
+        assert row.endswith(f"| {f['status']} |") and f["claim"] in row
+    headings = [x for x in lines if x.startswith("## ")]
+    assert headings[:5] == ["## Answer", "## Verdicts", "## Conclusion", "## Verdicts: rules and reasons",
+                            "## The production guide's claims"]  # fmt: skip
+    page = (folder / "report.html").read_text()
+    assert page.index("Yes, for real kernels") < page.index("<img") < page.index("<th>claim</th>")
+    assert page.index("<th>claim</th>") < page.index("id='conclusion'")
+    assert OLD_KEYS | {"answer"} <= set(json.loads((folder / "summary.json").read_text()))
+
+
+def test_the_headline_figure_draws_both_policies_and_the_paper_across_every_length(quick_report):
+    _, summary, _, headline = quick_report
+    assert summary["figures"]["headline"] == "figures/headline.png"
+    series = headline
+    lengths = [512, 1024, 2048, 4096, 8192]
+    bf16 = next(v for k, v in series.items() if k.startswith("all bf16"))
+    mixed = next(v for k, v in series.items() if k.startswith("bf16-mixed"))
+    assert bf16[0] == lengths and mixed[0] == lengths
+    assert bf16[1][-1] == pytest.approx(8.02, rel=1e-3) and max(mixed[1]) < 1
+    paper = next(v for k, v in series.items() if k.startswith("paper"))
+    assert paper == ([0, 1], [PAPER_RATIO, PAPER_RATIO])  # a line across the whole axes, not a point at one L
+
+
+def test_the_answer_follows_the_verdicts(tmp_path):
+    """Not hard-coded: bf16-mixed 1.5x Baseline says "Not entirely" and drops the fp32 advice; a study
+    without the seq_len question says it did not measure it."""
+    cfg = config()
+    records = write_study(tmp_path, cfg)
+    for r in records.values():
+        if r.case.policy == "bf16-mixed" and r.case.kernel == "flash":
+            r.errors["max_abs"] *= 1.5 / 0.9
+    pts = sweep_points(cfg.sweeps[0], records)
+    said = answer(findings(cfg, records), pts)
+    assert said[0].startswith("Not entirely, for real kernels") and re.search(r"1\.5\d*x \[", said[0])
+    assert "larger than standard attention's at 95% confidence" in said[0] and len(said) == 2
+    assert answer([], [])[0].startswith("This study did not measure Flash against standard attention")
+
+
+def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
+    seen = quick_report[2]
+    names = {name for name, _, _ in seen}
+    assert {"padding.png", "boundary.png", "headline.tmp.png", "seq_len.tmp.png", "cost.png"} <= names
+    assert len(seen) == len(names)  # each figure drawn once (the attention variants' no longer twice)
+    for name, problems, _ in seen:
+        assert problems == [], (name, problems)
