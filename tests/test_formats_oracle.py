@@ -1,10 +1,11 @@
 """flashcheck's rounding (core.numerics.round_to) against an independent oracle, bit for bit: ml_dtypes' casts
-(the NumPy dtypes JAX uses) for bf16 and fp8 e4m3/e5m2, NumPy's own float16 for fp16 — on every value of each
-format, on every midpoint between neighbours (the ties, and the float64 numbers just either side of them), and
-on random float64 and float32 values from the subnormals to past the largest finite value.
+(the NumPy dtypes JAX uses) for bf16, fp8 e4m3/e5m2, fp6 e2m3/e3m2 and fp4 e2m1, NumPy's own float16 for
+fp16 — on every value of each format, on every midpoint between neighbours (the ties, and the float64 numbers
+just either side of them), and on random float64 and float32 values from the subnormals to past the largest
+finite value.
 
-fp8 saturates in flashcheck (FA3's conversions clamp to +-max), where a plain cast overflows to NaN (e4m3fn) or
-inf (e5m2): for fp8 the oracle is the cast of the value clamped to +-max."""
+fp8, fp6 and fp4 saturate in flashcheck (FA3's and the microscaling conversions clamp to +-max), where a plain cast
+overflows to NaN (e4m3fn) or inf (e5m2): for them the oracle is the cast of the value clamped to +-max."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ FORMATS = {  # flashcheck format -> (oracle dtype, unsigned integer of its width
     "fp16": (np.float16, np.uint16),
     "fp8-e4m3": (ml_dtypes.float8_e4m3fn, np.uint8),
     "fp8-e5m2": (ml_dtypes.float8_e5m2, np.uint8),
+    # the sub-byte formats of the microscaling presets (ml_dtypes stores each in a byte), where flashcheck has them
+    "fp6-e2m3": (ml_dtypes.float6_e2m3fn, np.uint8),
+    "fp6-e3m2": (ml_dtypes.float6_e3m2fn, np.uint8),
+    "fp4-e2m1": (ml_dtypes.float4_e2m1fn, np.uint8),
 }
+SATURATING = ("fp8", "fp6", "fp4")  # flashcheck clamps these to +-max; a plain cast overflows (or has no inf)
 
 
 def _every_finite_value(fmt: str) -> np.ndarray:
@@ -34,7 +40,7 @@ def _every_finite_value(fmt: str) -> np.ndarray:
 
 def _oracle_bits(x: np.ndarray, fmt: str) -> np.ndarray:
     dtype, uint = FORMATS[fmt]
-    if fmt.startswith("fp8"):
+    if fmt.startswith(SATURATING):
         x = np.clip(x, -info(fmt).max, info(fmt).max)
     with np.errstate(over="ignore"):  # past max + half an ulp: inf, as round_to gives
         return x.astype(dtype).view(uint)
