@@ -355,8 +355,31 @@ VALIDATE = [  # run only once `flashcheck validate` exists
     r("validate-samples-text", "validate --samples many", "--samples", "many"),
 ]
 
+JUDGE = [
+    r("judge-no-file", "judge", "FILE"),
+    r("judge-empty", "judge ''", "FILE", "empty"),
+    r("judge-missing", "judge {missing}", "{missing}", "is not a file"),
+    r("judge-dir", "judge {dir}", "{dir}", "is not a file"),
+    r("judge-text-file", "judge {file}", ".txt", "expected .safetensors or .npz"),
+    r("judge-pickle", "judge {pt_garbage}", ".pt", "expected .safetensors or .npz"),
+    r("judge-garbage", "judge {st_garbage}", "shorter than the 8-byte"),
+    r("judge-header-huge", "judge {st_header_huge}", "header length"),
+    r("judge-header-list", "judge {st_header_list}", "not a JSON object"),
+    r("judge-header-not-utf8", "judge {st_header_not_utf8}", "not JSON"),
+    r("judge-entry-int", "judge {st_entry_int}", "'w'", "dtype, shape and data_offsets"),
+    r("judge-reversed", "judge {st_reversed}", "'w'", "[8, 0]"),
+    r("judge-shape-mismatch", "judge {st_shape_mismatch}", "'w'", "[3, 3]"),
+    r("judge-bad-dtype", "judge {st_bad_dtype}", "'w'", "F128", "BF16"),
+    r("judge-truncated", "judge {st_truncated}", "'w'", "[0, 800]"),
+    r("judge-offsets-text", "judge {st_offsets_text}", "'w'", "data_offsets"),
+    r("judge-shape-negative", "judge {st_shape_negative}", "'w'", "[-1]"),
+    r("judge-unknown-tensor", "judge {st_ok}", "unknown name(s) 'w'", "q, k, v, out"),
+    r("judge-unknown-flag", "judge {st_ok} --no-such-flag", "--no-such-flag"),
+]
+
 ROWS = [
     *COMPARE,
+    *JUDGE,
     *COMPARE_BACKEND,
     *EXPLAIN,
     *BACKENDS,

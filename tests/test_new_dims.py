@@ -147,6 +147,11 @@ def _cpu_backends():
     return [b for b in all_backends() if b.available(torch.float32, "cpu").ok]
 
 
+# backends that compute grouped heads in their own layout: JAX reshapes Q to [B, T, Hkv, G, D] and batches the G
+# query heads of each K/V head in one dot, so its sums run in another order than with repeated K/V heads
+OWN_GROUPING = {"jax-xla"}
+
+
 @pytest.mark.parametrize("hkv", [1, 2])
 def test_gqa_equals_repeated_kv_heads_in_every_cpu_backend(hkv):
     q, k, v = (t.float() for t in _cache(12, 20, hkv=hkv))
@@ -158,7 +163,11 @@ def test_gqa_equals_repeated_kv_heads_in_every_cpu_backend(hkv):
         for causal, mask in ((False, None), (True, keep)):
             got = b.run(q, k, v, device="cpu", causal=causal, mask=mask)
             assert got.shape == q.shape
-            assert torch.equal(got, b.run(q, ke, ve, device="cpu", causal=causal, mask=mask)), b.name
+            repeated = b.run(q, ke, ve, device="cpu", causal=causal, mask=mask)
+            if b.name in OWN_GROUPING:  # another dot shape: equal to a few fp32 roundings, not bit for bit
+                assert float((got - repeated).abs().max()) <= 8 * 2**-24 * float(repeated.abs().max()), b.name
+            else:
+                assert torch.equal(got, repeated), b.name
         names.append(b.name)
     assert {"sdpa-math", "sdpa-flash", "eager", "sim-flash"} <= set(names)
 

@@ -108,10 +108,41 @@ def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
         if run in words:
             _checkpoints(cwd / run.rstrip("/"), seed)
+    if words[1] == "judge":  # the file the README's numpy-only lines write, from a framework's arrays
+        _dump_as_the_readme_says(cwd)
     if "--check-pin" in words:  # the pin an earlier `validate --pin` wrote, of this environment
         from flashcheck.core.environment import environment_fingerprint, write_pin
 
         write_pin(cwd / words[words.index("--check-pin") + 1], environment_fingerprint())
+
+
+def _dump_as_the_readme_says(cwd: Path) -> None:
+    """Run the README's dump lines (the python block that calls save_file) on numpy arrays, in `cwd`."""
+    import numpy as np
+
+    (block,) = [b for b in _blocks("python") if "save_file(" in b]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 64, 16)).astype(np.float32) for _ in range(3))
+    s = np.tril(q @ k.transpose(0, 1, 3, 2) / 4) + np.triu(np.full((64, 64), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    names = {"q": q, "k": k, "v": v, "out": (p / p.sum(-1, keepdims=True)) @ v, "scale": 0.25}
+    cwd_before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(block, "README.md", "exec"), names)
+    finally:
+        os.chdir(cwd_before)
+
+
+def test_the_readme_dump_lines_write_a_file_judge_accepts(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    (line,) = [c for c in readme_commands() if c.startswith("flashcheck judge")]
+    _dump_as_the_readme_says(tmp_path)
+    res = CliRunner().invoke(app, [*shlex.split(line)[1:-1], str(tmp_path / shlex.split(line)[-1])])
+    assert res.exit_code == 0 and "pass" in res.output, res.output
 
 
 def test_the_readme_documents_every_command():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -392,6 +393,32 @@ def test_the_guard_validates_as_flashchecks_own_impl(tiny_bert: Path, tmp_path: 
     assert res.exit_code == 0, res.output
     row = next(c for c in json.loads((tmp_path / "summary.json").read_text())["comparisons"] if c["impl"] == "fcguard")
     assert row["pass"] and row["b"] == "eager:fp32" and row["max_abs"] < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["jax-xla", "onnxruntime"])
+def test_other_frameworks_backends_validate_by_name(tiny_bert: Path, tmp_path: Path, impl: str) -> None:
+    """A flashcheck backend of another framework (JAX, ONNX Runtime) registered under its own name and judged."""
+    pytest.importorskip({"jax-xla": "jax", "onnxruntime": "onnxruntime"}[impl])
+    res = _invoke(str(tiny_bert), "--impls", f"eager,{impl}", "--dtypes", "fp32", "--out", str(tmp_path), *FAST)
+    assert res.exit_code == 0, res.output
+    row = next(c for c in json.loads((tmp_path / "summary.json").read_text())["comparisons"] if c["impl"] == impl)
+    assert row["pass"] and row["b"] == "eager:fp32" and 0 < row["max_abs"] < 1e-5
+
+
+def test_a_backend_without_the_models_dtype_is_skipped_with_the_reason(tiny_bert: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    res = _invoke(str(tiny_bert), "--impls", "eager,onnxruntime", "--dtypes", "bf16", "--out", str(tmp_path), *FAST)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["impl"] for c in summary["comparisons"]] == ["eager"], summary["comparisons"]
+    skipped = json.dumps(summary)
+    assert "dtype bfloat16 not supported" in skipped and "onnxruntime" in res.output
+
+
+def test_a_backend_whose_extra_is_missing_is_a_one_line_usage_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "jax", None)
+    res = _invoke("--impls", "eager,jax-xla", "--samples", "4", "--out", str(tmp_path / "v"))
+    assert res.exit_code == 2 and "pip install 'flashcheck[jax]'" in res.output
+    assert len(res.output.strip().splitlines()) == 1
 
 
 def test_max_length_rows_reach_the_maximum_even_from_short_texts() -> None:

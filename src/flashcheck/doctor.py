@@ -95,7 +95,7 @@ def diagnose(
     backends = []
     for b in all_backends():
         a = b.available()
-        backends.append({"name": b.name, "available": a.ok, "reason": a.reason})
+        backends.append({"name": b.name, "available": a.ok, "reason": a.reason, "version": b.version()})
     fa = importlib.util.find_spec("flash_attn") is not None
     return {
         "os": platform.platform(),

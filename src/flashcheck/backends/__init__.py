@@ -13,10 +13,19 @@ def all_backends() -> list[Backend]:
     """Every known backend, in a stable order (nothing optional is imported here)."""
     from flashcheck.backends.eager import eager_backends
     from flashcheck.backends.external import external_backends
+    from flashcheck.backends.jax_xla import jax_backends
+    from flashcheck.backends.onnx_rt import onnx_backends
     from flashcheck.backends.sdpa import sdpa_backends
     from flashcheck.backends.simulators import simulator_backends
 
-    return [*sdpa_backends(), *external_backends(), *eager_backends(), *simulator_backends()]
+    return [
+        *sdpa_backends(),
+        *external_backends(),
+        *jax_backends(),
+        *onnx_backends(),
+        *eager_backends(),
+        *simulator_backends(),
+    ]
 
 
 def backend_names() -> list[str]:

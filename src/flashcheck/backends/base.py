@@ -109,6 +109,15 @@ class Backend:
     def _available(self, device: str) -> Availability:
         return Availability(True)
 
+    def missing_package(self) -> str | None:
+        """Why the optional package this backend needs cannot be imported, naming the extra to install (None:
+        it can, or the backend needs none)."""
+        return None
+
+    def version(self) -> str | None:
+        """The version of the package behind this backend, where it is not torch's (None: none to report)."""
+        return None
+
     def backward_reason(self, device: str | None = None) -> str | None:
         """Why this backend cannot run a backward on `device` (None: it can)."""
         return None if self.supports_backward else f"{self.name} has no backward"

@@ -29,6 +29,10 @@ NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
     "(e.g. 'bf16-mixed,p=fp32'). With --backend: input format(s), comma-separated (default bf16)."
 )
+BACKEND_HELP = (
+    "Real backends or simulators, comma-separated (see `flashcheck backends`); NAME:FMT runs NAME at FMT alone "
+    "(e.g. onnxruntime:fp16 beside --numerics bf16)."
+)
 BASELINE_HELP = "Policy of the standard baseline (default: same; with --backend: plain PyTorch in the same dtype)."
 DEVICE_HELP = (
     "cpu or cuda: where real backends run (default: cuda where available), or the simulators and the FP64 "
@@ -53,8 +57,8 @@ DELTA_SOURCE_HELP = (
     "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
 )
 PRESET_HELP = (
-    "Kernel preset for sim-flash: torch-cpu-flash, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, fa4-fp8, fa4-fp4, "
-    "sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
+    "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, "
+    "fa4-fp8, fa4-fp4, sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
 )
 DS_CORRECTION_HELP = "Remove the row sums of the rounded dS in the flash backward (arXiv 2609.34272); needs --backward."
 
@@ -73,7 +77,7 @@ def compare(
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
-    backend: str = typer.Option(None, help="Real backends or simulators, comma-separated (see `flashcheck backends`)."),
+    backend: str = typer.Option(None, help=BACKEND_HELP),
     preset: str = typer.Option(None, help=PRESET_HELP),
     algorithm: Algorithm = typer.Option(Algorithm.fa2, help="Flash algorithm."),
     block_q: int = typer.Option(128, callback=_int_range("--block-q", 1, BLOCK_MAX), help="Query block size Br."),
@@ -254,14 +258,29 @@ def _backend_cases(backend: str, numerics: str | None, lengths: list[int], field
 
     shape, opts = fields
     _no_padded_gradients(shape["padding"], opts["backward"])
+    formats = _names(numerics or _preset_format(opts.get("preset")), "--numerics")
+    pairs = [
+        (name, [fmt] if fmt else formats) for name, _, fmt in (b.partition(":") for b in _names(backend, "--backend"))
+    ]
+    _packages_present([name for name, _ in pairs])
     cases = [
         BackendCase(backend=name, numerics=fmt, inputs=InputSpec(seq_len=n, **shape), **opts)
-        for name in _names(backend, "--backend")
-        for fmt in _names(numerics or _preset_format(opts.get("preset")), "--numerics")
+        for name, fmts in pairs
+        for fmt in fmts
         for n in lengths
     ]
     check_all_fit(backend_footprint(c) for c in cases)
     return cases
+
+
+def _packages_present(names: list[str]) -> None:
+    """ValueError (one line naming the extra to install) for a backend asked for by name whose optional package
+    is missing: an explicit request is bad usage here, not a skipped row."""
+    from flashcheck.backends import get_backend
+
+    for name in dict.fromkeys(names):
+        if why := get_backend(name).missing_package():
+            raise ValueError(f"--backend {name}: {why}")
 
 
 def _preset_format(preset: str | None) -> str:

@@ -53,6 +53,7 @@ def backends(
                 "device": dev,
                 "devices": list(b.devices),
                 "backward": b.backward_reason(dev) is None,
+                "version": b.version(),
                 "proof_ops": {d: list(p) for d, p in b.proof.items()},
             }
         )
@@ -63,7 +64,7 @@ def backends(
     from rich.table import Table
 
     table = Table(title="attention backends")
-    for col in ("name", "device", "here", "why not / what", "dtypes"):
+    for col in ("name", "device", "here", "why not / what", "dtypes", "version"):
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -72,6 +73,7 @@ def backends(
             "[green]yes[/]" if r["available"] else "[red]no[/]",
             escape(r["reason"] or r["description"]),
             ", ".join(r["dtypes"]),
+            escape(r["version"] or "-"),
         )
     _console().print(table)
 
@@ -227,7 +229,8 @@ def doctor(
     )
     c.print(_determinism_line(report["determinism"], bool(report["cuda"])))
     for b in report["backends"]:
-        c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}")
+        version = f" ({escape(b['version'])})" if b.get("version") else ""
+        c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}{version}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:

@@ -36,11 +36,19 @@ def _tolerance(text: str) -> str | float:
 
 
 def _register_own(impls: list[str]) -> None:
-    """Register flashcheck's own implementations that were asked for (the guard as "fcguard")."""
+    """Register flashcheck's own implementations that were asked for: the guard as "fcguard", and a flashcheck
+    backend that transformers does not know by its name (jax-xla, onnxruntime, ...)."""
+    from flashcheck.backends import backend_names
+
+    from_transformers = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
     for name in impls:
         if name in OWN_IMPLS:
             module, fn = OWN_IMPLS[name].split(":")
             getattr(importlib.import_module(module), fn)(name=name)
+        elif name in backend_names() and name not in from_transformers and not name.startswith("sim-"):
+            from flashcheck.validate.backend_impl import register_backend
+
+            register_backend(name)
 
 
 def _need_transformers() -> None:

@@ -16,6 +16,11 @@ def _cpu_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
     return (32 if lq < 192 else 64 if lq < 768 else 256), 512
 
 
+def _whole_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
+    # an unfused kernel: all of a row's scores at once, one block
+    return max(lq, 1), max(lk, 1)
+
+
 def _fa2_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
     # flash-attn 2 forward on sm80 without dropout: 128 x 128 up to head dim 64, then 128 x 64
     return (128, 128) if d <= 64 else (128, 64)
@@ -46,12 +51,35 @@ def _named_mixed(tag: str) -> Callable[[Format], Policy]:
     return make
 
 
+def _p_in_fp32(tag: str) -> Callable[[Format], Policy]:
+    def make(fmt: Format) -> Policy:
+        pol = mixed_policy(fmt)
+        return pol.replace(p=pol.accum, name=f"{tag}@{fmt.value}")
+
+    return make
+
+
 KERNEL_PRESETS: dict[str, KernelPreset] = {
     "torch-cpu-flash": KernelPreset(
         "torch-cpu-flash",
         "PyTorch's CPU flash kernel: fp32 accumulation, P rounded to the input dtype before P·V",
         _cpu_tiles,
         _named_mixed("torch-cpu-flash"),
+    ),
+    "jax-xla": KernelPreset(
+        "jax-xla",
+        "JAX's XLA attention (jax.nn.dot_product_attention, implementation='xla') as its CPU lowering rounds: "
+        "unfused (one block), Q K^T accumulated and scaled in fp32, fp32 softmax, P in the input dtype, P·V in fp32 "
+        "(jitted on the CPU: below 4096 query rows B*H*Lq at D=64)",
+        _whole_tiles,
+        _named_mixed("jax-xla"),
+    ),
+    "jax-xla-fused": KernelPreset(
+        "jax-xla-fused",
+        "jitted JAX XLA attention on the CPU from 4096 query rows B*H*Lq (D=64): XLA fuses softmax into P·V and the "
+        "cast of P to the input dtype disappears, so P stays fp32; otherwise as jax-xla",
+        _whole_tiles,
+        _p_in_fp32("jax-xla-fused"),
     ),
     "fa2-gpu": KernelPreset(
         "fa2-gpu",

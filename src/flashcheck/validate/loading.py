@@ -204,7 +204,9 @@ def switch_impl(model, impl: str) -> str | None:
     ran = getattr(model.config, "_attn_implementation", None)
     if ran != impl:
         return f"transformers kept {ran!r}: {type(model).__name__} cannot switch to {impl!r} in place"
-    return None
+    from flashcheck.validate.backend_impl import cannot_run
+
+    return cannot_run(impl, model)
 
 
 def _first_line(e: BaseException) -> str:
