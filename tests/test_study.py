@@ -129,7 +129,7 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
-        "seq_lens = [256, 512]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
+        "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
     cmd = [
