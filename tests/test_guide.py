@@ -93,6 +93,7 @@ def guide_folder(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("guide_folder")  # one worker computes guide_folder once
 def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
     out, stats = guide_folder
     assert stats["tasks_failed"] == 0 and stats["tasks_computed"] == len(load_results(out))
@@ -118,6 +119,7 @@ def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("guide_folder")  # one worker computes guide_folder once
 def test_report_command_rebuilds_a_guide_folder_in_words(guide_folder):
     out, _ = guide_folder
     with (out / GUIDE_FILE).open("a") as f:
@@ -265,14 +267,20 @@ def test_guide_counts_match_the_table_cv_interval_is_positive_and_no_none_cell()
     assert "None" not in row and row[2] == "-" and row[3] == "64, 256 (fixed list)"
 
 
-@pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory):
-    """The tiny preset (its guide part is guide-tiny's) computed once through the study runner."""
-    from flashcheck.study.config import preset
+@pytest.fixture
+def tiny_study(tiny_study_run, tmp_path):
+    """The tiny preset (its guide part is guide-tiny's), computed once per session (conftest.tiny_study_run):
+    a copy of its folder, and the guide tasks its run computed and failed, as its CLI line printed them."""
+    import re
+    import shutil
 
-    out = tmp_path_factory.mktemp("tiny")
-    stats = run_study(preset("tiny"), out, workers=2, quiet=True)
-    return out, stats
+    assert tiny_study_run.exit_code == 0, tiny_study_run.output
+    out = tmp_path / "tiny"
+    shutil.copytree(tiny_study_run.folder, out)
+    said = " ".join(tiny_study_run.output.split())
+    computed = re.search(r"FP64 references, (\d+) guide tasks", said)
+    failed = sum(1 for r in load_results(out).values() if r["status"] != "ok")
+    return out, {"guide_tasks_computed": int(computed.group(1)) if computed else None, "guide_tasks_failed": failed}
 
 
 @pytest.mark.slow
@@ -317,12 +325,9 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
 def test_the_guide_part_of_a_study_resumes_after_a_kill(tiny_study, tmp_path):
     """What a killed run leaves (the finished tasks' lines, then half a line) is kept: a rerun computes no case
     and only the guide tasks that have no line; a failed task is tried again."""
-    import shutil
-
     from flashcheck.study.config import preset
 
-    out = tmp_path / "s"
-    shutil.copytree(tiny_study[0], out)
+    out = tiny_study[0]  # a copy of the session's tiny study
     lines = (out / GUIDE_FILE).read_text().splitlines()
     kept = lines[:5]
     failed = {**json.loads(lines[5]), "status": "failed", "reason": "RuntimeError: boom"}

@@ -5,7 +5,7 @@ dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` w
 preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ..., `--seq-len-k 256` and `--heads 1`; the
 README's TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
-`validate` gets `--samples 32 --max-length 64`, and `--check-pin` a pin of this environment."""
+`validate` gets `--samples 8 --max-length 32`, and `--check-pin` a pin of this environment."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def small(words: list[str]) -> list[str]:
         args = [a for i, a in enumerate(args) if a != "--size" and (i == 0 or args[i - 1] != "--size")]
         args += ["--size", "tiny"]
     if cmd == "validate" and "--check-pin" not in args:
-        for flag, value in (("--samples", "32"), ("--max-length", "64")):
+        for flag, value in (("--samples", "8"), ("--max-length", "32")):
             if flag in args:
                 args[args.index(flag) + 1] = value
             else:
@@ -89,13 +89,13 @@ def _checkpoints(folder: Path, seed: int) -> None:
         torch.save(state, folder / f"step_{step:08d}.pt")
 
 
-@pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory) -> Path:
-    """A finished tiny study (`flashcheck study --preset tiny`) for the lines that read or resume one:
-    `report DIR`, `study --out DIR`, `study` (whose default folder it is copied to)."""
-    out = tmp_path_factory.mktemp("readme") / "DIR"
-    subprocess.run([FLASHCHECK, "study", "--preset", "tiny", "--out", str(out), "--quiet"], check=True)
-    return out
+@pytest.fixture
+def tiny_study(tiny_study_run) -> Path:
+    """A finished tiny study (`flashcheck study --preset tiny`, once per session: conftest.tiny_study_run) for
+    the lines that read or resume one: `report DIR`, `study --out DIR`, `study` (whose default folder it is
+    copied to)."""
+    assert tiny_study_run.exit_code == 0, tiny_study_run.output
+    return tiny_study_run.folder
 
 
 def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:

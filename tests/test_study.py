@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -64,12 +63,14 @@ def errors_by_case(folder: Path) -> dict[str, dict]:
     return {k: r.errors for k, r in ResultStore(folder).load().items()}
 
 
-def test_tiny_preset_end_to_end(tmp_path):
+def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
+    # `study --preset tiny --workers 2` through the CLI, once per session (conftest.tiny_study_run), with every
+    # figure's metadata audited (tests.helpers.audited_figures: labels, legend = drawn series, colours)
+    seen = tiny_study_run.figures
+    assert tiny_study_run.exit_code == 0, tiny_study_run.output
+    assert "guide tasks" in tiny_study_run.output and "The production guide's claims" in tiny_study_run.output
     out = tmp_path / "study"
-    with audited_figures() as seen:  # every figure's metadata: labels, legend = drawn series, colours
-        res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
-    assert res.exit_code == 0, res.output
-    assert "guide tasks" in res.output and "The production guide's claims" in res.output  # tiny has a guide part
+    shutil.copytree(tiny_study_run.folder, out)  # the shared folder stays as the run left it
     summary = json.loads((out / "summary.json").read_text())
     guide_figs = [Path(p).name for p in summary["guide"]["figures"].values()]  # the guide part's (study.guide_report)
     # and the error model's (study.errormodel) and the headline (study.answer)
@@ -130,7 +131,7 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
-        "seq_lens = [256, 512]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
+        "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
     cmd = [
