@@ -91,14 +91,15 @@ def test_mm_blocks_gives_each_row_the_bits_it_has_in_the_whole_product(dtype):
     a = torch.randn(2, 200, 24, generator=g, dtype=dtype)
     b = torch.randn(2, 24, 40, generator=g, dtype=dtype)
     whole = mm_blocks(a, b, None)
-    assert torch.allclose(whole, a @ b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    assert torch.allclose(whole, a @ b, **tol)
     for r0, r1 in [(0, 1), (3, 12), (9, 22), (60, 73), (64, 128), (127, 200), (199, 200)]:
         assert torch.equal(mm_blocks(a[:, r0:r1], b, None, r0), whole[:, r0:r1]), (r0, r1)
         out = torch.full((2, r1 - r0, 40), torch.nan, dtype=dtype)
         assert torch.equal(mm_blocks(a[:, r0:r1], b, None, r0, out=out), whole[:, r0:r1]), (r0, r1)
     leaf = a[:, 5:90].clone().requires_grad_()
     mm_blocks(leaf, b, None, 5).sum().backward()
-    assert torch.allclose(leaf.grad, b.sum(-1).unsqueeze(1).expand_as(leaf), rtol=1e-5)
+    assert torch.allclose(leaf.grad, b.sum(-1).unsqueeze(1).expand_as(leaf), **tol)  # d(sum a b)/da = b 1
     assert mm_blocks(a[:, :0], b, None).shape == (2, 0, 40)
 
 
