@@ -65,26 +65,31 @@ def mm_blocks(
 ) -> torch.Tensor:
     """a @ b for a [..., M, K] holding rows row0 : row0 + M of a larger operand, b [..., K, N] -> [..., M, N]:
     formed block by block, each product of exactly ROW_BLOCK rows (rows r with the same r // ROW_BLOCK, zeros
-    where a has none), so that every chunking of the operand's rows issues the same GEMM calls for each row
-    (a row's result depends on its own data, the product's shape and its position there: all three fixed).
-    mm under `policy` (None: torch.matmul in a's dtype). Written into `out` when given (no autograd), else
-    returned out of place (differentiable)."""
+    where a has none), each block copied into a fresh contiguous operand and its product formed in a fresh
+    contiguous result, so that every chunking of the operand's rows issues the same GEMM calls for each row: the
+    same shapes, strides and alignment (a row's result depends on its own data, the call's layout and its
+    position there: all fixed; measured: under MKL_CBWR=COMPATIBLE a product written into a strided view differs
+    from a fresh one). mm under `policy` (None: torch.matmul in a's dtype). Written into `out` when given (no
+    autograd), else returned out of place (differentiable)."""
     m, n = a.shape[-2], b.shape[-1]
+    blocks = range(row0 // ROW_BLOCK, -(-(row0 + m) // ROW_BLOCK))
+    if out is not None:  # one contiguous operand block and one product block, reused (fresh ones fault pages in)
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        blk = a.new_zeros((*a.shape[:-2], ROW_BLOCK, a.shape[-1]))
+        prod = out.new_empty((*batch, ROW_BLOCK, n))
     pieces = []
-    for j in range(row0 // ROW_BLOCK, -(-(row0 + m) // ROW_BLOCK)):
+    for j in blocks:
         lo, hi = max(j * ROW_BLOCK, row0) - row0, min((j + 1) * ROW_BLOCK, row0 + m) - row0  # rows of a
         head = lo + row0 - j * ROW_BLOCK  # the block's rows before a's first
-        blk = a[..., lo:hi, :]
+        if out is None:
+            padded = torch.nn.functional.pad(a[..., lo:hi, :], (0, 0, head, ROW_BLOCK - head - (hi - lo)))  # a copy
+            pieces.append(_mm(padded, b, policy)[..., head : head + hi - lo, :])
+            continue
         if hi - lo < ROW_BLOCK:
-            blk = torch.nn.functional.pad(blk, (0, 0, head, ROW_BLOCK - head - (hi - lo)))
-        whole = hi - lo == ROW_BLOCK
-        if out is not None and whole:
-            _mm(blk, b, policy, out[..., lo:hi, :])
-        elif out is not None:
-            out[..., lo:hi, :] = _mm(blk, b, policy)[..., head : head + hi - lo, :]
-        else:
-            prod = _mm(blk, b, policy)
-            pieces.append(prod if whole else prod[..., head : head + hi - lo, :])
+            blk.zero_()
+        blk[..., head : head + hi - lo, :] = a[..., lo:hi, :]
+        res = _mm(blk, b, policy, prod)
+        out[..., lo:hi, :] = res[..., head : head + hi - lo, :]
     if out is not None:
         return out
     if not pieces:
