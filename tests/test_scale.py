@@ -11,7 +11,7 @@ import pytest
 import torch
 from tests.helpers import scale_qkv
 
-from flashcheck.core.numerics import parse_policy
+from flashcheck.core.numerics import info, parse_policy
 from flashcheck.kernels import flash as flash_mod
 from flashcheck.kernels import standard as standard_mod
 from flashcheck.kernels.flash import FlashConfig, flash_attention
@@ -177,7 +177,10 @@ def test_flash_in_query_tiles_agrees_with_every_row_at_once_to_a_few_ulps(policy
     for rows in (*ODD_ROWS, 64):
         tiled = _forward(q, k, v, policy, rows, **cfg)
         for name, a, b in zip(("accum", "output", "stats"), tiled, whole, strict=True):
-            assert _row_ulps(a, b, pol.stage(name)) <= TILE_ULPS, f"tile_rows={rows} {name}"
+            # in units of the narrowest format the result passed through: a flipped bf16 rounding of P moves
+            # bf16-mixed's fp32 accumulator by 6185 fp32 ulps, 0.09 of a bf16 one (seen under MKL_CBWR=COMPATIBLE)
+            fmt = min((pol.stage(f) for f in (name, "score", "p")), key=lambda f: info(f).precision)
+            assert _row_ulps(a, b, fmt) <= TILE_ULPS, f"tile_rows={rows} {name}"
 
 
 @pytest.mark.parametrize("policy", ["fp64", "bf16-mixed"])
