@@ -1,8 +1,11 @@
-"""Shared fixtures: a seeded generator; two threads, as on CI."""
+"""Shared fixtures: a seeded generator; two threads, as on CI; every test must leave torch's process-wide state
+(and the environment, and the modules' attributes) as it found it."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +65,124 @@ def tiny_study_run(tmp_path_factory, request) -> TinyStudy:
     data = json.loads(done.read_text())
     figures = [(name, list(problems), list(ylabels)) for name, problems, ylabels in data["figures"]]
     return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], figures)
+def _flushes_denormals() -> bool:
+    """torch.set_flush_denormal has no getter: a float64 subnormal times one is zero when it is on."""
+    return float(torch.tensor([2.0**-1070], dtype=torch.float64) * 1.0) == 0.0
+
+
+# Each setter takes the value its getter gave (restore after a leak, so one leak fails one test, not the rest).
+_SWITCHES = {
+    "torch.get_num_threads()": (torch.get_num_threads, torch.set_num_threads),
+    "torch.are_deterministic_algorithms_enabled()": (
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
+    ),
+    "torch.get_default_dtype()": (torch.get_default_dtype, torch.set_default_dtype),
+    "torch.get_default_device()": (torch.get_default_device, torch.set_default_device),
+    "torch.get_float32_matmul_precision()": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    "torch.is_grad_enabled()": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "torch.is_inference_mode_enabled()": (torch.is_inference_mode_enabled, None),
+    "torch.is_anomaly_enabled()": (
+        lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        lambda v: torch.set_anomaly_enabled(*v),
+    ),
+    "torch.is_autocast_enabled('cpu')": (lambda: torch.is_autocast_enabled("cpu"), None),
+    "flush denormal (torch.set_flush_denormal)": (_flushes_denormals, torch.set_flush_denormal),
+    "torch.backends.cuda.*_sdp_enabled()": (
+        lambda: tuple(getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in ("flash", "mem_efficient", "math")),
+        lambda v: [
+            getattr(torch.backends.cuda, f"enable_{n}_sdp")(on)
+            for n, on in zip(("flash", "mem_efficient", "math"), v, strict=True)
+        ],
+    ),
+    "torch.backends.cuda.matmul.allow_tf32": (
+        lambda: torch.backends.cuda.matmul.allow_tf32,
+        lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v),
+    ),
+    "torch.backends.cudnn flags": (
+        lambda: (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32),
+        lambda v: [
+            setattr(torch.backends.cudnn, n, x)
+            for n, x in zip(("deterministic", "benchmark", "allow_tf32"), v, strict=True)
+        ],
+    ),
+    "torch.backends.mkldnn.enabled": (
+        lambda: torch.backends.mkldnn.enabled,
+        lambda v: setattr(torch.backends.mkldnn, "enabled", v),
+    ),
+    "torch function modes (TorchFunctionMode left entered)": (torch._C._len_torch_function_stack, None),
+}
+_NAMESPACES = ("torch", "torch.nn.functional")  # plus every flashcheck module loaded before the test
+# One-time setup done by the first import of a module, whichever test makes it: not a test's leak. torch._dynamo
+# wraps torch.manual_seed, inductor sets its cache folder, torch.profiler Kineto's log level, lightning wraps
+# torch.compile and asks for NVML's CUDA check; flashcheck's model loaders set HF_HUB_OFFLINE (no download, ever).
+_TORCH_LAZY = {
+    "HF_HUB_OFFLINE",
+    "torch.manual_seed",
+    "torch.compile",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "KINETO_LOG_LEVEL",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+}
+
+
+def _attributes() -> dict[str, int]:
+    """id() of every attribute of torch's main namespaces and of the flashcheck modules loaded: a monkeypatch
+    not undone (setattr outside the monkeypatch fixture) changes one."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and (name in _NAMESPACES or name == "flashcheck" or name.startswith("flashcheck.")):
+            out.update({f"{name}.{k}": id(v) for k, v in list(vars(mod).items())})
+    return {k: v for k, v in out.items() if k not in _TORCH_LAZY}
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST" and k not in _TORCH_LAZY}
+
+
+def _switches() -> dict[str, object]:
+    return {name: get() for name, (get, _) in _SWITCHES.items()}
+
+
+def _put_back(before: dict[str, object]) -> list[str]:
+    """Sets every switch that differs from `before` back; returns what differed."""
+    changed = []
+    for name, (get, put) in _SWITCHES.items():
+        now = get()
+        if now != before[name]:
+            changed.append(f"{name}: {before[name]!r} -> {now!r}")
+            if put is not None:
+                put(before[name])
+    return changed
+
+
+_SESSION = _switches()  # as this file leaves them: what every test starts from
+
+
+@pytest.fixture(autouse=True)
+def _leaves_global_state_alone(request):
+    """Fails (at teardown) the test that changed torch's process-wide switches, an environment variable or a
+    module attribute, naming each, after putting the switches back so the tests after it run as they would alone
+    (issue 21: a test that left fp32 judged against a changed state made another fail only in the full suite).
+    A switch already changed when the test starts was changed by a module- or session-scoped fixture: an error
+    at setup."""
+    early = _put_back(_SESSION)
+    if early:
+        pytest.fail(f"a fixture of {request.node.nodeid} changed process-wide state: " + "; ".join(early), False)
+    before = _switches()
+    attrs, env = _attributes(), _environment()
+    yield
+    changed = _put_back(before)
+    now_attrs = _attributes()
+    changed += [f"{k} replaced" for k, i in attrs.items() if k in now_attrs and now_attrs[k] != i]
+    now_env = _environment()
+    changed += [f"env {k}: {env.get(k)!r} -> {now_env.get(k)!r}" for k in sorted(env.keys() | now_env.keys())
+                if env.get(k) != now_env.get(k)]  # fmt: skip
+    for k in env.keys() | now_env.keys():
+        if env.get(k) != now_env.get(k):
+            if k in env:
+                os.environ[k] = env[k]
+            else:
+                os.environ.pop(k, None)
+    if changed:
+        pytest.fail(f"{request.node.nodeid} left process-wide state changed: " + "; ".join(changed), pytrace=False)

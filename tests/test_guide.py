@@ -84,11 +84,15 @@ TINY = GUIDE_PRESETS["guide-tiny"]
 @pytest.fixture(scope="module")
 def guide_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("guide")
+    prev = torch.get_num_threads()
     torch.set_num_threads(1)
-    run_study(
-        StudyConfig(name="guide-test", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),)), out, workers=1, quiet=True
-    )
-    stats = run_guide_tasks(out, TINY, quiet=True)
+    try:
+        run_study(
+            StudyConfig(name="guide-test", sweeps=(_guide_sweep((64, 128, 256), 1, (0,)),)), out, workers=1, quiet=True
+        )
+        stats = run_guide_tasks(out, TINY, quiet=True)
+    finally:
+        torch.set_num_threads(prev)  # the module's other tests start from the process's own setting
     return out, stats
 
 

@@ -17,12 +17,14 @@ from flashcheck.kernels.standard import standard_attention
 
 
 def _reference_one_block(q, k, v, causal: bool, mask=None):
-    """The reference as one L x L block, out of place (the former code path with chunk = Lq)."""
+    """The reference as one L x L block, out of place (the former code path with chunk = Lq), its two products
+    formed in the fixed row blocks of kernels.tiles.mm_blocks (tests/test_scale.py checks those)."""
     from flashcheck.kernels.masks import tile_bias
+    from flashcheck.kernels.tiles import mm_blocks
 
     lq, lk = q.shape[-2], k.shape[-2]
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
-    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = mm_blocks(q, k.transpose(-1, -2), None) * q.shape[-1] ** -0.5
     bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
     scores = scores if bias is None else scores + bias
     m = scores.amax(dim=-1, keepdim=True)
@@ -30,7 +32,7 @@ def _reference_one_block(q, k, v, causal: bool, mask=None):
     e = torch.exp(scores - m)
     denom = e.sum(dim=-1, keepdim=True)
     dead = denom == 0
-    out = torch.matmul(e, v) / torch.where(dead, torch.ones_like(denom), denom)
+    out = mm_blocks(e, v, None) / torch.where(dead, torch.ones_like(denom), denom)
     return out, torch.where(dead, torch.full_like(denom, float("-inf")), m + torch.log(denom)).squeeze(-1)
 
 

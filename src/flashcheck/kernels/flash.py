@@ -3,9 +3,9 @@
 Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]. The forward runs over query tiles of
 TILE_BYTES' worth of score rows (so a step's block stays in cache), and within a tile over key blocks,
 each step updating the tile's rows at once (a row's result depends on the key tiling, not on block_q,
-which sets FP8 block scales and which rows a causal tile touches, nor on the query tiles: see
-kernels.tiles). The backward's loop runs over key blocks only. Suffixes: _r rows of a step, _j the
-current key block.
+which sets FP8 block scales and which rows a causal tile touches; the query tiles move it by a few units in
+the last place at most, where a BLAS sums a tile's partial row panel in another order: see kernels.tiles).
+The backward's loop runs over key blocks only. Suffixes: _r rows of a step, _j the current key block.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def _scores(q_r, k_j, t: _Tiles, lq: int, lk: int, cfg: FlashConfig, pol: Policy
 def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None):
     """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
     the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
-    (None: sized by TILE_BYTES; Lq: one tile, every row at once) give bit-identical results."""
+    (None: sized by TILE_BYTES; Lq: one tile, every row at once) agree to a few units in the last place
+    (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it)."""
     b, h, lq, _ = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
     work = q.dtype

@@ -22,7 +22,7 @@ from pathlib import Path
 from flashcheck.kernels.flash import TILE_BYTES
 from flashcheck.kernels.reference import REFERENCE_BLOCK_BYTES
 from flashcheck.kernels.standard import CHUNK_BYTES
-from flashcheck.kernels.tiles import rows_per_chunk
+from flashcheck.kernels.tiles import ROW_BLOCK, rows_per_chunk
 
 # Arrays of the largest size alive at once, counted from the code (see the module docstring).
 STANDARD_ARRAYS = 3  # one reused score buffer (exp and P in place) and the rounding temporaries of a cast
@@ -90,7 +90,8 @@ def _standard_bytes(n: int, lq: int, lk: int, d: int, w: int, backward: bool, ro
     if backward:
         return (STANDARD_GRAPH_ARRAYS + BACKWARD_ARRAYS) * n * lq * lk * w + lq * lk * 9
     rows = min(lq, rows_per_chunk(lq, n * lk * w, CHUNK_BYTES))
-    return (STANDARD_ARRAYS if rounds_p else 1) * n * rows * lk * w + rows * lk * 9 + 2 * n * lq * d * w
+    blocks = 2 * n * ROW_BLOCK * lk * w  # tiles.mm_blocks' operand and product blocks
+    return (STANDARD_ARRAYS if rounds_p else 1) * n * rows * lk * w + rows * lk * 9 + 2 * n * lq * d * w + blocks
 
 
 def _reference_bytes(n: int, lq: int, lk: int, backward: bool, batch: int = 1) -> int:
@@ -99,7 +100,7 @@ def _reference_bytes(n: int, lq: int, lk: int, backward: bool, batch: int = 1) -
         return BACKWARD_ARRAYS * n * lq * lk * 8
     row = 8 * n * lk
     rows = max(1, min(1024, lq, REFERENCE_BLOCK_BYTES // max(row, 1)))
-    return REFERENCE_ARRAYS * rows * row + batch * rows * lk * 9
+    return REFERENCE_ARRAYS * rows * row + batch * rows * lk * 9 + 2 * ROW_BLOCK * row  # + mm_blocks' blocks
 
 
 def available_bytes() -> int | None:

@@ -6,7 +6,7 @@ import torch
 
 from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.ops import prescale_is_exact, settle_exp
-from flashcheck.kernels.tiles import row_chunks, rows_max
+from flashcheck.kernels.tiles import mm_blocks, row_chunks, rows_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 REFERENCE_BLOCK_BYTES = 64 * 2**20  # cap on one query chunk's FP64 scores [B, H, rows, Lk]
@@ -30,8 +30,8 @@ def reference_attention(
     float64 (and, with `return_lse`, the log-sum-exp [B, H, Lq]). `mask`: bool (True = keep) or
     additive, broadcastable to [B, H, Lq, Lk]. Fully masked rows, and every row when Lk = 0, give 0
     and lse -inf (kernels.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
-    fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES, never under kernels.tiles.MIN_ROWS
-    (a shorter last chunk joins the one before), so every chunking gives the bits of one L x L block.
+    fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES; products are formed in fixed row
+    blocks (kernels.tiles.mm_blocks), so every chunking gives the bits of one L x L block on any BLAS.
     `sink`: learnable sink logits (a float or one per head [H]; gpt-oss, FA4): an extra softmax column with no
     value, so out is scaled by sigmoid(lse - sink) and lse becomes logaddexp(lse, sink)."""
     if sink is not None:
@@ -51,7 +51,7 @@ def reference_attention(
     s = d**-0.5 if scale is None else scale
     rows = _chunk_rows(chunk, q.shape[0] * q.shape[1] * lk)
     inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
-    chunks = row_chunks(lq, rows)  # at least MIN_ROWS rows each: every chunking gives one block's bits
+    chunks = row_chunks(lq, rows)
     with torch.autocast(device_type=q.device.type, enabled=False):
         # K and V whole in float64, Q one chunk at a time (a float32 Q never has a whole float64 copy)
         k64, v64 = k.to(torch.float64), v.to(torch.float64)
@@ -83,7 +83,7 @@ def sink_logits(sink: float | torch.Tensor, heads: int, device) -> torch.Tensor:
 
 def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask):
     """Output [B, H, r1 - r0, Dv] and log-sum-exp [B, H, r1 - r0] of query rows r0:r1, out of place (autograd)."""
-    scores = torch.matmul(q[..., rows[0] : rows[1], :].to(torch.float64), k64.transpose(-1, -2)) * s
+    scores = mm_blocks(q[..., rows[0] : rows[1], :].to(torch.float64), k64.transpose(-1, -2), None, rows[0]) * s
     return _softmax_v(scores, v64, rows, lens, causal, mask, False)
 
 
@@ -93,7 +93,7 @@ def _rows_into(scores, q, k64, v64, rows: tuple[int, int], lens: tuple[int, int]
     ops.prescale_is_exact), sparing a pass over the scores."""
     r0, r1 = rows
     q64 = q[..., r0:r1, :].to(torch.float64)  # q itself when float64: never written
-    torch.matmul(q64 * s if fold else q64, k64.transpose(-1, -2), out=scores)
+    mm_blocks(q64 * s if fold else q64, k64.transpose(-1, -2), None, r0, out=scores)
     return _softmax_v(scores if fold else scores.mul_(s), v64, rows, lens, causal, mask, True)
 
 
@@ -109,7 +109,7 @@ def _softmax_v(scores, v64, rows: tuple[int, int], lens: tuple[int, int], causal
     e = scores.sub_(m_safe).exp_() if inplace else torch.exp(scores - m_safe)
     denom = e.sum(dim=-1, keepdim=True)
     dead = denom == 0
-    out = torch.matmul(e, v64) / torch.where(dead, torch.ones_like(denom), denom)
+    out = mm_blocks(e, v64, None, r0) / torch.where(dead, torch.ones_like(denom), denom)
     lse = torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(-1)
     return out, lse
 

@@ -2,8 +2,8 @@
 
 A query row's result depends on its own scores only, so the kernel runs over chunks of query rows whose
 score block [B, H, rows, Lk] fits CHUNK_BYTES: memory O(rows * Lk), the same numbers as one L x L block.
-No chunk has fewer than kernels.tiles.MIN_ROWS rows (BLAS sums smaller products in another order), so
-chunked and unchunked results are bit-identical (tests/test_scale.py checks it against chunk_rows=Lq)."""
+Every product is formed in fixed blocks of query rows (kernels.tiles.mm_blocks), so chunked and unchunked
+results are bit-identical on any BLAS (tests/test_scale.py checks it against chunk_rows=Lq)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from flashcheck.core.numerics import Policy, parse_policy
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
-from flashcheck.kernels.tiles import row_chunks, rows_max, rows_per_chunk
+from flashcheck.kernels.ops import cast_scratch, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.tiles import mm_blocks, row_chunks, rows_max, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 CHUNK_BYTES = 32 * 2**20  # one chunk's scores [B, H, rows, Lk] in the working dtype
@@ -39,7 +39,8 @@ def standard_attention(
     the policy's working dtype, its values in policy.output. Causal masks are bottom-right aligned;
     `mask` is bool (True = keep) or additive, broadcastable to [B, H, Lq, Lk]; Lk = 0 gives zeros
     (kernels.validation has the input rule). `chunk_rows`: query rows per chunk (None: sized by
-    CHUNK_BYTES; Lq: one L x L block; at least MIN_ROWS). Memory O(chunk_rows * Lk) (O(Lq * Lk) with autograd)."""
+    CHUNK_BYTES; Lq: one L x L block; every chunking gives the same bits). Memory O(chunk_rows * Lk)
+    (O(Lq * Lk) with autograd)."""
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
     s = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
@@ -89,7 +90,7 @@ def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float,
     (r0, r1), (lq, lk) = rows, lens
     q_r = qr[..., r0:r1, :] * s if fold else qr[..., r0:r1, :]
     scores = bufs.scores[: q_r.shape[0] * q_r.shape[1] * (r1 - r0) * lk].view(*q_r.shape[:-1], lk)
-    mm(q_r, kt, pol, out=scores)
+    mm_blocks(q_r, kt, pol, r0, out=scores)
     rnd_(scores if fold else scores.mul_(s), pol, "score")
     bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
     if bias is not None:
@@ -97,13 +98,13 @@ def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float,
     e = rnd_(scores.sub_(safe_max(scores.amax(dim=-1, keepdim=True))).exp_(), pol, "p", bufs.cast)
     denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
     p = rnd_(e.div_(torch.where(denom == 0, torch.ones_like(denom), denom)), pol, "p", bufs.cast)
-    return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")
+    return rnd(rnd(mm_blocks(p, vr, pol, r0), pol, "accum"), pol, "output")
 
 
 def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy, s: float, causal: bool, mask):
     """Output rows r0:r1 [B, H, r1 - r0, Dv]: scores, softmax and P·V of those query rows alone."""
     (r0, r1), (lq, lk) = rows, lens
-    scores = rnd(mm(qr[..., r0:r1, :], kt, pol) * s, pol, "score")
+    scores = rnd(mm_blocks(qr[..., r0:r1, :], kt, pol, r0) * s, pol, "score")
     bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
     if bias is not None:
         scores = scores + bias.to(scores.device)
@@ -114,4 +115,4 @@ def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy,
     denom = torch.where(denom == 0, torch.ones_like(denom), denom)
     p = rnd(e / denom, pol, "p")
     del e
-    return rnd(rnd(mm(p, vr, pol), pol, "accum"), pol, "output")
+    return rnd(rnd(mm_blocks(p, vr, pol, r0), pol, "accum"), pol, "output")

@@ -1,10 +1,15 @@
 """Query-row tiling shared by the simulators: a row's result depends on its own scores only, so a kernel may
-run over chunks of query rows, provided every product keeps the summation order it had unchunked.
+run over chunks of query rows.
 
-BLAS sums a product of fewer than MIN_ROWS rows in another order (its small-matrix path; measured with
-torch 2.13's CPU BLAS: 1 to 5 rows differ in the last bit from the same rows inside a larger product,
-6 and more agree). So chunks have at least MIN_ROWS rows, and `mm_rows` pads a product whose rows were
-cut below MIN_ROWS by the tiling back to the row count it would have had."""
+A BLAS sums a row of a product in an order that depends on the product's shape and on where the row sits in
+it: a micro-kernel covers a panel of rows, and the rows of a last partial panel go to another kernel (measured
+with torch 2.13's MKL on an AVX-512 AMD EPYC: float64 rows past the last multiple of 4, float32 products under
+4 rows; elsewhere products under 6 rows were seen). `mm_blocks` takes that choice away from the chunking: every
+product it forms has exactly ROW_BLOCK rows (zero-padded), and row r of the whole operand always sits at
+position r % ROW_BLOCK, so a chunked run issues the very GEMM calls an unchunked one does, row for row, on any
+BLAS. The standard kernel and the FP64 reference form their products so; the flash simulator's query tiles
+(`mm_rows`) only pad products cut below MIN_ROWS (blocked products measured 1.3 to 2.5 times slower per step
+at its tile shapes), so its tilings agree to a few units in the last place, not bit for bit."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from flashcheck.core.numerics import Policy
 from flashcheck.kernels.ops import mm
 
 MIN_ROWS = 8
+ROW_BLOCK = 64  # rows of every product mm_blocks forms (few calls at long L, little padding at short L)
 
 
 def rows_per_chunk(rows_total: int, row_bytes: int, max_bytes: int) -> int:
@@ -52,3 +58,46 @@ def mm_rows(
     pad = a.new_zeros((*a.shape[:-2], want - m, a.shape[-1]))
     prod = mm(torch.cat([pad, a], dim=-2), b, policy)[..., want - m :, :]
     return prod if out is None else out.copy_(prod)
+
+
+def mm_blocks(
+    a: torch.Tensor, b: torch.Tensor, policy: Policy | None, row0: int = 0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """a @ b for a [..., M, K] holding rows row0 : row0 + M of a larger operand, b [..., K, N] -> [..., M, N]:
+    formed block by block, each product of exactly ROW_BLOCK rows (rows r with the same r // ROW_BLOCK, zeros
+    where a has none), each block copied into a fresh contiguous operand and its product formed in a fresh
+    contiguous result, so that every chunking of the operand's rows issues the same GEMM calls for each row: the
+    same shapes, strides and alignment (a row's result depends on its own data, the call's layout and its
+    position there: all fixed; measured: under MKL_CBWR=COMPATIBLE a product written into a strided view differs
+    from a fresh one). mm under `policy` (None: torch.matmul in a's dtype). Written into `out` when given (no
+    autograd), else returned out of place (differentiable)."""
+    m, n = a.shape[-2], b.shape[-1]
+    blocks = range(row0 // ROW_BLOCK, -(-(row0 + m) // ROW_BLOCK))
+    if out is not None:  # one contiguous operand block and one product block, reused (fresh ones fault pages in)
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        blk = a.new_zeros((*a.shape[:-2], ROW_BLOCK, a.shape[-1]))
+        prod = out.new_empty((*batch, ROW_BLOCK, n))
+    pieces = []
+    for j in blocks:
+        lo, hi = max(j * ROW_BLOCK, row0) - row0, min((j + 1) * ROW_BLOCK, row0 + m) - row0  # rows of a
+        head = lo + row0 - j * ROW_BLOCK  # the block's rows before a's first
+        if out is None:
+            padded = torch.nn.functional.pad(a[..., lo:hi, :], (0, 0, head, ROW_BLOCK - head - (hi - lo)))  # a copy
+            pieces.append(_mm(padded, b, policy)[..., head : head + hi - lo, :])
+            continue
+        if hi - lo < ROW_BLOCK:
+            blk.zero_()
+        blk[..., head : head + hi - lo, :] = a[..., lo:hi, :]
+        res = _mm(blk, b, policy, prod)
+        out[..., lo:hi, :] = res[..., head : head + hi - lo, :]
+    if out is not None:
+        return out
+    if not pieces:
+        return a.new_zeros((*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, policy: Policy | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    if policy is not None:
+        return mm(a, b, policy, out=out)
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)

@@ -141,15 +141,22 @@ def train(
 
     Files: config.json, weights/step_NNNNNN.pt every save_every steps, state.pt (resume point), losses.json,
     then complete.json last; each written atomically, so a run killed anywhere resumes bit-identically.
-    on_progress(step, cfg.steps, cfg.name) after each step (and once with the step it starts from)."""
+    on_progress(step, cfg.steps, cfg.name) after each step (and once with the step it starts from). Trains on one
+    thread with deterministic algorithms, and gives the caller's thread count and flag back."""
     run_dir = Path(run_dir)
     with _claim(cfg, run_dir):
         if run_complete(run_dir, cfg):
             losses = json.loads((run_dir / "losses.json").read_text())
             return {"losses": losses, "steps": cfg.steps, "resumed_from": cfg.steps}
+        threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
-        return _train(cfg, run_dir, data or load_data(cfg), on_progress)
+        try:
+            return _train(cfg, run_dir, data or load_data(cfg), on_progress)
+        finally:  # the caller's process gets its own settings back
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
 
 def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dict:
