@@ -87,7 +87,9 @@ def test_rules_share_the_max_and_nonfinite_checks():
 
 def test_factors_are_calibrated_and_cover_every_dtype():
     assert {d for d, _, _ in FACTORS} == {"bfloat16", "float16", "float32"}
-    assert {dist for _, _, dist in FACTORS} == set(DISTRIBUTIONS)
+    # every distribution is calibrated but "sink" (issue 23's attention-sink inputs, added after the calibration):
+    # it takes the largest factors over the calibrated ones, as inputs of unknown distribution do
+    assert {dist for _, _, dist in FACTORS} == set(DISTRIBUTIONS) - {"sink"}
     assert all(min(f.rel_l2, f.bias, f.row) >= 1 for f in FACTORS.values())  # the baseline passes its own rule
     assert all(f.max >= (K_GRADIENT if kind == "gradient" else K_FORWARD) for (_, kind, _), f in FACTORS.items())
     normal = factors_for(torch.bfloat16, gradient=False, distribution="normal")
@@ -95,6 +97,7 @@ def test_factors_are_calibrated_and_cover_every_dtype():
     unknown = factors_for(torch.bfloat16, gradient=False)  # inputs not known: the largest over distributions
     outputs = [f for (d, kind, _), f in FACTORS.items() if (d, kind) == ("bfloat16", "output")]
     assert unknown == Factors(*(max(getattr(f, a) for f in outputs) for a in STATISTICS))
+    assert factors_for(torch.bfloat16, gradient=False, distribution="sink") == unknown
     fp8 = factors_for(torch.float8_e4m3fn, gradient=True)  # uncalibrated dtype: the loosest factors
     grads = [f for (_, kind, _), f in FACTORS.items() if kind == "gradient"]
     assert fp8 == Factors(*(max(getattr(f, a) for f in grads) for a in STATISTICS))

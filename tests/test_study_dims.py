@@ -243,7 +243,8 @@ def test_production_prints_and_reports_its_verdicts_first(tmp_path):
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("cases ")]  # progress
     assert "cases computed" in lines[0]
-    assert lines[1].startswith("production_decoding_splitkv_more_error: ")  # the verdicts come first
+    verdict = next(i for i, ln in enumerate(lines) if ln.startswith("production_decoding_splitkv_more_error: "))
+    assert lines[1] == "Answer" and verdict <= 4  # the answer (a sentence or two), then the verdicts come first
     assert "Conclusion" not in res.output and "Traceback" not in res.output
     md = (tmp_path / "o" / "report.md").read_text()
     assert md.index("## Verdicts") < md.index("## Conclusion")

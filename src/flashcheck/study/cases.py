@@ -230,8 +230,18 @@ def environment() -> dict[str, str]:
 def evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], device: str = "cpu") -> int:
     """Evaluate cases sharing one input set through measure.run_case, emitting each record as it finishes;
     simulators and the FP64 references run on `device`. Returns how many FP64 references were computed (one
-    for the original inputs, one per distinct input rounding: measure.References shares them)."""
-    torch.set_num_threads(1)  # determinism across executors and worker counts; parallelism is by process
+    for the original inputs, one per distinct input rounding: measure.References shares them). Runs on one
+    thread (determinism across executors and worker counts; parallelism is by process) and gives the caller
+    its thread count back."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _evaluate_group(cases, emit, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], device: str) -> int:
     env = environment()
     why = captured.unavailable(cases[0].distribution)
     if why:  # e.g. captured:minilm without transformers: skipped with the install command, not failed

@@ -250,6 +250,7 @@ def run_ray(
         import ray
     except ImportError:
         raise ValueError("--executor ray needs ray: pip install 'flashcheck[ray]'") from None
+    saved_env = dict(os.environ)  # ray.init sets RAY_*, PYTHONBREAKPOINT in our caller's process: put them back
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = False
     if not ray.is_initialized():
@@ -263,6 +264,8 @@ def run_ray(
     finally:
         if started:
             ray.shutdown()
+            os.environ.clear()
+            os.environ.update(saved_env)
 
 
 def _ray_tasks(ray, groups: list[list[Case]], on_record: Callable[[CaseRecord], None]) -> int:
