@@ -28,7 +28,8 @@ class Executor(StrEnum):
 @app.command()
 def study(
     preset: str = typer.Option(
-        "quick", help="quick | paper | fa3 | full | tiny | production | guide | guide-full | guide-tiny."
+        "quick",
+        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny.",
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option(
@@ -58,11 +59,11 @@ def study(
         if ray_address is not None and not ray_address.strip():
             raise ValueError("--ray-address '' is empty; give HOST:PORT of a running Ray cluster, or leave it out")
         if not str(preset).strip():
-            raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny")
+            raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny, modern")
         if ray_address is not None and executor != Executor.ray:
             raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
         if config is None and not preset.strip():
-            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny")
+            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny, modern")
         cfg = load_config(config) if config is not None else get_preset(preset)
         if config is None and is_guide(cfg):
             if executor != Executor.local:

@@ -88,11 +88,16 @@ def _paper(by: dict, points: list[Point]) -> str | None:
     )
 
 
+def measured_first(found: list[dict]) -> list[dict]:
+    """The findings with the measured ones first (in their order), then those not measured."""
+    return sorted(found, key=lambda f: f.get("status", "not measured") == "not measured")
+
+
 def verdict_rows(found: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value, verdict."""
     header = ["claim", "ours (95% interval)", "paper", "verdict"]
     rows = []
-    for f in found:
+    for f in measured_first(found):
         paper = PAPER_CELL if f["id"] == "flash_vs_baseline_bf16" else f.get("paper") or "-"
         rows.append([f["claim"], f["measured"], paper, f.get("status", "not measured")])
     return header, rows

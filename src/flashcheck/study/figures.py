@@ -42,11 +42,17 @@ def draw_figures(
 def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -> None:
     """The figure of one question into `path`."""
     seeds = len(sw.seeds)
-    title = f"{sw.question} ({study} study): {sw.distributions[0]} inputs, {seeds} seed(s); mean and 95% interval"
+    inputs = ", ".join(dict.fromkeys(p.distribution for p in points)) or sw.distributions[0]
+    title = f"{sw.question} ({study} study): {inputs} inputs, {seeds} seed(s); mean and 95% interval"
     if sw.question == "fa3":
         with figure(path, ncols=1 + len(sw.head_dims), size=(5.5, 5.6)) as (fig, axes):
             _draw_fa3(axes, points, sw)
             fig.suptitle(title)
+        return
+    if not any(p.baseline for p in points):  # no baseline (e.g. the modern sweeps): no ratio panels to draw
+        with figure(path, ncols=1, size=(7.0, 5.6)) as (fig, ax):
+            _draw_errors(ax, points, sw, x_axis(sw))
+            fig.suptitle(title, fontsize=10)
         return
     with figure(path, ncols=3, size=(5.4, 5.6)) as (fig, axes):
         x = x_axis(sw)
@@ -80,6 +86,30 @@ def _categories(points: list[Point], x: str) -> list:
     return list(dict.fromkeys(p.method.partition(":")[2] for p in points))
 
 
+def policy_labels(policies: list[str]) -> list[str]:
+    """Tick labels for policies: as they are, unless they are long knob lists ("input=fp32,...,p=fp8-e4m3"),
+    then only the knobs that differ between them ("forward", "reverse", "S=2^8", "reverse, S=2^8")."""
+    if all(len(q) <= 30 for q in policies):
+        return policies
+    parts = [q.split(",") for q in policies]
+    common = set.intersection(*(set(p) for p in parts))
+    short = [[_knob(k) for k in p if k not in common] for p in parts]
+    out = [", ".join(k) or ("forward" if any("kv_order" in q for q in policies) else "as given") for k in short]
+    return out if len(set(out)) == len(out) else policies
+
+
+def _knob(knob: str) -> str:
+    """One policy knob in a few characters: kv_order=reverse as "reverse", p_scale=256 as "S=2^8"."""
+    key, _, value = knob.partition("=")
+    if key == "kv_order":
+        return value
+    if key == "p_scale" and value.isdigit() and int(value) > 0 and int(value) & (int(value) - 1) == 0:
+        return f"S=2^{int(value).bit_length() - 1}"
+    if key == "p_scale":
+        return f"S={value}"
+    return knob
+
+
 def _xpos(p: Point, x: str, cats: list) -> float:
     if x == "seq_len":
         return p.seq_len
@@ -96,7 +126,7 @@ def _set_x(ax, points: list[Point], x: str) -> None:
         ax.set_xticks(vals, [str(int(v)) for v in vals])
         ax.minorticks_off()
     else:
-        names = [f"{b[0]}x{b[1]}" for b in cats] if x == "tile" else cats
+        names = [f"{b[0]}x{b[1]}" for b in cats] if x == "tile" else policy_labels(cats)
         ax.set_xticks(range(len(cats)), names, rotation=30, ha="right")
     ax.set_xlabel(X_LABEL[x])
 
@@ -116,8 +146,10 @@ def _yerr(ests: list[Estimate | None]) -> tuple[list[float], list[list[float]]]:
 def _series(points: list[Point], x: str) -> dict[str, list[Point]]:
     """Points per drawn series: per method, or per kernel when the x axis is the policy."""
     out: dict[str, list[Point]] = {}
+    several = len({p.distribution for p in points}) > 1  # one series per input distribution as well
     for p in points:
-        out.setdefault(p.method.partition(":")[0] if x == "policy" else p.method, []).append(p)
+        name = p.method.partition(":")[0] if x == "policy" else p.method
+        out.setdefault(f"{name} ({p.distribution} inputs)" if several else name, []).append(p)
     return out
 
 

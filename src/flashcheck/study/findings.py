@@ -159,10 +159,10 @@ def _br_finding(pts: dict[str, list[Point]]) -> dict:
             same += p.values == group[0].values and p.own == group[0].own
     claim = "The query-block size Br has no effect on the error (only the key-block size Bc has)"
     verdict = structural(BR_REASON, BR_TEST)
-    if total == 0:
+    if total == 0:  # nothing measured: the algorithm's argument is in the rule of a study that has pairs
         measured = "not measured by this sweep (no two of its tiles differ only in Br)"
-    else:
-        measured = f"{same} of {total} pairs of tiles that differ only in Br gave identical errors in this study"
+        return finding("br_no_effect", claim, measured, None, section="swapped")
+    measured = f"{same} of {total} pairs of tiles that differ only in Br gave identical errors in this study"
     if same < total:  # a counterexample in the study's own records outweighs the algorithm's argument
         why = f"{total - same} of {total} pairs that differ only in Br gave different errors"
         verdict = Verdict("does not hold", f"every pair identical ({BR_TEST} checks it)", why)

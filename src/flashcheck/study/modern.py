@@ -8,7 +8,7 @@ with an attention sink: KV order and the static scale S = 2^8)."""
 
 from __future__ import annotations
 
-from flashcheck.reporting.verdicts import Estimate, ratio_interval
+from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
 from flashcheck.study.config import (  # the modern sweeps live with the other presets (one floor, no cycle)
     FA2,
     FA3_FP8,
@@ -33,6 +33,8 @@ PUBLISHED = {
     "features; no accuracy figure is published for them",
     "sink": "arXiv 2606.06521: 3-10x lower MSE at moderate sink strengths from reverse KV order or S = 2^8, "
     "the two fixes saturating to the same floor",
+    "fp8": "no accuracy figure is published for FA4's FP8/FP4 path; FA3 (arXiv 2407.08608, Table 3) reports "
+    "FP8 RMSE 9.1e-03 with block quantisation + Hadamard against 2.4e-02 per tensor (outlier inputs)",
     "fp22": "SageAttention2 (arXiv 2411.10958): the FP8 MMA accumulator on Ada/Hopper keeps 13 mantissa bits "
     "(FP22); DeepSeek-V3 (arXiv 2412.19437): promotion every 128 elements repairs it",
     "sage": "SageAttention 1/2/2++/3 (arXiv 2410.02367, 2411.10958, 2505.21136, 2505.11594) report cosine "
@@ -81,6 +83,21 @@ def _judged(fid: str, claim: str, est: Estimate | None, what: str, verdict, pape
     return finding(fid, claim, f"{what}: {ratio_text(est)}", verdict(est), paper=paper, section=section)
 
 
+SINK_STRONG = (
+    "above the paper's band, likely from our sink strength: with the sink scored 8, most of P falls below "
+    "e4m3's smallest subnormal at S = 1 (the collapsed fraction Phi(Delta + delta_k - 6.93 - ln S)), a "
+    "stronger sink than the paper's moderate ones, so the fix that lifts P gains more"
+)
+
+
+def _sink_band(est: Estimate):
+    """The paper's 3-10x band; a miss above it says why (our sink strength), not just "does not hold"."""
+    from dataclasses import replace
+
+    v = band(est, 3.0, 10.0)
+    return replace(v, reason=f"{v.reason}: {SINK_STRONG}") if est.n and est.low > 10.0 else v
+
+
 def modern_findings(pts: dict[str, list[Point]]) -> list[dict]:
     """The modern questions' verdicts from whatever the study measured (none when it ran no modern sweep)."""
     from flashcheck.reporting.verdicts import compare
@@ -104,7 +121,7 @@ def modern_findings(pts: dict[str, list[Point]]) -> list[dict]:
         claim = f"{name} deviates less than FA3's FP8 path (rel-L2 ratio below 1)"
         est = _ratio(both, method, FA3_FP8)
         section = "modern_sage" if method in SAGE else "modern_lowp"
-        paper = PUBLISHED["sage"] if "sage" in name else PUBLISHED["fa4"]
+        paper = PUBLISHED["sage"] if "sage" in name else PUBLISHED["fp8"]
         verdict = lambda e: compare(e, above=False)  # noqa: E731
         out.append(_judged(f"modern_{name}_vs_fa3_fp8", claim, est, f"{method} / {FA3_FP8}", verdict, paper, section))
     est = _ratio(low, FP22, FA3_FP8)
@@ -117,10 +134,13 @@ def modern_findings(pts: dict[str, list[Point]]) -> list[dict]:
         ("modern_sink_reverse", SINK_METHODS[1], "reverse KV order"),
         ("modern_sink_static_scale", SINK_METHODS[2], "the static scale S = 2^8"),
     ):
-        claim = f"with a sink, {what} lowers the P-cast MSE 3x or more"
+        claim = f"with a sink, {what} lowers the P-cast MSE by the paper's 3-10x"
         est = _ratio(sink, P_FP8, method, square=True)
-        verdict = lambda e: compare(e, above=True, threshold=3.0)  # noqa: E731
-        out.append(_judged(fid, claim, est, f"MSE of forward S=1 / {what}", verdict, PUBLISHED["sink"], "modern_sink"))
+        out.append(
+            _judged(fid, claim, est, f"MSE of forward S=1 / {what}", _sink_band, PUBLISHED["sink"], "modern_sink")
+        )
+        if est is not None and est.n and est.low > 10.0:
+            out[-1]["measured"] += " (above the paper's 3-10x band; likely our sink strength, score 8)"
     return out + stage_findings(pts)
 
 
@@ -171,6 +191,40 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
             "modern_sink",
         ),
     ]
+    return out
+
+
+def modern_answer(found: list[dict]) -> list[str]:
+    """The Answer's sentences for the modern questions (FA4 bf16 vs FA2, FP8/FP4 vs FA3's FP8 path, Sage vs
+    FA3-FP8, the sink fixes); [] when the study measured none of them."""
+    by = {f["id"]: f for f in found if f["id"].startswith("modern_") and f["status"] != "not measured"}
+    if not by:
+        return []
+
+    def ratio(fid: str) -> str:
+        f = by[fid]
+        return f"{f['measured'].rpartition(': ')[2]} ({f['status']})"
+
+    def each(methods) -> str:
+        names = [m.split(":", 1)[1] for m in methods]
+        return ", ".join(f"{n} {ratio(f'modern_{n}_vs_fa3_fp8')}" for n in names if f"modern_{n}_vs_fa3_fp8" in by)
+
+    out = []
+    if "modern_fa4_bf16" in by:
+        out.append(f"FA4 bf16 against FA2 bf16 (rel-L2 ratio): {ratio('modern_fa4_bf16')}.")
+    lowp = each(LOWP[:3])
+    if lowp:
+        out.append(f"FP8/FP4 kernels against FA3's FP8 path (rel-L2 ratio): {lowp}.")
+    sage = each(SAGE)
+    if sage:
+        out.append(f"SageAttention against FA3's FP8 path (rel-L2 ratio): {sage}.")
+    sink = [
+        f"{what} {ratio(fid)}"
+        for fid, what in (("modern_sink_reverse", "reverse KV order"), ("modern_sink_static_scale", "S = 2^8"))
+        if fid in by
+    ]
+    if sink:
+        out.append(f"With an attention sink, the P-cast MSE falls (paper: 3-10x): {'; '.join(sink)}.")
     return out
 
 

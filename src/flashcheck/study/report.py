@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
-from flashcheck.study.answer import answer, draw_headline, verdict_rows
+from flashcheck.study.answer import answer, draw_headline, measured_first, verdict_rows
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
@@ -17,7 +17,7 @@ from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.guide_report import guide_part, guide_sentences
 from flashcheck.study.modern import NOTES as MODERN_NOTES
-from flashcheck.study.modern import modern_findings, modern_sentences
+from flashcheck.study.modern import modern_answer, modern_findings, modern_sentences
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
@@ -47,9 +47,12 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
     (columns empty in every row left out: fa3's methods are paired in its verdicts, not per point)."""
     out = []
     for sw in config.sweeps:
-        points = sorted(sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block))
+        points = sorted(
+            sweep_points(sw, records), key=lambda p: (p.method, p.head_dim, p.seq_len, p.block, p.distribution)
+        )
         header = [
             "method",
+            "inputs",
             "L",
             "D",
             "tiles",
@@ -59,8 +62,10 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
             "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own) [95%]",
             "paper",
         ]
+        several = len({p.distribution for p in points}) > 1  # the inputs column only where they differ
         rows = [_row(p, sw.question) for p in points]
-        keep = [i for i in range(len(header)) if i < 6 or any(r[i] for r in rows)]  # no column that is empty
+        rows = [[r[0], p.distribution if several else "", *r[1:]] for p, r in zip(points, rows, strict=True)]
+        keep = [i for i in range(len(header)) if (i < 6 and i != 1) or any(r[i] for r in rows)]  # none empty
         out.append((sw.question, [header[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     return out
 
@@ -128,7 +133,7 @@ def build_report(folder: str | Path) -> dict:
         said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
-        "answer": answer(found, pts.get("seq_len", [])),
+        "answer": _answer(found, pts),
         "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
@@ -144,6 +149,15 @@ def build_report(folder: str | Path) -> dict:
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
     write_report(folder, _page(summary, tables, inside, guide_blocks), summary)
     return summary
+
+
+def _answer(found: list[dict], pts: dict[str, list[Point]]) -> list[str]:
+    """The modern questions' answer first when the study measured them; the seq_len answer after it, unless
+    it only says that the seq_len question was not measured."""
+    first, rest = modern_answer(found), answer(found, pts.get("seq_len", []))
+    if first and not pts.get("seq_len"):
+        return first
+    return first + rest
 
 
 def _guide(folder: Path, config: StudyConfig, records: dict[str, CaseRecord]) -> tuple[dict, list]:
@@ -188,7 +202,7 @@ NOTES |= MODERN_NOTES
 
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
     items = []
-    for f in summary["findings"]:
+    for f in measured_first(summary["findings"]):
         paper = f" Paper: {f['paper']}." if f.get("paper") else ""
         rule = f" Rule: {f['rule']}; {f['reason']}." if f.get("rule") else ""
         items.append((f["id"], f.get("status", f["holds"]), f"{f['claim']}. Measured: {f['measured']}.{rule}{paper}"))
