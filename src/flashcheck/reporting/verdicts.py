@@ -4,6 +4,7 @@ into `holds`, `does not hold` or `inconclusive` (or `structural`: fixed by the a
 Every report (study, train-study, guide) uses these rules, never end points or hand-picked bands:
 - comparison: a ratio's interval (t interval on log ratios) against 1 (or another threshold);
 - band: an interval against a published band (e.g. the paper's 0.2-0.5);
+- share: an exact binomial (Clopper-Pearson) interval of a share of cases against a target;
 - trend: Kendall's tau over all points plus a Theil-Sen slope interval, both on log-log axes.
 scipy is imported inside the functions (study reports install it with the `plots` extra).
 """
@@ -90,6 +91,21 @@ def ratio_interval(num: Sequence[float], den: Sequence[float]) -> Estimate:
         return Estimate(math.nan, math.nan, math.nan, 0, "geometric mean of paired ratios, t interval")
     low, high = (math.exp(e.low), math.exp(e.high)) if e.n >= 2 else (math.nan, math.nan)
     return Estimate(math.exp(e.value), low, high, e.n, "geometric mean of paired ratios, t interval on logs")
+
+
+def share_interval(successes: int, n: int) -> Estimate:
+    """A share successes/n of independent cases with its exact (Clopper-Pearson) 95% binomial interval:
+    19 of 19 gives [0.824, 1], never the degenerate [1, 1] a t interval on 0/1 values gives."""
+    from scipy import stats
+
+    if n <= 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "share, Clopper-Pearson interval")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes!r} must lie in [0, n={n}]")
+    a = (1 - LEVEL) / 2
+    low = float(stats.beta.ppf(a, successes, n - successes + 1)) if successes > 0 else 0.0
+    high = float(stats.beta.ppf(1 - a, successes + 1, n - successes)) if successes < n else 1.0
+    return Estimate(successes / n, low, high, n, "share, Clopper-Pearson interval")
 
 
 def median_interval(xs: Sequence[float]) -> Estimate:
