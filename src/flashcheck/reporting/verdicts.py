@@ -168,7 +168,8 @@ def band(est: Estimate, low: float, high: float) -> Verdict:
     if low <= est.low and est.high <= high:
         return Verdict("holds", rule, f"{iv} is inside the band", est)
     if est.high < low or est.low > high:
-        return Verdict("does not hold", rule, f"{iv} misses the band", est)
+        side = "below" if est.high < low else "above"
+        return Verdict("does not hold", rule, f"{iv} misses the band: it lies {side} it", est)
     return Verdict("inconclusive", rule, f"{iv} overlaps the band's edge", est)
 
 
