@@ -114,6 +114,28 @@ def test_the_answer_follows_the_verdicts(tmp_path):
     assert answer([], [])[0].startswith("This study did not measure Flash against standard attention")
 
 
+def test_a_smoke_test_says_so_first_and_an_inconclusive_ratio_is_not_called_indistinguishable(tmp_path):
+    """tiny's shape (L = 64, 128, one seed): the first sentence says it is a smoke test at L=64-128; the pooled
+    bf16-mixed ratio (n=2) and the verdict at the longest length (n=1) are inconclusive, so the answer says there
+    is too little to say (not "Yes ... indistinguishable") and draws no conclusion about the tiling."""
+    from flashcheck.study.config import StudyConfig, Sweep
+
+    both = ("flash:bf16", "flash:bf16-mixed")
+    sweep = Sweep(question="seq_len", methods=both, seq_lens=(64, 128), blocks=((16, 16),), heads=1, seeds=(0,))
+    cfg = StudyConfig(name="tiny", sweeps=(sweep,))
+    records = write_study(tmp_path, cfg)
+    found, pts = findings(cfg, records), sweep_points(sweep, records)
+    mixed = next(f for f in found if f["id"] == "flash_vs_baseline_bf16_mixed")
+    assert mixed["status"] == "inconclusive"
+    said = answer(found, pts, cfg)
+    assert said[0].startswith("This is a smoke test (preset tiny) at L=64-128 with 1 seed") and "say little" in said[0]
+    assert said[1].startswith("Too few seeds/lengths to say for real kernels") and "(n=2)" in said[1]
+    assert "the verdict on it below is inconclusive" in said[1]
+    assert not any("indistinguishable" in x or x.startswith(("Yes", "So the tiling")) for x in said)
+    named = StudyConfig(name="synthetic", sweeps=(sweep,))
+    assert answer(found, pts, named) == said[1:]  # not a smoke preset: no smoke sentence
+
+
 def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
     seen = quick_report[2]
     names = {name for name, _, _ in seen}

@@ -128,7 +128,7 @@ def build_report(folder: str | Path) -> dict:
         said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
-        "answer": answer(found, pts.get("seq_len", [])),
+        "answer": answer(found, pts.get("seq_len", []), config),
         "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
