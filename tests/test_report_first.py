@@ -136,6 +136,36 @@ def test_a_smoke_test_says_so_first_and_an_inconclusive_ratio_is_not_called_indi
     assert answer(found, pts, named) == said[1:]  # not a smoke preset: no smoke sentence
 
 
+def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_between_decades(tmp_path, monkeypatch):
+    """One seed per length: the title says there is no interval (not "mean and 95% interval"), and the ratio
+    axis labels ticks between the powers of ten (2, 5, 20, ...), not only 10^0 and 10^1."""
+    from matplotlib.figure import Figure
+
+    from flashcheck.study.answer import draw_headline
+    from flashcheck.study.config import StudyConfig, Sweep
+
+    both = ("flash:bf16", "flash:bf16-mixed")
+    sweep = Sweep(question="seq_len", methods=both, seq_lens=(64, 128), blocks=((16, 16),), heads=1, seeds=(0,))
+    records = write_study(tmp_path, StudyConfig(name="tiny", sweeps=(sweep,)))
+    seen: dict = {}
+    save = Figure.savefig
+
+    def keep(self, fname, *args, **kwargs):
+        out = save(self, fname, *args, **kwargs)  # drawn: tick labels are set
+        ax = self.axes[0]
+        lo, hi = ax.get_ylim()
+        minor = [
+            t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi
+        ]
+        seen.update(title=ax.get_title(), minor=minor)
+        return out
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assert draw_headline(sweep_points(sweep, records), tmp_path / "headline.png") is not None
+    assert seen["title"].endswith("mean (n=1 per point: no interval)") and "95%" not in seen["title"]
+    assert {"2", "5"} <= set(seen["minor"])  # the axis spans about 0.9x to 10x (the paper's line)
+
+
 def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
     seen = quick_report[2]
     names = {name for name, _, _ in seen}

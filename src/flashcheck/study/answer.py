@@ -144,9 +144,12 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
     if not matplotlib_available() or not all(series.values()):
         return None
     words = {PAPER: "all bf16 (the paper's policy)", MIXED: "bf16-mixed: fp32 statistics (real kernels)"}
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     style = Styler()
+    spread = [p.ratio_estimate().n >= 2 for ps in series.values() for p in ps]
     with figure(tmp, size=(7.0, 4.6)) as (_, ax):
         for m, ps in series.items():
             ests = [p.ratio_estimate() for p in ps]
@@ -163,9 +166,18 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
         ax.set_yscale("log")
         ls = sorted({p.seq_len for ps in series.values() for p in ps})
         ax.set_xticks(ls, [str(n) for n in ls])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))  # 0.2, 0.5, 2, 5, 20: more than 10^k
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         label_axes(ax, x="sequence length L", y="Flash / standard attention, max-abs error", x_unit="tokens")
-        title = "Flash's error over standard attention's, same policy and inputs: mean and 95% interval"
+        title = "Flash's error over standard attention's, same policy and inputs: "
+        if all(spread):
+            title += "mean and 95% interval"
+        elif any(spread):
+            title += "mean and 95% interval (none where n=1)"
+        else:
+            title += "mean (n=1 per point: no interval)"
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     tmp.replace(path)
