@@ -168,6 +168,7 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
         ax.set_xticks(ls, [str(n) for n in ls])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))  # 0.2, 0.5, 2, 5, 20: more than 10^k
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 1 and 10, as plain as 2 and 5
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.tick_params(axis="y", which="minor", labelsize=7)
         label_axes(ax, x="sequence length L", y="Flash / standard attention, max-abs error", x_unit="tokens")
