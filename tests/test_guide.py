@@ -119,7 +119,10 @@ def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
     gpu = [f for f in summary["findings"] if f["id"].startswith("gpu_")]
     if not torch.cuda.is_available():  # summary.json says what the table says: not inconclusive
         assert gpu and {f["shown"] for f in gpu} == {"not measured here"}
-    assert all(f["shown"] == f["status"] for f in summary["findings"] if not f["id"].startswith("gpu_"))
+    for f in (f for f in summary["findings"] if not f["id"].startswith("gpu_")):  # a band missed says its side
+        assert f["shown"] == f["status"] or (
+            f["status"] == "does not hold" and f["shown"].startswith(f"{f['status']}: ")
+        )
 
 
 @pytest.mark.slow
@@ -204,6 +207,25 @@ def test_slope_shows_tau_and_says_when_too_few_lengths_for_the_trend_rule():
     five = slope_claims([_record(m, n, 1e-3 * n**0.1) for n in (64, 128, 256, 512, 1024)], {}, [m])[0]
     assert five["status"] == "holds" and "too few lengths" not in five["verdict"]["reason"]
     assert five["interval"][0] > 0 and five["n"] == 5
+
+
+def test_an_error_outside_the_stated_range_says_which_side():
+    """'1e-3 to 1e-2 for FP16/BF16': fp16 at 4.5e-4 does not hold but reads as more accurate than the guide says
+    (table cell and measured text), bf16 at 3e-2 as less accurate, bf16 at 3e-3 holds with no side."""
+    from flashcheck.study.guide_claims import error_claims
+    from flashcheck.study.guide_report import shown_status
+
+    recs = [_record(m, n, e * (1 + 0.01 * i)) for i, n in enumerate((64, 128, 256))
+            for m, e in (("flash:fp16", 4.5e-4), ("flash:bf16", 3e-2), ("sdpa-math:bf16", 3e-3))]  # fmt: skip
+    low, high, inside = error_claims(recs, ["flash:fp16", "flash:bf16", "sdpa-math:bf16"])
+    assert low["status"] == high["status"] == "does not hold" and inside["status"] == "holds"
+    assert shown_status(low) == "does not hold: below the stated range: fp16 is more accurate than the guide says"
+    assert low["measured"].endswith("; below the stated range: fp16 is more accurate than the guide says")
+    assert (
+        "above the stated range: bf16 is less accurate" in shown_status(high)
+        and "lies above" in high["verdict"]["reason"]
+    )
+    assert shown_status(inside) == "holds" and "stated range" not in inside["measured"] and "side" not in inside
 
 
 # --- the guide as part of quick, full and tiny ----------------------------------------------------------------

@@ -321,6 +321,22 @@ def test_share_and_quantiles_of_known_ratios(small_study):
     assert ev["verdict"].status in ("holds", "does not hold", "inconclusive")
 
 
+def test_every_held_out_case_within_2x_is_judged_on_its_binomial_lower_bound(small_study):
+    """All held-out cases within 2x: the share's interval is the exact binomial one, [0.025^(1/n), 1], not the
+    degenerate [1, 1] of a t interval on 0/1 values, and the 90% target holds only when its low end is above 0.9."""
+    import dataclasses
+
+    from flashcheck.study.errormodel import evaluate, setting_of
+
+    recs = {c: dataclasses.replace(r, errors_rounded=r.errors_rounded | {"rel_l2": predict(setting_of(r))})
+            for c, r in small_study.items()}  # fmt: skip
+    ev = evaluate(recs)
+    n, est = ev["held_out"]["n"], ev["verdict"].estimate
+    assert n >= 3 and ev["held_out"]["within_2x"] == 1 and est.n == n and est.high == 1
+    assert est.low == pytest.approx(0.025 ** (1 / n)) and "Clopper-Pearson" in est.method
+    assert ev["verdict"].status == ("holds" if est.low > 0.9 else "inconclusive")
+
+
 def test_error_model_table_labels_tell_every_quick_case_apart():
     """One label per case of quick (seed and every field that sets a case), tiles only where the kernel has them."""
     from flashcheck.study.cases import expand

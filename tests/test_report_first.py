@@ -114,6 +114,58 @@ def test_the_answer_follows_the_verdicts(tmp_path):
     assert answer([], [])[0].startswith("This study did not measure Flash against standard attention")
 
 
+def test_a_smoke_test_says_so_first_and_an_inconclusive_ratio_is_not_called_indistinguishable(tmp_path):
+    """tiny's shape (L = 64, 128, one seed): the first sentence says it is a smoke test at L=64-128; the pooled
+    bf16-mixed ratio (n=2) and the verdict at the longest length (n=1) are inconclusive, so the answer says there
+    is too little to say (not "Yes ... indistinguishable") and draws no conclusion about the tiling."""
+    from flashcheck.study.config import StudyConfig, Sweep
+
+    both = ("flash:bf16", "flash:bf16-mixed")
+    sweep = Sweep(question="seq_len", methods=both, seq_lens=(64, 128), blocks=((16, 16),), heads=1, seeds=(0,))
+    cfg = StudyConfig(name="tiny", sweeps=(sweep,))
+    records = write_study(tmp_path, cfg)
+    found, pts = findings(cfg, records), sweep_points(sweep, records)
+    mixed = next(f for f in found if f["id"] == "flash_vs_baseline_bf16_mixed")
+    assert mixed["status"] == "inconclusive"
+    said = answer(found, pts, cfg)
+    assert said[0].startswith("This is a smoke test (preset tiny) at L=64-128 with 1 seed") and "say little" in said[0]
+    assert said[1].startswith("Too few seeds/lengths to say for real kernels") and "(n=2)" in said[1]
+    assert "the verdict on it below is inconclusive" in said[1]
+    assert not any("indistinguishable" in x or x.startswith(("Yes", "So the tiling")) for x in said)
+    named = StudyConfig(name="synthetic", sweeps=(sweep,))
+    assert answer(found, pts, named) == said[1:]  # not a smoke preset: no smoke sentence
+
+
+def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_between_decades(tmp_path, monkeypatch):
+    """One seed per length: the title says there is no interval (not "mean and 95% interval"), and the ratio
+    axis labels ticks between the powers of ten (2, 5, 20, ...), not only 10^0 and 10^1."""
+    from matplotlib.figure import Figure
+
+    from flashcheck.study.answer import draw_headline
+    from flashcheck.study.config import StudyConfig, Sweep
+
+    both = ("flash:bf16", "flash:bf16-mixed")
+    sweep = Sweep(question="seq_len", methods=both, seq_lens=(64, 128), blocks=((16, 16),), heads=1, seeds=(0,))
+    records = write_study(tmp_path, StudyConfig(name="tiny", sweeps=(sweep,)))
+    seen: dict = {}
+    save = Figure.savefig
+
+    def keep(self, fname, *args, **kwargs):
+        out = save(self, fname, *args, **kwargs)  # drawn: tick labels are set
+        ax = self.axes[0]
+        lo, hi = ax.get_ylim()
+        minor = [
+            t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi
+        ]
+        seen.update(title=ax.get_title(), minor=minor)
+        return out
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assert draw_headline(sweep_points(sweep, records), tmp_path / "headline.png") is not None
+    assert seen["title"].endswith("mean (n=1 per point: no interval)") and "95%" not in seen["title"]
+    assert {"2", "5"} <= set(seen["minor"])  # the axis spans about 0.9x to 10x (the paper's line)
+
+
 def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
     seen = quick_report[2]
     names = {name for name, _, _ in seen}

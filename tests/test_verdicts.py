@@ -7,7 +7,16 @@ import random
 
 from scipy import stats
 
-from flashcheck.reporting.verdicts import band, compare, every, mean_interval, ratio_interval, structural, trend
+from flashcheck.reporting.verdicts import (
+    band,
+    compare,
+    every,
+    mean_interval,
+    ratio_interval,
+    share_interval,
+    structural,
+    trend,
+)
 
 
 def test_mean_interval_is_the_t_interval():
@@ -115,3 +124,23 @@ def test_identical_values_give_a_zero_width_interval_without_warnings():
         warnings.simplefilter("error")
         e = ratio_interval([1.1, 1.1, 1.1], [1.0, 1.0, 1.0])
     assert math.isclose(e.low, 1.1) and math.isclose(e.high, 1.1) and e.n == 3
+
+
+def test_share_interval_is_the_exact_binomial_interval():
+    """Clopper-Pearson against closed forms (k = n: low = 0.025^(1/n); k = 0: high = 1 - 0.025^(1/n)) and, in
+    between, against binomial tail sums: P(X >= k | low) = P(X <= k | high) = 2.5%. 19 of 19 is not > 0.9."""
+    e = share_interval(19, 19)
+    assert e.value == 1 and e.high == 1 and math.isclose(e.low, 0.025 ** (1 / 19)) and 0.82 < e.low < 0.83
+    v = compare(e, threshold=0.9)
+    assert v.status == "inconclusive" and "contains 0.9" in v.reason
+    assert compare(share_interval(60, 60), threshold=0.9).status == "holds"  # 0.025^(1/60) = 0.94
+    z = share_interval(0, 7)
+    assert z.low == 0 and math.isclose(z.high, 1 - 0.025 ** (1 / 7))
+
+    def tail(k: int, n: int, p: float, upper: bool) -> float:
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in (range(k, n + 1) if upper else range(k + 1)))
+
+    m = share_interval(13, 20)
+    assert m.low < 0.65 < m.high and m.n == 20
+    assert math.isclose(tail(13, 20, m.low, True), 0.025, rel_tol=1e-6)
+    assert math.isclose(tail(13, 20, m.high, False), 0.025, rel_tol=1e-6)

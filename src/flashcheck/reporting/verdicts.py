@@ -4,6 +4,7 @@ into `holds`, `does not hold` or `inconclusive` (or `structural`: fixed by the a
 Every report (study, train-study, guide) uses these rules, never end points or hand-picked bands:
 - comparison: a ratio's interval (t interval on log ratios) against 1 (or another threshold);
 - band: an interval against a published band (e.g. the paper's 0.2-0.5);
+- share: an exact binomial (Clopper-Pearson) interval of a share of cases against a target;
 - trend: Kendall's tau over all points plus a Theil-Sen slope interval, both on log-log axes.
 scipy is imported inside the functions (study reports install it with the `plots` extra).
 """
@@ -92,6 +93,21 @@ def ratio_interval(num: Sequence[float], den: Sequence[float]) -> Estimate:
     return Estimate(math.exp(e.value), low, high, e.n, "geometric mean of paired ratios, t interval on logs")
 
 
+def share_interval(successes: int, n: int) -> Estimate:
+    """A share successes/n of independent cases with its exact (Clopper-Pearson) 95% binomial interval:
+    19 of 19 gives [0.824, 1], never the degenerate [1, 1] a t interval on 0/1 values gives."""
+    from scipy import stats
+
+    if n <= 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "share, Clopper-Pearson interval")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes!r} must lie in [0, n={n}]")
+    a = (1 - LEVEL) / 2
+    low = float(stats.beta.ppf(a, successes, n - successes + 1)) if successes > 0 else 0.0
+    high = float(stats.beta.ppf(1 - a, successes + 1, n - successes)) if successes < n else 1.0
+    return Estimate(successes / n, low, high, n, "share, Clopper-Pearson interval")
+
+
 def median_interval(xs: Sequence[float]) -> Estimate:
     """Median with a distribution-free interval: the order statistics x_(j) and x_(n+1-j) with the largest j
     whose coverage 1 - 2 P(Binomial(n, 1/2) < j) is still >= 95% ([min, max] below n = 6, which covers less:
@@ -152,7 +168,8 @@ def band(est: Estimate, low: float, high: float) -> Verdict:
     if low <= est.low and est.high <= high:
         return Verdict("holds", rule, f"{iv} is inside the band", est)
     if est.high < low or est.low > high:
-        return Verdict("does not hold", rule, f"{iv} misses the band", est)
+        side = "below" if est.high < low else "above"
+        return Verdict("does not hold", rule, f"{iv} misses the band: it lies {side} it", est)
     return Verdict("inconclusive", rule, f"{iv} overlaps the band's edge", est)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from pathlib import Path
 
 from flashcheck.measure.predict import (
@@ -20,7 +19,7 @@ from flashcheck.measure.predict import (
     predict,
     setting_for,
 )
-from flashcheck.reporting.verdicts import compare, mean_interval
+from flashcheck.reporting.verdicts import compare, share_interval
 from flashcheck.study.cases import Case, CaseRecord
 
 TARGET, FOLD = 0.9, 2.0  # the target: within 2x for at least 90% of the cases
@@ -137,11 +136,9 @@ def evaluate(records: dict[str, CaseRecord], coeffs: dict[str, float] | None = N
         p = predict(s, coeffs)
         rows.append({"case": r.case, "predicted": p, "measured": m, "ratio": p / m, "held_out": held_out(r.case, s)})
     test = [x for x in rows if x["held_out"]]
-    inside = [1.0 if _fold(x["ratio"]) <= FOLD else 0.0 for x in test]
-    with warnings.catch_warnings():  # all inside (or all outside): a zero spread, which scipy warns about
-        warnings.simplefilter("ignore", RuntimeWarning)
-        est = mean_interval(inside)
-    est = type(est)(est.value, est.low, est.high, est.n, "share of held-out cases within 2x, t interval")
+    inside = sum(_fold(x["ratio"]) <= FOLD for x in test)
+    est = share_interval(inside, len(test))  # exact binomial: 19 of 19 is [0.82, 1], not below the 0.9 target
+    est = type(est)(est.value, est.low, est.high, est.n, "share of held-out cases within 2x, Clopper-Pearson")
     covered = {x["case"] for x in rows}
     return {
         "rows": rows,

@@ -133,7 +133,7 @@ def build_report(folder: str | Path) -> dict:
         said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
-        "answer": _answer(found, pts),
+        "answer": _answer(found, pts, config),
         "conclusion": [{"text": t, "section": a} for t, a in said],
         "findings": found,
         "cases": len(records),
@@ -151,10 +151,10 @@ def build_report(folder: str | Path) -> dict:
     return summary
 
 
-def _answer(found: list[dict], pts: dict[str, list[Point]]) -> list[str]:
+def _answer(found: list[dict], pts: dict[str, list[Point]], config: StudyConfig) -> list[str]:
     """The modern questions' answer first when the study measured them; the seq_len answer after it, unless
     it only says that the seq_len question was not measured."""
-    first, rest = modern_answer(found), answer(found, pts.get("seq_len", []))
+    first, rest = modern_answer(found), answer(found, pts.get("seq_len", []), config)
     if first and not pts.get("seq_len"):
         return first
     return first + rest
