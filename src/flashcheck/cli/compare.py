@@ -152,13 +152,16 @@ def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
 
 
 def _finish_backends(results: list, as_json: bool) -> None:
-    """Print the backends' results; exit 1 when a budget failed."""
+    """Print the backends' results; exit 1 when a budget failed, 2 when no case could run here (each skipped,
+    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve)."""
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
     else:
         _print_backends(results)
     if any(not _passed(r) for r in results):
         raise typer.Exit(1)
+    if results and all(r.get("status") == "skipped" for r in results):
+        raise typer.Exit(2)
 
 
 def _no_padded_gradients(padding: str, backward: bool) -> None:
