@@ -294,3 +294,16 @@ def test_compare_where_every_case_is_skipped_prints_the_reasons_alone_and_exits_
     both = runner.invoke(app, ["compare", "--backend", "sdpa-math,sdpa-cudnn", "--seq-len", "32", "--heads", "1"])
     assert both.exit_code == 0 and "sdpa-math" in both.output, both.output
     assert both.output.strip().splitlines()[-1].startswith("sdpa-cudnn bf16 L=32"), both.output
+
+
+def test_a_preset_that_fails_says_why_and_prints_every_metric():
+    """compare --preset: the metrics plain compare prints (mean-abs, RMSE, vs FP64 of the rounded inputs) and,
+    when the budget fails, one line naming the failed check, its bound and the baseline it came from."""
+    res = runner.invoke(app, ["compare", "--preset", "sage2", "--seq-len", "64", "--heads", "1", "--head-dim", "16"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    for metric in ("max_abs", "mean_abs", "rmse", "rel_l2"):
+        assert re.search(rf"│ {metric}\s+│ \d\.\d{{3}}e-\d\d", res.output), res.output
+    assert "vs FP64 of rounded inputs" in res.output
+    why = [ln for ln in res.output.splitlines() if "FAIL (peers rule)" in ln]
+    assert len(why) == 1 and "eager:fp16's error" in why[0] and "preset sage2" in why[0], res.output
+    assert "--baseline-numerics" in why[0], res.output

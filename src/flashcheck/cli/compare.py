@@ -374,8 +374,41 @@ def _print_backends(results: list[dict]) -> None:
     if rows:
         console.print(f"errors vs FP64; ratio = max_abs / baseline's; budget = {_rule_line(results)}")
         print_whole(console, cols, rows)
+    ok = [r for r in results if r["status"] == "ok"]
+    if len(ok) == 1:  # one case: every metric, as plain compare prints them
+        _print_metrics(console, ok[0])
+    for r in ok:
+        if not r["budget"]["passed"]:
+            console.print(escape(_why_failed(r)), soft_wrap=True)
     for line in skipped:
         console.print(escape(line))
+
+
+def _print_metrics(console, r: dict) -> None:
+    """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
+    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs FP64 of rounded inputs")
+    rounded = r["vs_rounded_inputs"]["candidate"]
+    rows = [
+        [m, f"{v:.3e}", f"{r['baseline'][m]:.3e}", f"{r['ratio'][m]:.3f}", f"{rounded[m]:.3e}"]
+        for m, v in r["candidate"].items()
+    ]
+    print_whole(console, cols, rows)
+
+
+def _why_failed(r: dict) -> str:
+    """One line: which budget check failed, its value and bound, and what the bound was built from."""
+    b, c = r["budget"], r["config"]
+    failed = "; ".join(f"{x['name']} {x['value']:.3e} > {x['bound']:.3e}" for x in b["checks"] if not x["passed"])
+    line = (
+        f"{c['label']} {c['numerics']} L={c['seq_len']} FAIL ({b['rule']} rule): {failed}; bound = k {b['k']:g} x "
+        f"{r['baseline_impl']}'s error (max {r['baseline']['max_abs']:.3e}) + floor {b['floor']:.2e}"
+    )
+    if c.get("preset") and r["baseline_impl"].startswith("eager:"):
+        line += (
+            f"; preset {c['preset']} rounds inside the kernel below its input format {c['numerics']} (e.g. 8-bit "
+            "Q, K), which eager does not: give --baseline-numerics (a standard policy) to set the yardstick"
+        )
+    return line
 
 
 def print_whole(console, cols: tuple[str, ...], rows: list[list[str]], prose: tuple[str, ...] = ()) -> None:
