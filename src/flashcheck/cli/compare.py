@@ -386,7 +386,7 @@ def _print_backends(results: list[dict]) -> None:
 
 def _print_metrics(console, r: dict) -> None:
     """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
-    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs FP64 of rounded inputs")
+    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs rounded inputs")
     rounded = r["vs_rounded_inputs"]["candidate"]
     rows = [
         [m, f"{v:.3e}", f"{r['baseline'][m]:.3e}", f"{r['ratio'][m]:.3f}", f"{rounded[m]:.3e}"]
@@ -415,6 +415,7 @@ def print_whole(console, cols: tuple[str, ...], rows: list[list[str]], prose: tu
     """Rows of plain strings as a table whose every cell is whole: columns empty in every row dropped, no cell
     cut, none wrapped but the `prose` columns (at spaces, given at most 30 columns); where that table is wider
     than the console, one block per row (column: value) instead."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -422,14 +423,16 @@ def print_whole(console, cols: tuple[str, ...], rows: list[list[str]], prose: tu
     cols, rows = [cols[i] for i in keep], [[row[i] or "-" for i in keep] for row in rows]
     widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(cols)]
     need = [min(w, 30) if col in prose else w for col, w in zip(cols, widths, strict=True)]
-    if sum(need) + 3 * len(cols) + 1 <= console.width:  # a cell's padding 1 + 1 and a rule between cells
-        table = Table()
-        for col, w in zip(cols, need, strict=True):
-            table.add_column(escape(col), no_wrap=col not in prose, min_width=w)
-        for row in rows:
-            table.add_row(*map(escape, row))
-        console.print(table)
-        return
+    # boxed (a cell's padding 1 + 1 and a rule between cells), else unboxed (two spaces between cells)
+    for style, extra in ((box.HEAVY_HEAD, 3 * len(cols) + 1), (None, 2 * len(cols) - 2)):
+        if sum(need) + extra <= console.width:
+            table = Table(box=style, pad_edge=style is not None)
+            for col, w in zip(cols, need, strict=True):
+                table.add_column(escape(col), no_wrap=col not in prose, min_width=w)
+            for row in rows:
+                table.add_row(*map(escape, row))
+            console.print(table)
+            return
     w = max(map(len, cols[1:]))
     for row in rows:
         console.print(escape(row[0]), soft_wrap=True)
