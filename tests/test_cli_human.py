@@ -324,6 +324,42 @@ def test_compare_human_heading_one_line():
     assert res.stderr == ""  # one case: no progress
 
 
+def _console_at(width: int):
+    """A terminal's console (no colour) of `width` columns, as `_console` makes for a tty."""
+    from rich.console import Console
+
+    def console(stderr: bool = False):
+        stream = sys.stderr if stderr else sys.stdout
+        return Console(file=stream, width=width, highlight=False, emoji=False, soft_wrap=False, color_system=None)
+
+    return console
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "--backend", "sdpa-math,sdpa-math-lowp,sim-flash", "--seq-len", "32", "--heads", "1"],
+        ["backends"],
+    ],
+)
+def test_tables_are_whole_at_80_columns(monkeypatch, args):
+    """On an 80-column terminal no cell is cut ("2.8…", "sdpa-math-lo…"): names and numbers whole, columns
+    empty in every row (checks) dropped, no autograd class name (_FlashFunction) for the kernel that ran."""
+    import flashcheck.cli.compare as compare_cli
+    import flashcheck.cli.tools as tools_cli
+
+    for width in (80, 200):
+        monkeypatch.setattr(compare_cli, "_console", _console_at(width))
+        monkeypatch.setattr(tools_cli, "_console", _console_at(width))
+        out = human(args, codes=(0, 1)).output
+        assert "…" not in out and "_FlashFunction" not in out and "checks" not in out, out
+        assert re.search(r"\bsdpa-math-lowp\b", out), out
+        if args[0] == "compare":
+            assert len(re.findall(r"\d\.\d{3}e-\d\d", out)) == 6, out  # rel_l2 and max_abs of each backend
+            if width == 200:  # the table fits: one row per backend, the public op that ran
+                assert "_scaled_dot_product_attention_math" in _row(out, "sdpa-math", "cpu", "bf16"), out
+
+
 def test_compare_backends_human_with_progress():
     args = ["compare", "--backend", "sdpa-math,sim-flash", "--seq-len", "32,64", "--heads", "1"]
     res = human(args, codes=(0, 1))  # 1: a budget failed, and the table must say which

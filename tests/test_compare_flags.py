@@ -281,3 +281,29 @@ def test_fp8_scaling_on_a_policy_without_fp8_inputs_is_refused():
     res = runner.invoke(app, ["compare", "--seq-len", "64", "--fp8-scaling", "block"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "--fp8-scaling block: the candidate policy 'bf16-mixed' has no FP8 inputs to scale" in res.output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU here: sdpa-cudnn may run")
+def test_compare_where_every_case_is_skipped_prints_the_reasons_alone_and_exits_2():
+    """A GPU-only backend on the CPU: no empty table, one line with the reason, exit 2 (cannot run here);
+    beside a backend that ran, the skipped one is a line under the table and the exit code is 0."""
+    res = runner.invoke(app, ["compare", "--backend", "sdpa-cudnn", "--seq-len", "32", "--heads", "1"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sdpa-cudnn bf16 L=32 on ") and "skipped" in lines[0], res.output
+    both = runner.invoke(app, ["compare", "--backend", "sdpa-math,sdpa-cudnn", "--seq-len", "32", "--heads", "1"])
+    assert both.exit_code == 0 and "sdpa-math" in both.output, both.output
+    assert both.output.strip().splitlines()[-1].startswith("sdpa-cudnn bf16 L=32"), both.output
+
+
+def test_a_preset_that_fails_says_why_and_prints_every_metric():
+    """compare --preset: the metrics plain compare prints (mean-abs, RMSE, vs FP64 of the rounded inputs) and,
+    when the budget fails, one line naming the failed check, its bound and the baseline it came from."""
+    res = runner.invoke(app, ["compare", "--preset", "sage2", "--seq-len", "64", "--heads", "1", "--head-dim", "16"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    for metric in ("max_abs", "mean_abs", "rmse", "rel_l2"):
+        assert re.search(rf"│ {metric}\s+│ \d\.\d{{3}}e-\d\d", res.output), res.output
+    assert "vs rounded inputs" in res.output
+    why = [ln for ln in res.output.splitlines() if "FAIL (peers rule)" in ln]
+    assert len(why) == 1 and "eager:fp16's error" in why[0] and "preset sage2" in why[0], res.output
+    assert "--baseline-numerics" in why[0], res.output

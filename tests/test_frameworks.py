@@ -71,3 +71,16 @@ def test_backends_and_doctor_list_versions_and_why_one_cannot_run(monkeypatch):
     assert not ort["available"] and "flashcheck[onnx]" in ort["reason"] and ort["version"] is None
     jx = next(b for b in doc["backends"] if b["name"] == "jax-xla")
     assert jx["available"] and md.version("jax") in jx["version"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU here: jax-cudnn may run")
+def test_jax_cudnn_without_a_gpu_names_jaxs_own_devices():
+    """Why jax-cudnn cannot run names what jax.devices() sees, not the torch build (JAX has its own devices)."""
+    import jax
+
+    rows = {r["name"]: r for r in json.loads(CliRunner().invoke(app, ["backends", "--json"]).output)["backends"]}
+    why = rows["jax-cudnn"]["reason"]
+    assert not rows["jax-cudnn"]["available"] and "jax.devices()" in why and "torch" not in why, why
+    assert f"{jax.devices()[0].platform}:0" in why, why
+    doc = json.loads(CliRunner().invoke(app, ["doctor", "--json", "--seq-len", "64"]).output)
+    assert next(b for b in doc["backends"] if b["name"] == "jax-cudnn")["reason"] == why

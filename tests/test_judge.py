@@ -91,7 +91,7 @@ def test_judge_reproduces_compares_numbers_for_sdpa_math(tmp_path, suffix):
         save_file({**arrays, "out": _bf16_bits(out)}, str(tmp_path / "d.safetensors"), metadata={"causal": "true"})
     else:  # npz has no bf16: the values in float32, the format as a setting
         np.savez(tmp_path / "d.npz", **arrays, out=out.float().numpy(), causal=np.array(True), dtype=np.array("bf16"))
-    got = json.loads(_judge(tmp_path / f"d{suffix}", "--json").output)
+    got = json.loads(_judge(tmp_path / f"d{suffix}", "--json", "--rule", "peers").output)
     for key in ("candidate", "baseline", "ratio", "vs_rounded_inputs", "budget", "baseline_impl"):
         assert got[key] == want[key], key
 
@@ -108,7 +108,7 @@ def test_judge_reproduces_compares_gradients(tmp_path):
     arrays = {"q": q, "k": k, "v": v, "out": out, "grad_out": do, "dq": g[0], "dk": g[1], "dv": g[2]}
     save_file({n: _bf16_bits(t) if n in ("out", "dq", "dk", "dv") else t.numpy() for n, t in arrays.items()},
               str(tmp_path / "g.safetensors"), metadata={"causal": "1"})  # fmt: skip
-    got = json.loads(_judge(tmp_path / "g.safetensors", "--json").output)
+    got = json.loads(_judge(tmp_path / "g.safetensors", "--json", "--rule", "peers").output)
     assert got["candidate"] == want["candidate"] and got["budget"] == want["budget"]
     assert got["grad"] == want["grad"]
     res = _judge(tmp_path / "g.safetensors")
@@ -126,6 +126,30 @@ def test_over_budget_exits_1_and_several_outputs_each_get_a_row(tmp_path):
     assert res.exit_code == 1, res.output
     rows = {line.split()[1]: line for line in res.output.splitlines() if "out." in line}
     assert "pass" in rows["out.good"] and "FAIL" in rows["out.bad"]
+
+
+def test_a_one_percent_gain_error_fails_flashcheck_rule_and_passes_the_peers(tmp_path):
+    """out = 1.01 x a correct bf16 output: the peers' max test (k=2) lets it through, judge's default rule
+    (flashcheck: the bias and row views) fails it; --rule names the rule in the table's heading."""
+    from safetensors.numpy import save_file
+
+    q, k, v = make_qkv(InputSpec(heads=2, seq_len=64, head_dim=16))
+    m = parse_method("sdpa-math:bf16")
+    out, _ = run_float64(m.runner(), m.prepare(q, k, v))
+    gained = (out * 1.01).to(torch.bfloat16).double()
+    save_file(
+        {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "out": _bf16_bits(gained)}, str(tmp_path / "g.safetensors")
+    )
+    peers = _judge(tmp_path / "g.safetensors", "--rule", "peers")
+    assert peers.exit_code == 0 and "pass" in peers.output and "the peers' rule" in peers.output, peers.output
+    res = _judge(tmp_path / "g.safetensors")
+    assert res.exit_code == 1 and "FAIL" in res.output and "flashcheck's rule" in res.output, res.output
+    data = json.loads(_judge(tmp_path / "g.safetensors", "--json").output)
+    assert data["budget"]["rule"] == "flashcheck" and not data["budget"]["passed"]
+    failed = {c["name"] for c in data["budget"]["checks"] if not c["passed"]}
+    assert failed & {"bias", "row"}, data["budget"]
+    bad = _judge(tmp_path / "g.safetensors", "--rule", "strict")
+    assert bad.exit_code == 2 and "'strict'" in bad.output and "peers, flashcheck" in bad.output, bad.output
 
 
 def _good_arrays():

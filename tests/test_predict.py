@@ -348,3 +348,9 @@ def test_error_model_table_labels_tell_every_quick_case_apart():
     assert len(set(labels)) == len(set(cases)), [lab for lab in labels if labels.count(lab) > 1][:3]
     assert not any("tiles 0x0" in lab or "Bc=0" in lab for lab in labels)
     assert any(" tiles " in lab for lab in labels) and any(lab.startswith("sdpa-math:") for lab in labels)
+
+
+def test_a_misspelt_preset_is_named_before_a_missing_seq_len():
+    res = CliRunner().invoke(app, ["predict", "--preset", "nosuch"])
+    assert res.exit_code == 2 and "unknown kernel preset 'nosuch'" in res.output and "sage2" in res.output, res.output
+    assert "--seq-len" not in res.output, res.output

@@ -117,6 +117,19 @@ class JaxBackend(Backend):
     implementation: str = "xla"
     supports_gqa: bool = True
 
+    def available(self, dtype: torch.dtype | None = None, device: str | None = None) -> Availability:
+        """As Backend.available; where no GPU is found, the reason names JAX's own devices (jax.devices())."""
+        a = super().available(dtype, device)
+        if a.ok or not a.reason.startswith("needs an NVIDIA GPU") or missing_jax():
+            return a
+        import jax
+
+        devices = jax.devices()
+        if any(d.platform in ("gpu", "cuda") for d in devices):  # JAX has a GPU: torch is what lacks one
+            return a
+        seen = ", ".join(f"{d.platform}:{d.id}" for d in devices)
+        return Availability(False, f"needs an NVIDIA GPU: JAX {jax.__version__} sees only {seen} (jax.devices())")
+
     def _available(self, device: str) -> Availability:
         if why := missing_jax():
             return Availability(False, why)

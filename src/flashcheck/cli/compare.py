@@ -152,13 +152,16 @@ def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
 
 
 def _finish_backends(results: list, as_json: bool) -> None:
-    """Print the backends' results; exit 1 when a budget failed."""
+    """Print the backends' results; exit 1 when a budget failed, 2 when no case could run here (each skipped,
+    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve)."""
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
     else:
         _print_backends(results)
     if any(not _passed(r) for r in results):
         raise typer.Exit(1)
+    if results and all(r.get("status") == "skipped" for r in results):
+        raise typer.Exit(2)
 
 
 def _no_padded_gradients(padding: str, backward: bool) -> None:
@@ -325,51 +328,116 @@ def _passed(result: dict) -> bool:
     return all(checks)
 
 
+def _rule_line(results: list[dict]) -> str:
+    """The budget rule of the results, short enough for an 80-column line: the peers' (k=2 forward, 3 gradients)
+    or flashcheck's (calibrated k; rel_l2, bias and row checks)."""
+    rules = {r["budget"].get("rule", "peers") for r in results if r.get("status") == "ok"}
+    return "flashcheck's rule" if rules == {"flashcheck"} else "the peers' rule"
+
+
 def _print_backends(results: list[dict]) -> None:
+    """The results' table (none when every case was skipped or failed), then one line per case not run."""
     from rich.markup import escape
-    from rich.table import Table
 
     console = _console()
-    console.print("errors vs FP64; ratio = max_abs / baseline's; budget = the peers' rule (k=2 fwd, 3 grads)")
-    table = Table()
-    labels = [escape(r["config"]["label"]) for r in results]
-    # a backend's name is never cut (sdpa-math and sdpa-math-lowp must stay apart); an op name folds onto
-    # more lines in a narrow terminal rather than losing its end (..._for_cpu)
-    table.add_column("backend", no_wrap=True, min_width=max(map(len, labels), default=7))
-    for col in ("device", "fmt", "L", "rel_l2", "max_abs", "baseline", "ratio", "budget"):
-        table.add_column(col)
-    table.add_column("kernel ran", overflow="fold")
-    table.add_column("checks")
-    skipped = []
+    cols = ("backend", "device", "fmt", "L", "rel_l2", "max_abs", "baseline", "ratio", "budget", "kernel ran", "checks")
+    rows, skipped = [], []
     for r in results:
         c = r["config"]
         if r["status"] != "ok":
             why = r["reason"] if r["status"] == "skipped" else r["reason"].splitlines()[0]
             skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
             continue
-        ops = [o for o in r["kernel_ops"] if o != "aten::scaled_dot_product_attention"]
-        ops = ops[0].replace("aten::", "") if ops else "-"
+        # public op names only (aten::...), not an autograd Function's class name (_FlashFunction, _JaxAttention)
+        ops = [o for o in r["kernel_ops"] if "::" in o and o != "aten::scaled_dot_product_attention"]
+        ops = ops[0].replace("aten::", "") if ops else ""
         grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
         det = r.get("determinism")
         if det:
             grads += f" det:{'ok' if det['forward_identical'] and det.get('backward_identical', True) else 'NO'}"
             grads += f" batch:{'ok' if det['batch_invariant'] else 'NO'}"
-        table.add_row(
-            escape(c["label"]),
-            c.get("device", "cpu"),
-            c["numerics"],
-            str(c["seq_len"]),
-            f"{r['candidate']['rel_l2']:.3e}",
-            f"{r['candidate']['max_abs']:.3e}",
-            escape(r["baseline_impl"]),
-            f"{r['ratio']['max_abs']:.2f}",
-            "pass" if r["budget"]["passed"] else "FAIL",
-            escape(ops),
-            grads,
+        rows.append(
+            [
+                c["label"],
+                c.get("device", "cpu"),
+                c["numerics"],
+                str(c["seq_len"]),
+                f"{r['candidate']['rel_l2']:.3e}",
+                f"{r['candidate']['max_abs']:.3e}",
+                r["baseline_impl"],
+                f"{r['ratio']['max_abs']:.2f}",
+                "pass" if r["budget"]["passed"] else "FAIL",
+                ops,
+                grads.strip(),
+            ]
         )
-    console.print(table)
+    if rows:
+        console.print(f"errors vs FP64; ratio = max_abs / baseline's; budget = {_rule_line(results)}")
+        print_whole(console, cols, rows)
+    ok = [r for r in results if r["status"] == "ok"]
+    if len(ok) == 1:  # one case: every metric, as plain compare prints them
+        _print_metrics(console, ok[0])
+    for r in ok:
+        if not r["budget"]["passed"]:
+            console.print(escape(_why_failed(r)), soft_wrap=True)
     for line in skipped:
         console.print(escape(line))
+
+
+def _print_metrics(console, r: dict) -> None:
+    """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
+    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs rounded inputs")
+    rounded = r["vs_rounded_inputs"]["candidate"]
+    rows = [
+        [m, f"{v:.3e}", f"{r['baseline'][m]:.3e}", f"{r['ratio'][m]:.3f}", f"{rounded[m]:.3e}"]
+        for m, v in r["candidate"].items()
+    ]
+    print_whole(console, cols, rows)
+
+
+def _why_failed(r: dict) -> str:
+    """One line: which budget check failed, its value and bound, and what the bound was built from."""
+    b, c = r["budget"], r["config"]
+    failed = "; ".join(f"{x['name']} {x['value']:.3e} > {x['bound']:.3e}" for x in b["checks"] if not x["passed"])
+    line = (
+        f"{c['label']} {c['numerics']} L={c['seq_len']} FAIL ({b['rule']} rule): {failed}; bound = k {b['k']:g} x "
+        f"{r['baseline_impl']}'s error (max {r['baseline']['max_abs']:.3e}) + floor {b['floor']:.2e}"
+    )
+    if c.get("preset") and r["baseline_impl"].startswith("eager:"):
+        line += (
+            f"; preset {c['preset']} rounds inside the kernel below its input format {c['numerics']} (e.g. 8-bit "
+            "Q, K), which eager does not: give --baseline-numerics (a standard policy) to set the yardstick"
+        )
+    return line
+
+
+def print_whole(console, cols: tuple[str, ...], rows: list[list[str]], prose: tuple[str, ...] = ()) -> None:
+    """Rows of plain strings as a table whose every cell is whole: columns empty in every row dropped, no cell
+    cut, none wrapped but the `prose` columns (at spaces, given at most 30 columns); where that table is wider
+    than the console, one block per row (column: value) instead."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    keep = [i for i in range(len(cols)) if any(row[i] for row in rows)]
+    cols, rows = [cols[i] for i in keep], [[row[i] or "-" for i in keep] for row in rows]
+    widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(cols)]
+    need = [min(w, 30) if col in prose else w for col, w in zip(cols, widths, strict=True)]
+    # boxed (a cell's padding 1 + 1 and a rule between cells), else unboxed (two spaces between cells)
+    for style, extra in ((box.HEAVY_HEAD, 3 * len(cols) + 1), (None, 2 * len(cols) - 2)):
+        if sum(need) + extra <= console.width:
+            table = Table(box=style, pad_edge=style is not None)
+            for col, w in zip(cols, need, strict=True):
+                table.add_column(escape(col), no_wrap=col not in prose, min_width=w)
+            for row in rows:
+                table.add_row(*map(escape, row))
+            console.print(table)
+            return
+    w = max(map(len, cols[1:]))
+    for row in rows:
+        console.print(escape(row[0]), soft_wrap=True)
+        for col, cell in zip(cols[1:], row[1:], strict=True):
+            console.print(escape(f"  {col:<{w}}  {cell}"), soft_wrap=True)
 
 
 def _shape(cfg) -> str:

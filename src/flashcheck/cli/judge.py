@@ -19,6 +19,11 @@ JUDGE_HELP = (
 @app.command(help=JUDGE_HELP)
 def judge(
     file: str = typer.Argument(..., metavar="FILE", help="A .safetensors or .npz dump of inputs and outputs."),
+    rule: str = typer.Option(
+        "flashcheck",
+        help="Budget rule: flashcheck (calibrated max, rel_l2, bias and row checks: catches a 1% gain error) or "
+        "peers (flash-attention's tests: max and mean within k=2 forward, 3 gradients).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     from flashcheck.cli.compare import _finish_backends
@@ -27,7 +32,7 @@ def judge(
     try:
         if not file.strip():
             raise ValueError(f"FILE {file!r} is empty; give a .safetensors or .npz file")
-        results = run_judge(file)
+        results = run_judge(file, rule=rule)
     except ValueError as exc:
         _fail_usage(str(exc))
     if not as_json:

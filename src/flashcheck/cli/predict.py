@@ -73,6 +73,18 @@ def _checked(
     return lk, min(4, blocks) if splits is None else splits, block_k
 
 
+def _known_preset(value: str | None) -> str | None:
+    """The --preset name, or exit 2 naming the known ones."""
+    from flashcheck.kernels.presets import kernel_preset
+
+    if value is not None:
+        try:
+            kernel_preset(value)
+        except ValueError as exc:
+            _fail_usage(f"--preset: {exc}")
+    return value
+
+
 def _preset_setting(preset, numerics, kernel: str, shape: tuple, block_k: int):
     """(numerics, block_k) for the model: the preset's policy at its format and its key block, or the given ones
     (default numerics bf16-mixed for the simulators, bf16 for a backend)."""
@@ -106,7 +118,10 @@ def predict(
     causal: bool = typer.Option(False, help="Bottom-right causal mask."),
     distribution: str = typer.Option("normal", help="Input distribution (its statistics)."),
     preset: str = typer.Option(
-        None, help="A flash kernel preset (fa4-fp8, sage2, ...: see compare) at format --numerics (default: its own)."
+        None,
+        callback=_known_preset,
+        is_eager=True,  # a misspelt preset is named before a missing --seq-len
+        help="A flash kernel preset (fa4-fp8, sage2, ...: see compare) at format --numerics (default: its own).",
     ),
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -60,22 +60,24 @@ def backends(
     if as_json:
         typer.echo(json.dumps({"backends": rows}, indent=2))
         return
-    from rich.markup import escape
-    from rich.table import Table
+    from flashcheck.cli.compare import print_whole
 
-    table = Table(title="attention backends")
-    for col in ("name", "device", "here", "why not / what", "dtypes", "version"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
+    cols = ("name", "device", "here", "why not / what", "dtypes", "version")
+    cells = [
+        [
             r["name"],
             r["device"],
-            "[green]yes[/]" if r["available"] else "[red]no[/]",
-            escape(r["reason"] or r["description"]),
+            "yes" if r["available"] else "no",
+            r["reason"] or r["description"],
             ", ".join(r["dtypes"]),
-            escape(r["version"] or "-"),
-        )
-    _console().print(table)
+            r["version"] or "-",
+        ]
+        for r in rows
+    ]
+    console = _console()
+    console.print("attention backends")
+    # every name whole (sdpa-math and sdpa-math-lowp stay apart); the reasons wrap at spaces
+    print_whole(console, cols, cells, prose=("why not / what", "dtypes"))
 
 
 @app.command()

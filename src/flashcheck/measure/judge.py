@@ -1,6 +1,6 @@
 """`flashcheck judge`: outputs computed by any framework (JAX, MLX, Candle, ONNX Runtime, a CUDA kernel),
 read from a dump, judged like `compare --backend`: against the FP64 reference of the dumped inputs, divided
-by eager PyTorch in the dump's dtype (the one baseline rule), with the peers' budget.
+by eager PyTorch in the dump's dtype (the one baseline rule), with flashcheck's budget (or the peers').
 
 A dump holds q [B, H, Lq, D], k, v [B, Hkv, Lk, D|Dv] (Hkv divides H), `out` [B, H, Lq, Dv] or several
 `out.NAME`, optionally `mask` (bool, True = keep, or additive; broadcasts to [B, H, Lq, Lk]), `grad_out`
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.budget import K_FORWARD, K_GRADIENT, check_budget
+from flashcheck.core.budget import K_FORWARD, K_GRADIENT, RULES, check_budget
 from flashcheck.core.metrics import ratio
 from flashcheck.core.numerics import Format, info, parse_format, round_to
 from flashcheck.kernels import reference_attention
@@ -167,8 +167,12 @@ def _grads(dump: Dump, outs: dict, q, k, v) -> tuple[dict[str, tuple[torch.Tenso
     return grads, do
 
 
-def judge(path: str) -> list[dict]:
-    """Every output of the dump judged, in the form of `compare --backend`'s results (run_backend_case)."""
+def judge(path: str, rule: str = "flashcheck") -> list[dict]:
+    """Every output of the dump judged, in the form of `compare --backend`'s results (run_backend_case).
+    rule: "flashcheck" (calibrated max, rel_l2, bias and row views: a 1% gain error fails) or "peers" (the
+    field's k=2 forward, 3 gradient max and mean test, as `compare --backend`); see flashcheck.core.budget."""
+    if rule not in RULES:
+        raise ValueError(f"--rule {rule!r} is not allowed; expected one of {', '.join(RULES)}")
     j = load(path)
     _fits(j)
     kw = dict(causal=j.causal, mask=j.mask, scale=j.scale)
@@ -200,11 +204,11 @@ def judge(path: str) -> list[dict]:
             "vs_rounded_inputs": {"candidate": _errors(out, ref_rounded, HEADLINE, live)},
             "kernel_ops": [],
             "kernel_verified": None,
-            "budget": check_budget(out[seen], ref[seen], base[seen], k=K_FORWARD, dtype=dtype, rule="peers").to_dict(),
+            "budget": _budget(out[seen], ref[seen], base[seen], dtype, rule, gradient=False),
             "dead_rows": dead_row_outcome(out, live),
         }
         if name in j.grads:
-            res["grad"] = _grad_results(j.grads[name], base_g, ref_g, live, dtype)
+            res["grad"] = _grad_results(j.grads[name], base_g, ref_g, live, (dtype, rule))
         results.append(res)
     return results
 
@@ -249,13 +253,20 @@ def _config(j: Judged, name: str) -> dict:
     }
 
 
-def _grad_results(cand_g, base_g, ref_g, live, dtype) -> dict:
-    """Per dQ, dK, dV: errors vs FP64 autograd through the reference, the ratio and the peers' k=3 budget;
-    dQ over the rows with a visible key (as compare --backward)."""
+def _budget(out, ref, base, dtype, rule: str, gradient: bool) -> dict:
+    """The budget under `rule`: the peers' fixed k (2 forward, 3 gradients) or flashcheck's calibrated one."""
+    k = (K_GRADIENT if gradient else K_FORWARD) if rule == "peers" else None
+    return check_budget(out, ref, base, k=k, dtype=dtype, rule=rule, gradient=gradient).to_dict()
+
+
+def _grad_results(cand_g, base_g, ref_g, live, how: tuple) -> dict:
+    """Per dQ, dK, dV: errors vs FP64 autograd through the reference, the ratio and the budget under the rule
+    (`how` = (dtype, rule)); dQ over the rows with a visible key (as compare --backward)."""
+    dtype, rule = how
     out = {}
     for name, cg, bg, rg in zip(GRADS, cand_g, base_g, ref_g, strict=True):
         rows = live if name == "dq" else None
         ce, be = _errors(cg, rg, HEADLINE, rows), _errors(bg, rg, HEADLINE, rows)
-        budget = check_budget(cg, rg, bg, k=K_GRADIENT, dtype=dtype, rule="peers").to_dict()
+        budget = _budget(cg, rg, bg, dtype, rule, gradient=True)
         out[name] = {"candidate": ce, "baseline": be, "ratio": ratio(ce, be), "budget": budget}
     return out
