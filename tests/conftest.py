@@ -115,9 +115,12 @@ _SWITCHES = {
 _NAMESPACES = ("torch", "torch.nn.functional")  # plus every flashcheck module loaded before the test
 # One-time setup done by the first import of a module, whichever test makes it: not a test's leak. torch._dynamo
 # wraps torch.manual_seed, inductor sets its cache folder, torch.profiler Kineto's log level, lightning wraps
-# torch.compile and asks for NVML's CUDA check; flashcheck's model loaders set HF_HUB_OFFLINE (no download, ever).
+# torch.compile and asks for NVML's CUDA check; flashcheck's model loaders set HF_HUB_OFFLINE (no download, ever);
+# importing jax sets TF_CPP_MIN_LOG_LEVEL and TPU_SKIP_MDS_QUERY.
 _TORCH_LAZY = {
     "HF_HUB_OFFLINE",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TPU_SKIP_MDS_QUERY",
     "torch.manual_seed",
     "torch.compile",
     "TORCHINDUCTOR_CACHE_DIR",
@@ -186,3 +189,18 @@ def _leaves_global_state_alone(request):
                 os.environ.pop(k, None)
     if changed:
         pytest.fail(f"{request.node.nodeid} left process-wide state changed: " + "; ".join(changed), pytrace=False)
+
+
+# --- pytest-xdist: the machine's cores shared among the workers (issue 22, item 10) ---------------------------------
+# Each worker process gets cores / workers torch threads (and its subprocesses the same OMP_NUM_THREADS), so that
+# n workers on n cores do not run 2n threads on n cores. Set once per worker, before any test's state snapshot.
+
+
+def pytest_configure(config) -> None:
+    global _SESSION
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0) or 0)
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        _SESSION = _switches()  # what every test of this worker starts from

@@ -246,11 +246,11 @@ def run_ray(
     """Run groups as Ray tasks (local Ray with `workers` CPUs, or the cluster at `address`)."""
     if address:
         check_ray_address(address)
+    saved_env = dict(os.environ)  # importing ray and ray.init set RAY_*, PYTHONBREAKPOINT here: put them back
     try:
         import ray
     except ImportError:
         raise ValueError("--executor ray needs ray: pip install 'flashcheck[ray]'") from None
-    saved_env = dict(os.environ)  # ray.init sets RAY_*, PYTHONBREAKPOINT in our caller's process: put them back
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = False
     if not ray.is_initialized():
