@@ -263,3 +263,12 @@ def test_a_small_file_naming_a_long_sequence_is_refused_before_computing(tmp_pat
     np.savez(tmp_path / "long.npz", q=q, k=q, v=q, out=q)
     res = _judge(tmp_path / "long.npz")
     assert res.exit_code == 2 and "needs about" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_a_header_nested_500000_levels_deep_is_one_line_exit_2(tmp_path):
+    """json.loads raises RecursionError on such a header (a traceback, exit 1): the nesting is bounded first."""
+    raw = b"[" * 500_000
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    res = _judge(path)
+    assert res.exit_code == 2 and "nests brackets more than" in res.output and "Traceback" not in res.output, res.output

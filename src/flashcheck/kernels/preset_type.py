@@ -21,3 +21,14 @@ class KernelPreset:
     exp2: bool = False
     default_format: str = "bf16"
     key_order: str = "forward"
+
+
+def fa3_fp8_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
+    """FA3's FP8 forward tiles (Br, Bc) by head dim: flash-attn 3 hopper/tile_size.h, 1-byte elements."""
+    if d <= 64:
+        return 192, 160
+    if d <= 96:
+        return 192, 128
+    if d <= 128:
+        return 128, 224
+    return (128, 160) if d <= 192 else (128, 128)

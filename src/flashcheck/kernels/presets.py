@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flashcheck.core.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
-from flashcheck.kernels.preset_type import KernelPreset
+from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
 from flashcheck.kernels.presets_modern import MODERN_PRESETS
 
 __all__ = ["KERNEL_PRESETS", "KernelPreset", "default_format", "kernel_preset", "resolve"]
@@ -24,17 +24,6 @@ def _whole_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
 def _fa2_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
     # flash-attn 2 forward on sm80 without dropout: 128 x 128 up to head dim 64, then 128 x 64
     return (128, 128) if d <= 64 else (128, 64)
-
-
-def _fa3_fp8_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
-    # flash-attn 3 hopper/tile_size.h, 1-byte elements
-    if d <= 64:
-        return 192, 160
-    if d <= 96:
-        return 192, 128
-    if d <= 128:
-        return 128, 224
-    return (128, 160) if d <= 192 else (128, 128)
 
 
 def _fp8_policy(fmt: Format) -> Policy:
@@ -91,7 +80,7 @@ KERNEL_PRESETS: dict[str, KernelPreset] = {
     "fa3-fp8": KernelPreset(
         "fa3-fp8",
         "flash-attn 3 FP8 on H100: e4m3 block scales, Hadamard, P in e4m3",
-        _fa3_fp8_tiles,
+        fa3_fp8_tiles,
         _fp8_policy,
         exp2=True,
         default_format="fp8-e4m3",

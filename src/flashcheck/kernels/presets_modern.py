@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flashcheck.core.numerics import FP8_FORMATS, POLICY_LOOKUPS, Format, Policy, mixed_policy
-from flashcheck.kernels.preset_type import KernelPreset
+from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
 
 FA4_EX2_EMU = {"exp2_emu": 10, "exp2_emu_res": 4, "exp2_emu_start": 1}
 HALF = (Format.FP16, Format.BF16)
@@ -148,17 +148,6 @@ def _tiles(bq: int, bk: int) -> Callable[[int, int, int, bool], tuple[int, int]]
     return tiles
 
 
-def _fa3_fp8_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
-    # flash-attn 3 hopper/tile_size.h, 1-byte elements (as kernels.presets)
-    if d <= 64:
-        return 192, 160
-    if d <= 96:
-        return 192, 128
-    if d <= 128:
-        return 128, 224
-    return (128, 160) if d <= 192 else (128, 128)
-
-
 def preset_policy(spec: str) -> tuple[Policy, KernelPreset] | None:
     """(policy, preset) for "NAME" or "NAME@FMT" naming a preset here (NAME's default format when no FMT);
     None when NAME is not one of them. ValueError for a format the preset does not run."""
@@ -208,7 +197,7 @@ MODERN_PRESETS: dict[str, KernelPreset] = {
     ),
     "fa3-fp8-fp22": KernelPreset(
         "fa3-fp8-fp22", "flash-attn 3 FP8 with the FP22 tensor-core accumulator (13 mantissa bits)",
-        _fa3_fp8_tiles, fa3_fp8_fp22, exp2=True, default_format="fp8-e4m3",
+        fa3_fp8_tiles, fa3_fp8_fp22, exp2=True, default_format="fp8-e4m3",
     ),
 }  # fmt: skip
 

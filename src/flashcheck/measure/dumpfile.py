@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flashcheck.core.jsonguard import nesting_problem
+
 MAX_HEADER = 100_000_000  # bytes of a safetensors JSON header (the safetensors library's own limit)
 MAX_BYTES = 16 * 2**30  # bytes of all the arrays of one file together
 MAX_TENSORS = 256
@@ -77,8 +79,11 @@ def _read_safetensors(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor],
         (n,) = struct.unpack("<Q", head)
         if n > min(MAX_HEADER, size - 8):
             raise DumpError(f"{str(p)!r}: header length {n} is more than the file holds or {MAX_HEADER} bytes")
+        raw = f.read(n)
+        if problem := nesting_problem(raw):
+            raise DumpError(f"{str(p)!r}: the safetensors header {problem}")
         try:
-            header = json.loads(f.read(n))
+            header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DumpError(f"{str(p)!r}: the safetensors header is not JSON ({exc})") from None
         if not isinstance(header, dict):
