@@ -116,8 +116,9 @@ _NAMESPACES = ("torch", "torch.nn.functional")  # plus every flashcheck module l
 # One-time setup done by the first import of a module, whichever test makes it: not a test's leak. torch._dynamo
 # wraps torch.manual_seed, inductor sets its cache folder, torch.profiler Kineto's log level, lightning wraps
 # torch.compile and asks for NVML's CUDA check; flashcheck's model loaders set HF_HUB_OFFLINE (no download, ever);
-# importing jax sets TF_CPP_MIN_LOG_LEVEL and TPU_SKIP_MDS_QUERY.
+# importing jax sets TF_CPP_MIN_LOG_LEVEL and TPU_SKIP_MDS_QUERY, importing ray RAY_CLIENT_MODE.
 _TORCH_LAZY = {
+    "RAY_CLIENT_MODE",
     "HF_HUB_OFFLINE",
     "TF_CPP_MIN_LOG_LEVEL",
     "TPU_SKIP_MDS_QUERY",

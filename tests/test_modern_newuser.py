@@ -99,7 +99,7 @@ def test_the_answer_opens_with_the_modern_questions_and_not_measured_rows_come_l
     found = [_br_finding({"modern_fa4": pts["modern_fa4"]}), *modern_findings(pts)]
     br = found[0]
     assert br["status"] == "not measured" and br["measured"].startswith("not measured by this sweep")
-    said = _answer(found, pts)
+    said = _answer(found, pts, None)
     assert said[0].startswith("FA4 bf16 against FA2 bf16") and not any("did not measure" in s for s in said)
     assert any(s.startswith("FP8/FP4 kernels") for s in said) and any("attention sink" in s for s in said)
     _, rows = verdict_rows(found)

@@ -151,7 +151,7 @@ def build_report(folder: str | Path) -> dict:
     return summary
 
 
-def _answer(found: list[dict], pts: dict[str, list[Point]], config: StudyConfig) -> list[str]:
+def _answer(found: list[dict], pts: dict[str, list[Point]], config: StudyConfig | None) -> list[str]:
     """The modern questions' answer first when the study measured them; the seq_len answer after it, unless
     it only says that the seq_len question was not measured."""
     first, rest = modern_answer(found), answer(found, pts.get("seq_len", []), config)

@@ -14,6 +14,7 @@ explains it (near ties of the reference). NaN/Inf anywhere fails.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -253,6 +254,17 @@ def _causal_checks(run: RunOutput, against: RunOutput, ctx: Context) -> tuple[di
     return logits, gen, checks
 
 
+def _invariance_context(ctx: Context) -> Context:
+    """The invariance checks' bounds: each layer's bound plus how far the reference itself (eager fp32) moves
+    under the same change of batch or padding side. Batching changes the summation order of fp32 GEMMs (on one
+    thread, batch 1 and batch N take other BLAS paths), so no run is held to more invariance than the reference
+    has; where the format-only deviation could not be measured (no room for fp64) the floor alone was less."""
+    ref_inv = ctx.ref.invariance
+    own = [max(a, b) for a, b in zip(ref_inv.get("batch_size") or [0.0] * len(ctx.bounds),
+                                     ref_inv.get("left_padding") or [0.0] * len(ctx.bounds), strict=True)]  # fmt: skip
+    return dataclasses.replace(ctx, bounds=[b + o for b, o in zip(ctx.bounds, own, strict=True)])
+
+
 def judge(run: RunOutput, ctx: Context, against: RunOutput | None = None) -> Comparison:
     """Compare `run` with `against` (default: the reference) in the context of run's dtype."""
     against = against or ctx.ref
@@ -267,9 +279,9 @@ def judge(run: RunOutput, ctx: Context, against: RunOutput | None = None) -> Com
     if full:
         retrieval, more = _retrieval_checks(run, ctx)
         checks += more
-    inv = run.invariance
-    checks += _worst_layer_check("batch invariance (batch vs batch size 1)", inv.get("batch_size"), ctx)
-    checks += _worst_layer_check("padding side (left vs right)", inv.get("left_padding"), ctx)
+    inv, inv_ctx = run.invariance, _invariance_context(ctx)
+    checks += _worst_layer_check("batch invariance (batch vs batch size 1)", inv.get("batch_size"), inv_ctx)
+    checks += _worst_layer_check("padding side (left vs right)", inv.get("left_padding"), inv_ctx)
     logits, gen, more = _causal_checks(run, against, ctx)
     impl_only = None
     if run.impl != "eager" and ctx.base.dtype == run.dtype:
