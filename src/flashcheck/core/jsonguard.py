@@ -3,6 +3,12 @@ file nested 500,000 levels deep makes json.loads raise RecursionError, a traceba
 
 from __future__ import annotations
 
+import json
+import struct
+from typing import BinaryIO
+
+MAX_HEADER = 100_000_000  # bytes of a safetensors JSON header (the safetensors library's own limit)
+
 MAX_NESTING = 16  # bracket levels; a header nests 3 ({name: {"shape": [...]}}), an index 2
 _NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
 _QUOTE, _OPEN, _CLOSE = ord('"'), (ord("["), ord("{")), (ord("]"), ord("}"))
@@ -30,3 +36,22 @@ def nesting_problem(raw: bytes, limit: int = MAX_NESTING) -> str | None:
             return f"nests brackets more than {limit} levels deep (a safetensors header nests 3)"
         depth, inside = int(levels[-1]), int(in_string[-1])
     return None
+
+
+def read_safetensors_header(f: BinaryIO, size: int) -> tuple[object, int]:
+    """The parsed JSON header of a safetensors file of `size` bytes open at its start, and the header's length n
+    (the data follow at 8 + n). ValueError naming the problem: too short, a length past the file or MAX_HEADER,
+    brackets nested too deep (checked before json sees them), not JSON."""
+    head = f.read(8)
+    if len(head) < 8:
+        raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER or 8 + n > size:
+        raise ValueError(f"header length {n} does not fit the file of {size} bytes (truncated file?)")
+    raw = f.read(n)
+    if problem := nesting_problem(raw):
+        raise ValueError(f"the header {problem}")
+    try:
+        return json.loads(raw), n
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"the header is not JSON ({exc})") from None

@@ -8,9 +8,7 @@ numpy's np.load(allow_pickle=False), each member's uncompressed size checked in 
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashcheck.core.jsonguard import nesting_problem
+from flashcheck.core.jsonguard import read_safetensors_header
 
-MAX_HEADER = 100_000_000  # bytes of a safetensors JSON header (the safetensors library's own limit)
 MAX_BYTES = 16 * 2**30  # bytes of all the arrays of one file together
 MAX_TENSORS = 256
 MAX_RANK = 4
@@ -73,19 +70,10 @@ def read_dump(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Dump:
 def _read_safetensors(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     size = p.stat().st_size
     with p.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise DumpError(f"{str(p)!r}: {size} bytes, shorter than the 8-byte safetensors header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(MAX_HEADER, size - 8):
-            raise DumpError(f"{str(p)!r}: header length {n} is more than the file holds or {MAX_HEADER} bytes")
-        raw = f.read(n)
-        if problem := nesting_problem(raw):
-            raise DumpError(f"{str(p)!r}: the safetensors header {problem}")
         try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DumpError(f"{str(p)!r}: the safetensors header is not JSON ({exc})") from None
+            header, n = read_safetensors_header(f, size)
+        except ValueError as exc:
+            raise DumpError(f"{str(p)!r}: safetensors {exc}") from None
         if not isinstance(header, dict):
             raise DumpError(f"{str(p)!r}: the safetensors header is not a JSON object")
         meta = header.pop("__metadata__", None) or {}

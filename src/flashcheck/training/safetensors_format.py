@@ -15,9 +15,12 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import atomic_target
-from flashcheck.core.jsonguard import MAX_NESTING, nesting_problem  # noqa: F401  (shards and tests import them here)
-
-MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
+from flashcheck.core.jsonguard import (  # noqa: F401  (shards and tests import MAX_HEADER, nesting_problem here)
+    MAX_HEADER,
+    MAX_NESTING,
+    nesting_problem,
+    read_safetensors_header,
+)
 
 BITS = {
     "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
@@ -56,19 +59,8 @@ def diagnose(path: Path, library_message: str) -> str:
 def _raw_header(path: Path) -> tuple[object, int]:
     size = path.stat().st_size
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER or 8 + n > size:
-            raise ValueError(f"header length {n} does not fit the file of {size} bytes (truncated file?)")
-        raw = f.read(n)
-    if problem := nesting_problem(raw):
-        raise ValueError(f"the header {problem}")
-    try:
-        return json.loads(raw), size - 8 - n
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the header is not JSON ({exc})") from None
+        header, n = read_safetensors_header(f, size)
+    return header, size - 8 - n
 
 
 
