@@ -55,12 +55,14 @@ class _Products(torch.overrides.TorchFunctionMode):
 ODD_ROWS = (1, 9, 13)  # chunk sizes that leave the tail rows an AVX-512 MKL sums in another order (issue 21)
 
 
+@pytest.mark.parametrize("lq", [150, 33])
 @pytest.mark.parametrize("kernel", ["standard", "reference", "standard-autograd", "reference-autograd"])
-def test_chunked_runs_issue_the_products_of_the_unchunked_run(kernel):
+def test_chunked_runs_issue_the_products_of_the_unchunked_run(kernel, lq):
     """The padded-shape argument, checked: with chunks of 1, 9 or 13 rows (and 8, the least row_chunks allows),
-    every product has ROW_BLOCK rows and the very shapes and layouts the unchunked run's products have, so every
-    row meets the same GEMM kernel at the same position on any BLAS; the outputs then agree bit for bit."""
-    lq, lk = 150, 70
+    every product has min(ROW_BLOCK, Lq) rows and the very shapes and layouts the unchunked run's products have,
+    so every row meets the same GEMM kernel at the same position on any BLAS; the outputs then agree bit for bit.
+    Up to ROW_BLOCK query rows the unchunked run is one product of Lq rows (a decoding step's one row stays one)."""
+    lk = 70
     q, k, v = scale_qkv(lq, lk, seed=11)
     grad = kernel.endswith("autograd")
 
@@ -76,7 +78,7 @@ def test_chunked_runs_issue_the_products_of_the_unchunked_run(kernel):
         return out.detach(), rec.seen
 
     whole, shapes = run(lq)
-    assert shapes and all(a[0][-2] == ROW_BLOCK for a, _ in shapes)
+    assert shapes and all(a[0][-2] == min(ROW_BLOCK, lq) for a, _ in shapes)
     for rows in (*ODD_ROWS, 8):
         out, seen = run(rows)
         assert set(seen) == set(shapes), f"chunk rows {rows}"
@@ -101,6 +103,22 @@ def test_mm_blocks_gives_each_row_the_bits_it_has_in_the_whole_product(dtype):
     mm_blocks(leaf, b, None, 5).sum().backward()
     assert torch.allclose(leaf.grad, b.sum(-1).unsqueeze(1).expand_as(leaf), **tol)  # d(sum a b)/da = b 1
     assert mm_blocks(a[:, :0], b, None).shape == (2, 0, 40)
+
+
+@pytest.mark.parametrize("n", [1, 5, 64])
+def test_an_operand_of_at_most_row_block_rows_is_one_product_of_its_own_shape(n):
+    """rows_total <= ROW_BLOCK: the whole operand's product is the plain a @ b (the call an unblocked kernel makes,
+    so a decoding step keeps its one-row product), and any slice of it gets those bits in a block of n rows."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(3, n, 16, generator=g), torch.randn(3, 16, 20, generator=g)
+    whole = mm_blocks(a, b, None, rows_total=n)
+    assert torch.equal(whole, torch.matmul(a, b))
+    for r0, r1 in [(0, 1), (n - 1, n), (0, n)]:
+        assert torch.equal(mm_blocks(a[:, r0:r1], b, None, r0, rows_total=n), whole[:, r0:r1])
+        out = torch.full((3, r1 - r0, 20), torch.nan)
+        assert torch.equal(mm_blocks(a[:, r0:r1], b, None, r0, out=out, rows_total=n), whole[:, r0:r1])
+    with pytest.raises(ValueError, match="rows_total=1"):
+        mm_blocks(a[:, :2], b, None, 0, rows_total=1) if n > 1 else mm_blocks(a, b, None, 1, rows_total=1)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -24,7 +24,7 @@ def _reference_one_block(q, k, v, causal: bool, mask=None):
 
     lq, lk = q.shape[-2], k.shape[-2]
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
-    scores = mm_blocks(q, k.transpose(-1, -2), None) * q.shape[-1] ** -0.5
+    scores = mm_blocks(q, k.transpose(-1, -2), None, rows_total=lq) * q.shape[-1] ** -0.5
     bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=torch.float64)
     scores = scores if bias is None else scores + bias
     m = scores.amax(dim=-1, keepdim=True)
@@ -32,7 +32,7 @@ def _reference_one_block(q, k, v, causal: bool, mask=None):
     e = torch.exp(scores - m)
     denom = e.sum(dim=-1, keepdim=True)
     dead = denom == 0
-    out = mm_blocks(e, v, None) / torch.where(dead, torch.ones_like(denom), denom)
+    out = mm_blocks(e, v, None, rows_total=lq) / torch.where(dead, torch.ones_like(denom), denom)
     return out, torch.where(dead, torch.full_like(denom, float("-inf")), m + torch.log(denom)).squeeze(-1)
 
 

@@ -83,7 +83,8 @@ def sink_logits(sink: float | torch.Tensor, heads: int, device) -> torch.Tensor:
 
 def _rows(q, k64, v64, rows: tuple[int, int], lens: tuple[int, int], s: float, causal: bool, mask):
     """Output [B, H, r1 - r0, Dv] and log-sum-exp [B, H, r1 - r0] of query rows r0:r1, out of place (autograd)."""
-    scores = mm_blocks(q[..., rows[0] : rows[1], :].to(torch.float64), k64.transpose(-1, -2), None, rows[0]) * s
+    q64 = q[..., rows[0] : rows[1], :].to(torch.float64)
+    scores = mm_blocks(q64, k64.transpose(-1, -2), None, rows[0], rows_total=lens[0]) * s
     return _softmax_v(scores, v64, rows, lens, causal, mask, False)
 
 
@@ -93,7 +94,7 @@ def _rows_into(scores, q, k64, v64, rows: tuple[int, int], lens: tuple[int, int]
     ops.prescale_is_exact), sparing a pass over the scores."""
     r0, r1 = rows
     q64 = q[..., r0:r1, :].to(torch.float64)  # q itself when float64: never written
-    mm_blocks(q64 * s if fold else q64, k64.transpose(-1, -2), None, r0, out=scores)
+    mm_blocks(q64 * s if fold else q64, k64.transpose(-1, -2), None, r0, out=scores, rows_total=lens[0])
     return _softmax_v(scores if fold else scores.mul_(s), v64, rows, lens, causal, mask, True)
 
 
@@ -109,7 +110,7 @@ def _softmax_v(scores, v64, rows: tuple[int, int], lens: tuple[int, int], causal
     e = scores.sub_(m_safe).exp_() if inplace else torch.exp(scores - m_safe)
     denom = e.sum(dim=-1, keepdim=True)
     dead = denom == 0
-    out = mm_blocks(e, v64, None, r0) / torch.where(dead, torch.ones_like(denom), denom)
+    out = mm_blocks(e, v64, None, r0, rows_total=lq) / torch.where(dead, torch.ones_like(denom), denom)
     lse = torch.where(dead, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom)).squeeze(-1)
     return out, lse
 

@@ -90,7 +90,7 @@ def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float,
     (r0, r1), (lq, lk) = rows, lens
     q_r = qr[..., r0:r1, :] * s if fold else qr[..., r0:r1, :]
     scores = bufs.scores[: q_r.shape[0] * q_r.shape[1] * (r1 - r0) * lk].view(*q_r.shape[:-1], lk)
-    mm_blocks(q_r, kt, pol, r0, out=scores)
+    mm_blocks(q_r, kt, pol, r0, out=scores, rows_total=lq)
     rnd_(scores if fold else scores.mul_(s), pol, "score")
     bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
     if bias is not None:
@@ -98,13 +98,13 @@ def _rows_inplace(bufs: _Buffers, qr, kt, vr, rows, lens, pol: Policy, s: float,
     e = rnd_(scores.sub_(safe_max(scores.amax(dim=-1, keepdim=True))).exp_(), pol, "p", bufs.cast)
     denom = rnd(e.sum(dim=-1, keepdim=True), pol, "stats")
     p = rnd_(e.div_(torch.where(denom == 0, torch.ones_like(denom), denom)), pol, "p", bufs.cast)
-    return rnd(rnd(mm_blocks(p, vr, pol, r0), pol, "accum"), pol, "output")
+    return rnd(rnd(mm_blocks(p, vr, pol, r0, rows_total=lq), pol, "accum"), pol, "output")
 
 
 def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy, s: float, causal: bool, mask):
     """Output rows r0:r1 [B, H, r1 - r0, Dv]: scores, softmax and P·V of those query rows alone."""
     (r0, r1), (lq, lk) = rows, lens
-    scores = rnd(mm_blocks(qr[..., r0:r1, :], kt, pol, r0) * s, pol, "score")
+    scores = rnd(mm_blocks(qr[..., r0:r1, :], kt, pol, r0, rows_total=lq) * s, pol, "score")
     bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
     if bias is not None:
         scores = scores + bias.to(scores.device)
@@ -115,4 +115,4 @@ def _rows(qr, kt, vr, rows: tuple[int, int], lens: tuple[int, int], pol: Policy,
     denom = torch.where(denom == 0, torch.ones_like(denom), denom)
     p = rnd(e / denom, pol, "p")
     del e
-    return rnd(rnd(mm_blocks(p, vr, pol, r0), pol, "accum"), pol, "output")
+    return rnd(rnd(mm_blocks(p, vr, pol, r0, rows_total=lq), pol, "accum"), pol, "output")

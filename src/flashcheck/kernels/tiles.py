@@ -61,31 +61,41 @@ def mm_rows(
 
 
 def mm_blocks(
-    a: torch.Tensor, b: torch.Tensor, policy: Policy | None, row0: int = 0, out: torch.Tensor | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    policy: Policy | None,
+    row0: int = 0,
+    out: torch.Tensor | None = None,
+    rows_total: int | None = None,
 ) -> torch.Tensor:
-    """a @ b for a [..., M, K] holding rows row0 : row0 + M of a larger operand, b [..., K, N] -> [..., M, N]:
-    formed block by block, each product of exactly ROW_BLOCK rows (rows r with the same r // ROW_BLOCK, zeros
-    where a has none), each block copied into a fresh contiguous operand and its product formed in a fresh
-    contiguous result, so that every chunking of the operand's rows issues the same GEMM calls for each row: the
-    same shapes, strides and alignment (a row's result depends on its own data, the call's layout and its
-    position there: all fixed; measured: under MKL_CBWR=COMPATIBLE a product written into a strided view differs
-    from a fresh one). mm under `policy` (None: torch.matmul in a's dtype). Written into `out` when given (no
-    autograd), else returned out of place (differentiable)."""
+    """a @ b for a [..., M, K] holding rows row0 : row0 + M of a larger operand of `rows_total` rows (None: any
+    number), b [..., K, N] -> [..., M, N]: formed block by block, each product of exactly
+    block = min(ROW_BLOCK, rows_total) rows (rows r with the same r // block, zeros where a has none; an operand
+    of at most ROW_BLOCK rows is so one product of its own shape, as an unblocked kernel forms it), each block
+    copied into a fresh contiguous operand and its product formed in a fresh contiguous result, so that every
+    chunking of the operand's rows issues the same GEMM calls for each row: the same shapes, strides and
+    alignment (a row's result depends on its own data, the call's layout and its position there: all fixed;
+    measured: under MKL_CBWR=COMPATIBLE a product written into a strided view differs from a fresh one).
+    mm under `policy` (None: torch.matmul in a's dtype). Written into `out` when given (no autograd), else
+    returned out of place (differentiable)."""
     m, n = a.shape[-2], b.shape[-1]
-    blocks = range(row0 // ROW_BLOCK, -(-(row0 + m) // ROW_BLOCK))
+    size = ROW_BLOCK if rows_total is None else max(1, min(ROW_BLOCK, rows_total))
+    if row0 + m > (rows_total or row0 + m):
+        raise ValueError(f"rows {row0}:{row0 + m} lie outside an operand of rows_total={rows_total} rows")
+    blocks = range(row0 // size, -(-(row0 + m) // size))
     if out is not None:  # one contiguous operand block and one product block, reused (fresh ones fault pages in)
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        blk = a.new_zeros((*a.shape[:-2], ROW_BLOCK, a.shape[-1]))
-        prod = out.new_empty((*batch, ROW_BLOCK, n))
+        blk = a.new_zeros((*a.shape[:-2], size, a.shape[-1]))
+        prod = out.new_empty((*batch, size, n))
     pieces = []
     for j in blocks:
-        lo, hi = max(j * ROW_BLOCK, row0) - row0, min((j + 1) * ROW_BLOCK, row0 + m) - row0  # rows of a
-        head = lo + row0 - j * ROW_BLOCK  # the block's rows before a's first
+        lo, hi = max(j * size, row0) - row0, min((j + 1) * size, row0 + m) - row0  # rows of a
+        head = lo + row0 - j * size  # the block's rows before a's first
         if out is None:
-            padded = torch.nn.functional.pad(a[..., lo:hi, :], (0, 0, head, ROW_BLOCK - head - (hi - lo)))  # a copy
+            padded = torch.nn.functional.pad(a[..., lo:hi, :], (0, 0, head, size - head - (hi - lo)))  # a copy
             pieces.append(_mm(padded, b, policy)[..., head : head + hi - lo, :])
             continue
-        if hi - lo < ROW_BLOCK:
+        if hi - lo < size:
             blk.zero_()
         blk[..., head : head + hi - lo, :] = a[..., lo:hi, :]
         res = _mm(blk, b, policy, prod)
