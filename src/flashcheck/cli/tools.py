@@ -111,7 +111,7 @@ def explain(
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
     from flashcheck.core.fileio import atomic_target, write_atomic
     from flashcheck.core.inputs import InputSpec
-    from flashcheck.measure.attribution import STEPS, attribute
+    from flashcheck.measure.attribution import attribute, steps
     from flashcheck.reporting.attribution import draw_attribution
 
     try:
@@ -123,7 +123,7 @@ def explain(
         spec = InputSpec(
             batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, distribution=distribution.value, seed=seed
         )
-        with _progress(STEPS, "explain", as_json) as advance:
+        with _progress(steps(pol), "explain", as_json) as advance:
             attr = attribute(pol, spec, kernel=kernel.value, causal=causal, metric=metric, on_step=advance, **kern)
         (folder / "figures").mkdir(parents=True, exist_ok=True)
     except ValueError as exc:
@@ -170,22 +170,40 @@ def _explain_kernel(
 
 
 def _print_explain(attr, metric: str) -> None:
+    """The dominant line and the table: each stage, and under it its sub-stages (measure.substages) in words."""
+    from rich.markup import escape
     from rich.table import Table
 
     from flashcheck.core.numerics import STAGES
+    from flashcheck.measure.substages import BY_NAME
 
     pol = attr.policy
     console = _console()
-    console.print(
+    line = (
         f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
         f"{100 * attr.output_share:.0f}%; dominant stage (raising it to FP64 removes the most): {attr.dominant}"
     )
+    sub = attr.dominant_substage
+    if sub is not None:
+        top, part = attr.raised[attr.dominant] / attr.full, attr.sub_raised[sub] / attr.full
+        line += f" ({top:.3g}x of the full error); within it: {attr.label(sub)} (removing it alone: {part:.3g}x)"
+    console.print(escape(line))
     table = Table()
     for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):
         table.add_column(col)
     for st in STAGES:
         table.add_row(st, pol.stage(st).value, f"{attr.alone[st]:.3e}", f"{attr.raised[st]:.3e}")
+        for name in (s for s in attr.sub_raised if BY_NAME[s].stage == st):
+            table.add_row(
+                f"  {name}", escape(attr.label(name)), f"{attr.sub_alone[name]:.3e}", f"{attr.sub_raised[name]:.3e}"
+            )
     console.print(table)
+    if attr.sub_raised:
+        console.print(
+            "sub-stages: 'raised' removes that part alone (input:qk keeps Q and K exact, input:v V; p:cast keeps P "
+            "in fp32 as the exp2 computes it; an MMA accumulator sums in the stage's format)",
+            markup=False,
+        )
 
 
 @app.command()

@@ -265,7 +265,8 @@ class Policy:
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
-    # the flash kernel's key_order; arXiv 2606.06521).
+    # the flash kernel's key_order; arXiv 2606.06521). exact_inputs ("qk" or "v", input): those inputs stay exact
+    # (float64, unrounded, unsmoothed) while the others round as the policy says: explain's input sub-stages.
     qk_scaling: str = ""
     smooth_q: bool = False
     smooth_k: bool = False
@@ -284,6 +285,7 @@ class Policy:
     rescale_threshold: float = 0.0
     approx_recip: bool = False
     kv_order: str = ""
+    exact_inputs: str = ""
 
     def __post_init__(self) -> None:
         for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
@@ -335,7 +337,10 @@ class Policy:
 
     @property
     def work_dtype(self) -> torch.dtype:
-        """fp64 when any stage needs it, else fp32: every narrower value is exact in the working dtype."""
+        """fp64 when any stage needs it (or exact_inputs keeps inputs exact), else fp32: every narrower value is
+        exact in the working dtype."""
+        if self.exact_inputs:
+            return torch.float64
         every = [getattr(self, f) for f in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES)]
         return torch.float64 if Format.FP64 in every else torch.float32
 
@@ -372,10 +377,12 @@ STAGE_KNOBS: dict[str, object] = {
     "rescale_threshold": 0.0,
     "approx_recip": False,
     "kv_order": "",
+    "exact_inputs": "",
 }
 QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
 V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
 P_SCALINGS = ("", "nvfp4")
+EXACT_INPUTS = ("", "qk", "v")
 
 
 def _check_knobs(pol: Policy) -> None:
@@ -385,6 +392,7 @@ def _check_knobs(pol: Policy) -> None:
         ("v_scaling", V_SCALINGS),
         ("p_scaling", P_SCALINGS),
         ("kv_order", orders),
+        ("exact_inputs", EXACT_INPUTS),
     ):
         if getattr(pol, name) not in allowed:
             shown = ", ".join(a or "''" for a in allowed)
@@ -505,7 +513,7 @@ def parse_policy(spec: str | Policy) -> Policy:
             )
         if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order"):
+        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order", "exact_inputs"):
             changes[key] = value.strip()
         elif key in (
             "delta_seed",

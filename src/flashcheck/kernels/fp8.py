@@ -51,23 +51,34 @@ def round_inputs(
     FP8 inputs are scaled per tensor, or per block of block_q (Q) / block_k (K, V) rows when
     policy.fp8_scaling == "block"; quantized-attention policies (fp6/fp4/int inputs, or the input knobs
     qk_scaling, v_format, ...) take kernels.quantized's path. With policy.hadamard, Q and K are rotated by M first (see
-    incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T."""
-    work = policy.work_dtype
+    incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
+    keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
     if policy.hadamard:
         rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
         q, k = q @ rot, k @ rot
+    qr, kr, vr = _rounded(q, k, v, policy, block_q, block_k)
+    if policy.exact_inputs == "qk":  # explain's input sub-stages: these stay exact (work_dtype is then float64)
+        qr, kr = q, k
+    elif policy.exact_inputs == "v":
+        vr = v
+    return qr, kr, vr, rot
+
+
+def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None):
+    """Q, K, V [B, H, L, D] (float64, rotated) rounded to policy.input as round_inputs describes, in work_dtype."""
+    work = policy.work_dtype
     fmt = policy.input
     if uses_quantized_inputs(policy):
         qq, kq, vq = quantize_inputs(q, k, v, policy, block_q=block_q or 128, block_k=block_k or 64)
-        return qq.to(work), kq.to(work), vq.to(work), rot
+        return qq.to(work), kq.to(work), vq.to(work)
     if fmt not in FP8_FORMATS:
-        return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt), rot
+        return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt)
     if policy.fp8_scaling == "block":
         if block_q is None or block_k is None:
             raise ValueError("fp8_scaling='block' needs tiles: use the flash kernel (block_q, block_k)")
         out = [quantize_blocks(t, fmt, blk) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
     else:
         out = [quantize_scaled(t, fmt, amax_scale(t, fmt)) for t in (q, k, v)]
-    return out[0].to(work), out[1].to(work), out[2].to(work), rot
+    return out[0].to(work), out[1].to(work), out[2].to(work)

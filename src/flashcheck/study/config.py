@@ -606,8 +606,19 @@ def modern_sweeps(lengths: tuple[int, ...], seeds: tuple[int, ...], heads: int, 
 
 
 def _stage_methods(names: tuple[str, ...]) -> tuple[str, ...]:
-    """Each preset, and the preset with one stage raised to FP64 (explain's "raised" runs, as study cases)."""
-    return tuple(m for n in names for m in (f"flash:{n}", *(f"flash:{n},{s}=fp64" for s in RAISED)))
+    """Each preset, the preset with one stage raised to FP64 and with one of its sub-stages removed (explain's
+    "raised" runs, as study cases; sub_raised)."""
+    return tuple(m for n in names for m in (f"flash:{n}", *(f"flash:{n},{s}=fp64" for s in RAISED),
+                                            *(f"flash:{n},{t}" for t in sub_raised(n).values())))  # fmt: skip
+
+
+def sub_raised(name: str) -> dict[str, str]:
+    """The sub-stages of preset `name` (measure.substages) -> the policy terms that remove each alone, e.g.
+    {"input:qk": "exact_inputs=qk", "input:v": "exact_inputs=v"} for sage1."""
+    from flashcheck.measure.substages import raised_terms, substages
+
+    pol = parse_policy(name)
+    return {s.name: raised_terms(s, pol) for s in substages(pol)}
 
 
 

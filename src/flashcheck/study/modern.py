@@ -23,6 +23,7 @@ from flashcheck.study.config import (  # the modern sweeps live with the other p
     SAGE,
     SINK_METHODS,
     STAGE_PRESETS,
+    sub_raised,
 )
 from flashcheck.study.findings import NOT_MEASURED, _paired, finding, ratio_text
 from flashcheck.study.points import Point
@@ -45,7 +46,11 @@ PUBLISHED = {
 
 def stage_findings(pts: dict[str, list[Point]]) -> list[dict]:
     """Per preset of the stage sweeps: the dominant stage, the one whose raising to FP64 lowers the error most
-    (explain's rule), with the paired ratio raised / full and its interval."""
+    (explain's rule), named by its dominant sub-stage in words where the preset has sub-stages in it (Q/K or V
+    quantisation, an MMA accumulator: measure.substages), with the paired ratio raised / full and its interval (and
+    the sub-stage's, removed alone / full)."""
+    from flashcheck.core.numerics import parse_policy
+    from flashcheck.measure.substages import BY_NAME
     from flashcheck.reporting.verdicts import compare
 
     out = []
@@ -60,11 +65,16 @@ def stage_findings(pts: dict[str, list[Point]]) -> list[dict]:
                 out.append(finding(f"modern_{n}_dominant_stage", claim, NOT_MEASURED, None, section=q))
                 continue
             top = min(ests, key=lambda s: ests[s].value)
-            what = f"dominant stage {top}: error with {top} in FP64 / the preset's"
-            out.append(
-                finding(f"modern_{n}_dominant_stage", claim, f"{what}: {ratio_text(ests[top])}",
-                        compare(ests[top], above=False), section=q)
-            )  # fmt: skip
+            subs = {s: _ratio(points, f"{full},{t}", full) for s, t in sub_raised(n).items() if BY_NAME[s].stage == top}
+            subs = {s: e for s, e in subs.items() if e is not None and e.n}
+            est = ests[top]
+            measured = f"dominant stage {top}: error with {top} in FP64 / the preset's: {ratio_text(est)}"
+            if subs:  # named by its dominant sub-stage; the words before the first colon (modern_sentences quotes them)
+                sub = min(subs, key=lambda s: subs[s].value)
+                words = BY_NAME[sub].label(parse_policy(n))
+                measured = (f"dominant stage {words}, in {top}: error with {top} in FP64 / the preset's: "
+                            f"{ratio_text(est)}; with {sub} alone removed: {ratio_text(subs[sub])}")  # fmt: skip
+            out.append(finding(f"modern_{n}_dominant_stage", claim, measured, compare(est, above=False), section=q))
     return out
 
 
