@@ -35,4 +35,5 @@ def _bars(ax, attr, stages: tuple[str, ...]) -> None:
     ax.set_yscale("symlog", linthresh=max(attr.full * 1e-3, 1e-300))
     ax.set_ylabel(f"{attr.metric} vs FP64")
     ax.legend(fontsize=8)
-    ax.set_title(f"which stage causes the deviation? dominant: {attr.dominant}")
+    sub = getattr(attr, "dominant_substage", None)  # measure.substages: e.g. input:qk within input
+    ax.set_title(f"which stage causes the deviation? dominant: {attr.dominant}" + (f", within it {sub}" if sub else ""))
