@@ -108,7 +108,8 @@ def explain(
     out: str = typer.Option("flashcheck-explain", help="Folder for summary.json and figures/explain.png."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64."""
+    """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64; for
+    FP8/FP4 and quantized policies also each sub-stage (Q/K or V quantisation, an MMA accumulator, ...)."""
     from flashcheck.core.fileio import atomic_target, write_atomic
     from flashcheck.core.inputs import InputSpec
     from flashcheck.measure.attribution import attribute, steps
