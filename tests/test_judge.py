@@ -190,6 +190,11 @@ def _malformed(tmp_path, case):
         with zipfile.ZipFile(path, "w") as z:
             for n, data in members.items():
                 z.writestr(n, data)
+    if case == "not npy":  # a zip member that is no .npy file (a torch .pt renamed .npz is such a zip)
+        import zipfile
+
+        with zipfile.ZipFile(path, "a") as z:
+            z.writestr("extra", b"hello")
     return path
 
 
@@ -197,6 +202,7 @@ def _malformed(tmp_path, case):
     ("case", "reason"),
     [
         ("missing", "misses tensor(s) v"),
+        ("not npy", "member 'extra' is not a .npy array"),
         ("shape", "tensor 'out' has shape (1, 2, 16, 16); expected"),
         ("int", "unknown dtype int32"),
         ("bf16 in npz", "store the values as float32 and set dtype='bf16'"),

@@ -181,6 +181,18 @@ def test_planted_state_pt_runs_nothing_and_is_one_line_exit_2(tmp_path):
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert lines[0].startswith("error: ") and "state.pt" in lines[0] and "nothing in it was run" in lines[0], lines
+    # the refused global is named, and torch's advice to load with weights_only=False is not passed on
+    assert "io.open" in lines[0] and "weights_only" not in lines[0], lines
+
+
+def test_a_planted_pickle_given_to_drift_runs_nothing_and_names_what_was_refused(tmp_path):
+    marker = tmp_path / "code-ran"
+    torch.save({"w": _Planted(marker)}, tmp_path / "evil.pt")
+    res = runner.invoke(app, ["drift", str(tmp_path / "evil.pt"), str(tmp_path / "evil.pt")])
+    assert not marker.exists(), "unpickling evil.pt ran the planted code"
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "io.open" in res.output and "nothing in it was run" in res.output, res.output
+    assert "weights_only" not in res.output, res.output
 
 
 def _check_train_study_human(res, out: Path) -> None:

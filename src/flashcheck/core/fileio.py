@@ -31,6 +31,21 @@ class DiskFull(OSError):
         return DiskFull, (str(self.path), self.needed, self.errno)
 
 
+def load_refusal(exc: BaseException) -> str:
+    """One short line for a failed `torch.load(..., weights_only=True)`: the global it refused (torch's own message
+    around it advises weights_only=False, which is exactly what must not happen with a file the tool did not
+    write), else the exception's first line."""
+    import re
+
+    text = str(exc)
+    m = re.search(r"GLOBAL (\S+)", text)
+    if m:
+        return f"it holds the object {m.group(1)}, a pickled object other than tensors: refused, nothing in it was run"
+    if "Weights only load failed" in text:
+        return "it holds pickled objects other than tensors: refused, nothing in it was run"
+    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:160]}"
+
+
 def is_full(exc: BaseException) -> bool:
     """True for an OSError that means the disk (or the user's quota) is full."""
     return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS

@@ -143,6 +143,8 @@ def _read_npz(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[st
                     arr = npz[name]
                 except ValueError as exc:  # object arrays (they need pickle, never allowed), a header that lies
                     raise DumpError(f"{str(p)!r}: array {name!r} cannot be read ({exc})") from None
+                if not isinstance(arr, np.ndarray):  # numpy hands back a member not named *.npy as raw bytes
+                    raise DumpError(f"{str(p)!r}: member {name!r} is not a .npy array (an .npz holds only .npy files)")
                 if arr.ndim == 0:
                     meta[name] = _scalar_text(p, name, arr)
                 else:

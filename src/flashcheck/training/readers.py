@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from flashcheck.core.fileio import load_refusal
 from flashcheck.training.safetensors_format import diagnose, torch_dtype
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -99,8 +100,7 @@ class TorchReader(Reader):
                 obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
         except Exception as exc:  # torch raises many types for a corrupt or foreign file
             raise CheckpointError(
-                f"{str(path)!r} is not a readable torch checkpoint: "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                f"{str(path)!r} is not a readable torch checkpoint: {load_refusal(exc)}"
             ) from None
         for key in ("state_dict", "model", "module"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):

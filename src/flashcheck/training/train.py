@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import atomic_target, write_atomic
+from flashcheck.core.fileio import atomic_target, load_refusal, write_atomic
 from flashcheck.training.data import TokenStream, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
 
@@ -216,7 +216,7 @@ def _load_state(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # damaged outside flashcheck (every write is atomic), or not flashcheck's
         raise ValueError(
-            f"{str(path)!r} cannot be read as a train-study resume point ({_why(exc)}); nothing in it was run; "
+            f"{str(path)!r} cannot be read as a train-study resume point ({_why(exc)}); "
             "delete it to retrain"
         ) from None
     if not isinstance(state, dict) or set(state) != set(STATE_KEYS) or not isinstance(state["step"], int):
@@ -225,10 +225,5 @@ def _load_state(path: Path) -> dict:
 
 
 def _why(exc: Exception) -> str:
-    """One short line for a failed load: the global a weights-only load refused (torch's message around it
-    advises loading with weights_only=False, which is what must not happen), else the first line."""
-    text = str(exc)
-    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if m:
-        return f"it holds the object {m.group(1)}, which a weights-only load refuses"
-    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:160]}"
+    """One short line for a failed load (core.fileio.load_refusal: never torch's advice to load unsafely)."""
+    return load_refusal(exc)
