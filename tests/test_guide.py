@@ -121,7 +121,7 @@ def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
         assert gpu and {f["shown"] for f in gpu} == {"not measured here"}
     for f in (f for f in summary["findings"] if not f["id"].startswith("gpu_")):  # a band missed says its side
         assert f["shown"] == f["status"] or (
-            f["status"] == "does not hold" and f["shown"].startswith(f"{f['status']}: ")
+            f["status"] in ("does not hold", "inconclusive") and f["shown"].startswith(f"{f['status']}: ")
         )
 
 
@@ -480,3 +480,7 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
         and f["measured"] == latency_claim({"t": task | {"load": quiet}}, TINY)["measured"]
     )  # the numbers stay; only the verdict says the machine was busy
     assert "1 of 1 timings ran on a busy machine (latency/L=64: load average 12.00" in f["verdict"]["reason"]
+    from flashcheck.study.guide_report import shown_status  # the table's verdict cell says why
+
+    assert shown_status(f).startswith("inconclusive: the machine was busy (1 of 1 timings ran under a load average 12")
+    assert shown_status(latency_claim({"t": task | {"load": quiet}}, TINY)) == "holds"

@@ -86,8 +86,8 @@ def _real(points: list[Point], by: dict) -> str | None:
         return (  # enough values, and the interval straddles 1: no difference either way at 95% confidence
             f"No measurable difference for real kernels: with fp32 softmax statistics and accumulator (bf16-mixed) "
             f"Flash's max-abs error is {ratio_text(est)} that of standard attention over lengths "
-            f"{lengths[0]}-{lengths[-1]}, neither more nor less at 95% confidence ({v.reason}); the verdict below "
-            f"on 'Flash deviates more' is inconclusive for that reason."
+            f"{lengths[0]}-{lengths[-1]}, neither more nor less at 95% confidence ({v.reason}); so the verdict below "
+            f"on 'Flash deviates less than Baseline' (bf16 with fp32 statistics) is inconclusive too."
         )
     if status == "inconclusive" and (est.n < MIN_N or finding in ("inconclusive", "not measured")):
         return (  # follow the verdict: too little data is not "indistinguishable"

@@ -5,6 +5,7 @@ question with its figure; report.md/html, summary.json), and the part quick's an
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
@@ -178,7 +179,17 @@ def shown_status(f: dict) -> str:
     """The claims table's verdict cell: table_status, and for a band missed, which side ("does not hold: below
     the stated range: fp16 is more accurate than the guide says"), so a smaller error never reads as a failure."""
     st = table_status(f)
+    if st == "inconclusive" and (busy := busy_reason(f)):
+        return f"{st}: {busy}"
     return f"{st}: {f['side']}" if f.get("side") and st == "does not hold" else st
+
+
+def busy_reason(f: dict) -> str:
+    """For a timing verdict made inconclusive by a busy machine (guide_claims.unless_busy): "the machine was busy
+    (4 of 4 timings at load average 4.32 on 2 core(s))", so the cell says why; else ""."""
+    reason = (f.get("verdict") or {}).get("reason", "")
+    m = re.match(r"(\d+ of \d+) timings ran on a busy machine \([^:]*: (load average [\d.]+ on \d+ core\(s\))", reason)
+    return f"the machine was busy ({m.group(1)} timings ran under a {m.group(2)}; rerun when idle)" if m else ""
 
 
 def _strict(obj):

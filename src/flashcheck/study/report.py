@@ -231,7 +231,8 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
             "kernel's own (relative L2 against FP64 of the inputs as the method rounded them: the algorithm alone). "
             "Ratios divide by the method's baseline by the one rule (standard attention under the same policy for "
             "a simulator, eager PyTorch in the same dtype for a real backend) on the same inputs: geometric mean "
-            "over seeds with a 95% t interval on the log ratios; n is the number of seeds."
+            "over the paired values with a 95% t interval on the log ratios; n is the number of paired values (seeds, "
+            "times the lengths, head dims or tiles a row pools over, as the row says)."
         )
     )
     page.add(*guide[:3])  # the guide's claims table and its rules (study.guide_report.claims_blocks)
