@@ -149,6 +149,8 @@ def test_bad_input_is_named():
         sagebwd_attention(q, q, q, block_q=0)
     with pytest.raises(ValueError, match=r"\(1, 1, 4, 8\), \(1, 1, 4, 4\)"):
         sagebwd_attention(q, q[..., :4], q)
+    with pytest.raises(ValueError, match="Lq <= Lk"):
+        sagebwd_attention(q, q[..., :2, :], q[..., :2, :], causal=True)
 
 
 def _losses(levels: dict[str, list[float]], steps: int = 20) -> dict[str, list[float]]:

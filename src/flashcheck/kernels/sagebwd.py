@@ -111,6 +111,9 @@ def sagebwd_attention(
             f"sagebwd_attention takes q, k [B, H, L, D] and v [B, H, L, Dv] with equal B, H and q/k D; got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"causal sagebwd_attention needs Lq <= Lk (no query without a key); got {q.shape[-2]}, "
+                         f"{k.shape[-2]}")  # fmt: skip
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
