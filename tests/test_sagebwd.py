@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flashcheck.kernels.sagebwd import sagebwd_attention
-from flashcheck.training.lossgap import context_free_loss, level, loss_gaps
+from flashcheck.training.lossgap import context_free_loss, level, loss_gaps, sentence
 
 L, D, BQ, BK = 12, 8, 5, 4  # partial last tiles on both axes
 
@@ -171,6 +171,8 @@ def test_loss_gap_verdicts_against_the_seed_spread():
     assert flipped["variants"]["sage8"]["verdict"] == "lossless" and flipped["claim"]["status"] == "does not hold"
     stuck = loss_gaps(runs, [0, 1, 2], plateau=2.05)  # base's 2.0 is not below 2.05 - 0.1
     assert {e["verdict"] for e in stuck["variants"].values()} == {"inconclusive"} and "plateau" in str(stuck)
+    assert sentence(gap, 512).endswith("at 512 tokens per step: holds.")
+    assert "inconclusive (the base runs stay on the plateau" in sentence(stuck, 512)
     one = loss_gaps(runs, [0], plateau=3.0)
     assert one["spread"] is None and "too few seeds" in one["variants"]["sage8"]["reason"]
     nan = loss_gaps(runs | _losses({"sage8": [math.nan, 2.0, 2.0]}), [0, 1, 2], plateau=3.0)

@@ -130,9 +130,14 @@ def sentence(gap: dict, tokens_per_step: int) -> str:
         f"{name} {e['verdict']} (mean gap {_fmt(e['gap'])} nats, seed spread {_fmt(gap['spread'], sign=False)})"
         for name, e in v.items()
     )
+    status = gap["claim"]["status"]
+    reasons = [e["reason"] for e in v.values() if e["verdict"] == "inconclusive"]
+    if reasons:
+        why = "too few seeds" if "too few seeds" in reasons[0] else "the base runs stay on the plateau"
+        status += f" ({why}{', where attention is not yet used' if 'plateau' in why else ''})"
     return (
         f"8-bit attention (SageBwd-like) vs the base run's loss: {parts}. \"Lossless fine-tuning, slower "
-        f'pretraining" ({CLAIM_SOURCE}) at {tokens_per_step} tokens per step: {gap["claim"]["status"]}.'
+        f'pretraining" ({CLAIM_SOURCE}) at {tokens_per_step} tokens per step: {status}.'
     )
 
 
