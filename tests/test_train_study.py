@@ -145,7 +145,16 @@ def test_presets_have_three_seed_groups_and_tiny_none_of_the_verdicts():
     for name in ("quick", "paper"):
         study = train_preset(name)
         assert study.verdicts and {p[4] for p in study.pairs} == {0, 1, 2}
-        assert len(study.runs) == 15 and len({r.name for r in study.runs}) == 15
+        assert len(study.runs) == 21 and len({r.name for r in study.runs}) == 21
+        eight = {r.name: r for r in study.runs if r.name.startswith("sage8")}
+        assert sorted(eight) == [f"{n}-s{s}" for n in ("sage8", "sage8ft") for s in range(3)]
+        base = study.runs[0]
+        for s in range(3):  # same seed, batches and model as base-sS; only the attention differs
+            pre, ft = eight[f"sage8-s{s}"], eight[f"sage8ft-s{s}"]
+            assert pre.attention == "sagebwd" and (pre.seed, pre.data_seed, pre.steps) == (s, s, base.steps)
+            assert ft.attention == base.attention and ft.then_attention == "sagebwd"
+            assert ft.then_from == base.steps // 2 and ft.seed == s
+        assert not any(p[1].startswith("sage8") or p[2].startswith("sage8") for p in study.pairs)
     tiny = train_preset("tiny")
     assert not tiny.verdicts
     shorter = train_preset("paper", steps=24)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -177,6 +178,23 @@ def test_training_is_deterministic_and_resumes(tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
+    """sage8ft's shape: the base attention to step then_from, then SageBwd-like; the first steps are the base
+    run's bits, the rest differ, and a run stopped before and after the switch resumes to the same bits."""
+    kw = dict(name="t", attention="standard:bf16-mixed", steps=6, save_every=2, batch=4, model=TINY)
+    base = train(RunConfig(**kw), tmp_path / "base")["losses"]
+    cfg = RunConfig(**kw, then_attention="sagebwd", then_from=3)
+    whole = train(cfg, tmp_path / "whole")["losses"]
+    assert whole[:3] == base[:3] and all(a != b for a, b in zip(whole[3:], base[3:], strict=True))
+    for stop in (2, 4):  # a stop before the switch, one after it
+        train(dataclasses.replace(cfg, steps=stop), tmp_path / f"stop{stop}")
+        resumed = train(cfg, tmp_path / f"stop{stop}")
+        assert resumed["resumed_from"] == stop and resumed["losses"] == whole
+    assert "then_attention" not in RunConfig(**kw).to_dict() and cfg.to_dict()["then_from"] == 3
+    with pytest.raises(ValueError, match="then_from=0"):
+        RunConfig(**kw, then_attention="sagebwd")
+
+
 def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
     out1, out2 = tmp_path / "s1", tmp_path / "s2"
     for out in (out1, out2):
@@ -199,6 +217,14 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
         assert curves and all(len(v) == len(steps) for v in curves.values())  # every saved step
     report = (out1 / "report.md").read_text()
     assert "No verdicts" in report and "holds" not in report
+    gap = s1["loss_gap"]  # one seed: no spread, no verdict; the numbers are there
+    assert gap == s2["loss_gap"] and gap["seeds"] == 1 and gap["spread"] is None
+    for name in ("sage8", "sage8ft"):
+        e = gap["variants"][name]
+        assert e["verdict"] == "inconclusive" and "too few seeds" in e["reason"]
+        assert e["gaps"][0] == pytest.approx(e["level"][0] - gap["base_level"][0])
+        assert s1["final_loss"][f"{name}-s0"] != s1["final_loss"]["base-s0"]  # 8-bit attention changed the loss
+    assert "8-bit attention (SageBwd-like)" in report and "8-bit attention (SageBwd-like)" in s1["conclusion"][1]
     assert len(seen) == 5 and all(problems == [] for _, problems, _ in seen), seen
 
 
@@ -228,7 +254,7 @@ def test_train_study_killed_mid_run_resumes(tmp_path):
     reference = tmp_path / "ref"
     subprocess.run([*cmd[:6], "--out", str(reference), "--workers", "1", "--quiet"], check=True)
     a, b = (json.loads((o / "summary.json").read_text()) for o in (out, reference))
-    assert a["pairs"] == b["pairs"]
+    assert a["pairs"] == b["pairs"] and a["loss_gap"] == b["loss_gap"] and a["final_loss"] == b["final_loss"]
 
 
 def test_bad_train_study_input():

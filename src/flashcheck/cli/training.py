@@ -20,7 +20,7 @@ from flashcheck.cli.app import (
 
 MAX_WORKERS = 256  # runs trained at once; a study has 5
 MAX_STEPS = 1_000_000  # 200 times the full preset's 5000 steps: beyond it, a typo rather than a study
-MAX_SEEDS = 100  # seed groups (5 runs each)
+MAX_SEEDS = 100  # seed groups (7 runs each)
 MAX_SKETCH_POINTS = 10_000_000  # per tensor; beyond this an exact W1 (--exact-limit) is the better tool
 
 
@@ -75,11 +75,14 @@ def train_study(
     save_every: int = typer.Option(None, help="Save the weights every N steps instead of the preset's."),
     seeds: int = typer.Option(None, help="Seed groups instead of the preset's 3 (verdicts need 3 or more)."),
     lr: float = typer.Option(None, help="Learning rate instead of 3e-3."),
-    policy: str = typer.Option(None, help="Attention numerics policy of every run (default bf16-mixed)."),
+    policy: str = typer.Option(
+        None, help="Attention numerics policy of every run but sage8's 8-bit one (default bf16-mixed)."
+    ),
     quiet: bool = typer.Option(False, help="No progress and no findings on the terminal."),
 ) -> None:
     """Train runs that differ in one factor (attention, format, seed), one group per seed, and compare their
-    weights. A run killed at any point resumes where it stopped when the command is run again."""
+    weights; and 8-bit attention runs (sage8, sage8ft) whose loss is judged against the base run's. A run
+    killed at any point resumes where it stopped when the command is run again."""
     from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
 
     out = default_out("flashcheck-train-study", preset) if out is None else out

@@ -17,9 +17,10 @@ from queue import Empty
 from flashcheck.core.fileio import DiskFull, full_error, write_atomic
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.training.drift import compare_series
+from flashcheck.training.lossgap import context_free_loss, loss_gaps, sentence
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.ratios import conclusion, describe_slope, findings, growth_fit, ratio_by_step, ratios
-from flashcheck.training.train import RunConfig, run_complete, train
+from flashcheck.training.train import RunConfig, load_data, run_complete, train
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,11 +37,15 @@ class TrainStudy:
 
 PAIRS = ("flash_vs_baseline", "seed_vs_seed", "bf16_vs_fp32", "fp16_vs_fp32")
 RESEED = 1000  # the re-seeded run of seed group s initialises with seed s + RESEED
+EIGHT_BIT, SAGE8, SAGE8FT = "sagebwd", "sage8", "sage8ft"  # the 8-bit attention (make_attention) and its runs
 
 
 def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool = True) -> TrainStudy:
     """Per seed s (initialisation s, batch order s): base (standard attention, fp32 model), flash (Flash
-    attention, same policy), reseed (initialisation s + RESEED), bf16 and fp16 (autocast)."""
+    attention, same policy), reseed (initialisation s + RESEED), bf16 and fp16 (autocast); and the 8-bit
+    attention runs of the loss-gap check (training.lossgap): sage8 (SageBwd-like attention from step 1,
+    "pretraining") and sage8ft (the base run's attention for the first half of the steps, then SageBwd-like:
+    "fine-tuning"). The 8-bit runs are in no weight-deviation pair."""
     runs, pairs = [], []
     for s in range(seeds):
         b = dataclasses.replace(base, name=f"base-s{s}", attention=f"standard:{policy}", seed=s, data_seed=s)
@@ -50,6 +55,8 @@ def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool 
             dataclasses.replace(b, name=f"reseed-s{s}", seed=s + RESEED),
             dataclasses.replace(b, name=f"bf16-s{s}", precision="bf16"),
             dataclasses.replace(b, name=f"fp16-s{s}", precision="fp16"),
+            dataclasses.replace(b, name=f"{SAGE8}-s{s}", attention=EIGHT_BIT),
+            dataclasses.replace(b, name=f"{SAGE8FT}-s{s}", then_attention=EIGHT_BIT, then_from=max(1, base.steps // 2)),
         ]
         names = (f"flash-s{s}", f"reseed-s{s}", f"bf16-s{s}", f"fp16-s{s}")
         factors = ("attention", "seed", "format", "format")
@@ -314,11 +321,26 @@ def analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str],
         "final_loss": {k: v[-1] for k, v in losses.items()},
     }
     summary["conclusion"] = conclusion(summary)
+    gap = _loss_gap(study, losses)
+    if gap is not None:
+        summary["loss_gap"] = gap
+        line = sentence(gap, study.runs[0].batch * study.runs[0].model.seq_len)
+        summary["conclusion"].insert(len(summary["conclusion"]) - 1 if study.verdicts else 1, line)
     tell(parts - 1, parts, "report and figures")
     write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
     write_train_report(summary, losses, out)
     tell(parts, parts, "report written")
     return summary
+
+
+def _loss_gap(study: TrainStudy, losses: dict) -> dict | None:
+    """The 8-bit runs' loss gap to the base runs (training.lossgap), None for a study without them."""
+    seeds = sorted({p[4] for p in study.pairs})
+    variants = tuple(v for v in (SAGE8, SAGE8FT) if seeds and f"{v}-s{seeds[0]}" in losses)
+    if not variants:
+        return None
+    data = load_data(study.runs[0])
+    return loss_gaps(losses, seeds, plateau=context_free_loss(data.tokens, data.vocab), variants=variants)
 
 
 def _json_default(x):

@@ -26,7 +26,10 @@ MARKER = "complete.json"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """A run. `attention`: see make_attention; `precision`: autocast format of the model (fp32 = none);
-    `seed`: initialisation; `data_seed`: batch order; `data`: "synthetic" or a text file path."""
+    `seed`: initialisation; `data_seed`: batch order; `data`: "synthetic" or a text file path.
+    `then_attention` (optional): the attention from step `then_from` + 1 on (a switch mid-run, e.g. 8-bit
+    attention for the second half: "fine-tuning"); left out of to_dict while unset, so the configuration
+    of a run without it reads as before it existed."""
 
     name: str
     attention: str = "standard:fp32"
@@ -40,6 +43,8 @@ class RunConfig:
     lr: float = 3e-3
     block: int = 32
     model: GPTConfig = dataclasses.field(default_factory=GPTConfig)
+    then_attention: str = ""
+    then_from: int = 0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -47,9 +52,16 @@ class RunConfig:
         for name in ("steps", "save_every", "batch", "block"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.then_attention and not self.then_from > 0:
+            raise ValueError(f"then_from={self.then_from} must be a positive step when then_attention is set")
+        if self.then_from and not self.then_attention:
+            raise ValueError(f"then_from={self.then_from} needs then_attention")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.then_attention:  # runs without a switch keep the configuration they had before it existed
+            del d["then_attention"], d["then_from"]
+        return d
 
 
 def load_data(cfg: RunConfig) -> TokenStream:
@@ -171,7 +183,12 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
     if on_progress is not None:
         on_progress(start, cfg.steps, cfg.name)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    later = make_attention(cfg.then_attention, cfg.block) if cfg.then_attention else None
     for step in range(start + 1, cfg.steps + 1):
+        if later is not None and step > cfg.then_from:  # also right at a resume past the switch
+            for blk in model.blocks:
+                blk.attention = later
+            later = None
         x, y = data.batch(step, cfg.batch, mcfg.seq_len, cfg.data_seed)
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             _, loss = model(x, y)

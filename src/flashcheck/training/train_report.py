@@ -210,6 +210,41 @@ def _method_text(c: dict) -> str:
     )
 
 
+def _loss_gap_section(page: Page, gap: dict, c: dict) -> None:
+    """The 8-bit attention runs' loss gap to the base runs, their verdicts and the paper's claim."""
+    from flashcheck.training.lossgap import MIN_SEEDS, TAIL
+
+    claim = gap["claim"]
+    page.add(Heading("8-bit attention (SageBwd-like): lossless fine-tuning, slower pretraining?"))
+    page.add(
+        Bullets([("sagebwd_claim", {"holds": True, "does not hold": False}.get(claim["status"], claim["status"]),
+                  f"{claim['claim']} ({claim['source']}). Measured: {claim['text']}.")])
+    )  # fmt: skip
+    num = lambda x, sign=True: "n/a" if x is None else (f"{x:+.3g}" if sign else f"{x:.5g}")  # noqa: E731
+    rows = [
+        [name, e["label"], ", ".join(num(g) for g in e["gaps"]), num(e["gap"]), num(gap["spread"], False),
+         e["verdict"], e["reason"]]
+        for name, e in gap["variants"].items()
+    ]  # fmt: skip
+    header = ["run", "what", "gap per seed (nats)", "mean gap", "seed spread", "verdict", "why"]
+    page.add(Table(header, rows))
+    base = ", ".join(num(x, False) for x in gap["base_level"])
+    page.add(
+        Text(
+            f"Loss level: the mean training loss over the last {gap['tail_steps']} steps ({TAIL:.0%}); gap: the 8-bit "
+            f"run's level minus the base run's of the same seed (same initialisation and batches); seed spread: "
+            f"the standard deviation over seeds of the base runs' levels ({base}); lossless: mean gap at most the "
+            f"spread; slower: above it; inconclusive with fewer than {MIN_SEEDS} seeds or while the base runs stay "
+            f"above {gap['plateau']:.4f} nats, the loss of predicting from the current token alone. The 8-bit "
+            "attention is kernels.sagebwd: INT8 Q, K (K smoothed), P and V in the forward; INT8 S, dV, dQ and dK "
+            "products in the backward with dP = dO V^T in fp16 (six of the seven products 8-bit, as arXiv "
+            "2603.02170 describes SageBwd). sage8 uses it from step 1, sage8ft from step "
+            f"{c['steps'] // 2 + 1} (the base run's attention before). arXiv 2603.02170 finds the pretraining gap "
+            f"closes at fewer tokens per step; these runs take {c['batch'] * c['model']['seq_len']} per step."
+        )
+    )
+
+
 def write_train_report(summary: dict, losses: dict, out: Path) -> None:
     """report.md and report.html: conclusion first, verdicts, ratio table, pair table, slopes, figures."""
     c = summary["conditions"]
@@ -219,6 +254,8 @@ def write_train_report(summary: dict, losses: dict, out: Path) -> None:
         page.add(Heading("Verdicts"), verdict_bullets(summary["findings"]))
     else:
         page.add(Heading("No verdicts"), Text(summary["note"] + "."))
+    if summary.get("loss_gap"):
+        _loss_gap_section(page, summary["loss_gap"], c)
     page.add(Heading("Ratios (geometric mean over seeds, 95% t interval on log ratios)"))
     page.add(Table(["ratio", "value", "95% interval", "n", "per seed", "left out"], _ratio_rows(summary["ratios"])))
     page.add(Text(_method_text(c)))
