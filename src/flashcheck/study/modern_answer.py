@@ -18,6 +18,20 @@ STAGE_WORDS = {
     "output": "the rounding of the output",
 }
 
+PLAIN = {  # the presets in words (kernels.presets_modern cites each one's source)
+    "fa4-fp8": "FA4's FP8 path",
+    "fa4-fp4": "FA4's FP4 path",
+    "sage3-fp4": "SageAttention3",
+    "sage1": "SageAttention",
+    "sage2": "SageAttention2's 8-bit kernel",
+    "sage2pp": "SageAttention2++",
+    "sage2-4b": "SageAttention2's INT4 kernel",
+}
+
+
+def _named(n: str) -> str:
+    return f"{PLAIN[n]} ({n})" if n in PLAIN else n
+
 
 def _num(f: dict) -> str:
     """The finding's estimate with its interval: '1.02x [1.01, 1.03] (n=6)' (the tail of its measured text)."""
@@ -75,13 +89,14 @@ def _versus(by: dict, methods: tuple[str, ...]) -> list[str]:
         nums = "; ".join(f"{n} {_num(f)}" for n, f in zip(names, rows, strict=True))
         ests = sorted(f["estimate"] for f in rows)
         span = f"{ests[0]:.2g}x" if len(ests) == 1 else f"{ests[0]:.2g}-{ests[-1]:.2g}x"
-        who = _join(names) + (" deviates" if len(names) == 1 else " deviate")
+        who = _join([_named(n) for n in names]) + (" deviates" if len(names) == 1 else " deviate")
         if status == "does not hold":
             out.append(f"{who} {span} more ({nums})")
         elif status == "holds":
             out.append(f"{who} less, {span} of its error ({nums})")
         else:
-            out.append(f"{_join(names)} show{'s' * (len(names) == 1)} no measurable difference ({nums})")
+            named = _join([_named(n) for n in names])
+            out.append(f"{named} show{'s' * (len(names) == 1)} no measurable difference ({nums})")
     return out
 
 
