@@ -56,7 +56,8 @@ def test_the_answer_is_words_from_the_verdicts_and_flips_with_them():
 def _sage_record(method: str, dist: str, seed: int, cos: float, l1: float) -> CaseRecord:
     kernel, _, policy = method.partition(":")
     case = Case(kernel, policy, "fa2", 128, 64, 1, 2, 1024, 32, False, dist, seed)
-    return CaseRecord(case.case_id, case, "ok", {"rel_l2": l1, "cos_sim": cos, "rel_l1": l1}, {}, 0.1, None, {})
+    errors = {"rel_l2": l1, "rmse": l1, "cos_sim": cos, "rel_l1": l1}
+    return CaseRecord(case.case_id, case, "ok", errors, {}, 0.1, None, {})
 
 
 def test_sage_rows_put_ours_beside_the_published_figure_and_the_verdict_follows_ours():
@@ -73,6 +74,9 @@ def test_sage_rows_put_ours_beside_the_published_figure_and_the_verdict_follows_
     worse = [_sage_record("flash:sage2-4b", "captured:minilm", s, 0.99, l1_pub * x) for s, x in enumerate((2, 2.2, 2))]
     assert published_finding({r.case_id: r for r in worse})[0]["status"] == "does not hold"
     assert sage_published_rows({}) == (header, [])
+    fa3 = [_sage_record(FA3_FP8, "outliers", s, 0.999, 9.1e-3 * x) for s, x in enumerate((0.5, 0.52, 0.55))]
+    (g,) = published_finding({r.case_id: r for r in fa3})
+    assert g["id"] == "modern_fa3-fp8_published" and g["status"] == "holds" and "2407.08608" in g["paper"]
 
 
 def test_not_measured_claims_leave_the_table_for_one_line():

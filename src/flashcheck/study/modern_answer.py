@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from flashcheck.study.config import LOWP, SAGE, STAGE_PRESETS
+from flashcheck.study.modern import FA3_PUBLISHED, SAGE_PUBLISHED
 
 # explain's stage names in words (a name not listed is shown as it is)
 STAGE_WORDS = {
@@ -74,6 +75,12 @@ def _fa4(by: dict) -> str | None:
     return f"{head} (error ratio FA4 / FA2 {_num(f)}){tail}."
 
 
+def _than(f: dict) -> str:
+    """Ours against a published figure in words, from the verdict "ours deviates no more than theirs"."""
+    words = {"holds": "less than", "does not hold": "more than"}
+    return words.get(f["status"], "neither measurably more nor less than")
+
+
 def _versus(by: dict, methods: tuple[str, ...]) -> list[str]:
     """Clauses grouping the methods by their verdict against FA3's FP8 path: more, less, no difference."""
     groups: dict[str, list[dict]] = {"does not hold": [], "holds": [], "inconclusive": []}
@@ -131,7 +138,17 @@ def _lowp(by: dict) -> str | None:
     if not clauses:
         return None
     cause = _dominant(by, STAGE_PRESETS["modern_stages"])
-    return "Against FA3's FP8 path, " + "; ".join(clauses) + "." + (f" By stage, {cause}." if cause else "")
+    out = "Against FA3's FP8 path, " + "; ".join(clauses) + "." + (f" By stage, {cause}." if cause else "")
+    f = _measured(by, "modern_fa3-fp8_published")
+    if f is not None:
+        word = _than(f)
+        ours = f["measured"].partition("; ")[0].removeprefix("our ")
+        out += (
+            f" Beside the published figure, FA3's FP8 path on outlier inputs deviates {word} FlashAttention-3 "
+            f"publishes: {ours} against {FA3_PUBLISHED[0]:.1e} (ours / theirs {_num(f)}; ours at this study's "
+            "sizes, theirs at the paper's)."
+        )
+    return out
 
 
 def _sage(by: dict) -> str | None:
@@ -141,11 +158,12 @@ def _sage(by: dict) -> str | None:
     out = "SageAttention against FA3's FP8 path: " + "; ".join(clauses) + "."
     f = _measured(by, "modern_sage2-4b_published")
     if f is not None:
-        word = {"holds": "less than", "does not hold": "more than"}.get(f["status"], "about as much as")
+        word = _than(f)
         ours = f["measured"].partition("; ")[0].removeprefix("our ")
+        theirs = SAGE_PUBLISHED["flash:sage2-4b"][1]
         out += (
             f" Beside the published figure, {f['claim'].split(' deviates')[0]} deviates {word} SageAttention2 "
-            f"publishes for CogvideoX's layers: {ours} against 0.0683 (ours / theirs {_num(f)}; the table below "
+            f"publishes for CogvideoX's layers: {ours} against {theirs:.4f} (ours / theirs {_num(f)}; the table below "
             "has every preset and input)."
         )
     cause = _dominant(by, STAGE_PRESETS["modern_sage_stages"])
