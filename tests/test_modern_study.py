@@ -52,8 +52,8 @@ def test_modern_findings_and_conclusion_from_points():
     assert by["modern_fa4_bf16"]["status"] == "holds"
     assert by["modern_fa4-fp4_vs_fa3_fp8"]["status"] == "does not hold"
     assert by["modern_sage2_vs_fa3_fp8"]["status"] == "holds"
-    assert math.isclose(by["modern_sink_static_scale"]["estimate"], 100.0, rel_tol=0.05)  # MSE: squared ratio
-    assert by["modern_sink_reverse"]["status"] == "not measured"
+    assert math.isclose(by["modern_sink_static_scale_d8"]["estimate"], 100.0, rel_tol=0.05)  # MSE: squared ratio
+    assert by["modern_sink_reverse_d8"]["status"] == "not measured"
     assert by["modern_sage2_dominant_stage"]["status"] == "not measured"
     stages = [_pt("flash:sage2", [1.0, 1.1, 0.9])]
     stages += [_pt(f"flash:sage2,{s}=fp64", [x * (0.3 if s == "p" else 0.99) for x in (1.0, 1.1, 0.9)]) for s in RAISED]

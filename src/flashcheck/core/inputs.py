@@ -8,13 +8,34 @@ from dataclasses import dataclass
 import torch
 
 DISTRIBUTIONS = ("normal", "uniform", "outliers", "sharp", "tied", "sink")
-SINK_DELTA = 8.0  # the "sink" distribution's sink score (arXiv 2606.06521's moderate sink strength)
+SINK_DELTA = 8.0  # the "sink" distribution's sink score; "sink:DELTA" scores the sink DELTA (arXiv 2606.06521)
+SINK_MAX = 50.0  # the largest sink score "sink:DELTA" takes
 CAPTURED = "captured"  # "captured:MODEL": Q, K, V recorded from a real model (core.captured)
 PADDING_SIDES = ("none", "left", "right")
 
 
 def is_captured(distribution: str) -> bool:
     return isinstance(distribution, str) and distribution.startswith(CAPTURED + ":")
+
+
+def sink_delta(distribution: str) -> float | None:
+    """The sink score of "sink" (SINK_DELTA) or "sink:DELTA" (0 < DELTA <= SINK_MAX); None for any other name
+    or a malformed one (known_distribution rejects those)."""
+    if distribution == "sink":
+        return SINK_DELTA
+    name, sep, val = str(distribution).partition(":")
+    if name != "sink" or not sep:
+        return None
+    try:
+        delta = float(val)
+    except ValueError:
+        return None
+    return delta if 0.0 < delta <= SINK_MAX else None
+
+
+def known_distribution(distribution: str) -> bool:
+    """One of DISTRIBUTIONS, captured:MODEL or sink:DELTA."""
+    return distribution in DISTRIBUTIONS or is_captured(distribution) or sink_delta(distribution) is not None
 
 
 def parse_padding(spec: str) -> tuple[str, float]:
@@ -58,10 +79,11 @@ class InputSpec:
             raise ValueError(f"seq_len_k={self.seq_len_k} must be a positive integer")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise ValueError(f"kv_heads={self.kv_heads} must be a positive divisor of heads={self.heads}")
-        if self.distribution not in DISTRIBUTIONS and not is_captured(self.distribution):
+        if not known_distribution(self.distribution):
             raise ValueError(
-                f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)} "
-                "or captured:MODEL (a local Hugging Face model folder, or minilm for the bundled one)"
+                f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}, "
+                "captured:MODEL (a local Hugging Face model folder, or minilm for the bundled one) or sink:DELTA "
+                f"(the sink's score, 0 < DELTA <= {SINK_MAX:g})"
             )
         parse_padding(self.padding)
         if self.layer < 0:
@@ -86,6 +108,9 @@ def make_qkv(spec: InputSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         from flashcheck.core.captured import captured_qkv
 
         return captured_qkv(spec.distribution.split(":", 1)[1], spec.layer, shape_q, shape_k, spec.seed)
+    delta = sink_delta(spec.distribution)
+    if delta is not None:
+        return _sink(spec, g, shape_q, shape_k, delta)
     draw = _DRAW[spec.distribution]
     return draw(spec, g, shape_q, shape_k)
 
@@ -166,16 +191,16 @@ def _tied(spec, g, sq, sk):
     return q, k, v
 
 
-def _sink(spec, g, sq, sk):
+def _sink(spec, g, sq, sk, delta: float = SINK_DELTA):
     """An attention sink (arXiv 2606.06521's synthetic setting): Q, K, V ~ N(0, 1) except Q's first coordinate,
-    sqrt(D) in every row, and K's: 0 for every key but key 0 (the sink), whose K is SINK_DELTA e_0. With the
-    scale 1/sqrt(D), every row scores the sink SINK_DELTA exactly and the other keys ~ N(0, (D - 1) / D)."""
+    sqrt(D) in every row, and K's: 0 for every key but key 0 (the sink), whose K is delta e_0. With the
+    scale 1/sqrt(D), every row scores the sink delta exactly and the other keys ~ N(0, (D - 1) / D)."""
     q, k, v = _randn(sq, g), _randn(sk, g), _randn(sk, g)
     d = sq[-1]
     q[..., 0] = d**0.5
     k[..., 0] = 0.0
     k[..., 0, :] = 0.0
-    k[..., 0, 0] = SINK_DELTA
+    k[..., 0, 0] = delta
     return q, k, v
 
 

@@ -66,6 +66,21 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -
     return float(num / den)
 
 
+def rel_l1(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """sum |a - b| / sum |b| with b the reference (SageAttention's "relative L1"; inf when b is zero and a is not)."""
+    a, b = _pair(a, b, mask)
+    num, den = torch.sub(a, b).abs_().sum(), b.abs().sum()
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return float(num / den)
+
+
+def cos_sim(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """Cosine similarity of the flattened a and b (SageAttention's "CosSim"; 1 when both are zero, 0 when one is)."""
+    a, b = _pair(a, b, mask)
+    return cosine(a, b)
+
+
 def max_ulp(
     a: torch.Tensor, b: torch.Tensor, fmt: Format | str = Format.FP32, mask: torch.Tensor | None = None
 ) -> float:

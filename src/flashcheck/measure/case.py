@@ -16,7 +16,7 @@ import torch
 
 from flashcheck.core.budget import K_FORWARD, K_GRADIENT, check_budget
 from flashcheck.core.inputs import InputSpec, make_grad, make_mask, make_qkv
-from flashcheck.core.metrics import max_abs, mean_abs, ratio, rel_l2, rmse, std_diff
+from flashcheck.core.metrics import cos_sim, max_abs, mean_abs, ratio, rel_l1, rel_l2, rmse, std_diff
 from flashcheck.kernels import reference_attention, standard_attention
 from flashcheck.measure.method import Method, Unavailable
 from flashcheck.measure.runs import run_float64 as _run
@@ -27,6 +27,8 @@ METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
     "std": std_diff,
     "rmse": rmse,
     "rel_l2": rel_l2,
+    "rel_l1": rel_l1,  # SageAttention's accuracy metrics (arXiv 2410.02367, 2411.10958), beside their figures
+    "cos_sim": cos_sim,
 }
 HEADLINE = ("max_abs", "mean_abs", "rmse", "rel_l2")
 

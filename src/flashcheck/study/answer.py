@@ -134,11 +134,19 @@ def measured_first(found: list[dict]) -> list[dict]:
     return sorted(found, key=lambda f: f.get("status", "not measured") == "not measured")
 
 
+def not_asked(found: list[dict]) -> list[str]:
+    """The claims of the findings this study did not measure (its preset does not ask them), in their order."""
+    return [f["claim"] for f in found if f.get("status", "not measured") == "not measured"]
+
+
 def verdict_rows(found: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """The verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value, verdict."""
+    """The measured verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value,
+    verdict; those not measured are left to one line (not_asked)."""
     header = ["claim", "ours (95% interval)", "paper", "verdict"]
     rows = []
-    for f in measured_first(found):
+    for f in found:
+        if f.get("status", "not measured") == "not measured":
+            continue
         paper = PAPER_CELL if f["id"] == "flash_vs_baseline_bf16" else f.get("paper") or "-"
         rows.append([f["claim"], f["measured"], paper, f.get("status", "not measured")])
     return header, rows

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core import captured
-from flashcheck.core.inputs import InputSpec, is_captured
+from flashcheck.core.inputs import InputSpec, is_captured, sink_delta
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
 from flashcheck.measure import Case as MeasureCase
@@ -250,6 +250,10 @@ def _evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], devic
         return 0
     refs = References(cases[0].input_spec(), causal=cases[0].causal, device=device)
     stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
+    if sink_delta(cases[0].distribution) is not None:  # sink:DELTA: the P-collapse fraction too (study.modern)
+        from flashcheck.study.modern import collapse_fraction
+
+        stats = stats | {"p_collapse": collapse_fraction(refs.q, refs.k, refs.v)}
     for c in cases:
         rec = run_case(c.measure_case(device), refs)
         errs, errs_r = dict(rec.candidate), dict(rec.candidate_rounded)

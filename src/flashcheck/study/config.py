@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.inputs import DISTRIBUTIONS, is_captured, parse_padding
+from flashcheck.core.inputs import DISTRIBUTIONS, known_distribution, parse_padding
 from flashcheck.core.numerics import parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS as KERNELS
 from flashcheck.kernels.flash import ALGORITHMS
@@ -86,9 +86,12 @@ class Sweep:
             raise ValueError(
                 f"{where}: blocks={[list(b) for b in self.blocks]!r} must be [Br, Bc] pairs of positive integers"
             )
-        bad = [d for d in self.distributions if d not in DISTRIBUTIONS and not is_captured(d)]
+        bad = [d for d in self.distributions if not known_distribution(d)]
         if bad or not self.distributions:
-            raise ValueError(f"{where}: distributions {bad or []!r} not allowed; expected {DISTRIBUTIONS}")
+            raise ValueError(
+                f"{where}: distributions {bad or []!r} not allowed; expected {DISTRIBUTIONS}, captured:MODEL or "
+                "sink:DELTA"
+            )
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"{where}: algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.metric not in ("max_abs", "mean_abs", "std", "rmse", "rel_l2"):
@@ -579,6 +582,7 @@ FA3_FP8, FP22 = "flash:fa3-fp8", "flash:fa3-fp8-fp22"
 LOWP = ("flash:fa4-fp8", "flash:fa4-fp4", "flash:sage3-fp4", FA3_FP8, FP22, FA2)
 SAGE = ("flash:sage1", "flash:sage2", "flash:sage2pp", "flash:sage2-4b")
 P_FP8 = "flash:input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
+SINK_SCORES = (4.0, 5.0, 6.0, 7.0, 8.0)  # the sink's score: weak to strong around 2606.06521's threshold 6.93
 SINK_METHODS = (P_FP8, P_FP8 + ",kv_order=reverse", P_FP8 + ",p_scale=256", P_FP8 + ",kv_order=reverse,p_scale=256")
 STAGE_PRESETS = {"modern_stages": ("fa4-fp8", "fa4-fp4", "sage3-fp4", "fa3-fp8-fp22"),
                  "modern_sage_stages": ("sage1", "sage2", "sage2pp")}  # fmt: skip
@@ -589,7 +593,7 @@ QUESTIONS = ("modern_fa4", "modern_lowp", "modern_sage", "modern_sink", *STAGE_P
 def modern_sweeps(lengths: tuple[int, ...], seeds: tuple[int, ...], heads: int, captured: bool = True) -> list[Sweep]:
     """The four questions' sweeps at these lengths and seeds (captured MiniLM inputs unless `captured` is off;
     the FP8/FP4 and Sage questions at MiniLM's head dim 32; Sage at its 128 x 64 tiles is paired with
-    modern_lowp's FA3-FP8 on the same inputs)."""
+    modern_lowp's FA3-FP8 on the same inputs; the sink question at each sink score of SINK_SCORES)."""
     dists = ("normal", "outliers", *(("captured:minilm",) if captured else ()))
     common = dict(seq_lens=lengths, seeds=seeds, heads=heads, algorithm="fa2", baseline=False, metric="rel_l2")
     return [
@@ -599,7 +603,8 @@ def modern_sweeps(lengths: tuple[int, ...], seeds: tuple[int, ...], heads: int, 
               **common),
         Sweep(question="modern_sage", methods=SAGE, distributions=dists, blocks=((128, 64),),
               head_dims=(32,), **common),
-        Sweep(question="modern_sink", methods=SINK_METHODS, distributions=("sink",), blocks=((128, 128),), **common),
+        Sweep(question="modern_sink", methods=SINK_METHODS, distributions=tuple(f"sink:{d:g}" for d in SINK_SCORES),
+              blocks=((128, 128),), **common),
         *(Sweep(question=q, methods=_stage_methods(names), distributions=("normal",), head_dims=(32,),
                 blocks=((128, 64 if "sage" in q else 128),), **common) for q, names in STAGE_PRESETS.items()),
     ]  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
-from flashcheck.study.answer import answer, draw_headline, measured_first, verdict_rows
+from flashcheck.study.answer import answer, draw_headline, measured_first, not_asked, verdict_rows
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
@@ -17,7 +17,8 @@ from flashcheck.study.findings import findings, ratio_text
 from flashcheck.study.findings_dims import merge_findings
 from flashcheck.study.guide_report import guide_part, guide_sentences
 from flashcheck.study.modern import NOTES as MODERN_NOTES
-from flashcheck.study.modern import modern_answer, modern_findings, modern_sentences
+from flashcheck.study.modern import THEIRS_VS_OURS, modern_findings, modern_sentences, sage_published_rows
+from flashcheck.study.modern_answer import modern_answer
 from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
@@ -117,7 +118,7 @@ def build_report(folder: str | Path) -> dict:
     failures, skipped = _problems(records)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
     found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
-    found += modern_findings(pts)  # FA4, FP8/FP4, SageAttention, P-cast with a sink (study.modern)
+    found += modern_findings(pts, ok)  # FA4, FP8/FP4, SageAttention, P-cast with a sink (study.modern)
     n_skipped = sum(s["cases"] for s in skipped)
     dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
     figures = draw_figures(config, ok, folder / "figures", skip=frozenset(dims_figures)) | dims_figures
@@ -145,6 +146,9 @@ def build_report(folder: str | Path) -> dict:
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
     summary |= dims_extra | ({"guide": guide} if guide else {})
+    header, rows = sage_published_rows(ok)  # SageAttention's published accuracy beside ours (modern studies only)
+    if rows:
+        summary["published"] = [dict(zip(header, r, strict=True)) for r in rows]
     tables = [t for t in _tables(config, ok) if t[0] not in {d[0] for d in dims_tables}] + dims_tables
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
     write_report(folder, _page(summary, tables, inside, guide_blocks), summary)
@@ -203,6 +207,8 @@ NOTES |= MODERN_NOTES
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
     items = []
     for f in measured_first(summary["findings"]):
+        if f.get("status", "not measured") == "not measured":
+            continue  # one line at the end of the report (not_asked)
         paper = f" Paper: {f['paper']}." if f.get("paper") else ""
         rule = f" Rule: {f['rule']}; {f['reason']}." if f.get("rule") else ""
         items.append((f["id"], f.get("status", f["holds"]), f"{f['claim']}. Measured: {f['measured']}.{rule}{paper}"))
@@ -218,6 +224,11 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
     if "headline" in figures:
         page.add(Figure(figures["headline"], "Flash / standard attention against the length, both policies"))
     page.add(Heading("Verdicts", anchor="verdicts"), Table(*verdict_rows(summary["findings"])))
+    if summary.get("published"):
+        header = list(summary["published"][0])
+        rows = [[r[h] for h in header] for r in summary["published"]]
+        page.add(Heading("SageAttention beside the published accuracy", anchor="published"), Table(header, rows))
+        page.add(Text(THEIRS_VS_OURS))
     page.add(
         Heading("Conclusion", anchor="conclusion"),
         Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
@@ -251,5 +262,9 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
             page.add(Figure(figures[question], question))
         page.add(Table(header, rows))
     page.add(*guide[3:])
+    missing = not_asked(summary["findings"])
+    if missing:
+        page.add(Heading("Not asked by this preset", anchor="not-asked"))
+        page.add(Text(f"Not asked by this preset (not measured in this study): {'; '.join(missing)}."))
     env = summary.get("environment", {})
     return page.add(Heading("Environment"), Text(", ".join(f"{k} {v}" for k, v in env.items())))

@@ -1,0 +1,241 @@
+"""The Answer of a study that measured the modern questions (study.modern): one plain sentence per question,
+the words chosen from the measured verdicts and intervals (a verdict that flips flips its words), the numbers
+with their 95% intervals right after the words. Built from summary.json findings only."""
+
+from __future__ import annotations
+
+import math
+
+from flashcheck.study.config import LOWP, SAGE, STAGE_PRESETS
+from flashcheck.study.modern import FA3_PUBLISHED, SAGE_PUBLISHED
+
+# explain's stage names in words (a name not listed is shown as it is)
+STAGE_WORDS = {
+    "input": "the quantisation of the inputs",
+    "score": "the rounding of the scores",
+    "stats": "the softmax statistics",
+    "p": "the rounding of P",
+    "accum": "the P·V accumulator",
+    "output": "the rounding of the output",
+}
+
+PLAIN = {  # the presets in words (kernels.presets_modern cites each one's source)
+    "fa4-fp8": "FA4's FP8 path",
+    "fa4-fp4": "FA4's FP4 path",
+    "sage3-fp4": "SageAttention3",
+    "sage1": "SageAttention",
+    "sage2": "SageAttention2's 8-bit kernel",
+    "sage2pp": "SageAttention2++",
+    "sage2-4b": "SageAttention2's INT4 kernel",
+}
+
+
+def _named(n: str) -> str:
+    return f"{PLAIN[n]} ({n})" if n in PLAIN else n
+
+
+def _num(f: dict) -> str:
+    """The finding's estimate with its interval: '1.02x [1.01, 1.03] (n=6)' (the tail of its measured text)."""
+    return f["measured"].rpartition(": ")[2]
+
+
+def _measured(by: dict, fid: str) -> dict | None:
+    f = by.get(fid)
+    return None if f is None or f.get("status", "not measured") == "not measured" else f
+
+
+def _change(f: dict) -> str:
+    """What a ratio to a reference says in words, from its interval: 'changes nothing measurable' when the
+    interval holds 1, else 'adds 2%' / 'removes 30%'."""
+    est, iv = f.get("estimate"), f.get("interval")
+    if est is None or not math.isfinite(est):
+        return "was not measured"
+    if iv is None:
+        return f"changes the error by {est - 1:+.0%} (too few values for an interval)"
+    if iv[0] <= 1.0 <= iv[1]:
+        return "changes nothing measurable"
+    return f"adds {est - 1:.0%}" if est > 1 else f"removes {1 - est:.0%}"
+
+
+def _fa4(by: dict) -> str | None:
+    f = _measured(by, "modern_fa4_bf16")
+    if f is None:
+        return None
+    head = {
+        "holds": "FA4's bf16 kernel is as accurate as FA2",
+        "does not hold": "FA4's bf16 kernel deviates more than FA2 allows (over 10% more error)",
+    }.get(f["status"], "We cannot yet tell whether FA4's bf16 kernel is as accurate as FA2")
+    parts = []
+    for fid, what in (("modern_fa4_exp2_emulation", "its emulated exp2"), ("modern_fa4_rescale_threshold",
+                      "the rescale threshold")):  # fmt: skip
+        g = _measured(by, fid)
+        if g is not None:
+            parts.append(f"{what} {_change(g)} ({_num(g)})")
+    tail = f": {' and '.join(parts)}" if parts else ""
+    return f"{head} (error ratio FA4 / FA2 {_num(f)}){tail}."
+
+
+def _than(f: dict) -> str:
+    """Ours against a published figure in words, from the verdict "ours deviates no more than theirs"."""
+    words = {"holds": "less than", "does not hold": "more than"}
+    return words.get(f["status"], "neither measurably more nor less than")
+
+
+def _versus(by: dict, methods: tuple[str, ...]) -> list[str]:
+    """Clauses grouping the methods by their verdict against FA3's FP8 path: more, less, no difference."""
+    groups: dict[str, list[dict]] = {"does not hold": [], "holds": [], "inconclusive": []}
+    for m in methods:
+        f = _measured(by, f"modern_{m.split(':', 1)[1]}_vs_fa3_fp8")
+        if f is not None:
+            groups.setdefault(f["status"], []).append(f)
+    out = []
+    for status, rows in groups.items():
+        if not rows:
+            continue
+        names = [f["id"].removeprefix("modern_").removesuffix("_vs_fa3_fp8") for f in rows]
+        nums = "; ".join(f"{n} {_num(f)}" for n, f in zip(names, rows, strict=True))
+        ests = sorted(f["estimate"] for f in rows)
+        span = f"{ests[0]:.2g}x" if len(ests) == 1 else f"{ests[0]:.2g}-{ests[-1]:.2g}x"
+        who = _join([_named(n) for n in names]) + (" deviates" if len(names) == 1 else " deviate")
+        if status == "does not hold":
+            out.append(f"{who} {span} more ({nums})")
+        elif status == "holds":
+            out.append(f"{who} less, {span} of its error ({nums})")
+        else:
+            named = _join([_named(n) for n in names])
+            out.append(f"{named} show{'s' * (len(names) == 1)} no measurable difference ({nums})")
+    return out
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _dominant(by: dict, presets: tuple[str, ...]) -> str | None:
+    """'the quantisation of the inputs causes most of it (for fa4-fp8, fa4-fp4: computing that stage in FP64
+    alone leaves 43%, 13% of the error)', grouped by stage, from the dominant-stage verdicts that hold."""
+    stages: dict[str, list[tuple[str, float]]] = {}
+    for n in presets:
+        f = _measured(by, f"modern_{n}_dominant_stage")
+        if f is None or f["status"] != "holds" or f.get("estimate") is None:
+            continue
+        stage = f["measured"].partition(":")[0].removeprefix("dominant stage ").strip()
+        stages.setdefault(stage, []).append((n, f["estimate"]))
+    if not stages:
+        return None
+    parts = []
+    for stage, rows in sorted(stages.items(), key=lambda kv: -len(kv[1])):
+        left = ", ".join(f"{e:.0%}" for _, e in rows)
+        parts.append(
+            f"{STAGE_WORDS.get(stage, stage)} causes most of it for {_join([n for n, _ in rows])} (computing that "
+            f"stage in FP64 alone leaves {left} of the error)"
+        )
+    return "; ".join(parts)
+
+
+def _lowp(by: dict) -> str | None:
+    clauses = _versus(by, LOWP[:3])
+    if not clauses:
+        return None
+    cause = _dominant(by, STAGE_PRESETS["modern_stages"])
+    out = "Against FA3's FP8 path, " + "; ".join(clauses) + "." + (f" By stage, {cause}." if cause else "")
+    f = _measured(by, "modern_fa3-fp8_published")
+    if f is not None:
+        word = _than(f)
+        ours = f["measured"].partition("; ")[0].removeprefix("our ")
+        out += (
+            f" Beside the published figure, FA3's FP8 path on outlier inputs deviates {word} FlashAttention-3 "
+            f"publishes: {ours} against {FA3_PUBLISHED[0]:.1e} (ours / theirs {_num(f)}; ours at this study's "
+            "sizes, theirs at the paper's)."
+        )
+    return out
+
+
+def _sage(by: dict) -> str | None:
+    clauses = _versus(by, SAGE)
+    if not clauses:
+        return None
+    out = "SageAttention against FA3's FP8 path: " + "; ".join(clauses) + "."
+    f = _measured(by, "modern_sage2-4b_published")
+    if f is not None:
+        word = _than(f)
+        ours = f["measured"].partition("; ")[0].removeprefix("our ")
+        theirs = SAGE_PUBLISHED["flash:sage2-4b"][1]
+        out += (
+            f" Beside the published figure, {f['claim'].split(' deviates')[0]} deviates {word} SageAttention2 "
+            f"publishes for CogvideoX's layers: {ours} against {theirs:.4f} (ours / theirs {_num(f)}; the table below "
+            "has every preset and input)."
+        )
+    cause = _dominant(by, STAGE_PRESETS["modern_sage_stages"])
+    return out + (f" By stage, {cause}." if cause else "")
+
+
+def _fp22(by: dict) -> str | None:
+    f = _measured(by, "modern_fp22_share")
+    if f is None:
+        return None
+    bound = {"holds": "less than 5% by the verdict", "does not hold": "5% or more by the verdict"}.get(
+        f["status"], "the verdict cannot tell whether under 5%"
+    )
+    return f"The FP22 accumulator {_change(f)} in FA3-FP8's error ({_num(f)}; {bound})."
+
+
+def _band_words(f: dict) -> str:
+    if f["status"] == "holds":
+        return "inside the paper's 3-10x"
+    if f["status"] == "does not hold":
+        return "above the 3-10x" if f["estimate"] > 10 else "below the 3-10x"
+    return "at the edge of the 3-10x"
+
+
+def _score(f: dict) -> float:
+    return float(f["id"].rpartition("_d")[2])
+
+
+def _sink(by: dict) -> str | None:
+    rows = sorted((f for k, f in by.items() if k.startswith("modern_sink_") and f.get("status") != "not measured"),
+                  key=_score)  # fmt: skip
+    if not rows:
+        return None
+    fixes = (("reverse", "reverse KV order"), ("static_scale", "S = 2^8"))
+    moderate = sorted({_score(f) for f in rows if f["claim"].startswith("with a moderate sink")})
+    text = []
+    if moderate:
+        parts = []
+        for key, what in fixes:
+            got = [f for f in rows if f["id"].startswith(f"modern_sink_{key}_d") and _score(f) in moderate]
+            if got:
+                parts.append(f"{what} " + ", ".join(f"{_num(f)} at {_score(f):g} ({_band_words(f)})" for f in got))
+        scores = _join([f"{d:g}" for d in moderate])
+        text.append(f"With an attention sink of moderate strength (scores {scores}), the fixes lower the P-cast MSE: "
+                    + "; ".join(parts) + ".")  # fmt: skip
+    for kind in ("weak", "strong"):
+        got = [f for f in rows if f["claim"].startswith(f"with a {kind} sink") and "_collapse_" not in f["id"]]
+        if got:
+            said = "; ".join(f"{dict(fixes)[f['id'].split('_d')[0].removeprefix('modern_sink_')]} {_num(f)}"
+                             for f in got)  # fmt: skip
+            text.append(f"At a {kind} sink (score {_join(sorted({f'{_score(f):g}' for f in got}))}): {said}.")
+    coll = [f for f in rows if f["id"].startswith("modern_sink_collapse_d")]
+    if coll:
+        good = [f for f in coll if f["status"] == "holds"]
+        bad = [f for f in coll if f["status"] != "holds"]
+        at = _join([f"{_score(f):g}" for f in good]) if good else "no score"
+        nums = ", ".join(_num(f) for f in good)
+        tail = f", not at {_join([f'{_score(f):g} ({_num(f)})' for f in bad])}" if bad else ""
+        text.append(
+            f"2606.06521's closed form predicts the fraction of P that collapses to zero within 10% at scores {at}"
+            + (f" (measured / closed form {nums})" if nums else "")
+            + tail
+            + "."
+        )
+    return " ".join(text) or None
+
+
+def modern_answer(found: list[dict]) -> list[str]:
+    """The Answer's sentences for the modern questions, in words first, numbers with intervals after: FA4 bf16
+    vs FA2, FP8/FP4 vs FA3's FP8 path and the stage that causes it, Sage (with the published figure), the FP22
+    accumulator, the sink fixes and the closed form; [] when the study measured none of them."""
+    by = {f["id"]: f for f in found if f["id"].startswith("modern_")}
+    if not any(f.get("status") != "not measured" for f in by.values()):
+        return []
+    return [s for s in (_fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
