@@ -98,8 +98,9 @@ def run_task(params: dict, s: GuideSettings) -> dict:
 
 
 def load_results(folder: str | Path) -> dict[str, dict]:
-    """Finished tasks by id: the last line of an id wins, except that a failure never supersedes an ok result
-    (damaged lines dropped with a warning)."""
+    """Finished tasks by id, in the order of their ids (not of finishing, which a pool of workers varies: sums
+    over them then round alike in every run): the last line of an id wins, except that a failure never
+    supersedes an ok result (damaged lines dropped with a warning)."""
     out: dict[str, dict] = {}
     for _, obj in read_jsonl(Path(folder) / GUIDE_FILE, "guide results"):
         if isinstance(obj.get("id"), str) and obj.get("status") in ("ok", "skipped", "failed"):
@@ -107,7 +108,7 @@ def load_results(folder: str | Path) -> dict[str, dict]:
             if obj["status"] == "failed" and prev is not None and prev["status"] == "ok":
                 continue
             out[obj["id"]] = obj
-    return out
+    return dict(sorted(out.items()))
 
 
 def read_settings(folder: str | Path) -> GuideSettings:
