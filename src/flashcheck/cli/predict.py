@@ -16,8 +16,9 @@ def _visible(lq: int, lk: int, causal: bool) -> float:
     return float(lk) if not causal else (lk - lq) + (lq + 1) / 2
 
 
-def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool) -> tuple[float, float, str]:
-    """(f_score, f_p, where from): the built-in table, or measure.inputstats on inputs drawn now (no kernel)."""
+def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool) -> tuple[float, float, str, tuple]:
+    """(f_score, f_p, where from, the drawn (q, k, v) or ()): the built-in table, or measure.inputstats on inputs
+    drawn now (no kernel)."""
     from flashcheck.measure.predict import DEFAULT_STATS
 
     if not draw:
@@ -27,7 +28,7 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
                 f"{', '.join(DEFAULT_STATS)} (or add --draw to measure them on drawn inputs)"
             )
         fs, fp = DEFAULT_STATS[distribution]
-        return fs, fp, "built-in table"
+        return fs, fp, "built-in table", ()
     from flashcheck.core.inputs import InputSpec, make_qkv
     from flashcheck.kernels.memory import Footprint, check_fits
     from flashcheck.measure.inputstats import input_stats
@@ -37,8 +38,23 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
     except ValueError as exc:
         raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
     spec = InputSpec(heads=2, seq_len=lq, seq_len_k=lk, head_dim=d, distribution=distribution, seed=0)
-    st = input_stats(*make_qkv(spec), causal=causal)
-    return st["f_score"], st["f_p"], "inputs drawn now (seed 0, 2 heads)"
+    qkv = make_qkv(spec)
+    st = input_stats(*qkv, causal=causal)
+    return st["f_score"], st["f_p"], "inputs drawn now (seed 0, 2 heads)", qkv
+
+
+def _with_range(setting, qkv: tuple, causal: bool):
+    """(setting, range statistics or None): with drawn inputs and a P cast to a narrow format (fp8, fp4, scaled
+    P) in flash or standard, the range terms' statistics (measure.inputstats.range_stats) on those inputs."""
+    import dataclasses
+
+    from flashcheck.measure.inputstats import narrow_p, range_stats
+
+    if not qkv or setting.kernel not in ("flash", "standard") or not narrow_p(setting.policy):
+        return setting, None
+    rs = range_stats(*qkv, setting.policy, block_k=setting.block_k, order=setting.policy.kv_order or "forward",
+                     causal=causal, kernel=setting.kernel)  # fmt: skip
+    return dataclasses.replace(setting, f_p_range=rs["f_p_range"], f_flush=rs["f_flush"]), rs
 
 
 DEFAULT_BLOCK_K = 128  # Bc of flash and splitkv when --block-k is not given
@@ -127,7 +143,9 @@ def predict(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Predict the kernel's relative L2 error against FP64 of its rounded inputs from the unit roundoff of
-    each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict)."""
+    each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict).
+    Range terms: a narrow P·V accumulator (FP22, fp16; acc_bits) always; with --draw and P in fp8/fp4, the
+    P values that underflow (their lost mass) and the subnormal and exact ones, measured on the drawn inputs."""
     from flashcheck.measure import predict as model
 
     try:
@@ -137,11 +155,12 @@ def predict(
         if splits is not None and kernel != "splitkv":
             raise ValueError(f"--splits {splits} is only for --kernel splitkv (got --kernel {kernel})")
         lk, splits, bk = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
-        fs, fp, source = _stats(distribution, draw, seq_len, lk, head_dim, causal)
+        fs, fp, source, qkv = _stats(distribution, draw, seq_len, lk, head_dim, causal)
         setting = model.setting_for(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=bk,
             splits=splits, f_score=fs, f_p=fp,
         )  # fmt: skip
+        setting, ranged = _with_range(setting, qkv, causal)
     except ValueError as exc:
         _fail_usage(str(exc))
     value = model.predict(setting)
@@ -151,7 +170,8 @@ def predict(
         "numerics": setting.policy.name, "block_k": setting.block_k,
         "block_k_asked": block_k,  # None: --block-k not given
         "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
-        "statistics": source, "contributions": shares, "coefficients": model.COEFFS, "training": model.TRAINING,
+        "statistics": source, "range": ranged, "contributions": shares, "coefficients": model.COEFFS,
+        "training": model.TRAINING,
     }  # fmt: skip
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -184,4 +204,16 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
         f"statistics from the {data['statistics']}: the error's sensitivity to score rounding f_score "
         f"{data['f_score']:.3g} and to P rounding f_p {data['f_p']:.3g} (measure.inputstats)"
     )
+    rs = data["range"]
+    if rs is not None:
+        typer.echo(
+            f"range terms (P cast, on the drawn inputs): {rs['flushed']:.1%} of the P values underflow to 0, "
+            f"{rs['flushed_mass']:.2g} of each row's probability mass; squared relative error of the lost mass "
+            f"{rs['f_flush']:.3g}"
+        )
+    elif setting.kernel in ("flash", "standard") and data["statistics"] == "built-in table":
+        from flashcheck.measure.inputstats import narrow_p
+
+        if narrow_p(setting.policy):
+            typer.echo("P is cast to a narrow format: add --draw to count the P values that underflow (range terms)")
     typer.echo(f"model: {TRAINING}")

@@ -83,3 +83,130 @@ def input_stats(
         "k_mean_norm": float(k.mean(dim=-2).norm(dim=-1).mean()),
         "visible": _visible_mean(q.shape[-2], k.shape[-2], causal, mask),
     }
+
+
+NVFP4_BLOCK, E2M1_MAX = 16, 6.0  # NVFP4: 16-element blocks whose max maps to e2m1's 6 (core.quant)
+
+
+def narrow_p(policy) -> bool:
+    """True when P's format has so few bits or so little range that range_stats describes its cast (fp8, fp6,
+    fp4, or a scaled P): the error model's range terms apply to the flash kernel under this policy."""
+    from flashcheck.core.numerics import Format, info
+
+    return policy.p != Format.FP64 and (info(policy.p).precision < 5 or bool(policy.p_scaling))
+
+
+def _running_max(s: torch.Tensor, block_k: int, order: str) -> torch.Tensor:
+    """The running max each key's P~ = exp(s - m) is taken against in the flash kernel: the max over the key
+    blocks processed up to and including the key's own block (forward: blocks 0..b, reverse: b..last)."""
+    lk = s.shape[-1]
+    nb = -(-lk // block_k)
+    pad = torch.full((*s.shape[:-1], nb * block_k - lk), -torch.inf, dtype=s.dtype)
+    bm = torch.cat([s, pad], -1).unflatten(-1, (nb, block_k)).amax(-1)
+    run = bm.flip(-1).cummax(-1).values.flip(-1) if order == "reverse" else bm.cummax(-1).values
+    return run.repeat_interleave(block_k, -1)[..., :lk]
+
+
+def _p_cast(x: torch.Tensor, policy, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flushed, exact, r) for P~ * p_scale values x [..., Lk] (0 where masked) as the p stage casts them:
+    flushed, the values that round to 0 (below half the smallest subnormal; with p_scaling nvfp4, of their
+    16-key block's scale max/6); exact, each value that lands on the format's top (x = p_scale: P~ = 1, the
+    running max; nvfp4: each key block's max, mapped to 448 x 6 by the row scale); r, the squared ratio of
+    the value's spacing to the spacing an unbounded exponent would give (1 for normal values, 4^k for k
+    binades into the subnormals)."""
+    from flashcheck.core.numerics import info
+
+    fi = info(policy.p)
+    y = x
+    if policy.p_scaling == "nvfp4":
+        lk = x.shape[-1]
+        nb = -(-lk // NVFP4_BLOCK)
+        xp = torch.cat([x, x.new_zeros(*x.shape[:-1], nb * NVFP4_BLOCK - lk)], -1).unflatten(-1, (nb, NVFP4_BLOCK))
+        bmax = xp.amax(-1, keepdim=True).expand_as(xp).flatten(-2)[..., :lk]
+        y = torch.where(bmax > 0, x / bmax.clamp_min(1e-300) * E2M1_MAX, x)
+        nt = -(-lk // block_k)
+        xt = torch.cat([x, x.new_zeros(*x.shape[:-1], nt * block_k - lk)], -1).unflatten(-1, (nt, block_k))
+        tmax = xt.amax(-1, keepdim=True).expand_as(xt).flatten(-2)[..., :lk]
+        exact = (x == tmax) & (x > 0)
+    else:
+        exact = x == policy.p_scale
+    tiny = 2.0 ** (fi.min_exp - fi.precision)  # smallest subnormal
+    flushed = (y < tiny / 2) & (x > 0)
+    e = torch.frexp(y.clamp_min(tiny / 4)).exponent.to(y.dtype)  # the kept values: y >= tiny / 2
+    r = torch.pow(4.0, (fi.min_exp - e).clamp_min(0))
+    return flushed, exact, r
+
+
+def range_stats(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    policy,
+    *,
+    block_k: int,
+    order: str = "forward",
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    kernel: str = "flash",
+) -> dict[str, float]:
+    """What a kernel's cast of P to a narrow format does on these inputs (the error model's range terms;
+    sampled rows as input_stats), from the scores alone, no kernel run. flash: each key's P~ = exp(s - m)
+    against the running max m of the key blocks processed so far (block_k, order forward or reverse), times
+    p_scale, as the p format rounds it (_p_cast); the output divides by the l of the unrounded P~, so a
+    rounding of P~_j moves o by its share of p_j v_j, and a flushed key loses p_j v_j. standard: two casts,
+    e = exp(s - row max) (renormalised by the sum of the rounded e: a rounding moves o by p_j (v_j - o), a
+    flushed key's mass is redistributed) and the normalised P (not renormalised: p_j v_j, as flash). Returns
+    f_p_range: sum over each cast's kept, inexact keys of p^2 |v (- o)|^2 r / sum |o|^2 (r: _p_cast; > 1 for
+      subnormal values), the P-rounding sensitivity that replaces f_p (both casts of standard in one);
+    f_flush: sum over rows of |the output error of the flushed keys|^2 / sum |o|^2, the squared relative
+      error of the probability mass lost to underflow (a deterministic error, not a variance);
+    flushed: the flushed share of the visible keys; flushed_mass: their mean probability mass per row."""
+    if kernel not in ("flash", "standard"):
+        raise ValueError(f"kernel={kernel!r}; range_stats covers flash and standard")
+    k, v = expand_kv_heads(q, k, v)
+    h = min(HEADS, q.shape[1])
+    qs, ks, vs = (t[:, :h].to(torch.float64) for t in (q, k, v))
+    lq, lk, d = qs.shape[-2], ks.shape[-2], qs.shape[-1]
+    keep = flush = den = nflushed = nvis = mass = 0.0
+    rows = 0
+    v2 = vs.square().sum(-1).unsqueeze(-2)  # [B, h, 1, Lk]
+    for r0, r1 in _slices(lq):
+        s = qs[..., r0:r1, :] @ ks.transpose(-1, -2) * d**-0.5
+        bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=s.dtype)
+        if bias is not None:
+            s = s + bias
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        o = p @ vs
+        m = _running_max(s, block_k if kernel == "flash" else lk, order)
+        x = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m))).nan_to_num(0.0)
+        x = x * (policy.p_scale if kernel == "flash" else 1.0)
+        fl, ex, r = _p_cast(x, policy, block_k)
+        kept = (x > 0) & ~fl & ~ex
+        if kernel == "flash":
+            keep += float((p.square() * v2 * r * kept).sum())
+            lost = (p * fl) @ vs
+            gone = fl
+        else:
+            dv2 = (v2 - 2 * o @ vs.transpose(-1, -2) + o.square().sum(-1, keepdim=True)).clamp_min(0)
+            keep += float((p.square() * dv2 * r * kept).sum())
+            m1 = (p * fl).sum(-1, keepdim=True)
+            lost = ((p * fl) @ vs - m1 * o) / (1 - m1).clamp_min(1e-300)
+            p2 = torch.where(fl, torch.zeros_like(p), p / (1 - m1).clamp_min(1e-300))  # P after the first cast
+            fl2, _, r2 = _p_cast(p2, policy, block_k)
+            kept2 = (p2 > 0) & ~fl2
+            keep += float((p2.square() * v2 * r2 * kept2).sum())
+            lost = lost + (p2 * fl2) @ vs
+            gone = fl | fl2
+        flush += float(lost.square().sum())
+        den += float(o.square().sum())
+        nflushed += float(gone.sum())
+        nvis += float((x > 0).sum())
+        mass += float((p * gone).sum())
+        rows += int((p.sum(-1) > 0).sum())
+    den = max(den, 1e-300)
+    return {
+        "f_p_range": keep / den,
+        "f_flush": flush / den,
+        "flushed": nflushed / max(nvis, 1.0),
+        "flushed_mass": mass / max(rows, 1),
+    }

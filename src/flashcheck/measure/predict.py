@@ -23,6 +23,16 @@ dtype before P·V in key blocks of 512, and rounds the output; eager PyTorch rou
 roundings of relative size u have variance u^2/3, so the derivation predicts c_s near 1/3; the coefficients
 below are fitted (non-negative least squares on relative residuals) on the training set named in TRAINING,
 and every report shows prediction / measured on other cases.
+
+Range terms (derived, coefficient 1, not fitted), for what leaves the formats' normal range or their
+accumulators' width: P cast to fp8/fp4 (inputstats.narrow_p; flash and standard) replaces f_p by f_p_range
+(inputstats.range_stats: from the scores alone, each P~ = exp(s - m) against the running max of the key
+blocks in the kernel's order, times p_scale; the values that land on the format's top, P~ = 1 at the running
+max or an NVFP4 tile's max, are exact; subnormal values weigh 4 per binade below the normal range) and adds
+`flush`, the squared relative error of the probability mass that underflows (P~ S below half the smallest
+subnormal: the collapsed fraction of arXiv 2606.06521, Phi(Delta + delta_k - 6.93 - ln S) with a sink, in
+forward KV order); `acc_trunc` is the narrow P·V accumulator's (accumulator_term: FP22 truncation, fp16 round
+to nearest, the adds between promotions).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from dataclasses import dataclass
 from flashcheck.core.numerics import Format, Policy, info, parse_format, parse_policy
 
 TERMS = ("output", "score", "p", "accum", "accum_bias", "merge", "matmul")
+DERIVED = ("flush", "acc_trunc")  # range terms with their constants derived, not fitted (coefficient 1)
 KERNELS = ("flash", "standard", "splitkv")
 BACKENDS = ("sdpa-math", "sdpa-math-lowp", "sdpa-flash", "eager")  # CPU kernels with an equivalent setting
 # Fitted by fit_coefficients (study.errormodel.refit) on TRAINING; 1/3 for `merge`, which no quick case can
@@ -83,6 +94,8 @@ class Setting:
     f_p: float = 1.0
     score_roundings: int = 0
     p_roundings: int = 0
+    f_p_range: float | None = None
+    f_flush: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -95,7 +108,7 @@ class Setting:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an integer >= 0 (0: the kernel's own count)")
-        for name in ("f_score", "f_p"):
+        for name in ("f_score", "f_p", "f_flush", *(("f_p_range",) if self.f_p_range is not None else ())):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}={v!r} must be a finite number >= 0")
@@ -136,30 +149,65 @@ def features(s: Setting) -> dict[str, float]:
     n = tiles(s)
     k = s.visible if s.kernel == "standard" else min(s.block_k, s.visible)
     p_count = s.p_roundings or (2 if s.kernel == "standard" else 1)
+    ranged = s.f_p_range is not None and s.kernel in ("flash", "standard")  # f_p_range counts every cast
     return {
         "output": u2("output"),
         "score": u2("score") * s.f_score * (s.score_roundings or 1),
-        "p": u2("p") * s.f_p * p_count,
+        "p": u2("p") * (s.f_p_range if ranged else s.f_p * p_count),
         "accum": (u2("accum") + u2("stats")) * n,
         "accum_bias": u2("accum") * n * n,
         "merge": u2("merge") * (s.splits + 1) if s.kernel == "splitkv" else 0.0,
         "matmul": u2("matmul") * (s.head_dim * s.f_score + k * s.f_p),
+        "flush": s.f_flush if ranged else 0.0,
+        "acc_trunc": accumulator_term(s),
     }
+
+
+MMA_K = 32  # keys one MMA instruction sums before its result is added to the accumulator (kernels.fastmath)
+
+
+def accumulator_term(s: Setting) -> float:
+    """The squared relative error a narrow P·V accumulator (policy acc_bits, acc_promote, acc_nearest; the
+    flash kernel) adds. Each of the k adds between promotions rounds the running sum S_i to acc_bits bits:
+    relative to S_i, truncation (FP22) loses u * U / m (u = 2^-acc_bits, U uniform [0, 1), m the
+    significand, log-uniform on [1, 2)): mean mu = 1 / (4 ln 2), second moment 1 / (8 ln 2); round to
+    nearest (fp16) has mean 0 and second moment 1 / (32 ln 2). With the partial sums a random walk (S_i of
+    variance i/k of the block's sum S_k), the truncation means add up coherently, sum_i S_i of variance
+    (k+1)(2k+1)/6 |S_k|^2, the fluctuations in quadrature, sum_i |S_i|^2 = (k+1)/2 |S_k|^2:
+        rel^2 = u^2 [mu^2 (k+1)(2k+1)/6 + sigma^2 (k+1)/2],
+    the same for every promoted block (each block's error relative to its own sum, blocks independent).
+    k = acc_promote / MMA_K, or every add of the row (visible / MMA_K) when the MMA accumulates into O."""
+    pol = s.policy
+    if not pol.acc_bits or pol.accum == Format.FP64 or s.kernel != "flash":
+        return 0.0
+    u2 = 4.0**-pol.acc_bits
+    if pol.acc_promote:
+        k = math.ceil(pol.acc_promote / MMA_K)
+    else:
+        k = tiles(s) * math.ceil(min(s.block_k, s.visible) / MMA_K)
+    ln2 = math.log(2.0)
+    if pol.acc_nearest:
+        mu2, var = 0.0, 1 / (32 * ln2)
+    else:
+        mu2 = (1 / (4 * ln2)) ** 2
+        var = 1 / (8 * ln2) - mu2
+    return u2 * (mu2 * (k + 1) * (2 * k + 1) / 6 + var * (k + 1) / 2)
 
 
 def predict(s: Setting, coeffs: dict[str, float] | None = None) -> float:
     """The predicted relative L2 error of the kernel's output (against FP64 of its rounded inputs)."""
     c = COEFFS if coeffs is None else coeffs
     f = features(s)
-    return math.sqrt(sum(c[t] * f[t] for t in TERMS))
+    return math.sqrt(sum(c[t] * f[t] for t in TERMS) + sum(f[t] for t in DERIVED))
 
 
 def contributions(s: Setting, coeffs: dict[str, float] | None = None) -> dict[str, float]:
     """Each stage's share of the predicted squared error (sums to 1)."""
     c = COEFFS if coeffs is None else coeffs
     f = features(s)
-    total = sum(c[t] * f[t] for t in TERMS) or 1.0
-    return {t: c[t] * f[t] / total for t in TERMS}
+    part = {t: c[t] * f[t] for t in TERMS} | {t: f[t] for t in DERIVED}
+    total = sum(part.values()) or 1.0
+    return {t: x / total for t, x in part.items()}
 
 
 def fit_coefficients(settings: Sequence[Setting], measured: Sequence[float]) -> dict[str, float]:
@@ -174,7 +222,9 @@ def fit_coefficients(settings: Sequence[Setting], measured: Sequence[float]) -> 
     # from these cases: it keeps the derivation's 1/3 instead of soaking up noise
     used = [t for t in TERMS if any(f[t] > 1e-3 * m**2 for f, m in rows)]
     a = [[f[t] / m**2 for t in used] for f, m in rows]
-    x, _ = nnls(_matrix(a), _vector([1.0] * len(a)))
+    # the derived range terms are known: the fitted terms explain what they leave
+    b = [1.0 - sum(f[t] for t in DERIVED) / m**2 for f, m in rows]
+    x, _ = nnls(_matrix(a), _vector(b))
     return {t: (float(x[used.index(t)]) if t in used else 1.0 / 3.0) for t in TERMS}
 
 

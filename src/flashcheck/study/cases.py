@@ -18,7 +18,7 @@ from flashcheck.core.inputs import InputSpec, is_captured, sink_delta
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
 from flashcheck.measure import Case as MeasureCase
-from flashcheck.measure.inputstats import input_stats
+from flashcheck.measure.inputstats import input_stats, narrow_p, range_stats
 from flashcheck.study.config import StudyConfig, Sweep
 
 STATUSES = ("ok", "skipped", "failed")
@@ -260,9 +260,27 @@ def _evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], devic
         for name, g in (rec.grad or {}).items():  # backward cases: dq_rel_l2, dk_max_abs, ...
             errs |= {f"{name}_{k}": v for k, v in g["candidate"].items()}
             errs_r |= {f"{name}_{k}": v for k, v in g.get("candidate_rounded", {}).items()}
-        fields = (rec.status, errs, errs_r, rec.seconds, rec.reason, env, rec.dead_rows, stats)
+        st = stats | case_range_stats(c, refs)
+        fields = (rec.status, errs, errs_r, rec.seconds, rec.reason, env, rec.dead_rows, st)
         emit(CaseRecord(c.case_id, c, *fields))
     return refs.computed
+
+
+def case_range_stats(c: Case, refs: References) -> dict[str, float]:
+    """measure.inputstats.range_stats for a flash or standard case whose P is cast to a narrow format (fp8, fp4,
+    scaled P): the error model's range terms at the case's key block and KV order; {} for every other case."""
+    if c.kernel not in ("flash", "standard") or c.backward:
+        return {}
+    try:
+        m = parse_method(c.method, block_q=c.block_q, block_k=c.block_k, algorithm=c.algorithm)
+    except ValueError:
+        return {}
+    pol = m.policy
+    if pol is None or not narrow_p(pol):
+        return {}
+    order = pol.kv_order or "forward"
+    return range_stats(refs.q, refs.k, refs.v, pol, block_k=m.block_k or 128, order=order, causal=refs.causal,
+                       mask=refs.mask, kernel=c.kernel)  # fmt: skip
 
 
 def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | None:

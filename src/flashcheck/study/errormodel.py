@@ -40,6 +40,7 @@ def setting_of(rec: CaseRecord) -> Setting | None:
         splits=c.splits or 4,
         f_score=st["f_score"],
         f_p=st["f_p"],
+        **({"f_p_range": st["f_p_range"], "f_flush": st["f_flush"]} if "f_p_range" in st else {}),
     )
 
 
