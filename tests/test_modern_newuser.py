@@ -101,7 +101,8 @@ def test_the_answer_opens_with_the_modern_questions_and_not_measured_rows_come_l
     br = found[0]
     assert br["status"] == "not measured" and br["measured"].startswith("not measured by this sweep")
     said = _answer(found, pts, None)
-    assert said[0].startswith("FA4's bf16 kernel is as accurate") and not any("did not measure" in s for s in said)
+    assert said[0].startswith("In short: FA4's bf16 kernel is as stable as FA2")
+    assert said[1].startswith("FA4's bf16 kernel is as accurate") and not any("did not measure" in s for s in said)
     assert any(s.startswith("Against FA3's FP8 path") for s in said) and any("attention sink" in s for s in said)
     _, rows = verdict_rows(found)
     assert rows and "not measured" not in [r[-1] for r in rows]  # those are one line at the end (not_asked)

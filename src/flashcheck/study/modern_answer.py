@@ -238,4 +238,34 @@ def modern_answer(found: list[dict]) -> list[str]:
     by = {f["id"]: f for f in found if f["id"].startswith("modern_")}
     if not any(f.get("status") != "not measured" for f in by.values()):
         return []
-    return [s for s in (_fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
+    return [s for s in (_in_short(by), _fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
+
+
+def _in_short(by: dict) -> str | None:
+    """One line over the kernels first: FA4 bf16 against FA2, then every FP8/FP4/quantized kernel grouped by its
+    verdict against FA3's FP8 path (more / less / no measurable difference); the sentences after give the numbers."""
+    parts = []
+    f = _measured(by, "modern_fa4_bf16")
+    if f is not None:
+        fa4 = {"holds": "is as stable as FA2", "does not hold": "is less stable than FA2"}
+        parts.append(f"FA4's bf16 kernel {fa4.get(f['status'], 'against FA2 is not settled')}")
+    groups: dict[str, list[tuple[str, float]]] = {"holds": [], "inconclusive": [], "does not hold": []}
+    for m in (*LOWP[:3], *SAGE):
+        name = m.split(":", 1)[1]
+        g = _measured(by, f"modern_{name}_vs_fa3_fp8")
+        if g is not None and g["status"] in groups:
+            groups[g["status"]].append((name, g["estimate"]))
+    words = {
+        "holds": "deviate{s} less than FA3's FP8 path",
+        "inconclusive": "show{s} no measurable difference from FA3's FP8 path",
+        "does not hold": "deviate{s} more than FA3's FP8 path ({span})",
+    }
+    for status, rows in groups.items():
+        if rows:
+            ests = sorted(e for _, e in rows)
+            span = f"{ests[0]:.2g}x" if len(ests) == 1 else f"{ests[0]:.2g}-{ests[-1]:.2g}x"
+            verb = words[status].format(s="s" if len(rows) == 1 else "", span=span)
+            parts.append(f"{_join([n for n, _ in rows])} {verb}")
+    if not parts:
+        return None
+    return "In short: " + "; ".join(parts) + ". In detail, with 95% intervals:"
