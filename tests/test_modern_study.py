@@ -35,7 +35,9 @@ def _pt(method: str, values: list[float], dist: str = "normal") -> Point:
 def test_modern_preset_sweeps_and_where_it_runs():
     cfg = preset("modern")
     assert [sw.question for sw in cfg.sweeps] == list(QUESTIONS)
-    assert not any(sw.question.startswith("modern") for sw in preset("quick").sweeps)  # quick unchanged
+    quick = {sw.question: sw for sw in preset("quick").sweeps if sw.question.startswith("modern")}  # a small part
+    assert set(quick) == {"modern_fa4", "modern_lowp"} and quick["modern_lowp"].seq_lens == (1024,)
+    assert "flash:fa3-fp8" in quick["modern_lowp"].methods and len(quick["modern_lowp"].methods) == 3
     assert {sw.question for sw in preset("full").sweeps} >= {"modern_fa4", "modern_sink"}
     tiny = StudyConfig(name="t", sweeps=tuple(modern_sweeps((64,), (0,), 1, captured=False)))
     check_sweeps_can_run(tiny)  # every method runs (the kernel presets as study methods)

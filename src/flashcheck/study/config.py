@@ -570,9 +570,23 @@ def quick() -> StudyConfig:
             _fa3_sweep((1024, 2048), (64, 128), 2, (0, 1, 2)),
             *dims_sweeps(small=True),
             _guide_sweep((256, 512, 1024, 2048), 2, (0, 1, 2)),
+            *_quick_modern(),
         ),
         guide=GUIDE_SETTINGS["quick"],
     )
+
+
+def _quick_modern() -> list[Sweep]:
+    """quick's small part of the modern study (study.modern), at L=1024 and 3 seeds, after the classic questions
+    (which keep their numbers): FA4 bf16 against FA2 (and its two knobs alone), and FA4's FP8 and FP4 paths
+    against FA3's FP8 path on Gaussian and outlier inputs (some 40 cases, seconds on 2 cores)."""
+    out = []
+    for sw in modern_sweeps((1024,), (0, 1, 2), 2, captured=False):
+        if sw.question == "modern_fa4":
+            out.append(sw)
+        elif sw.question == "modern_lowp":
+            out.append(dataclasses.replace(sw, methods=("flash:fa4-fp8", "flash:fa4-fp4", FA3_FP8)))
+    return out
 
 
 # The modern study's sweeps (FA4, FP8/FP4, SageAttention, P-cast with a sink; findings in study.modern).
@@ -651,7 +665,7 @@ def full() -> StudyConfig:
 
 def _modern_part() -> list[Sweep]:
     """full's small part of the modern study (study.modern): FA4 vs FA2 and the sink question at 1k and 4k, five
-    seeds. Not in quick, whose numbers and time budget stay as they are."""
+    seeds (quick has a smaller part: _quick_modern)."""
     return [
         sw for sw in modern_sweeps((1024, 4096), (0, 1, 2, 3, 4), 2) if sw.question in ("modern_fa4", "modern_sink")
     ]

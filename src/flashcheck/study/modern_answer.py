@@ -231,13 +231,17 @@ def _sink(by: dict) -> str | None:
     return " ".join(text) or None
 
 
-def modern_answer(found: list[dict]) -> list[str]:
+def modern_answer(found: list[dict], *, brief: bool = False) -> list[str]:
     """The Answer's sentences for the modern questions, in words first, numbers with intervals after: FA4 bf16
     vs FA2, FP8/FP4 vs FA3's FP8 path and the stage that causes it, Sage (with the published figure), the FP22
     accumulator, the sink fixes and the closed form; [] when the study measured none of them."""
     by = {f["id"]: f for f in found if f["id"].startswith("modern_")}
     if not any(f.get("status") != "not measured" for f in by.values()):
         return []
+    if brief:  # one line after a classic study's answer (quick): the verdict rows and the conclusion have the rest
+        line = _in_short(by)
+        tail = " (the modern rows below give the intervals)"
+        return [line.replace(" In detail, with 95% intervals:", tail)] if line else []
     return [s for s in (_in_short(by), _fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
 
 

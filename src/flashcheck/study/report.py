@@ -129,8 +129,10 @@ def build_report(folder: str | Path) -> dict:
     headline = draw_headline(pts.get("seq_len", []), folder / "figures" / "headline.png")
     if headline is not None:
         figures = {"headline": headline} | figures
-    first = modern_sentences(found)  # the modern questions open the conclusion when the study measured them
-    if first:
+    first = modern_sentences(found)  # the modern questions open the conclusion of a modern study
+    if first and pts.get("seq_len"):  # a study of the classic questions too (quick, full): those first
+        said = said + first
+    elif first:
         said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {
         "study": config.name,
@@ -156,12 +158,13 @@ def build_report(folder: str | Path) -> dict:
 
 
 def _answer(found: list[dict], pts: dict[str, list[Point]], config: StudyConfig | None) -> list[str]:
-    """The modern questions' answer first when the study measured them; the seq_len answer after it, unless
-    it only says that the seq_len question was not measured."""
-    first, rest = modern_answer(found), answer(found, pts.get("seq_len", []), config)
-    if first and not pts.get("seq_len"):
-        return first
-    return first + rest
+    """The seq_len answer ("is Flash Attention stable?" for real kernels and the paper's policy) first, then one
+    line over the modern kernels when the study measured them too (quick, full); a study of the modern questions
+    alone opens with their whole answer (not with a sentence saying the seq_len question was not measured)."""
+    rest = answer(found, pts.get("seq_len", []), config)
+    if not pts.get("seq_len"):
+        return modern_answer(found) or rest
+    return rest + modern_answer(found, brief=True)  # one line: the modern rows and the conclusion have the rest
 
 
 def _guide(folder: Path, config: StudyConfig, records: dict[str, CaseRecord]) -> tuple[dict, list]:
