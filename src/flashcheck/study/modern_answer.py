@@ -240,8 +240,8 @@ def modern_answer(found: list[dict], *, brief: bool = False) -> list[str]:
         return []
     if brief:  # one line after a classic study's answer (quick): the verdict rows and the conclusion have the rest
         line = _in_short(by)
-        tail = " (the modern rows below give the intervals)"
-        return [line.replace(" In detail, with 95% intervals:", tail)] if line else []
+        tail = "; the modern verdict rows below give the intervals."
+        return [line.replace(". In detail, with 95% intervals:", tail)] if line else []
     return [s for s in (_in_short(by), _fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
 
 
