@@ -241,7 +241,10 @@ def modern_answer(found: list[dict], *, brief: bool = False) -> list[str]:
     if brief:  # one line after a classic study's answer (quick): the verdict rows and the conclusion have the rest
         line = _in_short(by)
         tail = "; the modern verdict rows below give the intervals."
-        return [line.replace(". In detail, with 95% intervals:", tail)] if line else []
+        head = "The 2026 kernels (a small part here; `flashcheck study --preset modern` measures them all): "
+        if not line:
+            return []
+        return [head + line.removeprefix("In short: ").replace(". In detail, with 95% intervals:", tail)]
     return [s for s in (_in_short(by), _fa4(by), _lowp(by), _sage(by), _fp22(by), _sink(by)) if s]
 
 
