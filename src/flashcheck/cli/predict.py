@@ -163,20 +163,26 @@ def predict(
         setting, ranged = _with_range(setting, qkv, causal)
     except ValueError as exc:
         _fail_usage(str(exc))
-    value = model.predict(setting)
-    shares = model.contributions(setting)
-    data = {
-        "predicted_rel_l2": value, "kernel": kernel, "equivalent_kernel": setting.kernel,
-        "numerics": setting.policy.name, "block_k": setting.block_k,
-        "block_k_asked": block_k,  # None: --block-k not given
-        "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
-        "statistics": source, "range": ranged, "contributions": shares, "coefficients": model.COEFFS,
-        "training": model.TRAINING,
-    }  # fmt: skip
+    data = _prediction(setting, kernel, block_k, (seq_len, lk), (fs, fp, source, ranged))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     _print_human(kernel, setting.policy.name if preset else numerics, setting, data, head_dim)
+
+
+def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, int], stats: tuple) -> dict:
+    """predict's result: the predicted rel-L2, each stage's share, the setting and the model it came from."""
+    from flashcheck.measure import predict as model
+
+    (seq_len, lk), (fs, fp, source, ranged) = lengths, stats
+    return {
+        "predicted_rel_l2": model.predict(setting), "kernel": kernel, "equivalent_kernel": setting.kernel,
+        "numerics": setting.policy.name, "block_k": setting.block_k,
+        "block_k_asked": block_k,  # None: --block-k not given
+        "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
+        "statistics": source, "range": ranged, "contributions": model.contributions(setting),
+        "coefficients": model.COEFFS, "training": model.TRAINING,
+    }  # fmt: skip
 
 
 def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int) -> None:

@@ -110,10 +110,8 @@ def explain(
 ) -> None:
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64; for
     FP8/FP4 and quantized policies also each sub-stage (Q/K or V quantisation, an MMA accumulator, ...)."""
-    from flashcheck.core.fileio import atomic_target, write_atomic
     from flashcheck.core.inputs import InputSpec
     from flashcheck.measure.attribution import attribute, steps
-    from flashcheck.reporting.attribution import draw_attribution
 
     try:
         _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric})
@@ -132,6 +130,14 @@ def explain(
     except OSError as exc:
         _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
     data = {**attr.to_dict(), "config": {"kernel": kernel.value, **kern, "preset": preset, **dataclasses.asdict(spec)}}
+    _write_explain(folder, attr, data, metric, as_json)
+
+
+def _write_explain(folder, attr, data: dict, metric: str, as_json: bool) -> None:
+    """explain's summary.json and figure (atomic; no figure without matplotlib), then the table or the JSON."""
+    from flashcheck.core.fileio import atomic_target, write_atomic
+    from flashcheck.reporting.attribution import draw_attribution
+
     write_atomic(folder / "summary.json", json.dumps(data, indent=2))
     figure = "; no figure (pip install 'flashcheck[plots]')"
     with contextlib.suppress(ImportError), atomic_target(folder / "figures" / "explain.png") as png:

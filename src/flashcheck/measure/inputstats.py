@@ -180,23 +180,9 @@ def range_stats(
         m = _running_max(s, block_k if kernel == "flash" else lk, order)
         x = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m))).nan_to_num(0.0)
         x = x * (policy.p_scale if kernel == "flash" else 1.0)
-        fl, ex, r = _p_cast(x, policy, block_k)
-        kept = (x > 0) & ~fl & ~ex
-        if kernel == "flash":
-            keep += float((p.square() * v2 * r * kept).sum())
-            lost = (p * fl) @ vs
-            gone = fl
-        else:
-            dv2 = (v2 - 2 * o @ vs.transpose(-1, -2) + o.square().sum(-1, keepdim=True)).clamp_min(0)
-            keep += float((p.square() * dv2 * r * kept).sum())
-            m1 = (p * fl).sum(-1, keepdim=True)
-            lost = ((p * fl) @ vs - m1 * o) / (1 - m1).clamp_min(1e-300)
-            p2 = torch.where(fl, torch.zeros_like(p), p / (1 - m1).clamp_min(1e-300))  # P after the first cast
-            fl2, _, r2 = _p_cast(p2, policy, block_k)
-            kept2 = (p2 > 0) & ~fl2
-            keep += float((p2.square() * v2 * r2 * kept2).sum())
-            lost = lost + (p2 * fl2) @ vs
-            gone = fl | fl2
+        cast = _flash_terms if kernel == "flash" else _standard_terms
+        k_add, lost, gone = cast(x, p, o, vs, v2, policy, block_k)
+        keep += k_add
         flush += float(lost.square().sum())
         den += float(o.square().sum())
         nflushed += float(gone.sum())
@@ -210,3 +196,26 @@ def range_stats(
         "flushed": nflushed / max(nvis, 1.0),
         "flushed_mass": mass / max(rows, 1),
     }
+
+
+def _flash_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """range_stats' terms of flash's one cast of P~ = x: (the kept, inexact keys' sensitivity sum, the output
+    error of the flushed keys [.., rows, D], the flushed keys [.., rows, Lk])."""
+    fl, ex, r = _p_cast(x, policy, block_k)
+    kept = (x > 0) & ~fl & ~ex
+    return float((p.square() * v2 * r * kept).sum()), (p * fl) @ vs, fl
+
+
+def _standard_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """range_stats' terms of standard's two casts: e = exp(s - row max), renormalised by the rounded sum (a
+    rounding moves o by p_j (v_j - o), a flushed key's mass is redistributed), then the normalised P."""
+    fl, ex, r = _p_cast(x, policy, block_k)
+    kept = (x > 0) & ~fl & ~ex
+    dv2 = (v2 - 2 * o @ vs.transpose(-1, -2) + o.square().sum(-1, keepdim=True)).clamp_min(0)
+    keep = float((p.square() * dv2 * r * kept).sum())
+    m1 = (p * fl).sum(-1, keepdim=True)
+    lost = ((p * fl) @ vs - m1 * o) / (1 - m1).clamp_min(1e-300)
+    p2 = torch.where(fl, torch.zeros_like(p), p / (1 - m1).clamp_min(1e-300))  # P after the first cast
+    fl2, _, r2 = _p_cast(p2, policy, block_k)
+    keep += float((p2.square() * v2 * r2 * ((p2 > 0) & ~fl2)).sum())
+    return keep, lost + (p2 * fl2) @ vs, fl | fl2

@@ -11,6 +11,7 @@ from flashcheck.core.inputs import DISTRIBUTIONS, known_distribution, parse_padd
 from flashcheck.core.numerics import parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS as KERNELS
 from flashcheck.kernels.flash import ALGORITHMS
+from flashcheck.measure.collapse import P_CAST
 
 
 def real_backends() -> list[str]:
@@ -595,7 +596,7 @@ FA4_EMU, FA4_THR = "flash:bf16-mixed,exp2_emu=10", "flash:bf16-mixed,rescale_thr
 FA3_FP8, FP22 = "flash:fa3-fp8", "flash:fa3-fp8-fp22"
 LOWP = ("flash:fa4-fp8", "flash:fa4-fp4", "flash:sage3-fp4", FA3_FP8, FP22, FA2)
 SAGE = ("flash:sage1", "flash:sage2", "flash:sage2pp", "flash:sage2-4b")
-P_FP8 = "flash:input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
+P_FP8 = f"flash:{P_CAST}"
 SINK_SCORES = (4.0, 5.0, 6.0, 7.0, 8.0)  # the sink's score: weak to strong around 2606.06521's threshold 6.93
 SINK_METHODS = (P_FP8, P_FP8 + ",kv_order=reverse", P_FP8 + ",p_scale=256", P_FP8 + ",kv_order=reverse,p_scale=256")
 STAGE_PRESETS = {"modern_stages": ("fa4-fp8", "fa4-fp4", "sage3-fp4", "fa3-fp8-fp22"),

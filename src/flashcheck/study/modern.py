@@ -137,28 +137,6 @@ def closed_form(delta: float, p_scale: float = 1.0, delta_k: float = 0.0) -> flo
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
-def collapse_fraction(q, k, v, *, block_k: int = 128, p_scale: float = 1.0, order: str = "forward") -> float:
-    """The fraction of non-sink P values (below the running max's 1) that the e4m3 cast flushes to zero in the
-    P-cast kernel (P_FP8: only P in e4m3) with this key order and static scale. q [B, H, Lq, D], k, v [B, H, Lk, D]."""
-    import threading
-
-    from flashcheck.core.numerics import parse_policy
-    from flashcheck.kernels import flash_attention
-
-    pol = parse_policy(P_FP8.partition(":")[2])
-    pol = pol.replace(p_scale=p_scale) if p_scale != 1.0 else pol
-    counts, lock = [0, 0], threading.Lock()
-
-    def probe(p, pc):
-        nonsink = (p < 1.0) & (p > 0)
-        with lock:
-            counts[0] += int((nonsink & (pc == 0)).sum())
-            counts[1] += int(nonsink.sum())
-
-    flash_attention(q, k, v, policy=pol, block_k=block_k, key_order=order, p_probe=probe)
-    return counts[0] / max(counts[1], 1)
-
-
 def _sink_strength(delta: float) -> tuple[float, str]:
     phi = closed_form(delta)
     kind = "moderate" if MODERATE[0] <= phi <= MODERATE[1] else "weak" if phi < MODERATE[0] else "strong"
