@@ -205,3 +205,17 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         _SESSION = _switches()  # what every test of this worker starts from
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """--dist loadgroup, as pytest-xdist meant it: xdist 3.8 marks a grouped test by writing "nodeid@group" to
+    Item._nodeid, but pytest 9 reads Item.nodeid from Item._id, so every xdist_group was ignored (a module
+    fixture shared by a group was computed again in each worker that drew one of its tests). Runs in each
+    worker after xdist's hook; a no-op where nodeid already carries the suffix (pytest < 9) or outside xdist."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        suffixed = item.__dict__.get("_nodeid")
+        if isinstance(suffixed, str) and suffixed != item.nodeid and hasattr(type(item._id), "parse"):
+            item._id = type(item._id).parse(suffixed)  # Node._id is a slot: the parsed id keeps this string

@@ -162,6 +162,7 @@ def small_study(tmp_path_factory):
     return folder / "s", res
 
 
+@pytest.mark.xdist_group("cli_human_small_study")  # one worker computes the module fixture small_study once
 def test_every_file_explain_and_study_write_is_0644(tmp_path, umask022, small_study):
     human(["explain", *SMALL, "--out", str(tmp_path)])
     files = [p for folder in (tmp_path, small_study[0]) for p in folder.rglob("*") if p.is_file()]
@@ -376,6 +377,7 @@ def test_compare_backends_human_with_progress():
     assert quiet.exit_code == res.exit_code and quiet.stderr == "" and len(json.loads(quiet.output)["backends"]) == 4
 
 
+@pytest.mark.xdist_group("cli_human_small_study")  # one worker computes the module fixture small_study once
 def test_study_and_report_human(small_study):
     out, res = small_study
     one_line(res.output, "4 cases computed, 0 reused from the store")

@@ -136,14 +136,15 @@ def _key(c: dict) -> str:
 
 
 @pytest.mark.slow
-def test_study_tiny_golden(tmp_path) -> None:
+def test_study_tiny_golden(tiny_study_run) -> None:
     """Every simulator case of the tiny study has the same errors; findings the same, but the backends
-    question's (its baseline changed to eager PyTorch in the dtype)."""
-    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(tmp_path / "s"), "--workers", "1"])
-    assert res.exit_code == 0, res.output
+    question's (its baseline changed to eager PyTorch in the dtype). The study is the session's
+    (conftest.tiny_study_run: `study --preset tiny --workers 2`; records do not depend on the worker count)."""
+    assert tiny_study_run.exit_code == 0, tiny_study_run.output
+    folder = tiny_study_run.folder
     golden = json.loads((GOLDEN / "study_tiny_records.json").read_text())
     new = {}
-    for line in (tmp_path / "s" / "records.jsonl").read_text().splitlines():
+    for line in (folder / "records.jsonl").read_text().splitlines():
         r = json.loads(line)
         new[_key(r["case"])] = r
     for key, old in golden.items():
@@ -159,7 +160,7 @@ def test_study_tiny_golden(tmp_path) -> None:
             key,
             **_tolerance(key.split(":")[1].split(" ")[0]),
         )
-    findings = {f["id"]: f for f in json.loads((tmp_path / "s" / "summary.json").read_text())["findings"]}
+    findings = {f["id"]: f for f in json.loads((folder / "summary.json").read_text())["findings"]}
     for f in json.loads((GOLDEN / "study_tiny_findings.json").read_text()):
         if f["id"].startswith("backend"):
             continue

@@ -678,6 +678,7 @@ def _load(transformers, path, impl, dtype=torch.float32):
     return transformers.AutoModel.from_pretrained(path, attn_implementation=impl, dtype=dtype).eval()
 
 
+@pytest.mark.xdist_group("guard_minilm")  # one worker computes the module fixture minilm once
 def test_minilm_fp32_embeddings_equal_sdpa(minilm):
     transformers, path, batch = minilm
     guard = register_transformers(shadow=ShadowConfig(every=1, max_overhead=None))
@@ -692,6 +693,7 @@ def test_minilm_fp32_embeddings_equal_sdpa(minilm):
     assert s.shadow.checks == 12 and s.shadow.failed == 0
 
 
+@pytest.mark.xdist_group("guard_minilm")  # one worker computes the module fixture minilm once
 def test_minilm_bf16_embeddings_within_the_bf16_budget(minilm):
     """Error of the guarded bf16 embeddings vs an fp64 eager run <= 2 x that of eager bf16 + the bf16 floor."""
     transformers, path, batch = minilm
@@ -706,6 +708,7 @@ def test_minilm_bf16_embeddings_within_the_bf16_budget(minilm):
     assert torch.nn.functional.cosine_similarity(guarded.double(), ref, dim=-1).min() > 0.999
 
 
+@pytest.mark.xdist_group("guard_minilm")  # one worker computes the module fixture minilm once
 def test_readme_guard_example_runs(minilm, caplog):
     """The README's service example, as written (its PrometheusExporter in a fresh registry, every call checked)."""
     import re

@@ -281,6 +281,7 @@ def small_study(tmp_path_factory) -> dict:
     return ResultStore(out).load()
 
 
+@pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
 def test_share_within_2x_on_a_real_study_is_recounted_independently(small_study):
     from flashcheck.measure.predict import setting_for
     from flashcheck.study.errormodel import evaluate
@@ -302,6 +303,7 @@ def test_share_within_2x_on_a_real_study_is_recounted_independently(small_study)
     assert ev["kinds"]["implementation sdpa-flash"]["n"] == 4
 
 
+@pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
 def test_share_and_quantiles_of_known_ratios(small_study):
     """Measured errors replaced by prediction / factor with known factors: the share within 2x, the median ratio
     and the 90th percentile of the fold error are those of the factors."""
@@ -321,6 +323,7 @@ def test_share_and_quantiles_of_known_ratios(small_study):
     assert ev["verdict"].status in ("holds", "does not hold", "inconclusive")
 
 
+@pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
 def test_every_held_out_case_within_2x_is_judged_on_its_binomial_lower_bound(small_study):
     """All held-out cases within 2x: the share's interval is the exact binomial one, [0.025^(1/n), 1], not the
     degenerate [1, 1] of a t interval on 0/1 values, and the 90% target holds only when its low end is above 0.9."""

@@ -29,14 +29,17 @@ def ratios() -> dict[tuple[int, int], float]:
     return {(L, b): paper_ratio(L, b) for L, b in ((256, 8), (1024, 8), (1024, 32), (1024, 128))}
 
 
+@pytest.mark.xdist_group("paper_ratios")  # one worker computes the module fixture ratios once
 def test_flash_deviates_more_than_baseline_in_bf16(ratios):
     assert ratios[(1024, 32)] > 1.5
 
 
+@pytest.mark.xdist_group("paper_ratios")  # one worker computes the module fixture ratios once
 def test_deviation_grows_with_sequence_length(ratios):
     assert ratios[(1024, 8)] > 1.3 * ratios[(256, 8)]
 
 
+@pytest.mark.xdist_group("paper_ratios")  # one worker computes the module fixture ratios once
 def test_deviation_shrinks_with_block_area(ratios):
     assert ratios[(1024, 8)] > ratios[(1024, 32)] > ratios[(1024, 128)]
 
@@ -63,11 +66,13 @@ def fa3_rmse() -> dict[str, float]:
     return {name: rmse(run(), ref) for name, run in runs.items()}
 
 
+@pytest.mark.xdist_group("fa3_rmse")  # one worker computes the module fixture fa3_rmse once
 def test_fa3_table3_fp16(fa3_rmse):
     assert fa3_rmse["fa2-fp16"] < fa3_rmse["baseline-fp16"]
     assert 5e-5 < fa3_rmse["fa2-fp16"] < 1e-3  # the paper: 1.9e-4
 
 
+@pytest.mark.xdist_group("fa3_rmse")  # one worker computes the module fixture fa3_rmse once
 def test_fa3_table3_fp8(fa3_rmse):
     assert fa3_rmse["fa3-fp8"] < 0.5 * fa3_rmse["baseline-fp8"]
     assert fa3_rmse["fa3-fp8"] < fa3_rmse["fa3-fp8-no-hadamard"]

@@ -5,7 +5,8 @@ dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` w
 preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ..., `--seq-len-k 256` and `--heads 1`; the
 README's TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
-`validate` gets `--samples 8 --max-length 32`, and `--check-pin` a pin of this environment."""
+`validate` gets `--samples 8 --max-length 32`, and `--check-pin` a pin of this environment; the `validate` lines
+that run a model share one folder, in order, as a reader's would."""
 
 from __future__ import annotations
 
@@ -154,13 +155,32 @@ def test_the_readme_documents_every_command():
     assert len(readme_commands()) >= len(names)
 
 
+def _shares_a_folder(line: str) -> bool:
+    """The README's `validate` lines that run a model: one folder for all, in the README's order, as a reader
+    runs them (`validate --pin` then takes the eager runs `validate` cached in flashcheck-validate/; alone,
+    e.g. under -k, a line computes them itself)."""
+    words = shlex.split(line)
+    return words[1] == "validate" and "--check-pin" not in words
+
+
+@pytest.fixture(scope="module")
+def validate_folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("validate")
+
+
+def _readme_params() -> list:
+    shared = pytest.mark.xdist_group("readme_validate")  # one worker, in order: the cache of the first serves
+    return [pytest.param(line, marks=[shared] if _shares_a_folder(line) else []) for line in readme_commands()]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("line", readme_commands(), ids=lambda line: line[11:][:90])
-def test_readme_command_runs(line: str, tmp_path: Path, tiny_study: Path):
+@pytest.mark.parametrize("line", _readme_params(), ids=lambda line: line[11:][:90])
+def test_readme_command_runs(line: str, tmp_path: Path, tiny_study: Path, request):
     words = small(shlex.split(line))
-    _prepare(words, tmp_path, tiny_study)
+    cwd = request.getfixturevalue("validate_folder") if _shares_a_folder(line) else tmp_path
+    _prepare(words, cwd, tiny_study)
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KINETO_LOG_LEVEL")}
-    res = subprocess.run([FLASHCHECK, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    res = subprocess.run([FLASHCHECK, *words[1:]], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     shown = f"{shlex.join(words)}\nexit {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
     # documented: `compare --backend` exits 1 when a budget fails, and its table then says FAIL
     expected = int("FAIL" in res.stdout) if "--backend" in words and "--json" not in words else 0

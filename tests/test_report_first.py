@@ -59,6 +59,7 @@ def quick_report(tmp_path_factory):
     return folder, summary, seen, headline
 
 
+@pytest.mark.xdist_group("quick_report")  # one worker computes the module fixture quick_report once
 def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verdict_table(quick_report):
     folder, summary, _, _ = quick_report
     md = (folder / "report.md").read_text()
@@ -92,6 +93,7 @@ def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verd
     assert OLD_KEYS | {"answer"} <= set(json.loads((folder / "summary.json").read_text()))
 
 
+@pytest.mark.xdist_group("quick_report")  # one worker computes the module fixture quick_report once
 def test_the_headline_figure_draws_both_policies_and_the_paper_across_every_length(quick_report):
     _, summary, _, headline = quick_report
     assert summary["figures"]["headline"] == "figures/headline.png"
@@ -172,6 +174,7 @@ def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_betwee
     assert {"2", "5"} <= set(seen["minor"])  # the axis spans about 0.9x to 10x (the paper's line)
 
 
+@pytest.mark.xdist_group("quick_report")  # one worker computes the module fixture quick_report once
 def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
     seen = quick_report[2]
     names = {name for name, _, _ in seen}

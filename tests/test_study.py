@@ -103,28 +103,43 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
 
 
-def test_rerun_computes_nothing(tmp_path):
-    first = run_study(SMALL, tmp_path, workers=1, quiet=True)
-    again = run_study(SMALL, tmp_path, workers=1, quiet=True)
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> tuple[Path, dict]:
+    """SMALL run once (one worker) for the tests that start from a finished run: (its folder, read-only for
+    tests: copy it first; run_study's stats)."""
+    out = tmp_path_factory.mktemp("small") / "w1"
+    return out, run_study(SMALL, out, workers=1, quiet=True)
+
+
+def _copy_of(small_run: tuple[Path, dict], dest: Path) -> Path:
+    shutil.copytree(small_run[0], dest)
+    return dest
+
+
+@pytest.mark.xdist_group("study_small")  # one worker computes small_run once
+def test_rerun_computes_nothing(small_run, tmp_path):
+    first = small_run[1]
+    again = run_study(SMALL, _copy_of(small_run, tmp_path / "s"), workers=1, quiet=True)
     assert first["cases_computed"] == len(expand(SMALL)) and again["cases_computed"] == 0
 
 
-def test_deterministic_across_worker_counts(tmp_path):
-    run_study(SMALL, tmp_path / "w1", workers=1, quiet=True)
+@pytest.mark.xdist_group("study_small")  # one worker computes small_run once
+def test_deterministic_across_worker_counts(small_run, tmp_path):
     run_study(SMALL, tmp_path / "w2", workers=2, quiet=True)
-    assert errors_by_case(tmp_path / "w1") == errors_by_case(tmp_path / "w2")
+    assert errors_by_case(small_run[0]) == errors_by_case(tmp_path / "w2")
 
 
-def test_corrupt_last_line_is_dropped_and_recomputed(tmp_path):
-    run_study(SMALL, tmp_path, workers=1, quiet=True)
-    store = tmp_path / "records.jsonl"
+@pytest.mark.xdist_group("study_small")  # one worker computes small_run once
+def test_corrupt_last_line_is_dropped_and_recomputed(small_run, tmp_path):
+    folder = _copy_of(small_run, tmp_path / "s")
+    store = folder / "records.jsonl"
     lines = store.read_text().splitlines()
     store.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # half-written
     with pytest.warns(UserWarning, match="dropped 1"):
-        assert len(ResultStore(tmp_path).load()) == len(lines) - 1
-    stats = run_study(SMALL, tmp_path, workers=1, quiet=True)
+        assert len(ResultStore(folder).load()) == len(lines) - 1
+    stats = run_study(SMALL, folder, workers=1, quiet=True)
     assert stats["cases_computed"] == 1
-    assert len(ResultStore(tmp_path).load()) == len(lines)
+    assert len(ResultStore(folder).load()) == len(lines)
 
 
 def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
@@ -255,9 +270,10 @@ def test_unwritable_out_exits_2(tmp_path):
     assert res.exit_code == 2 and "not writable" in res.output
 
 
-def test_other_study_in_out_exits_2(tmp_path):
-    run_study(SMALL, tmp_path, workers=1, quiet=True)
-    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(tmp_path), "--quiet"])
+@pytest.mark.xdist_group("study_small")  # one worker computes small_run once
+def test_other_study_in_out_exits_2(small_run, tmp_path):
+    folder = _copy_of(small_run, tmp_path / "s")
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(folder), "--quiet"])
     assert res.exit_code == 2 and "another study" in res.output
 
 

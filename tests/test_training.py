@@ -195,13 +195,29 @@ def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
         RunConfig(**kw, then_attention="sagebwd")
 
 
-def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
-    out1, out2 = tmp_path / "s1", tmp_path / "s2"
-    for out in (out1, out2):
-        with audited_figures() as seen:
-            args = ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"]
-            res = runner.invoke(app, args)
-        assert res.exit_code == 0, res.output
+def _train_study_tiny(out) -> tuple[object, list]:
+    with audited_figures() as seen:
+        res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
+    return res, seen
+
+
+@pytest.fixture(scope="module")
+def tiny_train_study(tmp_path_factory):
+    """`train-study --preset tiny --workers 2` once per module: (its folder, read-only for tests; the CLI's
+    result; the figures it saved, audited)."""
+    out = tmp_path_factory.mktemp("train") / "s1"
+    res, seen = _train_study_tiny(out)
+    return out, res, seen
+
+
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
+def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, tmp_path):
+    out1, first, seen = tiny_train_study
+    assert first.exit_code == 0, first.output
+    out2 = tmp_path / "s2"
+    res, seen_again = _train_study_tiny(out2)
+    assert res.exit_code == 0, res.output
+    assert len(seen_again) == len(seen)
     s1, s2 = (json.loads((o / "summary.json").read_text()) for o in (out1, out2))
     assert s1["pairs"] == s2["pairs"] and s1["ratios"] == s2["ratios"]
     assert s1["findings"] == [] and not s1["verdicts"] and "smoke test" in s1["note"]  # tiny: no verdicts
@@ -229,7 +245,10 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_study_killed_mid_run_resumes(tmp_path):
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
+def test_train_study_killed_mid_run_resumes(tiny_train_study, tmp_path):
+    """A kill while the first run saves its state, then a rerun: the same pairs as an uninterrupted run (the
+    module's, at --workers 2: each training run is one worker's, whatever their number)."""
     out = tmp_path / "k"
     cmd = [
         sys.executable,
@@ -251,8 +270,8 @@ def test_train_study_killed_mid_run_resumes(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     subprocess.run(cmd, check=True)
-    reference = tmp_path / "ref"
-    subprocess.run([*cmd[:6], "--out", str(reference), "--workers", "1", "--quiet"], check=True)
+    reference, first, _ = tiny_train_study
+    assert first.exit_code == 0, first.output
     a, b = (json.loads((o / "summary.json").read_text()) for o in (out, reference))
     assert a["pairs"] == b["pairs"] and a["loss_gap"] == b["loss_gap"] and a["final_loss"] == b["final_loss"]
 
