@@ -44,12 +44,13 @@ def _answer(fa4: float, fp4: float) -> list[str]:
 
 def test_the_answer_is_words_from_the_verdicts_and_flips_with_them():
     good = _answer(fa4=1.01, fp4=3.0)
-    assert good[0].startswith("In short: FA4's bf16 kernel is as stable as FA2;") and "fa4-fp4 deviates more" in good[0]
+    assert good[0].startswith("In short: FA4's bf16 kernel is as stable as FA2 (within the 10% the verdict allows);")
+    assert "fa4-fp4 deviates more" in good[0]
     assert good[1].startswith("FA4's bf16 kernel is as accurate as FA2 (error ratio FA4 / FA2 1.01x [")
     assert "its emulated exp2 changes nothing measurable (1x [" in good[1]
     assert "FA4's FP4 path (fa4-fp4) deviates 3x more (fa4-fp4 3" in good[2]
     bad = _answer(fa4=1.5, fp4=0.5)
-    assert bad[0].startswith("In short: FA4's bf16 kernel is less stable than FA2;")
+    assert bad[0].startswith("In short: FA4's bf16 kernel is less stable than FA2 (over 10% more error);")
     assert "fa4-fp4 deviates less" in bad[0]
     assert bad[1].startswith("FA4's bf16 kernel deviates more than FA2 allows") and "1.5x [" in bad[1]
     assert "FA4's FP4 path (fa4-fp4) deviates less, 0.5x of its error" in bad[2]

@@ -112,24 +112,39 @@ def _join(names: list[str]) -> str:
 
 
 def _dominant(by: dict, presets: tuple[str, ...]) -> str | None:
-    """'the quantisation of the inputs causes most of it (for fa4-fp8, fa4-fp4: computing that stage in FP64
-    alone leaves 43%, 13% of the error)', grouped by stage, from the dominant-stage verdicts that hold."""
+    """'the quantisation of the inputs is the largest single cause for fa4-fp8 and fa4-fp4 (computing that stage
+    in FP64 alone leaves 43%, 13% of the error); within it, Q/K quantisation (...) weighs most for fa4-fp8 (removing it
+    alone leaves 67%)', grouped by stage and by sub-stage, from the dominant-stage verdicts that hold."""
+    import re
+
     stages: dict[str, list[tuple[str, float]]] = {}
+    subs: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for n in presets:
         f = _measured(by, f"modern_{n}_dominant_stage")
         if f is None or f["status"] != "holds" or f.get("estimate") is None:
             continue
-        stage = f["measured"].partition(":")[0].removeprefix("dominant stage ").strip()
+        head = f["measured"].partition(":")[0].removeprefix("dominant stage ").strip()
+        words, _, stage = head.rpartition(", in ") if ", in " in head else ("", "", head)
         stages.setdefault(stage, []).append((n, f["estimate"]))
+        alone = re.match(r"[\d.e+-]+", f["measured"].rpartition("alone removed: ")[2])
+        if words and alone:
+            subs.setdefault((stage, words), []).append((n, f"{float(alone.group(0)):.0%}"))
     if not stages:
         return None
     parts = []
     for stage, rows in sorted(stages.items(), key=lambda kv: -len(kv[1])):
         left = ", ".join(f"{e:.0%}" for _, e in rows)
-        parts.append(
-            f"{STAGE_WORDS.get(stage, stage)} causes most of it for {_join([n for n, _ in rows])} (computing that "
-            f"stage in FP64 alone leaves {left} of the error)"
+        text = (
+            f"{STAGE_WORDS.get(stage, stage)} is the largest single cause for {_join([n for n, _ in rows])} "
+            f"(computing that stage in FP64 alone leaves {left} of the error)"
         )
+        within = [
+            f"{words} weighs most for {_join([n for n, _ in r])} (removing it alone leaves "
+            f"{', '.join(x for _, x in r)})"
+            for (st, words), r in subs.items()
+            if st == stage
+        ]
+        parts.append(text + (f"; within it, {'; '.join(within)}" if within else ""))
     return "; ".join(parts)
 
 
@@ -254,7 +269,8 @@ def _in_short(by: dict) -> str | None:
     parts = []
     f = _measured(by, "modern_fa4_bf16")
     if f is not None:
-        fa4 = {"holds": "is as stable as FA2", "does not hold": "is less stable than FA2"}
+        fa4 = {"holds": "is as stable as FA2 (within the 10% the verdict allows)", "does not hold": "is less "
+               "stable than FA2 (over 10% more error)"}  # fmt: skip
         parts.append(f"FA4's bf16 kernel {fa4.get(f['status'], 'against FA2 is not settled')}")
     groups: dict[str, list[tuple[str, float]]] = {"holds": [], "inconclusive": [], "does not hold": []}
     for m in (*LOWP[:3], *SAGE):
