@@ -13,6 +13,8 @@ import pickle
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,6 +195,13 @@ def test_a_planted_pickle_given_to_drift_runs_nothing_and_names_what_was_refused
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "io.open" in res.output and "nothing in it was run" in res.output, res.output
     assert "weights_only" not in res.output, res.output
+    with open(tmp_path / "raw.pt", "wb") as f:  # a raw pickle (no torch.save zip): torch warns before it refuses
+        pickle.dump({"w": _Planted(marker)}, f, protocol=4)
+    res = subprocess.run([sys.executable, "-m", "flashcheck.cli", "drift", str(tmp_path / "raw.pt"),
+                          str(tmp_path / "raw.pt")], capture_output=True, text=True)  # fmt: skip
+    assert not marker.exists() and res.returncode == 2, res.stderr
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "nothing in it was run" in lines[0], lines
 
 
 def _check_train_study_human(res, out: Path) -> None:

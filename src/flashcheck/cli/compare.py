@@ -405,8 +405,9 @@ def _why_failed(r: dict) -> str:
     )
     if c.get("preset") and r["baseline_impl"].startswith("eager:"):
         line += (
-            f"; preset {c['preset']} rounds inside the kernel below its input format {c['numerics']} (e.g. 8-bit "
-            "Q, K), which eager does not: give --baseline-numerics (a standard policy) to set the yardstick"
+            f"; preset {c['preset']} quantises inside the kernel below its input format {c['numerics']} (its Q, K "
+            "or P), which eager does not: to judge it beside FP8 attention give --baseline-numerics baseline-fp8 "
+            "(standard attention with per-tensor FP8 inputs), or another standard policy as the yardstick"
         )
     return line
 

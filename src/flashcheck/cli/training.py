@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import warnings
 from contextlib import ExitStack
 
 import typer
@@ -212,7 +213,9 @@ def drift(
         for flag, value in (("A", a), ("B", b)):
             if not value.strip():
                 raise ValueError(f"checkpoint {flag} '' is empty; give a file or folder")
-        with _Progress("drift", as_json and not sys.stderr.isatty()) as on_progress:
+        with _Progress("drift", as_json and not sys.stderr.isatty()) as on_progress, warnings.catch_warnings():
+            # torch warns about a raw pickle before refusing it; the refusal is the one line the user needs
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             pairs = compare_series(a, b, sketch_points=sketch_points, exact_limit=exact_limit, on_progress=on_progress)
     except ValueError as exc:
         _fail_usage(str(exc))
