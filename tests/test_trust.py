@@ -355,6 +355,16 @@ def test_each_preset_has_its_own_default_folder(tmp_path, monkeypatch, args, fol
     assert got == [folder]
 
 
+def test_explain_with_a_preset_has_its_own_default_folder(tmp_path, monkeypatch):
+    """explain --preset A then --preset B keeps A's summary (each preset its own folder; issue 22 item 14)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("sage1", "fa4-fp8"):
+        res = runner.invoke(app, ["explain", "--preset", name, "--seq-len", "64", "--heads", "1", "--json"])
+        assert res.exit_code == 0, res.output
+        assert (tmp_path / f"flashcheck-explain-{name}" / "summary.json").exists()
+    assert not (tmp_path / "flashcheck-explain").exists()
+
+
 def test_the_readme_names_every_default_folder():
     """Every command's default --out folder (explain's, mutants', validate's; study's and train-study's
     per preset) is named in the README."""
@@ -367,7 +377,9 @@ def test_the_readme_names_every_default_folder():
         if out is not None and isinstance(out.default.default, str):
             defaults.add(out.default.default)
     assert {"flashcheck-explain", "flashcheck-mutants", "flashcheck-validate"} <= defaults
-    for folder in defaults | {"flashcheck-study", "flashcheck-study-PRESET", "flashcheck-train-study-PRESET"}:
+    per_preset = {"flashcheck-study", "flashcheck-study-PRESET", "flashcheck-train-study-PRESET"}
+    per_preset |= {"flashcheck-explain-PRESET"}
+    for folder in defaults | per_preset:
         assert f"`{folder}`" in readme, folder
 
 

@@ -105,7 +105,10 @@ def explain(
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     metric: str = typer.Option("rel_l2", help="max_abs, mean_abs, rmse or rel_l2."),
     seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the drawn inputs."),
-    out: str = typer.Option("flashcheck-explain", help="Folder for summary.json and figures/explain.png."),
+    out: str = typer.Option(
+        "flashcheck-explain",
+        help="Folder for summary.json and figures/explain.png (with --preset, by default flashcheck-explain-PRESET).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Which stage causes the deviation: each stage alone in low precision, each alone raised to FP64; for
@@ -115,6 +118,8 @@ def explain(
 
     try:
         _no_empty({"--numerics": numerics, "--preset": preset, "--metric": metric})
+        if preset and out == "flashcheck-explain":  # one folder per preset, so explaining the next keeps this one
+            out = f"flashcheck-explain-{preset}"
         folder = _out_folder(out)
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
