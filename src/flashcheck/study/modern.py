@@ -321,7 +321,8 @@ def modern_findings(pts: dict[str, list[Point]], records: dict | None = None) ->
 
 
 def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
-    """The conclusion's sentences over the modern questions (after the Answer), published figures beside."""
+    """The conclusion's sentences over the modern questions (after the Answer), published figures beside; a
+    question the study did not measure (quick measures two of them) has no sentence."""
     by = {f["id"]: f for f in found if f["id"].startswith("modern_")}
     if not by or all(f["status"] == "not measured" for f in by.values()):
         return []
@@ -340,30 +341,41 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
 
     sink = [f for k, f in by.items() if k.startswith("modern_sink_") and f["status"] != "not measured"]
     sink_text = "; ".join(f"{f['claim']}: {f['measured']} ({f['status']})" for f in sink) or "not measured"
-    return [
+    def vs(methods) -> list[str]:
+        return [f"modern_{m.split(':', 1)[1]}_vs_fa3_fp8" for m in methods]
+
+    dominants = [k for k in by if k.endswith("_dominant_stage")]
+    # (text, section, the findings it rests on): a sentence none of whose findings was measured is left out
+    sentences = [
         (
             f"FA4 bf16 against FA2 bf16: {said('modern_fa4_bf16')}; the emulated exp2 alone "
             f"{said('modern_fa4_exp2_emulation')}; the rescale threshold alone {said('modern_fa4_rescale_threshold')}."
             f" Published: {PUBLISHED['fa4']}.",
             "modern_fa4",
+            ["modern_fa4_bf16", "modern_fa4_exp2_emulation", "modern_fa4_rescale_threshold"],
         ),
         (
             f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}. The stage that causes it (raising it to "
             f"FP64 lowers the error most, as `flashcheck explain --preset NAME` finds): {dominant()}.",
             "modern_lowp",
+            vs(LOWP[:3]) + dominants,
         ),
         (
             f"SageAttention against FA3's FP8 path: {each(SAGE)}. Beside the published accuracy: "
             f"{said('modern_sage2-4b_published')}. Published: {PUBLISHED['sage']}.",
             "modern_sage",
+            [*vs(SAGE), "modern_sage2-4b_published"],
         ),
         (
             f"The FP22 accumulator's share of FA3-FP8's error: {said('modern_fp22_share')}. "
             f"Published: {PUBLISHED['fp22']}.",
             "modern_lowp",
+            ["modern_fp22_share"],
         ),
-        (f"P-cast with an attention sink, per sink score: {sink_text}. Published: {PUBLISHED['sink']}.", "modern_sink"),
-    ]
+        (f"P-cast with an attention sink, per sink score: {sink_text}. Published: {PUBLISHED['sink']}.", "modern_sink",
+         [f["id"] for f in sink]),
+    ]  # fmt: skip
+    return [(t, q) for t, q, fids in sentences if any(said(fid) != "not measured" for fid in fids)]
 
 
 NOTES = {

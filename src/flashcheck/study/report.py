@@ -130,9 +130,8 @@ def build_report(folder: str | Path) -> dict:
     if headline is not None:
         figures = {"headline": headline} | figures
     first = modern_sentences(found)  # the modern questions open the conclusion of a modern study
-    if first and pts.get("seq_len"):  # a study of the classic questions too (quick, full): those first, and of
-        measured = ("(holds)", "(does not hold)", "(inconclusive)")  # the modern ones only those it measured
-        said = said + [t for t in first if any(m in t[0] for m in measured)]
+    if first and pts.get("seq_len"):  # a study of the classic questions too (quick, full): those first
+        said = said + first
     elif first:
         said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
     summary = {

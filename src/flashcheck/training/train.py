@@ -233,14 +233,10 @@ def _load_state(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # damaged outside flashcheck (every write is atomic), or not flashcheck's
         raise ValueError(
-            f"{str(path)!r} cannot be read as a train-study resume point ({_why(exc)}); "
+            f"{str(path)!r} cannot be read as a train-study resume point ({load_refusal(exc)}); "
             "delete it to retrain"
         ) from None
     if not isinstance(state, dict) or set(state) != set(STATE_KEYS) or not isinstance(state["step"], int):
         raise ValueError(f"{str(path)!r} is not a train-study resume point (expected keys {', '.join(STATE_KEYS)})")
     return state
 
-
-def _why(exc: Exception) -> str:
-    """One short line for a failed load (core.fileio.load_refusal: never torch's advice to load unsafely)."""
-    return load_refusal(exc)
