@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flashcheck.core.fileio import open_plain
+
 LOCK_NAME = ".flashcheck.lock"
 
 
@@ -20,9 +22,10 @@ class FolderLocked(ValueError):
 def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
     """Hold an advisory lock (flock) on `folder` for the duration; FolderLocked naming the holder's
     command and PID when another process has it. The kernel releases it when the holder dies, even by
-    SIGKILL. `command` (study, train-study) is what this holder is called in the lock file."""
+    SIGKILL. `command` (study, train-study) is what this holder is called in the lock file. A lock file that is a
+    symbolic link is refused (LinkRefused): its target is never truncated."""
     path = Path(folder) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644, what="the folder's lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

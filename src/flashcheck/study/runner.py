@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 import warnings
 from pathlib import Path
@@ -28,10 +29,12 @@ def prepare_out(out: str | Path) -> Path:
     if not str(out).strip():
         raise ValueError(f"--out {str(out)!r} is empty; give a folder for the study")
     path = Path(out)
-    probe = path / ".write-test"
+    probe = path / f".write-test.{secrets.token_hex(6)}"  # a fresh name: never a link someone left there
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.write(fd, b"ok")
+        os.close(fd)
         probe.unlink()
     except OSError as exc:
         if is_full(exc):
