@@ -42,3 +42,23 @@ def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def lock_holder(folder: str | Path) -> str | None:
+    """"flashcheck COMMAND (PID n)" when another process holds `folder`'s lock now (a study still writing it),
+    else None (no lock file, a free one, or one that is not a plain file: nothing is opened through a link)."""
+    try:
+        fd = open_plain(Path(folder) / LOCK_NAME, os.O_RDONLY, what="the folder's lock")
+    except (OSError, ValueError):
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            pid, _, other = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")
+            return f"flashcheck {other.strip() or 'study'} (PID {pid.strip() or 'unknown'})"
+        return None
+    finally:
+        os.close(fd)
