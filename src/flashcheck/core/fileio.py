@@ -158,8 +158,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
 @contextlib.contextmanager
 def atomic_target(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path (same folder and suffix) to write by name, e.g. `torch.save` or
-    `fig.savefig`; on normal exit it replaces `path` atomically, on an exception it is removed."""
+    `fig.savefig`; on normal exit it replaces `path` atomically, on an exception it is removed. LinkRefused
+    when `path` is a symbolic link."""
     path = Path(path)
+    refuse_link(path)
     fd, tmp = _create_temp(path)
     os.close(fd)
     try:

@@ -16,7 +16,14 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
 from flashcheck.study.guide import is_guide, run_tasks_locked
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
-from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder_lock, read_study_json
+from flashcheck.study.store import (
+    DamagedFile,
+    ResultStore,
+    append_line,
+    check_store_files,
+    folder_lock,
+    read_study_json,
+)
 
 MAX_WORKERS = 256
 PROGRESS_EVERY_S = 5.0  # plain progress lines off a terminal, at most this often
@@ -125,6 +132,7 @@ def run_study(
         check_ray_address(ray_address)
     path = prepare_out(out)
     with folder_lock(path):
+        check_store_files(path)
         save_config(path, config)
         stats = _run_locked(config, path, workers, executor, ray_address, quiet, device)
         if config.guide is None:

@@ -16,13 +16,23 @@ import os
 import warnings
 from pathlib import Path
 
-from flashcheck.core.fileio import full_error, open_plain, read_plain, write_atomic
+from flashcheck.core.fileio import full_error, open_plain, read_plain, refuse_link, write_atomic
 from flashcheck.core.jsonguard import loads_bounded
 from flashcheck.core.lock import LOCK_NAME, FolderLocked, folder_lock  # noqa: F401  (the study folder's lock)
 from flashcheck.study.cases import CaseRecord
 from flashcheck.study.recordcheck import record_problem
 
 DROPPED_SUFFIX = ".dropped"  # records.jsonl.dropped: the text of the lines repair() removed
+
+
+STORE_FILES = ("records.jsonl", "records.jsonl.dropped", "runs.jsonl", "study.json", "guide.jsonl", "guide.json")
+
+
+def check_store_files(folder: str | Path) -> None:
+    """LinkRefused (one line) when a store file of `folder` is a symbolic link: checked before a study computes
+    anything, so it is refused at once, not after its cases."""
+    for name in STORE_FILES:
+        refuse_link(Path(folder) / name, "a file of the study's store")
 
 
 class DamagedFile(ValueError):

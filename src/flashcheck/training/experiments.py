@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 
-from flashcheck.core.fileio import DiskFull, full_error, make_folder, write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.training.drift import compare_series
@@ -201,6 +201,8 @@ def train_runs(
     whose steps come back through a queue: on_progress(steps done, steps of these runs, note)."""
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ValueError(f"workers={workers!r} is not allowed; it must be a positive integer")
+    for r in runs:  # a run folder that is a link is refused before any run starts
+        refuse_link(Path(out) / "runs" / r.name, "a run folder")
     todo = [(r, str(Path(out) / "runs" / r.name)) for r in runs if not run_complete(Path(out) / "runs" / r.name, r)]
     if todo:
         _train_all(todo, workers or os.cpu_count() or 1, on_progress)
