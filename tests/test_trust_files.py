@@ -182,7 +182,7 @@ def _forged(one_records: list[str]) -> list[str]:
         edit(errors__max_abs="NaN"),
         edit(seconds=float("nan")),  # json.dumps writes the NaN literal
         edit(case_id="0123456789abcdef", errors={k: 100 * v for k, v in d["errors"].items()}),
-        edit(stats__q_std=float("inf")),
+        edit(stats__q_std="wide"),
         json.dumps(moved),
     ]
 

@@ -5,9 +5,10 @@ A line the tool wrote always passes; a forged or mistyped one is named with the 
   >= 1); fields a newer version added are ignored, as CaseRecord.from_dict ignores them;
 - `case_id`: the case's own hash (Case.case_id), so a case cannot enter twice under another id;
 - `status`: ok, skipped or failed; `error`: a string or null;
-- `errors`, `errors_rounded`: {metric: number} (an ok record has at least one). A metric may be NaN or
-  +-Infinity, because the tool writes them for a kernel whose output overflowed (that is a measurement);
-- `seconds`: a finite number >= 0; `stats`: {name: finite number or null}; `env`: {name: string};
+- `errors`, `errors_rounded`, `stats`: {name: number} (an ok record has at least one error; a statistic may be
+  null). A number there may be NaN or +-Infinity, because the tool writes them for a kernel whose output
+  overflowed, or a statistic of rows that see no key (a measurement, not damage);
+- `seconds`: a finite number >= 0; `env`: {name: string};
   `dead_rows`: null, "zeros", "nan" or "other".
 """
 
@@ -42,7 +43,7 @@ def _case_problem(d: object) -> str | None:
     return None
 
 
-def _numbers_problem(name: str, d: object, *, finite: bool, nullable: bool = False) -> str | None:
+def _numbers_problem(name: str, d: object, *, nullable: bool = False) -> str | None:
     if not isinstance(d, dict):
         return f"{name} is not an object"
     for k, v in d.items():
@@ -50,8 +51,6 @@ def _numbers_problem(name: str, d: object, *, finite: bool, nullable: bool = Fal
             continue
         if not _is_number(v):
             return f"{name}.{k} is {v!r}, not a number"
-        if finite and not math.isfinite(v):
-            return f"{name}.{k} is {v!r}, not a finite number"
     return None
 
 
@@ -72,7 +71,7 @@ def record_problem(d: object) -> str | None:
     if d["status"] not in STATUSES:
         return f"status {d['status']!r}; expected one of {', '.join(STATUSES)}"
     for name in ("errors", "errors_rounded"):
-        if (why := _numbers_problem(name, d[name], finite=False)) is not None:
+        if (why := _numbers_problem(name, d[name])) is not None:
             return why
     if d["status"] == "ok" and not d["errors"]:
         return "an ok record with no errors"
@@ -80,7 +79,7 @@ def record_problem(d: object) -> str | None:
         return f"seconds is {d['seconds']!r}, not a finite number >= 0"
     if d.get("error") is not None and not isinstance(d["error"], str):
         return f"error is {d['error']!r}, not a string or null"
-    if (why := _numbers_problem("stats", d.get("stats") or {}, finite=True, nullable=True)) is not None:
+    if (why := _numbers_problem("stats", d.get("stats") or {}, nullable=True)) is not None:
         return why
     env = d.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
