@@ -232,6 +232,12 @@ def test_a_deeply_nested_study_json_is_one_line_exit_2(done):
     assert not isinstance(res.exception, RecursionError)
 
 
+def test_a_deeply_nested_study_toml_is_one_line_exit_2(tmp_path):
+    (tmp_path / "deep.toml").write_text("a = " + DEEP)
+    res = runner.invoke(app, ["study", "--config", str(tmp_path / "deep.toml"), "--out", str(tmp_path / "out")])
+    _one_line_exit_2(res, "deep.toml", "nests brackets")
+
+
 @pytest.mark.parametrize("name", ["config.json", "losses.json", "complete.json"])
 def test_a_deeply_nested_file_of_a_run_is_no_recursion_error(tmp_path, name):
     train(RUN, tmp_path / "r")
