@@ -45,8 +45,8 @@ def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
 
 
 def lock_holder(folder: str | Path) -> str | None:
-    """"flashcheck COMMAND (PID n)" when another process holds `folder`'s lock now (a study still writing it),
-    else None (no lock file, a free one, or one that is not a plain file: nothing is opened through a link)."""
+    """The holder, "flashcheck COMMAND (PID n)", when another process holds `folder`'s lock now (a study still
+    writing it), else None (no lock file, a free one, or one that is not a plain file: no link is followed)."""
     try:
         fd = open_plain(Path(folder) / LOCK_NAME, os.O_RDONLY, what="the folder's lock")
     except (OSError, ValueError):
