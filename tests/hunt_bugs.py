@@ -67,7 +67,9 @@ def masked_rows_mean(q, k, v, *, causal=False, scale=None, mask=None, sink=None)
 
 def sink_ignored_above(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     """A sink logit above 50 is silently dropped (a path that never runs, as in vllm-metal#212)."""
-    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=None if sink is not None and sink > 50 else sink)
+    return correct(
+        q, k, v, causal=causal, scale=scale, mask=mask, sink=None if sink is not None and sink > 50 else sink
+    )
 
 
 def tile_off_by_one(q, k, v, *, causal=False, scale=None, mask=None, sink=None):

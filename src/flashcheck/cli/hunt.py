@@ -35,6 +35,9 @@ def hunt(
     seed: int = typer.Option(None, help="Seed of Hypothesis's search (round i uses SEED + i; default: random)."),
     device: str = typer.Option("cpu", help="cpu or cuda: where the target runs (the FP64 reference: cpu)."),
     rule: str = typer.Option("peers", help="Budget rule: peers (max and mean error, NaN/Inf) or flashcheck."),
+    rounds: int = typer.Option(
+        None, help="Stop after N rounds of 40 cases too (with --seed: the same cases anywhere)."
+    ),
     forward_only: bool = typer.Option(False, "--forward-only", help="Judge outputs only, no dQ, dK, dV."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
 ) -> None:
@@ -45,6 +48,8 @@ def hunt(
         folder = _out_folder(out)
         if rule not in ("peers", "flashcheck"):
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
+        if rounds is not None and rounds < 1:
+            raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {2**32 - 1}")
         from flashcheck.hunt.search import HuntState
@@ -55,7 +60,7 @@ def hunt(
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
-    summary = _run(tgt, folder, seconds, seed, rule, not forward_only, as_json)
+    summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
     if as_json:
         import json
 
@@ -72,7 +77,7 @@ def _need_hypothesis() -> None:
         raise ValueError("flashcheck hunt needs Hypothesis: pip install 'flashcheck[hunt]'") from None
 
 
-def _run(tgt, folder, seconds: float, seed, rule: str, backward: bool, as_json: bool) -> dict:
+def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
     """The semantics table, then the search with progress on stderr (seconds of the budget), then the report."""
     import sys
 
@@ -92,7 +97,10 @@ def _run(tgt, folder, seconds: float, seed, rule: str, backward: bool, as_json: 
             shown["s"] = max(shown["s"], now)
 
         start = time.monotonic()
-        state = run_hunt(tgt, folder, budget_s=seconds, seed=seed, rule=rule, backward=backward, on_step=step)
+        seed, rounds = seeded
+        state = run_hunt(
+            tgt, folder, budget_s=seconds, seed=seed, rule=rule, backward=backward, rounds=rounds, on_step=step
+        )
     return report.write(folder, tgt, state, table, seconds, rule)
 
 
@@ -104,17 +112,28 @@ def _print(summary: dict, folder) -> None:
 
     console = _console()
     console.print(escape(headline(summary)))
-    rows = [[f["kind"], f["where"], f["describe"], f"{f['found_after_s']:.1f}", f"{f['shrunk_after_s']:.1f}"]
-            for f in summary["findings"]]
+    rows = [
+        [f["kind"], f["where"], f["describe"], f"{f['found_after_s']:.1f}", f"{f['shrunk_after_s']:.1f}"]
+        for f in summary["findings"]
+    ]
     if rows:
         print_whole(console, tuple(FINDING_HEADER), rows)
         for f in summary["findings"]:
             console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
-    sem = [[p["probe"], p["returned"], p["convention"], {True: "agrees", False: "DISAGREES", None: "not measured"}[p["agrees"]]]
-           for p in summary["semantics"]]
+    sem = [
+        [
+            p["probe"],
+            p["returned"],
+            p["convention"],
+            {True: "agrees", False: "DISAGREES", None: "not measured"}[p["agrees"]],
+        ]
+        for p in summary["semantics"]
+    ]
     print_whole(console, tuple(SEMANTICS_HEADER), sem)
     if summary["refusals"]:
-        console.print(escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}"))
+        console.print(
+            escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}")
+        )
     verdict = "PASS: nothing found" if summary["passed"] else "FAIL: see the findings"
     console.print(f"{verdict}; report: {escape(str(folder / 'report.md'))}")
 
@@ -154,6 +173,8 @@ def _print_case(name: str, hc, outcome) -> None:
     if outcome.error is not None:
         console.print(escape(f"FAIL: the target raised {outcome.error}"))
         return
-    rows = [[v.tensor, "ok" if v.passed else "FAIL", "" if v.passed else v.where(), v.message] for v in outcome.verdicts]
+    rows = [
+        [v.tensor, "ok" if v.passed else "FAIL", "" if v.passed else v.where(), v.message] for v in outcome.verdicts
+    ]
     print_whole(console, ("tensor", "verdict", "where", "failed checks"), rows, prose=("failed checks",))
     console.print("PASS" if outcome.passed else "FAIL: " + escape("; ".join(v.where() for v in outcome.failures)))

@@ -74,7 +74,11 @@ class HuntCase:
         terms = []
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            text = "none" if v is None else (str(int(v)) if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v))
+            text = (
+                "none"
+                if v is None
+                else (str(int(v)) if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v))
+            )
             terms.append(f"{_LONG.get(f.name, f.name)}={text}")
         return ",".join(terms)
 

@@ -56,9 +56,7 @@ def semantics_rows(table: list[Probe]) -> list[list[str]]:
 
 
 def finding_rows(findings: list[Finding]) -> list[list[str]]:
-    return [
-        [f.kind, f.where, f.case.describe(), f"{f.found_after_s:.1f}", f"{f.shrunk_after_s:.1f}"] for f in findings
-    ]
+    return [[f.kind, f.where, f.case.describe(), f"{f.found_after_s:.1f}", f"{f.shrunk_after_s:.1f}"] for f in findings]
 
 
 FINDING_HEADER = ["kind", "where", "minimal case", "found (s)", "shrunk (s)"]
@@ -89,4 +87,3 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     page.add(Table(SEMANTICS_HEADER, semantics_rows(table)))
     write_report(out, page, s)
     return s
-

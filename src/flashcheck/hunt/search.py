@@ -113,11 +113,13 @@ def hunt(
     rule: str = "peers",
     backward: bool = True,
     shrink_s: float | None = None,
+    rounds: int | None = None,
     on_step: Callable[[HuntState, str], None] | None = None,
 ) -> HuntState:
     """Hunt `target` for `budget_s` seconds in all (a resumed hunt spends what its store has left), storing
     into `out`. `seed`: Hypothesis's seed of round i is seed + i (None: random); `shrink_s`: the most time
-    one finding's shrinking takes (None: a fifth of the budget, at least 10 s)."""
+    one finding's shrinking takes (None: a fifth of the budget, at least 10 s); `rounds`: stop after that many
+    rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
@@ -125,20 +127,20 @@ def hunt(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the cases are small: one intra-op thread is faster than contended ones
     try:
-        return _hunt(target, out, state, budget_s, seed, rule, backward, shrink_s, on_step)
+        return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step)
     finally:
         torch.set_num_threads(threads)
 
 
-def _hunt(target, out, state, budget_s, seed, rule, backward, shrink_s, on_step) -> HuntState:
+def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> HuntState:
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     db = DirectoryBasedExampleDatabase(str(out / DATABASE))
     clock = time.monotonic() - state.elapsed_s
     shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
     step = on_step or (lambda s, note: None)
-    while time.monotonic() - clock < budget_s:
-        found = _round(target, state, db, clock, (budget_s, shrink_s), (seed, rule, backward), step)
+    while time.monotonic() - clock < budget_s and (rounds is None or state.rounds < rounds):
+        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step)
         state.rounds += 1
         state.elapsed_s = time.monotonic() - clock
         if found is not None:
@@ -175,7 +177,7 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
     def prop(case: HuntCase) -> None:
         now = time.monotonic() - clock
         if lock["sig"] is None and now > budget_s:
-            reject()  # out of time: the round ends without running more cases
+            return  # out of time: the rest of the round passes without running
         if lock["sig"] is not None and now - lock["at"] > shrink_s and case != lock["best"].case:
             return  # done shrinking: only the smallest case so far still fails
         outcome = evaluate(target, case, rule)
@@ -204,7 +206,9 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
     best: Outcome = lock["best"]
     verdict = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
     end = time.monotonic() - clock
-    return Finding(verdict.kind, verdict.tensor, best.case, verdict.where(), verdict.message, lock["at"], end, lock["examples"])
+    return Finding(
+        verdict.kind, verdict.tensor, best.case, verdict.where(), verdict.message, lock["at"], end, lock["examples"]
+    )
 
 
 def _count(state: HuntState, outcome: Outcome) -> None:

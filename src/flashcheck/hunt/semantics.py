@@ -73,14 +73,18 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
         with torch.no_grad():
             out = target.call(q, k, v, **kw)
     except Exception as exc:  # raising on an empty key set is a semantics too
-        return Probe(name, case, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}", False)
+        return Probe(
+            name, case, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}", False
+        )
     if tuple(out.shape) != (case.batch, case.heads, case.lq, case.head_dim):
         return Probe(name, case, f"other (shape {tuple(out.shape)})", False)
     from flashcheck.hunt.case import keyless_rows
 
     rows = out[..., keyless_rows(case), :]
-    values = k.new_zeros(*v.shape[:-2], 1, v.shape[-1]) if case.lk == 0 else v.repeat_interleave(
-        case.heads // case.kv_heads, dim=1
+    values = (
+        k.new_zeros(*v.shape[:-2], 1, v.shape[-1])
+        if case.lk == 0
+        else v.repeat_interleave(case.heads // case.kv_heads, dim=1)
     )
     returned = classify(rows, values)
     return Probe(name, case, returned, returned == CONVENTION)

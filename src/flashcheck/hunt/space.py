@@ -1,7 +1,8 @@
 """The hunted input space as a Hypothesis strategy: where attention kernels break.
 
-Every list starts with its plain value, so that Hypothesis's shrinker, which moves each choice towards the
-first element (and integers towards 0), leaves a finding with only the values its failure needs: its trigger.
+Every feature is plain in about two thirds of the draws (so that one can show alone, not hidden under the others) and
+its lists start with the plain value, so that Hypothesis's shrinker, which moves each choice towards the first
+branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
 Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, each -1, +0, +1, and
 L % 128 == 64), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
 include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
@@ -32,26 +33,30 @@ def cases(target: Target, *, backward: bool = True):
     from hypothesis import assume
     from hypothesis import strategies as st
 
-    length = st.one_of(st.sampled_from(LENGTHS), st.integers(1, 320))
+    tile = st.sampled_from(LENGTHS)
+    length = st.one_of(tile, tile, st.integers(1, 320))  # two thirds at tile boundaries
+
+    def plain_or(plain, values):  # two thirds of the draws keep a feature plain, so that one can show alone
+        return st.one_of(st.just(plain), st.just(plain), st.sampled_from(values))
 
     @st.composite
     def draw_case(draw) -> HuntCase:
         dtype = draw(st.sampled_from(target.dtypes))
         heads = draw(st.sampled_from(HEADS))
         ratios = [r for r in (1, 2, 4, 8) if heads % r == 0] if target.gqa else [1]
-        kv_heads = heads // draw(st.sampled_from(ratios))
+        kv_heads = heads // draw(plain_or(1, ratios))
         lq, lk, d = draw(length), draw(length), draw(st.sampled_from(HEAD_DIMS))
         batch = draw(st.sampled_from((1, 2)))
         assume(batch * heads * lq * lk * d <= MAX_WORK)
         causal = draw(st.booleans())
         masks = target.masks
-        pad = round(draw(st.sampled_from(PAD_FRACTIONS)) * lk) if masks else 0
-        dead = min(lq, draw(st.sampled_from(DEAD_ROWS))) if masks else 0
-        shift = draw(st.sampled_from(SHIFTS)) if masks else 0.0
-        sink = draw(st.sampled_from(SINKS)) if masks or target.native_sink else None
+        pad = round(draw(plain_or(0.0, PAD_FRACTIONS)) * lk) if masks else 0
+        dead = min(lq, draw(plain_or(0, DEAD_ROWS))) if masks else 0
+        shift = draw(plain_or(0.0, SHIFTS)) if masks else 0.0
+        sink = draw(plain_or(None, SINKS)) if masks or target.native_sink else None
         top = _max_magnitude(dtype)
-        magnitude = draw(st.sampled_from([m for m in MAGNITUDES if m <= top]))
-        scale = draw(st.sampled_from(SCALES))
+        magnitude = draw(plain_or(1.0, [m for m in MAGNITUDES if m <= top]))
+        scale = draw(plain_or(1.0, SCALES))
         seed = draw(st.integers(0, 2**16))
         back = draw(st.booleans()) if backward and target.backward else False
         fields = dict(dtype=dtype, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, head_dim=d)

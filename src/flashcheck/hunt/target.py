@@ -71,8 +71,10 @@ def sink_as_key(q, k, v, mask, causal: bool, sink: float):
         keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         bias = bias.masked_fill(~keep, -math.inf)
     column = torch.full((*bias.shape[:-1], 1), sink, dtype=q.dtype, device=q.device)
-    return torch.cat([k, zeros], dim=-2), torch.cat([v, v.new_zeros(b, hkv, 1, v.shape[-1])], dim=-2), torch.cat(
-        [bias, column], dim=-1
+    return (
+        torch.cat([k, zeros], dim=-2),
+        torch.cat([v, v.new_zeros(b, hkv, 1, v.shape[-1])], dim=-2),
+        torch.cat([bias, column], dim=-1),
     )
 
 
