@@ -179,20 +179,27 @@ def _locate(o, r, res: BudgetResult) -> tuple[tuple[int, int] | None, int | None
     return (int(rows[0]), int(rows[-1])), int(heads[0]), int(rows.numel()), along
 
 
-def gradient_floors(case: HuntCase) -> dict[str, float]:
-    """The rounding error any correct backward that works in fp32 (fp64 for fp64 inputs) makes in dQ and dK:
-    dS_ij = P_ij (dP_ij - D_i) with dP_ij = dO_i . V_j, whose rounding is u sum_d |dO_id V_jd|, scaled by
-    `scale` and the other operand: u |scale| max|K| max_ij sum_d |dO_id V_jd| (dQ; dK with Q). A first-order
-    bound, far above the peers' floor where the softmax is one-hot at scores of 1e4 (dQ exactly 0 in FP64)."""
+def arithmetic_floors(case: HuntCase, ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The rounding error any correct kernel that works in fp32 (fp64 for fp64 inputs), unit roundoff u, makes:
+    a score s is rounded by u |s|, which exp turns into a relative error of P, so every tensor T is off by up to
+    u S max|T| (S the largest |score + shift|: scores of 1e4, or a shift of -200 on a tiny output, whose FP32
+    floor is 0); and dS_ij = P_ij (dP_ij - D_i) with dP_ij = dO_i . V_j rounded by u sum_d |dO_id V_jd|, scaled
+    by `scale` and the other operand: u |scale| max|K| max_ij sum_d |dO_id V_jd| in dQ (dK: with Q). First-order
+    bounds, each doubled; far above the peers' floor where the softmax is one-hot (dQ exactly 0 in FP64)."""
     from flashcheck.kernels.validation import expand_kv_heads
 
     q, k, v, dout = make_inputs(case)
     k, v = expand_kv_heads(q, k, v)
     u = 2.0**-53 if case.dtype == "fp64" else 2.0**-24
-    dp = float(torch.matmul(dout.abs(), v.abs().transpose(-1, -2)).max()) if v.numel() else 0.0
-    s = abs(case.softmax_scale) * dp * u
-    top_k, top_q = (float(t.abs().max()) if t.numel() else 0.0 for t in (k, q))
-    return {"dq": 2 * s * top_k, "dk": 2 * s * top_q}
+    top = {n: float(t[torch.isfinite(t)].abs().max()) if bool(torch.isfinite(t).any()) else 0.0 for n, t in ref.items()}
+    scores = float(torch.matmul(q, k.transpose(-1, -2)).abs().max()) * abs(case.softmax_scale) if k.numel() else 0.0
+    s_max = max(1.0, scores + abs(case.shift), abs(case.sink or 0.0))
+    floors = {n: 2 * u * s_max * m for n, m in top.items()}
+    if case.backward and v.numel():
+        dp = float(torch.matmul(dout.abs(), v.abs().transpose(-1, -2)).max()) * abs(case.softmax_scale) * u
+        floors["dq"] += 2 * dp * float(k.abs().max())
+        floors["dk"] += 2 * dp * float(q.abs().max())
+    return floors
 
 
 def judge_tensor(name: str, o, r, b, case: HuntCase, rule: str, floor: float = 0.0) -> Verdict:
@@ -252,7 +259,7 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers") -> Outcome:
     if case.torch_dtype.itemsize < 4:  # the larger error of plain attention in the dtype and in fp32
         up = outputs(baseline_target(), dataclasses.replace(case, dtype="fp32"))
         base = {n: _worse(base[n], up[n].to(case.torch_dtype).double(), ref[n]) for n in base}
-    floors = gradient_floors(case) if case.backward else {}
+    floors = arithmetic_floors(case, ref)
     verdicts = tuple(
         judge_tensor(n, got[n], ref[n], base[n], case, rule, floors.get(n, 0.0)) for n in TENSORS if n in ref
     )

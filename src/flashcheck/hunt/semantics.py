@@ -4,6 +4,7 @@ too, the sink column having no value). A disagreement is a finding of its own ki
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -90,7 +91,47 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
     return Probe(name, case, returned, returned == CONVENTION)
 
 
-def semantics_table(target: Target) -> list[Probe]:
-    """Every probe, in the target's first dtype."""
+def semantics_table(target: Target, *, isolate: bool = True) -> list[Probe]:
+    """Every probe, in the target's fp32 (else its first dtype). With `isolate`, the Lk = 0 probe runs in a
+    child process (spawned: fork is unsafe once JAX or a BLAS pool runs), since a kernel may kill its process
+    on an empty key set (torch 2.13's CPU flash kernel dies of SIGFPE at Lk = 0): a probe that kills its child
+    reads "crash"."""
     dtype = "fp32" if "fp32" in target.dtypes else target.dtypes[0]
-    return [probe(target, name, case) for name, case in probe_cases(dtype).items()]
+    rows = []
+    for name, case in probe_cases(dtype).items():
+        if not (isolate and case.lk == 0):
+            rows.append(probe(target, name, case))
+            continue
+        one = _in_child(target, [name])
+        rows += one if isinstance(one, list) else [Probe(name, case, f"crash: the process died of {one}", False)]
+    return rows
+
+
+def _child(conn, text: str, device: str, names: list[str]) -> None:
+    from flashcheck.hunt.target import parse_target
+
+    target = parse_target(text, device)
+    dtype = "fp32" if "fp32" in target.dtypes else target.dtypes[0]
+    cases = probe_cases(dtype)
+    conn.send([probe(target, n, cases[n]) for n in names])
+    conn.close()
+
+
+def _in_child(target: Target, names: list[str]) -> list[Probe] | str:
+    """The probes `names` run in a spawned process: their rows, or the signal (or exit code) it died of."""
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, target.name, target.device, names), daemon=True)
+    proc.start()
+    send.close()
+    rows = None
+    with contextlib.suppress(EOFError):  # EOF: the child died before it answered
+        rows = receive.recv()
+    proc.join(60)
+    if rows is not None:
+        return rows
+    code = proc.exitcode
+    return signal.Signals(-code).name if code is not None and code < 0 else f"exit code {code}"
