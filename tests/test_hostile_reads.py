@@ -74,7 +74,7 @@ DAMAGED = {
     "linked-shard": (_linked, "__0_0.distcp' is a link to"),
     "relative-path-out": (lambda f: _edit_metadata(f, _relative_path("../outside/__0_0.distcp")), "outside its folder"),
     "relative-path-passwd": (lambda f: _edit_metadata(f, _relative_path("../../../../etc/passwd")), "outside its"),
-    "declared-2^40": (lambda f: _edit_metadata(f, _declared_size), "declares size [1048576, 1048576] (4398046511104 bytes)"),
+    "declared-2^40": (lambda f: _edit_metadata(f, _declared_size), "[1048576, 1048576] (4398046511104 bytes)"),
 }
 
 
@@ -127,3 +127,135 @@ def test_an_intact_distributed_checkpoint_reads_every_tensor(tmp_path):
     assert reader.keys() == {"w": ((2, 3), torch.float32), "b": ((2,), torch.bfloat16)}
     assert torch.equal(reader.tensor("w"), torch.arange(6.0).reshape(2, 3))
     assert reader.tensor("b").dtype == torch.bfloat16 and reader.tensor("b").tolist() == [1.0, 1.0]
+
+
+# ---- item 6: drift and validate: links, FIFOs, corrupt pickles ---------------------------------------------------
+
+
+def _weights(path: Path, value: float) -> Path:
+    from flashcheck.training.checkpoints import save_safetensors
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_safetensors({"w": torch.full((4,), value)}, path)
+    return path
+
+
+def _series_step_linked(tmp_path: Path) -> tuple[Path, str]:
+    _weights(tmp_path / "a" / "step_1.safetensors", 0.0)
+    (tmp_path / "a" / "step_2.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    return tmp_path / "a", "step_2.safetensors' is a link to"
+
+
+def _model_file_linked(tmp_path: Path) -> tuple[Path, str]:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "model.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    return tmp_path / "a", "model.safetensors' is a link to"
+
+
+@pytest.mark.parametrize("layout", [_series_step_linked, _model_file_linked], ids=["series-step", "model-file"])
+def test_drift_refuses_a_checkpoint_file_linked_outside_its_folder(tmp_path, layout):
+    """A series step or a model folder's model.safetensors that is a link to a file elsewhere is refused like a
+    linked shard (one rule, core.fileio.regular_file): one line, exit 2. The target is a valid checkpoint, so
+    following the link would have read it."""
+    _weights(tmp_path / "outside.safetensors", 1.0)
+    folder, needle = layout(tmp_path)
+    _weights(tmp_path / "b" / "step_1.safetensors", 0.0)
+    _weights(tmp_path / "b" / "step_2.safetensors", 0.0)
+    res = runner.invoke(app, ["drift", str(folder), str(tmp_path / "b")])
+    _one_line_exit_2(res, needle, "outside its folder")
+
+
+def _invoke_unless_it_blocks(args: list[str], fifo: Path):
+    """runner.invoke in a thread; a reader blocked on opening the FIFO is released (a writer opens it) and the
+    test fails instead of hanging."""
+    import threading
+
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("res", runner.invoke(app, args)), daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        worker.join(10)
+        pytest.fail(f"flashcheck {' '.join(args)} blocked on the FIFO {fifo}")
+    return box["res"]
+
+
+@pytest.mark.parametrize("where", ["in-series", "named"])
+def test_drift_refuses_a_fifo_instead_of_waiting_on_it(tmp_path, where):
+    """A FIFO named like a checkpoint inside a series, or named on the command line: one line, exit 2, at once."""
+    _weights(tmp_path / "b" / "step_1.safetensors", 0.0)
+    if where == "in-series":
+        _weights(tmp_path / "a" / "step_1.safetensors", 0.0)
+        fifo = tmp_path / "a" / "step_2.safetensors"
+        _weights(tmp_path / "b" / "step_2.safetensors", 0.0)
+        target = tmp_path / "a"
+    else:
+        fifo = target = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    res = _invoke_unless_it_blocks(["drift", str(target), str(tmp_path / "b")], fifo)
+    _one_line_exit_2(res, f"{str(fifo)!r} is a FIFO (named pipe), not a regular file")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT folder as test_validate builds it (model.safetensors, config and tokenizer files)."""
+    from tests.test_validate import _save, _tokenizer
+    from transformers import BertConfig, BertModel
+
+    tok = _tokenizer(96)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=96, pad_token_id=0)  # fmt: skip
+    return _save(BertModel(cfg).eval(), tok, tmp_path_factory.mktemp("tiny_bert"))
+
+
+def _copy_model(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        if p.is_file() and p.name not in skip:
+            shutil.copy(p, dst / p.name)
+    return dst
+
+
+def test_validate_refuses_model_files_or_module_folders_linked_out_of_the_model_folder(tiny_bert, tmp_path):
+    """A model.safetensors linked to a file elsewhere, and a sentence-transformers module folder that is a link
+    out of the model's folder, are refused before anything is loaded (the target is a working model, so
+    following the link would have loaded it): one line, exit 2."""
+    from flashcheck.validate.loading import resolve_model
+
+    linked = _copy_model(tiny_bert, tmp_path / "linked-weights", skip=("model.safetensors",))
+    (linked / "model.safetensors").symlink_to(tiny_bert / "model.safetensors")
+    st = tmp_path / "st"
+    st.mkdir()
+    (st / "modules.json").write_text('[{"type": "sentence_transformers.models.Transformer", "path": "0_T"}]')
+    (st / "0_T").symlink_to(tiny_bert, target_is_directory=True)
+    for folder, needle in ((linked, "model.safetensors' is a link to"), (st, "0_T' is a link to")):
+        with pytest.raises(ValueError, match="outside its folder"):
+            resolve_model(folder)
+        res = runner.invoke(app, ["validate", str(folder), "--out", str(tmp_path / "o"), "--quiet"])
+        _one_line_exit_2(res, needle, "outside its folder")
+
+
+class _Planted:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "hostile"])
+def test_validate_on_a_corrupt_or_hostile_pytorch_model_bin_is_one_line_exit_2(tiny_bert, tmp_path, kind):
+    """pytorch_model.bin that is not a torch zip, or a raw pickle that would run code: one line, exit 2, the
+    planted code never run."""
+    folder = _copy_model(tiny_bert, tmp_path / "m", skip=("model.safetensors",))
+    marker = tmp_path / "code-ran"
+    payload = b"PK\x03\x04" + b"\x00" * 60 if kind == "corrupt" else pickle.dumps(_Planted(marker))
+    (folder / "pytorch_model.bin").write_bytes(payload)
+    args = ["validate", str(folder), "--out", str(tmp_path / "o"), "--quiet", "--samples", "24", "--impls", "eager"]
+    res = runner.invoke(app, args)
+    needle = "nothing in it was run" if kind == "hostile" else "could not be loaded"
+    _one_line_exit_2(res, f"MODEL {str(folder)!r} could not be loaded", needle)
+    assert not marker.exists()
