@@ -144,16 +144,18 @@ def _weights(path: Path, value: float) -> Path:
     return path
 
 
-def _series_step_linked(tmp_path: Path) -> tuple[Path, str]:
+def _series_step_linked(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A series whose step 2 links elsewhere, against a series of steps 1 and 2."""
     _weights(tmp_path / "a" / "step_1.safetensors", 0.0)
     (tmp_path / "a" / "step_2.safetensors").symlink_to(tmp_path / "outside.safetensors")
-    return tmp_path / "a", "step_2.safetensors' is a link to"
+    return tmp_path / "a", tmp_path / "b", "step_2.safetensors' is a link to"
 
 
-def _model_file_linked(tmp_path: Path) -> tuple[Path, str]:
+def _model_file_linked(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A model folder whose model.safetensors links elsewhere, against one checkpoint file."""
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "model.safetensors").symlink_to(tmp_path / "outside.safetensors")
-    return tmp_path / "a", "model.safetensors' is a link to"
+    return tmp_path / "a", tmp_path / "b" / "step_1.safetensors", "model.safetensors' is a link to"
 
 
 @pytest.mark.parametrize("layout", [_series_step_linked, _model_file_linked], ids=["series-step", "model-file"])
@@ -162,10 +164,10 @@ def test_drift_refuses_a_checkpoint_file_linked_outside_its_folder(tmp_path, lay
     linked shard (one rule, core.fileio.regular_file): one line, exit 2. The target is a valid checkpoint, so
     following the link would have read it."""
     _weights(tmp_path / "outside.safetensors", 1.0)
-    folder, needle = layout(tmp_path)
+    folder, other, needle = layout(tmp_path)
     _weights(tmp_path / "b" / "step_1.safetensors", 0.0)
     _weights(tmp_path / "b" / "step_2.safetensors", 0.0)
-    res = runner.invoke(app, ["drift", str(folder), str(tmp_path / "b")])
+    res = runner.invoke(app, ["drift", str(folder), str(other)])
     _one_line_exit_2(res, needle, "outside its folder")
 
 
