@@ -215,11 +215,14 @@ def _npy_plan(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> 
 
 def _npy_data(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, plan: tuple) -> np.ndarray:
     (dtype, shape, fortran, head), need = plan
+    buf, got = bytearray(need), 0  # writable, filled in slices (no second copy of a large array)
     with z.open(info) as f:
         f.read(head)
-        buf = f.read(need)
-    if len(buf) != need:
-        raise DumpError(f"{str(p)!r}: array {name!r} holds {len(buf)} of its {need} bytes (truncated)")
+        while got < need and (piece := f.read(min(need - got, 1 << 24))):
+            buf[got : got + len(piece)] = piece
+            got += len(piece)
+    if got != need:
+        raise DumpError(f"{str(p)!r}: array {name!r} holds {got} of its {need} bytes (truncated)")
     return np.frombuffer(buf, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
