@@ -87,9 +87,9 @@ def _read_safetensors(p: Path, max_bytes: int, allowed: NameCheck | None) -> tup
         if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
             raise DumpError(f"{str(p)!r}: __metadata__ must map names to strings")
         data_len = size - 8 - n
+        entries = [_st_entry(p, name, e, data_len) for name, e in header.items()]  # the header alone
         if allowed is not None:
             allowed(str(p), [*header, *meta])
-        entries = [_st_entry(p, name, e, data_len) for name, e in header.items()]
         _check_count_and_total(p, [(name, nbytes) for name, _, _, _, nbytes in entries], max_bytes)
         _check_disjoint(p, entries)
         tensors = {}
