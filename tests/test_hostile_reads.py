@@ -376,3 +376,48 @@ def test_judge_names_non_finite_inputs(tmp_path, bad):
     word = "1 NaN and 0 infinite" if math.isnan(bad) else "0 NaN and 1 infinite"
     res = runner.invoke(app, ["judge", str(path)])
     _one_line_exit_2(res, f"input 'q' holds {word} values (the first at [0, 1, 3, 2])")
+
+
+def _two_chunk_dcp(folder: Path, rows: tuple[int, int] = (0, 1)) -> Path:
+    """The checkpoint of _dcp with w [2, 3] stored as two row chunks in two data files (as two FSDP ranks write
+    it); `rows` gives the chunks' first rows (0, 0 makes them overlap)."""
+    import io
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    _dcp(folder)
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    w = torch.arange(6.0).reshape(2, 3)
+    md.state_dict_metadata["w"].chunks = []
+    md.storage_data = {k: v for k, v in md.storage_data.items() if k.fqn != "w"}
+    for rank, row in enumerate(rows):
+        buf = io.BytesIO()
+        torch.save(w[row : row + 1].clone(), buf)
+        (folder / f"__{rank}_1.distcp").write_bytes(buf.getvalue())
+        offsets = torch.Size([row, 0])
+        md.state_dict_metadata["w"].chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([1, 3])))
+        md.storage_data[MetadataIndex("w", offsets)] = _StorageInfo(f"__{rank}_1.distcp", 0, len(buf.getvalue()))
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    return folder
+
+
+def test_a_tensor_in_chunks_across_data_files_reads_as_torch_reads_it(tmp_path):
+    """Chunks in several data files are assembled as torch's own dcp.load assembles them (the oracle); chunks
+    that overlap are refused."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from flashcheck.training.checkpoints import open_checkpoint
+
+    folder = _two_chunk_dcp(tmp_path / "two")
+    theirs = {"w": torch.zeros(2, 3), "b": torch.zeros(2, dtype=torch.bfloat16)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(theirs, checkpoint_id=str(folder))
+    reader = open_checkpoint(folder)
+    assert torch.equal(reader.tensor("w"), theirs["w"]) and torch.equal(theirs["w"], torch.arange(6.0).reshape(2, 3))
+    overlap = _two_chunk_dcp(tmp_path / "overlap", rows=(0, 0))
+    res = runner.invoke(app, ["drift", str(overlap), str(folder)])
+    _one_line_exit_2(res, "tensor 'w': chunks at [0, 0] and [0, 0] overlap")  # 6 elements, as many as [2, 3]
