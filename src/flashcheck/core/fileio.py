@@ -139,7 +139,7 @@ def regular_file(path: str | Path, folder: str | Path | None = None) -> Path:
         inside_folder(path, folder)
     try:
         mode = path.stat().st_mode
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise UnsafeFile(f"{str(path)!r} cannot be read: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
         raise UnsafeFile(f"{str(path)!r} is {_kind(mode)}, not a regular file; refused")
@@ -151,7 +151,10 @@ def inside_folder(path: str | Path, folder: str | Path) -> Path:
     otherwise. The one exception is the layout of the Hugging Face cache, whose snapshots/<revision>/ entries
     link into the model's blobs/ folder."""
     path, folder = Path(path), Path(folder)
-    real, home = path.resolve(), folder.resolve()
+    try:
+        real, home = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a loop of links, a NUL in a name taken from a file
+        raise UnsafeFile(f"{str(path)!r} cannot be resolved: {exc}") from None
     allowed = [home]
     if home.parent.name == "snapshots":
         allowed.append(home.parent.parent / "blobs")

@@ -70,11 +70,11 @@ class DcpReader(Reader):
         md = self._metadata()
         self.meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         self._chunks: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Path, int, int]]] = {}
-        storage = getattr(md, "storage_data", None)
-        if not isinstance(storage, dict):
-            self._fail("its .metadata has no storage_data table")
+        storage, tensors = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
+        if not isinstance(storage, dict) or not isinstance(tensors, dict):
+            self._fail("its .metadata lacks the state_dict_metadata or storage_data table")
         sizes: dict[Path, int] = {}
-        for name, m in (getattr(md, "state_dict_metadata", None) or {}).items():
+        for name, m in tensors.items():
             if type(m).__name__ != "TensorStorageMetadata":
                 continue  # a BytesStorageMetadata entry (an object saved beside the tensors) is never read
             self._add_tensor(str(name), m, storage, sizes)
@@ -109,7 +109,12 @@ class DcpReader(Reader):
         chunks = getattr(m, "chunks", None)
         if shape is None or not isinstance(dtype, torch.dtype) or not isinstance(chunks, list):
             self._fail(f"{where} has a malformed entry (size, dtype or chunks)")
-        item = torch.empty((), dtype=dtype).element_size()
+        try:
+            item = torch.empty((), dtype=dtype).element_size()  # a quantized dtype cannot be built this way
+        except (RuntimeError, TypeError):
+            item = 0
+        if dtype.is_complex or not item:
+            self._fail(f"{where} has dtype {dtype}, which cannot be compared as real numbers")
         pieces, stored = [], 0
         for c in chunks:
             off, size = _sizes(getattr(c, "offsets", None)), _sizes(getattr(c, "sizes", None))
