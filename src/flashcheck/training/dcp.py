@@ -73,9 +73,11 @@ class DcpReader(Reader):
         storage, tensors = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
         if not isinstance(storage, dict) or not isinstance(tensors, dict):
             self._fail("its .metadata lacks the state_dict_metadata or storage_data table")
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
         sizes: dict[Path, int] = {}
         for name, m in tensors.items():
-            if type(m).__name__ != "TensorStorageMetadata":
+            if not isinstance(m, TensorStorageMetadata):
                 continue  # a BytesStorageMetadata entry (an object saved beside the tensors) is never read
             self._add_tensor(str(name), m, storage, sizes)
 
