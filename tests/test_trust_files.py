@@ -302,3 +302,12 @@ def test_a_mistyped_model_config_field_names_the_file_and_field(tmp_path, field,
         resolve_model(model)
     msg = str(info.value)
     assert str(model / "config.json") in msg and f"field {field!r}" in msg and expected in msg, msg
+
+
+def test_a_deeply_nested_hunt_store_is_one_line(tmp_path):
+    from flashcheck.hunt import parse_target
+    from flashcheck.hunt.search import STORE, HuntState
+
+    (tmp_path / STORE).write_text(DEEP)
+    with pytest.raises(ValueError, match="nests brackets"):
+        HuntState.load(tmp_path, parse_target("sdpa-math"))
