@@ -110,9 +110,7 @@ def compare(
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
     if case is not None:
-        from flashcheck.cli.hunt import rerun_case
-
-        rerun_case(backend, case, device, as_json)
+        _rerun_hunted(backend, case, device, as_json)
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
     shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
@@ -120,11 +118,8 @@ def compare(
     knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
     simulators = backend is None and preset is None
     try:
-        _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
-        _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs)
-        dev = _device(device, backend, preset)
-        _kv_divides(heads, kv_heads)
-        lengths = _int_list(seq_len, "--seq-len")
+        opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend, "--preset": preset}
+        dev, lengths = _checked(opt | {"--seq-len": seq_len, "--device": device} | knobs, heads, kv_heads)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
@@ -142,6 +137,21 @@ def compare(
         _finish_sims(cfgs, records, as_json)
     else:
         _finish_backends(results, as_json)
+
+
+def _rerun_hunted(backend: str | None, case: str, device: str | None, as_json: bool) -> None:
+    """`--case`: a `flashcheck hunt` finding judged again (cli.hunt; exits)."""
+    from flashcheck.cli.hunt import rerun_case
+
+    rerun_case(backend, case, device, as_json)
+
+
+def _checked(named: dict, heads: int, kv_heads: int | None) -> tuple:
+    """(device, lengths) after the option checks: no empty option, kv heads dividing heads, --seq-len a list."""
+    _no_empty(named)
+    dev = _device(named["--device"], named["--backend"], named["--preset"])
+    _kv_divides(heads, kv_heads)
+    return dev, _int_list(named["--seq-len"], "--seq-len")
 
 
 def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
