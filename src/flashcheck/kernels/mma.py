@@ -27,7 +27,7 @@ import torch
 # exponent of the smallest normal value of each operand format (subnormals share it); "fp32": operands that are
 # not format codes (dequantised values), their own exponents down to fp32's
 EMIN = {"e4m3": -6, "e5m2": -14, "e2m1": 0, "e2m3": 0, "e3m2": -2, "fp32": -126}
-_ZERO_EXP = -100_000.0  # the exponent given to zero values: below every real one, so never a block's maximum
+_ZERO_EXP = -8_000  # the exponent given to zero values (int16; a sum of two fits): never a block's maximum
 TILE_ELEMS = 1 << 22  # products held at once per K chunk (float64: 32 MiB, with the exponents 64 MiB)
 
 
@@ -75,32 +75,43 @@ def _formats(fmt: str | tuple[str, str]) -> tuple[str, str]:
 
 
 def _exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
-    """floor(log2 |x|) clamped below at emin (float64, x's shape); _ZERO_EXP where x == 0. frexp is exact."""
-    e = (torch.frexp(x)[1] - 1).to(torch.float64).clamp_min(emin)
+    """floor(log2 |x|) clamped below at emin (int16, x's shape); _ZERO_EXP where x == 0. frexp is exact."""
+    e = (torch.frexp(x)[1] - 1).clamp_min(emin).to(torch.int16)
     return torch.where(x != 0, e, torch.full_like(e, _ZERO_EXP))
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
-    """2^e (float64) for integer-valued e in float64's normal range, from the bit pattern."""
-    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+    """2^e (float64) for integer e (int64) in float64's normal range, from the bit pattern."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
+def _exponent_of(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |x|) (int64) of float64 x holding fp32 values (normal in float64); -1023 for zero."""
+    return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
 
 
 def _truncate_out(d: torch.Tensor, frac_out: int) -> torch.Tensor:
-    """d truncated toward zero to frac_out fraction bits of its exponent (at least -126), float64."""
-    ed = (torch.frexp(d)[1] - 1).to(torch.float64).clamp_min(-126)
-    return torch.trunc(d * _pow2(frac_out - ed)) * _pow2(ed - frac_out)
+    """d (float64) truncated toward zero to frac_out fraction bits of its exponent, at least fp32's -126: a mask
+    on float64's mantissa bits, and below 2^-126 the fixed grid 2^(-126 - frac_out)."""
+    out = (d.view(torch.int64) & ~((1 << (52 - frac_out)) - 1)).view(torch.float64)
+    tiny = d.abs() < 2.0**-126
+    if bool(tiny.any()):
+        out = torch.where(tiny, torch.trunc(d * 2.0 ** (126 + frac_out)) * 2.0 ** (-126 - frac_out), out)
+    return out
 
 
 def _block(p: torch.Tensor, ep: torch.Tensor, acc: torch.Tensor, model: MMAModel) -> torch.Tensor:
-    """One block step. p [..., nfma] exact products (float64), ep [...] their largest exponent, acc [...] the
-    accumulator c (float64 holding fp32 values). Returns the new accumulator."""
-    if model.late_c:
-        e = ep.clamp_min(model.min_exp)
+    """One block step. p [..., nfma] exact products (float32 or float64), ep [...] their largest exponent (int64),
+    acc [...] the accumulator c (float64 holding fp32 values). Returns the new accumulator."""
+    e = ep if model.late_c else torch.maximum(ep, _exponent_of(acc))  # a zero c's -1023 is never the maximum
+    q = _pow2(e.clamp_min(model.min_exp) - model.frac)
+    if p.dtype == torch.float32 and model.frac <= 13 and model.nfma <= 64:
+        # narrow products: each aligned term and the block's sum of them (< 2^(frac + 9)) are exact in float32;
+        # a nonzero product puts E at -28 or above, so 2^(E - frac) floored at fp32's 2^-126 changes no term
+        q32 = torch.maximum(q, torch.full_like(q, 2.0**-126)).to(torch.float32)
+        s = torch.div(p, q32.unsqueeze(-1), rounding_mode="trunc").sum(-1).to(torch.float64)
     else:
-        ec = torch.where(acc != 0, (torch.frexp(acc)[1] - 1).to(torch.float64), torch.full_like(acc, _ZERO_EXP))
-        e = torch.maximum(ep, ec).clamp_min(model.min_exp)
-    q = _pow2(e - model.frac)
-    s = torch.div(p, q.unsqueeze(-1), rounding_mode="trunc").sum(-1)
+        s = torch.div(p, q.unsqueeze(-1), rounding_mode="trunc").sum(-1, dtype=torch.float64)
     if not model.late_c:
         s = s + torch.div(acc, q, rounding_mode="trunc")
     d = _truncate_out(s * q, model.frac_out)
@@ -109,9 +120,10 @@ def _block(p: torch.Tensor, ep: torch.Tensor, acc: torch.Tensor, model: MMAModel
     return d + 0.0  # a zero result is +0
 
 
-def _chain(a, ea, b, eb, acc: torch.Tensor, model: MMAModel) -> torch.Tensor:
-    """Continue the chain acc [..., M, N] over a [..., M, L], b [..., N, L] (float64, L a multiple of nfma) with
-    their clamped exponents ea, eb; K chunks of TILE_ELEMS products at a time, blocks in order."""
+def _chain(a, ea, b, eb, acc: torch.Tensor, model: MMAModel, fp16: bool = False) -> torch.Tensor:
+    """Continue the chain acc [..., M, N] over a [..., M, L], b [..., N, L] (L a multiple of nfma) with their
+    clamped exponents ea, eb (int16); K chunks of TILE_ELEMS products at a time, blocks in order. fp16: each block
+    result is rounded to the nearest fp16 (an fp16 accumulator register)."""
     nf = model.nfma
     length = a.shape[-1]
     outputs = max(1, acc.numel())
@@ -123,9 +135,56 @@ def _chain(a, ea, b, eb, acc: torch.Tensor, model: MMAModel) -> torch.Tensor:
         b4 = b[..., k0:k1].unflatten(-1, (nb, nf)).unsqueeze(-4)  # [..., 1, N, nb, nf]
         p = a4 * b4
         ep = ea[..., k0:k1].unflatten(-1, (nb, nf)).unsqueeze(-3) + eb[..., k0:k1].unflatten(-1, (nb, nf)).unsqueeze(-4)
-        epmax = ep.amax(-1)  # a zero operand's exponent is _ZERO_EXP: its product never sets the maximum
+        epmax = ep.amax(-1).to(torch.int64)  # a zero operand's exponent is _ZERO_EXP: never the maximum
         for j in range(nb):
             acc = _block(p[..., j, :], epmax[..., j], acc, model)
+            if fp16:
+                acc = acc.to(torch.float16).to(torch.float64)
+    return acc
+
+
+def _blocks(x: torch.Tensor, k0: int, k1: int, nf: int, at: int) -> torch.Tensor:
+    """x[..., k0:k1] cut into blocks of nf, block index first: [nb, ..., M, 1, nf] (at -2) or [nb, ..., 1, N, nf]."""
+    return x[..., k0:k1].unflatten(-1, (-1, nf)).movedim(-2, 0).unsqueeze(at)
+
+
+def _chain_fast(a, ea, b, eb, acc: torch.Tensor, model: MMAModel, fp16: bool = False) -> torch.Tensor:
+    """_chain for narrow products (a, b float32) and an accumulator acc (float32) whose nonzero values are at
+    least 2^-100, on float32 bit patterns: every product and every accumulator value is then a multiple of
+    2^(-29 - frac) at least, so 2^(E - frac) is a normal float32 built from exponent bits (E floored at
+    -29 - frac, below which every term is zero) and the truncation to frac_out bits is a mask. Block sums are
+    exact in float32 for early c with frac <= 13 (< 2^24), else taken in float64."""
+    nf, frac = model.nfma, model.frac
+    length = a.shape[-1]
+    kc = max(nf, (TILE_ELEMS // max(1, acc.numel())) // nf * nf)
+    floor = max(model.min_exp, -29 - frac)
+    f32_sums = not model.late_c and frac <= 13 and nf <= 64
+    mask32 = ~((1 << (23 - model.frac_out)) - 1)
+    mask64 = ~((1 << (52 - model.frac_out)) - 1)
+    for k0 in range(0, length, kc):
+        k1 = min(length, k0 + kc)
+        nb = (k1 - k0) // nf
+
+        p = _blocks(a, k0, k1, nf, -2) * _blocks(b, k0, k1, nf, -3)  # [nb, ..., M, N, nf], exact
+        e = (_blocks(ea, k0, k1, nf, -2) + _blocks(eb, k0, k1, nf, -3)).amax(-1).to(torch.int32)
+        eps = (e.clamp_min(floor) - frac + 127) << 23  # bits of 2^(E_products - frac)
+        for j in range(nb):
+            if model.late_c:
+                scale = eps[j].view(torch.float32)
+            else:  # 2^(E - frac), E the larger of the products' and c's (c = +0: a negative int, never the max)
+                scale = torch.maximum(eps[j], (acc.view(torch.int32) & 0x7F800000) - (frac << 23)).view(torch.float32)
+            t = p[j].div_(scale.unsqueeze(-1), rounding_mode="trunc")  # in place: block j is used once
+            if f32_sums:
+                d = t.sum(-1) + torch.div(acc, scale, rounding_mode="trunc")
+                d = ((d * scale).view(torch.int32) & mask32).view(torch.float32)
+            else:
+                s = t.sum(-1, dtype=torch.float64)
+                if not model.late_c:
+                    s = s + torch.div(acc.to(torch.float64), scale.to(torch.float64), rounding_mode="trunc")
+                d = ((s * scale).view(torch.int64) & mask64).view(torch.float64).to(torch.float32)
+            acc = d + acc if model.late_c else d + 0.0  # late c: an fp32 round-to-nearest addition; +0 for zero
+            if fp16:
+                acc = acc.to(torch.float16).to(torch.float32)
     return acc
 
 
@@ -137,6 +196,7 @@ def mma_matmul(
     c: torch.Tensor | None = None,
     promote_every: int | None = None,
     fmt: str | tuple[str, str] = "e4m3",
+    acc: str = "fp32",
 ) -> torch.Tensor:
     """a @ b as the tensor core computes it: a [..., M, K], b [..., K, N] (batch dims broadcast) holding values
     exact in the operand format `fmt` (e4m3, e5m2, e2m1, e2m3, e3m2; a pair for a and b apart) as float tensors,
@@ -145,7 +205,11 @@ def mma_matmul(
     the accumulator the MMA starts from (fp32 values; one level: the chain's first c; two levels: the fp32 outer
     sum's start). promote_every=N: every N k (N a multiple of nfma for the hardware's behaviour) the chain's
     result is added to an fp32 accumulator with round-to-nearest and the chain restarts from +0. Inputs finite.
-    Returns the fp32 accumulator [..., M, N]."""
+    acc "fp16": the MMA's accumulator register is fp16 (mma.sync ... .f16.e4m3.e4m3.f16, SageAttention2++'s
+    "fp32+fp16"): each block result, formed as above, is rounded to the nearest fp16 (no oracle models this
+    unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16")."""
+    if acc not in ("fp32", "fp16"):
+        raise ValueError(f"acc={acc!r}: expected fp32 or fp16 (the MMA's accumulator register)")
     if promote_every is not None and promote_every < 1:
         raise ValueError(f"promote_every={promote_every!r} must be a positive number of k or None")
     fa, fb = _formats(fmt)
@@ -153,27 +217,35 @@ def mma_matmul(
         raise ValueError(f"a [..., M, K] and b [..., K, N] disagree on K: {tuple(a.shape)} and {tuple(b.shape)}")
     k, nf = a.shape[-1], model.nfma
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a64 = a.to(torch.float64).expand(*batch, *a.shape[-2:])
-    bt64 = b.to(torch.float64).transpose(-1, -2).expand(*batch, b.shape[-1], k)  # [..., N, K]
+    # products of two narrow values have at most 8 significant bits within 2^-32 .. 2^34: exact in float32
+    work = torch.float64 if "fp32" in (fa, fb) else torch.float32
+    a64 = a.to(work).expand(*batch, *a.shape[-2:])
+    bt64 = b.to(work).transpose(-1, -2).expand(*batch, b.shape[-1], k)  # [..., N, K]
     out_shape = (*batch, a.shape[-2], b.shape[-1])
     start = torch.zeros(out_shape, dtype=torch.float64, device=a.device)
     if c is not None:
         start = start + c.to(torch.float32).to(torch.float64)
     seg = promote_every or max(k, 1)
-    seg_pad = -(-seg // nf) * nf
-    acc = start if promote_every is None else torch.zeros_like(start)
+    fp16 = acc == "fp16"
+    if fp16:
+        start = start.to(torch.float16).to(torch.float64)
+    tiny = start.abs()
+    fast = work == torch.float32 and not bool(((tiny > 0) & (tiny < 2.0**-100)).any())
+    chain = _chain_fast if fast else _chain
+    if fast:
+        start = start.to(torch.float32)
+    run = start if promote_every is None else torch.zeros_like(start)
     outer = start.to(torch.float32)
     for s0 in range(0, k, seg):
         s1 = min(k, s0 + seg)
-        pad = (-(s1 - s0)) % nf if promote_every is None else seg_pad - (s1 - s0)
-        pad = pad % nf  # zero padding to whole blocks only (a zero block changes nothing)
+        pad = (-(s1 - s0)) % nf  # zero padding to whole blocks (zero products change nothing)
         aa, bb = a64[..., s0:s1], bt64[..., s0:s1]
         if pad:
             aa, bb = torch.nn.functional.pad(aa, (0, pad)), torch.nn.functional.pad(bb, (0, pad))
         ea, eb = _exponents(aa, EMIN[fa]), _exponents(bb, EMIN[fb])
         if promote_every is None:
-            acc = _chain(aa, ea, bb, eb, acc, model)
+            run = chain(aa, ea, bb, eb, run, model, fp16)
         else:
-            part = _chain(aa, ea, bb, eb, torch.zeros_like(start), model)
+            part = chain(aa, ea, bb, eb, torch.zeros_like(start), model, fp16)
             outer = outer + part.to(torch.float32)
-    return acc.to(torch.float32) if promote_every is None else outer
+    return run.to(torch.float32) if promote_every is None else outer
