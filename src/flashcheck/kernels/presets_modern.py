@@ -64,7 +64,8 @@ def fa4_fp4(fmt: Format) -> Policy:
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
     fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
-    16-bit dtype the inputs come in."""
+    16-bit dtype the inputs come in. Block scales: NVIDIA's quantisation recipe (torchao's nvfp4_quantize, which
+    the MSLK kernels match) raises a block scale below e4m3's 2^-6 to it: nvfp4_floor on."""
     _need("fa4-fp4", fmt, HALF)
     base = _fp8_base(Format.FP4_E2M1, f"fa4-fp4@{fmt.value}", output=fmt)
     return base.replace(
@@ -73,6 +74,7 @@ def fa4_fp4(fmt: Format) -> Policy:
         v_scaling="nvfp4",
         p_scale=256.0,
         approx_recip=True,
+        nvfp4_floor=True,
         **B200_MMA,
         **FA4_EX2_EMU,
     )
@@ -134,7 +136,8 @@ def sage2pp(fmt: Format) -> Policy:
 def sage3_fp4(fmt: Format) -> Policy:
     """SageAttention3 (arXiv 2505.11594): NVFP4 (1 x 16 microscaling, e4m3 block scales) Q, K and V, and P
     with its two-level quantisation (each row's max mapped to 448 x 6 by an fp32 scale, then NVFP4 blocks of
-    16 keys); fp32 accumulator (Blackwell); output in the input dtype."""
+    16 keys); fp32 accumulator (Blackwell); output in the input dtype. Block scales without a floor (nvfp4_floor
+    off: the e4m3 cast of amax / 6 may give a subnormal or zero scale)."""
     _need("sage3-fp4", fmt, HALF)
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(
