@@ -192,3 +192,27 @@ def test_models_and_bad_input():
         mma_matmul(torch.ones(2, 4), torch.ones(4, 2), ADA, promote_every=0)
     with pytest.raises(ValueError, match="disagree on K"):
         mma_matmul(torch.ones(2, 4), torch.ones(3, 2), ADA)
+
+
+@pytest.mark.parametrize("name", ["fa3-fp8-fp22", "fa4-fp8", "sage2", "sage2pp", "fa4-fp4"])
+def test_flash_operands_split_into_codes_and_scales(name):
+    """kernels.mma_ops recovers the codes the tensor core multiplies from each preset's dequantised Q, K, V (FA3's
+    per-block, FA4's per-tensor, Sage's per-channel scales); NVFP4 operands stay dequantised values."""
+    from flashcheck.kernels.fp8 import round_inputs
+    from flashcheck.kernels.mma_ops import MMAOperands
+    from flashcheck.kernels.presets import default_format, resolve
+
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    kw = resolve(name, default_format(name), 256, 256, 64, False)
+    pol = kw["policy"]
+    qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=kw["block_q"], block_k=kw["block_k"])
+    ops = MMAOperands.make(qr, kr, vr, pol, kw["block_q"], kw["block_k"])
+    for op, held in ((ops.q, qr), (ops.k, kr), (ops.v, vr)):
+        if op is None:
+            continue
+        assert op.fmt == ("fp32" if name == "fa4-fp4" else "e4m3")
+        if op.fmt == "e4m3":
+            assert torch.equal(op.codes, op.codes.to(torch.float8_e4m3fn).double())  # exact e4m3 values
+        assert torch.allclose(op.codes * op.scale, held.double(), rtol=2.0**-20, atol=0)
+    assert ops.v is not None and (ops.q is not None) == bool(pol.qk_mma)
