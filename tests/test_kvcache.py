@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import ml_dtypes
@@ -69,7 +70,7 @@ def _fp4_slow(block: list[float]) -> list[float]:
     for x in block:
         a = abs(x) / s
         best = grid[0]
-        for lo, hi in zip(grid, grid[1:], strict=False):
+        for lo, hi in itertools.pairwise(grid):
             if a >= (lo + hi) / 2:
                 best = hi
         out.append(math.copysign(best, x) * s if best else 0.0)
