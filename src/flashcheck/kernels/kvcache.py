@@ -69,6 +69,15 @@ def parse_kv_format(spec: str | KVCacheFormat) -> KVCacheFormat:
     return KVCacheFormat(scheme, scale or "static")
 
 
+def round_fp(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """x (float64) rounded once to fmt, in float64: through float32 when every value is an fp32 number (one
+    rounding either way, and torch's float32 casts are fast), else core.numerics' exact float64 rounding."""
+    x32 = x.to(torch.float32)
+    if torch.equal(x32.to(torch.float64), x):
+        return round_to(x32, fmt).to(torch.float64)
+    return round_to(x, fmt)
+
+
 def tensor_scale(x: torch.Tensor, mode: str, which: str) -> float:
     """The per-tensor scale of x for `mode`: static 1.0; calc amax / vLLM's constant for `which` (q, k, v);
     amax amax / 448. An all-zero tensor gets 1.0."""
@@ -85,7 +94,7 @@ def quantize_fp8(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     x64 = x.detach().to(torch.float64)
     s = torch.as_tensor(scale, dtype=torch.float64, device=x.device)
     s = torch.where(s > 0, s, torch.ones_like(s))
-    return round_to(x64 / s, Format.FP8_E4M3) * s
+    return round_fp(x64 / s, Format.FP8_E4M3) * s
 
 
 def fp8_grouped(x: torch.Tensor, granularity: str) -> torch.Tensor:
