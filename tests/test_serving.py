@@ -151,3 +151,34 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
                      (["sim-fa3", "--kv", "fp3"], "unknown KV-cache scheme 'fp3'")):  # fmt: skip
         res = runner.invoke(app, ["consistency", *bad])
         assert res.exit_code == 2 and msg in res.output and "Traceback" not in res.output
+
+
+def test_haystack_needle_margin_and_bf16_long_context_error_small():
+    from flashcheck.measure.longcontext import haystack, measure_cell
+
+    q, k, v, pos = haystack(2048, 32, 2, values="shared-mean", needle="late")
+    s = (q @ k.transpose(-1, -2)).squeeze(-2) * 32**-0.5  # [1, H, L]
+    rest = torch.cat([s[..., :pos], s[..., pos + 1 :]], dim=-1).amax(-1)
+    assert pos == int(2048 * 0.9) and torch.allclose(s[..., pos] - rest, torch.full_like(rest, 6.0), atol=1e-4)
+    assert float(v.mean()) == pytest.approx(1.0, abs=0.01)
+    rows = measure_cell("bf16", 2048, heads=2)
+    assert len(rows) == 6 and all(r.rel_err < 2**-8 for r in rows)  # bf16 P over 2k keys: under one bf16 step
+    with pytest.raises(ValueError, match="unknown variant 'fp9'"):
+        measure_cell("fp9", 1024)
+
+
+def test_one_level_fp8_accumulation_loses_the_shared_mean_haystack_two_level_does_not():
+    pytest.importorskip("flashcheck.kernels.mma")
+    from flashcheck.measure.longcontext import measure_cell
+
+    cells = {(var, n): measure_cell(var, n, heads=1) for var, n in
+             (("fp8-1level", 1024), ("fp8-1level", 4096), ("fp8-2level", 4096), ("b200", 4096))}  # fmt: skip
+
+    def err(variant, n, values="shared-mean"):
+        return next(r.rel_err for r in cells[variant, n] if r.values == values and r.needle == "late")
+
+    one_short, one_long, two_long = err("fp8-1level", 1024), err("fp8-1level", 4096), err("fp8-2level", 4096)
+    assert one_long > 1.5 * one_short  # grows with the context
+    assert one_long > 20 * two_long and two_long < 4e-3  # two-level accumulation removes it
+    assert err("fp8-1level", 4096, "zero-mean") < one_long / 10  # zero-mean values hide it
+    assert err("b200", 4096) < 4e-3  # c added in fp32 (B200): no collapse

@@ -49,17 +49,20 @@ def r32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).to(torch.float64)
 
 
-def _mma(a: torch.Tensor, b: torch.Tensor, model: str | None, c: torch.Tensor | None = None) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] as a tensor core computes it, plus c (fp32) when given; float64 holding fp32."""
+def _mma(a: torch.Tensor, b: torch.Tensor, model: str | None, c: torch.Tensor | None = None,
+         fp8: bool = False) -> torch.Tensor:  # fmt: skip
+    """a [..., M, K] @ b [..., K, N] as a tensor core computes it, plus c (fp32) when given; float64 holding fp32.
+    `fp8`: the operands are e4m3 values (the hardware models' oracle); else dequantised values ("fp32")."""
     if model is None:
         prod = r32(a @ b)
         return prod if c is None else r32(c + prod)
     from flashcheck.kernels.mma import MMA_MODELS, mma_matmul  # lazily: the hardware model is optional here
 
-    if model.upper() not in MMA_MODELS:
+    if model not in MMA_MODELS:
         raise ValueError(f"unknown MMA model {model!r}; expected one of {', '.join(MMA_MODELS)}")
     c32 = None if c is None else c.to(torch.float32)
-    return mma_matmul(a.to(torch.float32), b.to(torch.float32), MMA_MODELS[model.upper()], c=c32).to(torch.float64)
+    out = mma_matmul(a, b, MMA_MODELS[model], c=c32, fmt="e4m3" if fp8 else "fp32")
+    return out.to(torch.float64)
 
 
 class Operands(NamedTuple):
@@ -105,8 +108,9 @@ def _split_pass(q, k, v, spans, scale_log2, p_fmt, max_offset, accumulation, mma
     l = torch.zeros(shape, dtype=torch.float64)
     o = None
     row = torch.arange(lq).view(lq, 1) + row_offset
+    fp8 = p_fmt == Format.FP8_E4M3
     for c0, c1 in spans:
-        s = _mma(q, k[..., c0:c1, :].transpose(-1, -2), mma)
+        s = _mma(q, k[..., c0:c1, :].transpose(-1, -2), mma, fp8=fp8)
         s = s.masked_fill(torch.arange(c0, c1).view(1, -1) > row, -math.inf)
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
@@ -117,11 +121,11 @@ def _split_pass(q, k, v, spans, scale_log2, p_fmt, max_offset, accumulation, mma
         pq = round_fp(p, p_fmt)
         vt = v[..., c0:c1, :]
         if o is None:
-            o = _mma(pq, vt, mma)
+            o = _mma(pq, vt, mma, fp8=fp8)
         elif accumulation == "two-level":
-            o = r32(r32(o * rescale) + _mma(pq, vt, mma))
+            o = r32(r32(o * rescale) + _mma(pq, vt, mma, fp8=fp8))
         else:
-            o = _mma(pq, vt, mma, c=r32(o * rescale))
+            o = _mma(pq, vt, mma, c=r32(o * rescale), fp8=fp8)
         m = m_new
     return o, m, l
 
