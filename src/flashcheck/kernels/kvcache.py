@@ -124,8 +124,11 @@ def quantize_fp4_block16(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     return out.reshape(x.shape).to(torch.float64)
 
 
-def quantize_cache(x: torch.Tensor, scheme: str, scale_mode: str, which: str) -> torch.Tensor:
-    """One cache tensor (`which`: k or v) as the scheme stores and reads it, in float64."""
+def quantize_cache(
+    x: torch.Tensor, scheme: str, scale_mode: str, which: str, scale: float | None = None
+) -> torch.Tensor:
+    """One cache tensor (`which`: k or v) as the scheme stores and reads it, in float64; `scale` fixes the
+    per-tensor FP8 scale (one calibrated earlier) instead of computing it from x."""
     if scheme in ("bf16", "fp16"):
         return round_to(x.detach().to(torch.float32), Format(scheme)).to(torch.float64)
     if scheme in ("fp8-head", "fp8-token"):
@@ -134,11 +137,11 @@ def quantize_cache(x: torch.Tensor, scheme: str, scale_mode: str, which: str) ->
         return quantize_fp4_block16(x)
     if scheme == "nvfp4" or (scheme == "fp8k-nvfp4v" and which == "v"):
         return quantize_nvfp4(x.detach().to(torch.float32)).to(torch.float64)
-    return quantize_fp8(x, tensor_scale(x, scale_mode, which))
+    return quantize_fp8(x, tensor_scale(x, scale_mode, which) if scale is None else scale)
 
 
 def quantize_kv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: KVCacheFormat | str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: KVCacheFormat | str, scales: dict[str, float] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
     """Q, K, V as the attention sees them with KV cache `fmt`, in float64, and the per-tensor scales used.
 
