@@ -182,3 +182,30 @@ def test_one_level_fp8_accumulation_loses_the_shared_mean_haystack_two_level_doe
     assert one_long > 20 * two_long and two_long < 4e-3  # two-level accumulation removes it
     assert err("fp8-1level", 4096, "zero-mean") < one_long / 10  # zero-mean values hide it
     assert err("b200", 4096) < 4e-3  # c added in fp32 (B200): no collapse
+
+
+def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
+    from flashcheck.questions.serving.tasks import mma_missing
+
+    out = tmp_path / "st"
+    runner = CliRunner()
+    res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "18 units run, 0 kept from before" in res.output
+    lines = res.output.splitlines()
+    answer = lines[lines.index("Answer:") + 1 :]
+    assert answer[0].startswith("- Is an FP8 / FP4 KV cache safe at long context?")
+    assert "bf16: safe" in answer[0]
+    assert "sim-fa3 varies from batch size 2, sim-fa3-fixed invariant" in answer[1]
+    assert "fp8 differs from KV length 97 on, bf16 bit-identical" in answer[2]
+    report = (out / "report.md").read_text()
+    assert report.index("## Answer") < report.index("## Published figures") < report.index("## Long context")
+    assert "91% / 13% / 89%" in report and "What a kernel-level error can and cannot say" in report
+    if mma_missing():
+        assert "fp8-1level" not in answer[0] and "Not measured" in report
+    else:
+        assert "fp8-1level: degraded" in answer[0] or "fp8-1level: collapses" in answer[0]
+        assert "fp8-2level: safe" in answer[0]
+    res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0 and "0 units run, 18 kept from before" in res.output
+    assert json.loads((out / "summary.json").read_text())["answer"][0].startswith("Is an FP8")

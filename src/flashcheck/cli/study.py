@@ -29,7 +29,8 @@ class Executor(StrEnum):
 def study(
     preset: str = typer.Option(
         "quick",
-        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny.",
+        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny | "
+        "serving | serving-tiny.",
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option(
@@ -53,6 +54,10 @@ def study(
     from flashcheck.study.runner import run_study
 
     out = default_out("flashcheck-study", preset, config) if out is None else out
+    if config is None and preset in ("serving", "serving-tiny"):
+        from flashcheck.cli.serving import study_serving
+
+        return study_serving(preset, out, quiet)
 
     def run() -> tuple[dict, dict]:
         _out_folder(out)
