@@ -36,8 +36,10 @@ VALUES = ("zero-mean", "shared-mean")
 
 @dataclass(frozen=True, slots=True)
 class LongContextRow:
-    """One (variant, length, values, needle) cell: relative L2 error of O (mean and max over heads), the
-    cosine of O and of the exact output with the needle's value row, and the seconds the cell's call took."""
+    """One (variant, length, values, needle) cell: relative L2 error of O (mean and max over heads) against the
+    exact attention of the same cache, the cache's own error (the exact attention of this cache against that
+    of the bf16 cache, mean over heads), the cosine of O and of the exact output with the needle's value row,
+    and the seconds the cell's call took."""
 
     variant: str
     kv_len: int
@@ -49,6 +51,7 @@ class LongContextRow:
     cos_needle_exact: float
     heads: int
     seconds: float
+    cache_err: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +96,8 @@ def measure_cell(
     seconds = time.perf_counter() - t0
     exact = exact_attention(q, k, v, cfg["kv"])
     rel = ((out - exact).norm(dim=-1) / exact.norm(dim=-1)).squeeze(-1)  # [B, H]
+    exact16 = exact if cfg["kv"] == "bf16" else exact_attention(q, k, v, "bf16")
+    cache = ((exact - exact16).norm(dim=-1) / exact16.norm(dim=-1)).squeeze(-1)
     rows = []
     for i, ((vals, nd), (_, _, vv, pos)) in enumerate(zip(combos, parts, strict=True)):
         if pos is None:
@@ -102,7 +107,7 @@ def measure_cell(
             cos_k = float(_cos(out[i, :, 0], target).mean())
             cos_e = float(_cos(exact[i, :, 0], target).mean())
         rows.append(LongContextRow(variant, kv_len, vals, nd, float(rel[i].mean()), float(rel[i].max()), cos_k,
-                                   cos_e, heads, seconds / len(combos)))  # fmt: skip
+                                   cos_e, heads, seconds / len(combos), float(cache[i].mean())))  # fmt: skip
     return rows
 
 
