@@ -67,7 +67,12 @@ def _cert_line(u: dict | None, check: str) -> str:
 
 
 def _varies(u: dict) -> str:
-    return "invariant" if u["holds"] else f"varies from batch size {u['first']}"
+    """'varies from batch size N' or 'invariant', with the kernel's split choice per batch size where stored."""
+    word = "invariant" if u["holds"] else f"varies from batch size {u['first']}"
+    if "launch" in u:
+        what, per = u["launch"]
+        word += f" ({what} at batch 1..{len(per)}: {', '.join(map(str, per))})"
+    return word
 
 
 def answer(units: dict) -> list[str]:
@@ -87,7 +92,8 @@ def answer(units: dict) -> list[str]:
     sim = [f"{n} {_varies(u)}" for n, u in splits.items() if u]
     sims = ", ".join(sim) or NOT_MEASURED
     out.append(f"Batch invariance (one request's bits across batch sizes and compositions): {'; '.join(sdpa)}; in "
-               f"simulation, {sims} (variable num_splits / chunking vs a fixed split).")  # fmt: skip
+               f"simulation, {sims} (variable num_splits / chunking vs a fixed split; a split change that moves the "
+               f"fp32 result by less than the bf16 output's rounding leaves the output's bits unchanged).")  # fmt: skip
     pd = {kv: units.get(f"vllm54035-{kv}") for kv in ("fp8", "bf16")}
     sim_pd = ", ".join(f"{kv} " + ("bit-identical" if u["holds"] else f"differs from KV length {u['first']} on")
                        for kv, u in pd.items() if u)  # fmt: skip

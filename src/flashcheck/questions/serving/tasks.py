@@ -52,9 +52,19 @@ def _prefill_decode(kv: str, s: ServingSettings) -> dict:
 def _splits(name: str, s: ServingSettings) -> dict:
     """FA#1897 in simulation: one decode request across batch sizes with the kernel's split rule."""
     from flashcheck.backends.serving import sim_target
+    from flashcheck.kernels.serving_heuristics import fa3_num_splits, flashinfer_chunk_pages
 
     shape = Shape(heads=8, kv_heads=8, head_dim=128, kv_len=s.sim_kv_len)
-    return batch_invariance(sim_target(name, "bf16"), name, shape, max_batch=s.sim_max_batch).to_dict()
+    out = batch_invariance(sim_target(name, "bf16"), name, shape, max_batch=s.sim_max_batch).to_dict()
+    sizes = range(1, s.sim_max_batch + 1)
+    if name == "sim-fa3":
+        out["launch"] = [
+            "splits",
+            [fa3_num_splits(b, 1, s.sim_kv_len, 8, 8, 128, fp8=False, causal=True) for b in sizes],
+        ]
+    elif name == "sim-flashinfer":
+        out["launch"] = ["chunk pages", [flashinfer_chunk_pages([s.sim_kv_len] * b, 8) for b in sizes]]
+    return out
 
 
 def _certificates(name: str, s: ServingSettings) -> dict:
