@@ -196,7 +196,7 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     answer = lines[lines.index("Answer:") + 1 :]
     assert answer[0].startswith("- Is an FP8 / FP4 KV cache safe at long context?")
     assert "bf16: safe" in answer[0]
-    assert "sim-fa3 varies from batch size 2, sim-fa3-fixed invariant" in answer[1]
+    assert "sim-fa3 varies from batch size 2 (splits at batch 1..2: 14, 7), sim-fa3-fixed invariant" in answer[1]
     assert "fp8 differs from KV length 97 on, bf16 bit-identical" in answer[2]
     report = (out / "report.md").read_text()
     assert report.index("## Answer") < report.index("## Published figures") < report.index("## Long context")
