@@ -15,9 +15,9 @@ decoding and from one prefill rescore: max |difference| and the first position t
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -78,17 +78,17 @@ class KVRow:
 
 def _step_logits(model, prompt: torch.Tensor, new_tokens: int, forced: torch.Tensor | None = None):
     """Greedy decoding (or teacher-forced on `forced` [new_tokens]) with the cache: (tokens [n], logits [n, V])."""
+    # transformers 5.x names the cache `cache` (in and out); earlier releases `past_key_values`
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=prompt.unsqueeze(0), use_cache=True)
-    past, logits, tokens = out.past_key_values, [out.logits[0, -1].float()], []
+    past, logits, tokens = out[name], [out.logits[0, -1].float()], []
     for i in range(new_tokens):
         tok = forced[i] if forced is not None else logits[-1].argmax()
         tokens.append(int(tok))
         if i == new_tokens - 1:
             break
-        with warnings.catch_warnings():  # transformers 5 renames past_key_values; older ones know only that name
-            warnings.simplefilter("ignore", FutureWarning)
-            out = model(input_ids=tok.view(1, 1), past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = model(input_ids=tok.view(1, 1), use_cache=True, **{name: past})
+        past = out[name]
         logits.append(out.logits[0, -1].float())
     return torch.tensor(tokens), torch.stack(logits)
 
