@@ -20,6 +20,7 @@ from flashcheck.validate.judge import TOLERANCES, Context, judge, make_context
 from flashcheck.validate.loading import (
     DTYPES,
     ModelInfo,
+    ModelLoadError,
     ModelSource,
     check_impls,
     describe_model_object,
@@ -237,6 +238,8 @@ def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
         return
     try:
         eager = _eager(sess, dtype, get_model)
+    except ModelLoadError:
+        raise
     except Exception as e:
         if dtype == "fp32":
             raise ValueError(f"the reference run (eager, fp32) failed: {type(e).__name__}: {e}") from None
