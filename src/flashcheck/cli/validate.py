@@ -195,9 +195,6 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
 def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
                  as_json: bool) -> None:  # fmt: skip
     """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
-    import os
-    from pathlib import Path
-
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
     try:
@@ -205,22 +202,18 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
             if value < 1:
                 raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
-        if model is None or not model.strip() or not Path(model).is_dir():
+        if model is None or not model.strip():
             raise ValueError(f"MODEL {model!r}: --kv-cache needs a decoder model folder (Hugging Face causal LM)")
         formats = expand_formats(kv_cache)
         _need_transformers()
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from flashcheck.validate.loading import load_model, resolve_model
 
+        info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
+        if not info.causal:
+            raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
         register()
-        try:
-            config = AutoConfig.from_pretrained(model)
-            lm = AutoModelForCausalLM.from_pretrained(model, attn_implementation=IMPL, dtype="float32").eval()
-        except (OSError, ValueError, KeyError) as exc:
-            raise ValueError(
-                f"MODEL {model!r} could not be loaded as a causal LM: {str(exc).splitlines()[0]}"
-            ) from None
-        ids = random_prompts(config.vocab_size, prompts, prompt_len)
+        lm = load_model(info, "fp32", impl=IMPL)
+        ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
     except ValueError as exc:
         _fail_usage(str(exc))
     import time
