@@ -209,3 +209,17 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
     assert res.exit_code == 0 and "0 units run, 18 kept from before" in res.output
     assert json.loads((out / "summary.json").read_text())["answer"][0].startswith("Is an FP8")
+
+
+def test_captured_values_haystack():
+    pytest.importorskip("transformers")
+    from flashcheck.measure.longcontext import haystack, measure_cell
+
+    q, k, v, pos = haystack(512, 32, 2, values="captured", needle="early")
+    s = (q @ k.transpose(-1, -2)).squeeze(-2) * 32**-0.5
+    rest = torch.cat([s[..., :pos], s[..., pos + 1 :]], dim=-1).amax(-1)
+    assert torch.allclose(s[..., pos] - rest, torch.full_like(rest, 6.0), atol=1e-3)
+    # real values share a mean component: the mean row is a sizeable part of a row
+    assert float(v.mean(dim=-2).norm(dim=-1).min()) > 0.1 * float(v.norm(dim=-1).mean())
+    rows = measure_cell("bf16", 512, heads=2, values=("captured",))
+    assert [r.values for r in rows] == ["captured"] * 3 and all(r.rel_err < 2**-8 for r in rows)

@@ -32,6 +32,7 @@ VARIANTS: dict[str, dict] = {
 }
 NEEDLES = ("early", "late", "absent")
 VALUES = ("zero-mean", "shared-mean")
+CAPTURED = ("minilm", 3)  # `captured` values: Q, K, V of this model's layer on real text (core.captured; D = 32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,21 @@ class LongContextRow:
 
 def haystack(kv_len: int, head_dim: int, heads: int, *, values: str, needle: str, margin: float = 6.0,
              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None]:  # fmt: skip
-    """q [1, heads, 1, D], k, v [1, heads, kv_len, D] (float32) and the needle's position (None: absent)."""
-    if values not in VALUES or needle not in NEEDLES:
-        raise ValueError(f"values {values!r} / needle {needle!r}; expected {VALUES} and {NEEDLES}")
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, 1, head_dim, generator=g)
-    k = torch.randn(1, heads, kv_len, head_dim, generator=g)
-    v = torch.randn(1, heads, kv_len, head_dim, generator=g) + (1.0 if values == "shared-mean" else 0.0)
+    """q [1, heads, 1, D], k, v [1, heads, kv_len, D] (float32) and the needle's position (None: absent).
+    values `captured`: Q, K, V recorded from CAPTURED's layer on the bundled corpus (real values' statistics)."""
+    if values not in (*VALUES, "captured") or needle not in NEEDLES:
+        raise ValueError(f"values {values!r} / needle {needle!r}; expected {(*VALUES, 'captured')} and {NEEDLES}")
+    if values == "captured":
+        from flashcheck.core.captured import captured_qkv
+
+        q, k, v = (
+            t.float() for t in captured_qkv(*CAPTURED, (1, heads, 1, head_dim), (1, heads, kv_len, head_dim), seed)
+        )
+    else:
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(1, heads, 1, head_dim, generator=g)
+        k = torch.randn(1, heads, kv_len, head_dim, generator=g)
+        v = torch.randn(1, heads, kv_len, head_dim, generator=g) + (1.0 if values == "shared-mean" else 0.0)
     pos = None if needle == "absent" else int(kv_len * (0.1 if needle == "early" else 0.9))
     if pos is not None:
         scale = head_dim**-0.5
@@ -80,13 +89,13 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def measure_cell(
-    variant: str, kv_len: int, *, head_dim: int = 32, heads: int = 4, seed: int = 0
+    variant: str, kv_len: int, *, head_dim: int = 32, heads: int = 4, seed: int = 0, values: tuple[str, ...] = VALUES
 ) -> list[LongContextRow]:
-    """Every values x needle combination of one variant and length, stacked in the batch (rows are independent)."""
+    """Every `values` x needle combination of one variant and length, stacked in the batch (rows independent)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     cfg = VARIANTS[variant]
-    combos = [(vals, nd) for vals in VALUES for nd in NEEDLES]
+    combos = [(vals, nd) for vals in values for nd in NEEDLES]
     parts = [haystack(kv_len, head_dim, heads, values=vals, needle=nd, seed=seed) for vals, nd in combos]
     q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
     _, block_n = fa3_launch_tile(1, heads, heads, head_dim, fp8=cfg["kv"] == "fp8", causal=True)

@@ -26,18 +26,18 @@ CAVEAT = (
 def _longctx(units: dict) -> dict[tuple[str, int], list[dict]]:
     out = {}
     for name, u in units.items():
-        if name.startswith("longctx-") and u.get("status") == "ok":
-            var, n = name.removeprefix("longctx-").rsplit("-", 1)
-            out[(var, int(n))] = u["rows"]
+        if name.startswith(("longctx-", "captured-")) and u.get("status") == "ok":
+            var, n = name.split("-", 1)[1].rsplit("-", 1)
+            out.setdefault((var, int(n)), []).extend(u["rows"])
     return out
 
 
-def _err(rows: list[dict], values: str, needle: str) -> float:
-    return next(r["rel_err"] for r in rows if r["values"] == values and r["needle"] == needle)
+def _err(rows: list[dict], values: str, needle: str) -> float | None:
+    return next((r["rel_err"] for r in rows if r["values"] == values and r["needle"] == needle), None)
 
 
 def _fmt(x: float | None) -> str:
-    return NOT_MEASURED if x is None else f"{x:.2g}"
+    return "-" if x is None else f"{x:.2g}"
 
 
 def _word(err: float) -> str:
@@ -48,14 +48,20 @@ def long_context_answer(lc: dict) -> str:
     """One sentence per variant measured: its shared-mean error against length, its zero-mean range, the word."""
     parts = []
     for var in [v for v in VARIANTS if any(k[0] == v for k in lc)]:
-        lens = sorted(n for v, n in lc if v == var)
+        lens = sorted(n for v, n in lc if v == var and _err(lc[var, n], "shared-mean", "late") is not None)
+        if not lens:
+            continue
         shared = [max(_err(lc[var, n], "shared-mean", nd) for nd in ("early", "late", "absent")) for n in lens]
         zero = [_err(lc[var, n], "zero-mean", nd) for n in lens for nd in ("early", "late")]
         at = " / ".join(f"{_fmt(e)} at {n // 1024}k" for e, n in zip(shared, lens, strict=True))
         cache = max(r.get("cache_err", 0.0) for n in lens for r in lc[var, n])
         own = f"; the cache itself moves the exact output by up to {cache:.2g} from the bf16 cache's" if cache else ""
+        caps = sorted(n for v, n in lc if v == var and _err(lc[var, n], "captured", "late") is not None)
+        cap = [max(_err(lc[var, n], "captured", nd) for nd in ("early", "late", "absent")) for n in caps]
+        real = "; captured values (MiniLM): " + " / ".join(f"{e:.2g} at {n // 1024}k" for e, n in zip(cap, caps,
+               strict=True)) if caps else ""  # fmt: skip
         parts.append(f"{var}: {_word(max(shared))} (worst shared-mean error {at}; zero-mean values with a needle "
-                     f"{min(zero):.2g}..{max(zero):.2g}{own})")  # fmt: skip
+                     f"{min(zero):.2g}..{max(zero):.2g}{real}{own})")  # fmt: skip
     return "; ".join(parts)
 
 
@@ -130,14 +136,15 @@ def _published(units: dict) -> list[list[str]]:
 
 
 def _longctx_table(lc: dict) -> Table:
-    header = ["variant", "keys", *(f"{v} / {n}" for v in ("shared-mean", "zero-mean") for n in ("early", "late",
-              "absent")), "cos(O, needle v) / exact", "cache vs bf16 cache", "s per cell"]  # fmt: skip
+    kinds = ("shared-mean", "zero-mean", "captured")
+    header = ["variant", "keys", *(f"{v} / {n}" for v in kinds for n in ("early", "late", "absent")),
+              "cos(O, needle v) / exact", "cache vs bf16 cache", "s per cell"]  # fmt: skip
     rows = []
     for (var, n), cell in sorted(lc.items(), key=lambda kv: (list(VARIANTS).index(kv[0][0]), kv[0][1])):
-        errs = [_fmt(_err(cell, v, nd)) for v in ("shared-mean", "zero-mean") for nd in ("early", "late", "absent")]
-        late = next(r for r in cell if r["values"] == "shared-mean" and r["needle"] == "late")
+        errs = [_fmt(_err(cell, v, nd)) for v in kinds for nd in ("early", "late", "absent")]
+        late = next((r for r in cell if r["values"] == "shared-mean" and r["needle"] == "late"), cell[0])
         secs = sum(r["seconds"] for r in cell)
-        cache = max(r.get("cache_err", 0.0) for r in cell if r["values"] == "shared-mean")
+        cache = max((r.get("cache_err", 0.0) for r in cell if r["values"] == "shared-mean"), default=None)
         rows.append([var, str(n), *errs, f"{late['cos_needle']:.3f} / {late['cos_needle_exact']:.3f}", _fmt(cache),
                      f"{secs:.0f}"])  # fmt: skip
     return Table(header, rows)

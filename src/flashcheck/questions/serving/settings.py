@@ -11,7 +11,8 @@ from flashcheck.measure.longcontext import VARIANTS
 class ServingSettings:
     """lengths: KV lengths of the long-context table; heads / head_dim: its query rows and D; variants: its
     kernels (measure.longcontext.VARIANTS); sdpa_max_batch: batch sizes 1..N of the SDPA certificates;
-    sim_max_batch / sim_kv_len: the simulators' batch check (FA#1897); prefill_len: vllm#54035's prefill."""
+    sim_max_batch / sim_kv_len: the simulators' batch check (FA#1897); prefill_len: vllm#54035's prefill;
+    captured_lengths: KV lengths run again with captured values (MiniLM's layer on the corpus: ~55k tokens)."""
 
     name: str = "serving"
     lengths: tuple[int, ...] = (8192, 32768, 131072)
@@ -22,6 +23,7 @@ class ServingSettings:
     sim_max_batch: int = 8
     sim_kv_len: int = 2048
     prefill_len: int = 128
+    captured_lengths: tuple[int, ...] = (8192, 32768)
 
     def __post_init__(self) -> None:
         bad = [v for v in self.variants if v not in VARIANTS]
@@ -56,5 +58,6 @@ PRESETS = {
         sim_max_batch=2,
         sim_kv_len=2048,
         prefill_len=100,
+        captured_lengths=(),
     ),
 }

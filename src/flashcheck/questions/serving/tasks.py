@@ -14,7 +14,7 @@ import torch
 
 from flashcheck.core.fileio import write_atomic
 from flashcheck.measure.consistency import Shape, batch_invariance, certify, prefill_decode
-from flashcheck.measure.longcontext import VARIANTS, measure_cell
+from flashcheck.measure.longcontext import VALUES, VARIANTS, measure_cell
 from flashcheck.questions.serving.settings import ServingSettings
 
 SDPA_TARGETS = ("sdpa-math", "sdpa-flash")
@@ -35,6 +35,7 @@ def units(s: ServingSettings) -> list[tuple[str, Callable[[], dict]]]:
     out: list[tuple[str, Callable[[], dict]]] = []
     for var in s.variants:
         out += [(f"longctx-{var}-{n}", partial(_longctx, var, n, s)) for n in s.lengths]
+        out += [(f"captured-{var}-{n}", partial(_longctx, var, n, s, ("captured",))) for n in s.captured_lengths]
     out += [(f"vllm54035-{kv}", partial(_prefill_decode, kv, s)) for kv in ("fp8", "bf16")]
     out += [(f"fa1897-{name}", partial(_splits, name, s)) for name in SPLIT_TARGETS]
     out += [(f"cert-{name}", partial(_certificates, name, s)) for name in SDPA_TARGETS]
@@ -76,10 +77,10 @@ def _certificates(name: str, s: ServingSettings) -> dict:
     return {"certificates": [c.to_dict() for c in certs]}
 
 
-def _longctx(variant: str, n: int, s: ServingSettings) -> dict:
+def _longctx(variant: str, n: int, s: ServingSettings, values: tuple[str, ...] = VALUES) -> dict:
     if VARIANTS[variant]["mma"] is not None and (why := mma_missing()):
         return {"status": "skipped", "reason": why}
-    rows = measure_cell(variant, n, head_dim=s.head_dim, heads=s.heads)
+    rows = measure_cell(variant, n, head_dim=s.head_dim, heads=s.heads, values=values)
     return {"status": "ok", "rows": [r.to_dict() for r in rows]}
 
 
