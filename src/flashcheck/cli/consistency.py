@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, _names, _out_folder, _positive, app
+from flashcheck.cli.app import _fail_usage, _int_range, _names, _out_folder, app
 
 CONSISTENCY_HELP = (
     "Does one request get the same bits however a server runs it? Certificates of run-to-run determinism, batch "
@@ -27,17 +27,27 @@ def consistency(
     target: str = typer.Argument(..., metavar="TARGET", help="Backend, simulator or module:function."),
     checks: str = typer.Option("determinism,batch,prefill-decode,chunked", help="Comma-separated checks."),
     kv: str = typer.Option("fp8", help="Simulators' KV cache: bf16, fp8[/static|calc|amax], fp8-head, fp4, ..."),
-    max_batch: int = typer.Option(16, callback=_positive("--max-batch"), help="Largest batch size of the batch check."),
-    kv_len: int = typer.Option(512, callback=_positive("--kv-len"), help="KV length of the decode batches."),
-    prefill_len: int = typer.Option(160, callback=_positive("--prefill-len"), help="Tokens of the prefill checks."),
-    heads: int = typer.Option(4, callback=_positive("--heads"), help="Query heads."),
-    kv_heads: int = typer.Option(0, help="K/V heads (0: as --heads)."),
-    head_dim: int = typer.Option(64, callback=_positive("--head-dim"), help="Head dimension."),
+    max_batch: int = typer.Option(
+        16, callback=_int_range("--max-batch", 1, 64), help="Largest batch size of the batch check."
+    ),
+    kv_len: int = typer.Option(
+        512, callback=_int_range("--kv-len", 1, 1 << 20), help="KV length of the decode batches."
+    ),
+    prefill_len: int = typer.Option(
+        160, callback=_int_range("--prefill-len", 1, 8192), help="Tokens of the prefill checks."
+    ),
+    heads: int = typer.Option(4, callback=_int_range("--heads", 1, 256), help="Query heads."),
+    kv_heads: int = typer.Option(0, callback=_int_range("--kv-heads", 0, 256), help="K/V heads (0: as --heads)."),
+    head_dim: int = typer.Option(64, callback=_int_range("--head-dim", 1, 512), help="Head dimension."),
     dtype: str = typer.Option("bf16", help="Input dtype: bf16, fp16 or fp32."),
-    chunk: int = typer.Option(32, callback=_positive("--chunk"), help="Queries per chunk of the chunked check."),
-    runs: int = typer.Option(5, callback=_positive("--runs"), help="Runs of the determinism check."),
-    fixed_splits: int = typer.Option(4, callback=_positive("--fixed-splits"), help="sim-fa3-fixed's split count."),
-    out: str = typer.Option("", help="Also write summary.json into this folder."),
+    chunk: int = typer.Option(
+        32, callback=_int_range("--chunk", 1, 8192), help="Queries per chunk of the chunked check."
+    ),
+    runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Runs of the determinism check."),
+    fixed_splits: int = typer.Option(
+        4, callback=_int_range("--fixed-splits", 1, 128), help="sim-fa3-fixed's split count."
+    ),
+    out: str = typer.Option(None, help="Also write summary.json into this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     import torch
@@ -52,7 +62,7 @@ def consistency(
         kvh = kv_heads or heads
         if kvh < 1 or heads % kvh:
             raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
-        folder = _out_folder(out) if out else None
+        folder = _out_folder(out) if out is not None else None
         wanted = tuple(_names(checks, "--checks"))
         fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
             resolve_target(target)  # fmt: skip

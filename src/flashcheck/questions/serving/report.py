@@ -53,6 +53,7 @@ def long_context_answer(lc: dict) -> str:
             continue
         shared = [max(_err(lc[var, n], "shared-mean", nd) for nd in ("early", "late", "absent")) for n in lens]
         zero = [_err(lc[var, n], "zero-mean", nd) for n in lens for nd in ("early", "late")]
+        flat = max(_err(lc[var, n], "zero-mean", "absent") for n in lens)
         at = " / ".join(f"{_fmt(e)} at {n // 1024}k" for e, n in zip(shared, lens, strict=True))
         cache = max(r.get("cache_err", 0.0) for n in lens for r in lc[var, n])
         own = f"; the cache itself moves the exact output by up to {cache:.2g} from the bf16 cache's" if cache else ""
@@ -61,7 +62,8 @@ def long_context_answer(lc: dict) -> str:
         real = "; captured values (MiniLM): " + " / ".join(f"{e:.2g} at {n // 1024}k" for e, n in zip(cap, caps,
                strict=True)) if caps else ""  # fmt: skip
         parts.append(f"{var}: {_word(max(shared))} (worst shared-mean error {at}; zero-mean values with a needle "
-                     f"{min(zero):.2g}..{max(zero):.2g}{real}{own})")  # fmt: skip
+                     f"{min(zero):.2g}..{max(zero):.2g}, without one {flat:.2g} (the relative error of a near-zero "
+                     f"average){real}{own})")  # fmt: skip
     return "; ".join(parts)
 
 
