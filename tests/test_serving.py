@@ -209,6 +209,11 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
     assert res.exit_code == 0 and "0 units run, 18 kept from before" in res.output
     assert json.loads((out / "summary.json").read_text())["answer"][0].startswith("Is an FP8")
+    res = runner.invoke(app, ["report", str(out)])  # rebuilt from the stored units, computing nothing
+    assert res.exit_code == 0 and "Answer:" in res.output and "- Batch invariance" in res.output
+    from flashcheck.study.registry import solo_set
+
+    assert solo_set("serving").name == solo_set("serving-tiny").name == "serving"  # registered with the engine
 
 
 def test_captured_values_haystack():

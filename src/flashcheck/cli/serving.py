@@ -21,6 +21,11 @@ def study_serving(preset: str, out: str, quiet: bool) -> None:
     summary = build_serving_report(out)
     typer.echo(f"serving study ({preset}): {stats['ran']} units run, {stats['kept']} kept from before, "
                f"{stats['seconds']:.0f} s")  # fmt: skip
+    print_serving(summary, out)
+
+
+def print_serving(summary: dict, out: str) -> None:
+    """The serving report's Answer, one bullet per question, and where the report is."""
     typer.echo("Answer:")
     for line in summary["answer"]:
         typer.echo(f"- {line}")

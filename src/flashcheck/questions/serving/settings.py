@@ -52,7 +52,7 @@ PRESETS = {
     # the quick part: seconds, for tests and a first look
     "serving-tiny": ServingSettings(
         name="serving-tiny",
-        lengths=(1024, 2048),
+        lengths=(512, 1024),
         heads=1,
         sdpa_max_batch=4,
         sim_max_batch=2,
