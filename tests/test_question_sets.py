@@ -147,12 +147,16 @@ def test_the_engine_names_no_registered_set_preset_question_or_verdict():
 
 def test_the_shipped_sets_and_presets():
     """The shipped sets in report order, each preset owned by one, and every preset builds."""
-    assert [s.name for s in registry.sets()] == ["studies", "paper", "variants", "guide", "modern"]
+    assert [s.name for s in registry.sets()] == ["studies", "paper", "variants", "guide", "modern", "serving"]
     assert set(registry.presets()) == {
-        "quick", "paper", "fa3", "full", "tiny", "production", "guide", "guide-full", "guide-tiny", "modern"
+        "quick", "paper", "fa3", "full", "tiny", "production", "guide", "guide-full", "guide-tiny", "modern",
+        "serving", "serving-tiny",
     }  # fmt: skip
     assert registry.solo_set("production").name == "variants" and registry.solo_set("quick") is None
-    assert registry.settings_tables() == {"guide": type(preset("quick").settings["guide"])}
+    assert registry.settings_tables() == {
+        "guide": type(preset("quick").settings["guide"]),
+        "serving": type(preset("serving").settings["serving"]),
+    }
     try:
         registry.register(dataclasses.replace(EXAMPLE, name="again", presets={"quick": _example_preset}))
     except ValueError as exc:

@@ -29,7 +29,8 @@ class Executor(StrEnum):
 def study(
     preset: str = typer.Option(
         "quick",
-        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny.",
+        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny | "
+        "serving | serving-tiny.",
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option(
@@ -52,6 +53,12 @@ def study(
     from flashcheck.study.runner import run_study
 
     out = default_out("flashcheck-study", preset, config) if out is None else out
+    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
+
+    if config is None and preset in SERVING_PRESETS:  # its own runner and printout (cli.serving)
+        from flashcheck.cli.serving import study_serving
+
+        return study_serving(preset, out, quiet)
 
     def run() -> tuple[dict, dict]:
         _out_folder(out)
@@ -99,6 +106,14 @@ def report(
             highlight=False,
         )
 
+    from flashcheck.questions.serving import is_serving_folder
+
+    if is_serving_folder(folder):
+        from flashcheck.cli.serving import print_serving
+        from flashcheck.questions.serving.report import build_serving_report
+
+        print_serving(_guarded(lambda: _room(build_serving_report, folder)), folder)
+        return
     own = next((s.own_report for s in sets() if s.owns_folder is not None and s.owns_folder(folder)), None)
     if own is not None:  # a folder of a preset with a report of its own (the guide's)
         _print_guide(_guarded(lambda: _room(own, folder)), None, folder)
