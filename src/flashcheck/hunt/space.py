@@ -40,8 +40,7 @@ def cases(target: Target, *, backward: bool = True):
     from hypothesis import assume
     from hypothesis import strategies as st
 
-    tile = st.builds(lambda base, offset: max(1, base + offset), st.sampled_from(BASES), st.sampled_from(OFFSETS))
-    length = st.one_of(tile, tile, st.integers(1, 320))  # two thirds at tile boundaries
+    length = lengths()
 
     def plain_or(plain, values):  # two thirds of the draws keep a feature plain, so that one can show alone
         return st.one_of(st.just(plain), st.just(plain), st.sampled_from(values))
@@ -71,6 +70,14 @@ def cases(target: Target, *, backward: bool = True):
         return HuntCase(**fields, sink=sink, seed=seed, backward=back)
 
     return draw_case()
+
+
+def lengths():
+    """A strategy of sequence lengths: two thirds base + offset at tile boundaries, one third any up to 320."""
+    from hypothesis import strategies as st
+
+    tile = st.builds(lambda base, offset: max(1, base + offset), st.sampled_from(BASES), st.sampled_from(OFFSETS))
+    return st.one_of(tile, tile, st.integers(1, 320))
 
 
 def _max_magnitude(dtype: str) -> float:
