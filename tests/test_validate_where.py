@@ -169,6 +169,7 @@ def test_minilm_with_one_head_made_wrong_is_located(monkeypatch) -> None:
     assert str(found.backward).endswith("dQ NaN")
     clean = locate(model, "sdpa", batch, "cpu", 3.0, torch.float32)
     assert clean.forward is None and clean.backward is None, clean.text()
+    assert clean.text() == "no attention head leaves its budget on the probe batch"
 
 
 def test_projection_fallback_and_unknown_layout_are_said(bad_head_model: Path, monkeypatch) -> None:

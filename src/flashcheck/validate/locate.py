@@ -75,7 +75,8 @@ class Located:
         found = [str(w) + (" (backward)" if w is self.backward else "") for w in (self.forward, self.backward) if w]
         if found:
             return "; ".join(found)
-        return "no attention head leaves its budget on the probe batch (" + "; ".join(self.notes or ["-"]) + ")"
+        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return f"no attention head leaves its budget on the probe batch{notes}"
 
     def to_dict(self) -> dict:
         d = self.forward.to_dict() if self.forward else {"layer": None, "head": None, "tokens": None, "what": None}
