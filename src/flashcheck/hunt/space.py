@@ -5,7 +5,8 @@ its lists start with the plain value, so that Hypothesis's shrinker, which moves
 branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
 Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, each -1, +0, +1, and
 L % 128 == 64), drawn as base + offset so that the shrinker keeps the offset a failure needs while it moves the
-base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; with one sorted list of lengths the
+base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; and one that needs L >= 2 from 64 + 1 to 0 + 2,
+Hypothesis lowering the base while it raises the offset to the next in OFFSETS; with one sorted list of lengths the
 shrinker moves one index, and the lengths between 65 and 257 that it tries need not trigger, so a hunt could
 stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
 include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
@@ -21,7 +22,7 @@ TILES = (64, 96, 128, 176, 192, 256)
 # a tile length is BASE + OFFSET, each drawn (and shrunk) on its own: a failure at 256 + 1 shrinks its base
 # towards 0 and 64 while it keeps its offset, so it reaches 64 + 1, the smallest length with the same offset
 BASES = (0, 64, 128, 96, 176, 192, 256, 320, 448)
-OFFSETS = (1, 0, -1, 2, 3, 16, 63, 64)  # base 0: lengths 1, 2, 3, 16, 63, 64; a tile +-1; and L % 128 == 64
+OFFSETS = (1, 2, 0, -1, 3, 16, 63, 64)  # base 0: lengths 1, 2, 3, 16, 63, 64; a tile +-1; and L % 128 == 64
 LENGTHS = tuple(sorted({max(1, b + o) for b in BASES for o in OFFSETS}))
 HEAD_DIMS = (16, 1, 8, 24, 32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256)
 HEADS = (1, 2, 4, 8)
