@@ -21,6 +21,7 @@ FLOORS = {
     "guard": 5,
     "doctor": 5,
     "testing": 5,
+    "questions": 6,
     "cli": 6,
 }
 CAPABILITIES = {"study", "training", "validate", "guard", "doctor", "testing"}
