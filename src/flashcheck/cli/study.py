@@ -68,8 +68,6 @@ def study(
             raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny, modern")
         if ray_address is not None and executor != Executor.ray:
             raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
-        if config is None and not preset.strip():
-            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny, modern")
         cfg = load_config(config) if config is not None else get_preset(preset)
         owner = solo_set(cfg.name) if config is None else None
         if owner is not None and owner.own_report is not None:  # a preset with a report of its own (the guide's)
