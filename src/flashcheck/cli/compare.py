@@ -116,9 +116,9 @@ def compare(
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
     opts |= {"baseline_numerics": baseline_numerics, "backward": backward}
     knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
+    opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend, "--preset": preset}
     simulators = backend is None and preset is None
     try:
-        opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend, "--preset": preset}
         dev, lengths = _checked(opt | {"--seq-len": seq_len, "--device": device} | knobs, heads, kv_heads)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
