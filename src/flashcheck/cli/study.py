@@ -79,6 +79,11 @@ def study(
         return stats, _room(build_report, out)
 
     stats, summary = _guarded(run)
+    _print_study(summary, stats, out, quiet)
+
+
+def _print_study(summary: dict, stats: dict, out: str, quiet: bool) -> None:
+    """A study's findings (or the guide's claims) and its failures; exit 1 when a case failed."""
     if "settings" in summary:  # the guide's summary
         _print_guide(summary, stats, out, quiet=quiet)
     else:
