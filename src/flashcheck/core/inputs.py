@@ -215,20 +215,18 @@ def _sink(spec, g, sq, sk, delta: float = SINK_DELTA):
 
 
 def _paper_sinks(spec, g, sq, sk, delta: float):
-    """arXiv 2606.06521's own setting: 4 sink tokens (keys 0-3) that every row scores delta, and every other
-    score exactly N(0, 1), independent across keys: Q's first coordinate sqrt(D), the rest sqrt(D) times a unit
-    vector; K's first coordinate delta for a sink and 0 otherwise, the rest 0 for a sink and N(0, 1) otherwise.
-    With the scale 1/sqrt(D) a non-sink score is u . k, u a unit vector: N(0, 1) in every row (the study's own
-    "sink" gives each row the variance |q|^2 / D instead)."""
+    """arXiv 2606.06521's own setting: k_sink = 4 sink tokens (keys 0-3) scored delta + N(0, 1) by every row (the
+    paper's delta_k ~ 1 is the expected maximum of those 4 normals) and every other score N(0, 1), independent
+    across keys: Q's first coordinate sqrt(D), the rest sqrt(D) times a unit vector u; K's first coordinate delta
+    for a sink and 0 otherwise, the rest N(0, 1). With the scale 1/sqrt(D) the normal part of a score is u . k,
+    N(0, 1) in every row (the study's own "sink" gives each row the variance |q|^2 / D, and one sink at delta)."""
     q, k, v = _randn(sq, g), _randn(sk, g), _randn(sk, g)
     d = sq[-1]
     rest = q[..., 1:]
     q[..., 1:] = d**0.5 * rest / torch.linalg.vector_norm(rest, dim=-1, keepdim=True)
     q[..., 0] = d**0.5
-    n = min(PAPER_SINKS, sk[-2])
     k[..., 0] = 0.0
-    k[..., :n, :] = 0.0
-    k[..., :n, 0] = delta
+    k[..., : min(PAPER_SINKS, sk[-2]), 0] = delta
     return q, k, v
 
 
