@@ -261,8 +261,8 @@ class Policy:
     ds_correction: bool = False
     # Stage knobs of FP8/FP4 and quantized kernels (FA4, SageAttention; ALGORITHMS.md, "Stage knobs"). Each
     # is inert at its default, and inert while the stage it belongs to is FP64 (so explain's "raised" runs
-    # remove it with its stage): qk_scaling, qk_warp_q, qk_warp_k, smooth_q, smooth_k, v_format, v_scaling,
-    # v_scale_max (input);
+    # remove it with its stage): qk_scaling, qk_warp_q, qk_warp_k, smooth_q, smooth_k, v_format, source_format,
+    # v_scaling, v_scale_max (input);
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
@@ -274,6 +274,7 @@ class Policy:
     smooth_q: bool = False
     smooth_k: bool = False
     v_format: Format | None = None
+    source_format: Format | None = None  # the dtype the inputs arrive in, before the kernel quantises them (sage3)
     v_scaling: str = ""
     v_scale_max: float = 0.0
     p_scale: float = 1.0
@@ -291,7 +292,7 @@ class Policy:
     exact_inputs: str = ""
 
     def __post_init__(self) -> None:
-        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
+        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format", "source_format"):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, parse_format(value))
@@ -368,6 +369,7 @@ STAGE_KNOBS: dict[str, object] = {
     "smooth_q": False,
     "smooth_k": False,
     "v_format": None,
+    "source_format": None,
     "v_scaling": "",
     "v_scale_max": 0.0,
     "p_scale": 1.0,

@@ -144,7 +144,7 @@ def sage3_fp4(fmt: Format) -> Policy:
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(
         name=f"sage3-fp4@{fmt.value}", qk_scaling="sage3", v_scaling="sage3", p_scaling="sage3",
-        p_scale=448.0 * 6.0, kv_order="reverse",
+        p_scale=448.0 * 6.0, kv_order="reverse", source_format=fmt,
     )  # fmt: skip
 
 

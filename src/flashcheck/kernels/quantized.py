@@ -81,7 +81,7 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
     if fmt == Format.FP64:
         return q, k, v
     if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
-        return sage3_inputs(q, k, v, policy.output)
+        return sage3_inputs(q, k, v, policy.source_format or Format.BF16)
     if policy.smooth_k:
         k = k - k.mean(dim=-2, keepdim=True)
     qm = None
