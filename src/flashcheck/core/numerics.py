@@ -266,7 +266,11 @@ class Policy:
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
-    # the flash kernel's key_order; arXiv 2606.06521). exact_inputs ("qk" or "v", input): those inputs stay exact
+    # the flash kernel's key_order; arXiv 2606.06521). qk_mma / pv_mma (score / accum): the tensor-core model
+    # (kernels.mma: ada, hopper, b200) that computes the FP8/FP4 Q K^T / P V MMA bit for bit, in place of the
+    # generic qk_acc_bits / acc_bits accumulator (which then only describe its width to the error model);
+    # acc_promote promotes its result to fp32, and acc_nearest with acc_bits 10 makes its register fp16.
+    # exact_inputs ("qk" or "v", input): those inputs stay exact
     # (float64, unrounded, unsmoothed) while the others round as the policy says: explain's input sub-stages.
     qk_scaling: str = ""
     qk_warp_q: int = 0  # qk_scaling "thread": query rows per warp (0: 32, Ada's) and keys per group (0: 64)
@@ -283,6 +287,8 @@ class Policy:
     acc_promote: int = 0
     acc_nearest: bool = False
     qk_acc_bits: int = 0
+    qk_mma: str = ""
+    pv_mma: str = ""
     exp2_emu: int = 0
     exp2_emu_res: int = 4
     exp2_emu_start: int = 1
@@ -378,6 +384,8 @@ STAGE_KNOBS: dict[str, object] = {
     "acc_promote": 0,
     "acc_nearest": False,
     "qk_acc_bits": 0,
+    "qk_mma": "",
+    "pv_mma": "",
     "exp2_emu": 0,
     "exp2_emu_res": 4,
     "exp2_emu_start": 1,
@@ -390,6 +398,7 @@ QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4", "sage3")
 V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4", "sage3")
 P_SCALINGS = ("", "nvfp4", "sage3")
 EXACT_INPUTS = ("", "qk", "v")
+MMA_NAMES = ("", "ada", "hopper", "b200")  # kernels.mma.MMA_MODELS' keys (core does not import kernels)
 
 
 def _check_knobs(pol: Policy) -> None:
@@ -400,6 +409,8 @@ def _check_knobs(pol: Policy) -> None:
         ("p_scaling", P_SCALINGS),
         ("kv_order", orders),
         ("exact_inputs", EXACT_INPUTS),
+        ("qk_mma", MMA_NAMES),
+        ("pv_mma", MMA_NAMES),
     ):
         if getattr(pol, name) not in allowed:
             shown = ", ".join(a or "''" for a in allowed)
@@ -522,7 +533,10 @@ def parse_policy(spec: str | Policy) -> Policy:
             )
         if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order", "exact_inputs"):
+        elif key in (
+            "fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order", "exact_inputs",
+            "qk_mma", "pv_mma",
+        ):  # fmt: skip
             changes[key] = value.strip()
         elif key in (
             "delta_seed",

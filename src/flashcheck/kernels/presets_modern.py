@@ -10,6 +10,10 @@ from flashcheck.core.numerics import FP8_FORMATS, POLICY_LOOKUPS, Format, Policy
 from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
 
 FA4_EX2_EMU = {"exp2_emu": 10, "exp2_emu_res": 4, "exp2_emu_start": 1}
+# The FP8/FP4 MMAs as kernels.mma computes them: Blackwell's tcgen05 (late c, 25 fraction bits), Hopper's wgmma and
+# Ada's mma.sync (FP22: 13 fraction bits, c in the alignment). NVFP4 operands (block scales inside the MMA) enter
+# the model as dequantised values (kernels.mma_ops), an approximation no oracle checks.
+B200_MMA = {"qk_mma": "b200", "pv_mma": "b200"}
 HALF = (Format.FP16, Format.BF16)
 
 
@@ -52,7 +56,7 @@ def fa4_fp8(fmt: Format) -> Policy:
     in full fp32), emulated exp2 as fa4-bf16, rcp.approx; bf16 output."""
     _need("fa4-fp8", fmt, tuple(sorted(FP8_FORMATS)))
     base = _fp8_base(fmt, f"fa4-fp8@{fmt.value}")
-    return base.replace(name=base.name, p_scale=256.0, approx_recip=True, **FA4_EX2_EMU)
+    return base.replace(name=base.name, p_scale=256.0, approx_recip=True, **B200_MMA, **FA4_EX2_EMU)
 
 
 def fa4_fp4(fmt: Format) -> Policy:
@@ -64,7 +68,13 @@ def fa4_fp4(fmt: Format) -> Policy:
     _need("fa4-fp4", fmt, HALF)
     base = _fp8_base(Format.FP4_E2M1, f"fa4-fp4@{fmt.value}", output=fmt)
     return base.replace(
-        name=base.name, qk_scaling="nvfp4", v_scaling="nvfp4", p_scale=256.0, approx_recip=True, **FA4_EX2_EMU
+        name=base.name,
+        qk_scaling="nvfp4",
+        v_scaling="nvfp4",
+        p_scale=256.0,
+        approx_recip=True,
+        **B200_MMA,
+        **FA4_EX2_EMU,
     )
 
 
@@ -108,7 +118,11 @@ def sage2_ada(fmt: Format) -> Policy:
     after it (SageAttention2++, arXiv 2505.21136)."""
     _need("sage2-ada", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-ada@{fmt.value}", 32, 64)
-    return pol.replace(name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25)
+    # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16"); acc_bits states its width to
+    # the error model
+    return pol.replace(
+        name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada"
+    )
 
 
 def sage2_hopper(fmt: Format) -> Policy:
@@ -120,7 +134,7 @@ def sage2_hopper(fmt: Format) -> Policy:
     FP8 MMA's FP22 accumulator (13 mantissa bits, truncating) within each 128-key block, promoted to fp32."""
     _need("sage2-hopper", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-hopper@{fmt.value}", 16, 128)
-    return pol.replace(name=pol.name, acc_bits=13, acc_promote=128)
+    return pol.replace(name=pol.name, acc_bits=13, acc_promote=128, pv_mma="hopper")  # kernels.mma's Hopper model
 
 
 def sage2_4b(fmt: Format) -> Policy:
@@ -130,7 +144,9 @@ def sage2_4b(fmt: Format) -> Policy:
     ("fp32+fp32")."""
     _need("sage2-4b", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-4b@{fmt.value}", 32, 64)
-    return pol.replace(name=pol.name, input=Format.INT4, smooth_q=True, acc_bits=13, acc_promote=64)
+    return pol.replace(
+        name=pol.name, input=Format.INT4, smooth_q=True, acc_bits=13, acc_promote=64, pv_mma="hopper"
+    )
 
 
 def sage3_fp4(fmt: Format) -> Policy:
@@ -144,7 +160,7 @@ def sage3_fp4(fmt: Format) -> Policy:
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(
         name=f"sage3-fp4@{fmt.value}", qk_scaling="sage3", v_scaling="sage3", p_scaling="sage3",
-        p_scale=448.0 * 6.0, kv_order="reverse", source_format=fmt,
+        p_scale=448.0 * 6.0, kv_order="reverse", source_format=fmt, **B200_MMA,
     )  # fmt: skip
 
 
@@ -153,13 +169,17 @@ def fa3_fp8_fp22(fmt: Format) -> Policy:
     MMA's real accumulator: about 13-14 mantissa bits on Ada/Hopper (SageAttention2, arXiv 2411.10958: FP22,
     1 sign, 8 exponent, 13 mantissa bits; DeepSeek-V3, arXiv 2412.19437, section 3.3.2), truncating. FA3
     accumulates P·V into O inside the MMA with no promotion, so O itself is held in FP22; Q K^T, an FP8 MMA
-    too, sums in FP22 over D. (SageAttention's Q K^T is an INT8 MMA: exact int32 sums, no knob.)"""
+    too, sums in FP22 over D. Both MMAs run kernels.mma's Hopper model (qk_mma, pv_mma: blocks of 32 products
+    aligned to their largest exponent, terms truncated to 13 bits below it, as the H100 does); acc_bits and
+    qk_acc_bits state the width to the error model. (SageAttention's Q K^T is an INT8 MMA: exact int32 sums.)"""
     _need("fa3-fp8-fp22", fmt, tuple(sorted(FP8_FORMATS)))
     from flashcheck.core.numerics import NAMED_POLICIES
 
     base = NAMED_POLICIES["fa3-fp8"]
     pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, p_scale=256.0, kv_order="reverse")
-    return pol.replace(name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13)
+    return pol.replace(
+        name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13, qk_mma="hopper", pv_mma="hopper"
+    )
 
 
 def _tiles(bq: int, bk: int) -> Callable[[int, int, int, bool], tuple[int, int]]:
