@@ -38,8 +38,8 @@ def _fp8_base(fmt: Format, name: str, output: Format = Format.BF16) -> Policy:
 
 
 def fa4_bf16(fmt: Format) -> Policy:
-    """FlashAttention-4 forward, 16-bit inputs (flash-attention flash_attn/cute/flash_fwd_sm100.py and
-    softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P cast to the input dtype; part of the
+    """FlashAttention-4 forward, 16-bit inputs (Dao-AILab/flash-attention at commit 0251105a,
+    flash_attn/cute/flash_fwd_sm100.py and softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P cast to the input dtype; part of the
     exp2s emulated in software (ex2_emu_freq 10, ex2_emu_res 4, ex2_emu_start_frg 1: the tuning of hdim 128,
     non-causal, 2-CTA); conditional rescaling with rescale_threshold 8.0 (16-bit inputs); 1/l by
     rcp.approx."""
@@ -50,7 +50,8 @@ def fa4_bf16(fmt: Format) -> Policy:
 
 
 def fa4_fp8(fmt: Format) -> Policy:
-    """FlashAttention-4 forward, FP8 inputs (flash_fwd_sm100.py: max_offset 8 for 1-byte inputs, so P is
+    """FlashAttention-4 forward, FP8 inputs (flash-attention at commit 0251105a, flash_attn/cute/flash_fwd_sm100.py:
+    max_offset 8 for 1-byte inputs, so P is
     scaled by 2^8 before its e4m3 cast; rescale_threshold 0; descale factors per tensor): e4m3 Q, K, V with
     per-tensor scales, P e4m3 x 256, fp32 statistics and accumulator (Blackwell's tcgen05 accumulates FP8 MMA
     in full fp32), emulated exp2 as fa4-bf16, rcp.approx; bf16 output."""
@@ -60,7 +61,8 @@ def fa4_fp8(fmt: Format) -> Policy:
 
 
 def fa4_fp4(fmt: Format) -> Policy:
-    """FlashAttention-4 with NVFP4 operands. The fetched flash-attention snapshot has no sm100 FP4 forward
+    """FlashAttention-4 with NVFP4 operands. The fetched flash-attention snapshot (commit 0251105a) has no sm100 FP4
+    forward
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
     fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
@@ -79,7 +81,8 @@ def fa4_fp4(fmt: Format) -> Policy:
 
 
 def sage1(fmt: Format) -> Policy:
-    """SageAttention (arXiv 2410.02367; thu-ml/SageAttention sageattn_qk_int8_pv_fp16_triton): K smoothed
+    """SageAttention (arXiv 2410.02367; thu-ml/SageAttention at commit d1a57a5, sageattention/core.py
+    sageattn_qk_int8_pv_fp16_triton): K smoothed
     (its mean over the tokens subtracted), Q and K INT8 per block (128 query, 64 key rows; scale amax/127,
     rounding half away from zero), P and V in fp16, P·V accumulated in fp32, output in the input dtype."""
     _need("sage1", fmt, HALF)
@@ -120,9 +123,7 @@ def sage2_ada(fmt: Format) -> Policy:
     pol = _sage2_common(fmt, f"sage2-ada@{fmt.value}", 32, 64)
     # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16"); acc_bits states its width to
     # the error model
-    return pol.replace(
-        name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada"
-    )
+    return pol.replace(name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada")
 
 
 def sage2_hopper(fmt: Format) -> Policy:
@@ -144,9 +145,7 @@ def sage2_4b(fmt: Format) -> Policy:
     ("fp32+fp32")."""
     _need("sage2-4b", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-4b@{fmt.value}", 32, 64)
-    return pol.replace(
-        name=pol.name, input=Format.INT4, smooth_q=True, acc_bits=13, acc_promote=64, pv_mma="hopper"
-    )
+    return pol.replace(name=pol.name, input=Format.INT4, smooth_q=True, acc_bits=13, acc_promote=64, pv_mma="hopper")
 
 
 def sage3_fp4(fmt: Format) -> Policy:
@@ -177,9 +176,7 @@ def fa3_fp8_fp22(fmt: Format) -> Policy:
 
     base = NAMED_POLICIES["fa3-fp8"]
     pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, p_scale=256.0, kv_order="reverse")
-    return pol.replace(
-        name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13, qk_mma="hopper", pv_mma="hopper"
-    )
+    return pol.replace(name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13, qk_mma="hopper", pv_mma="hopper")
 
 
 def _tiles(bq: int, bk: int) -> Callable[[int, int, int, bool], tuple[int, int]]:
