@@ -39,10 +39,10 @@ def _fp8_base(fmt: Format, name: str, output: Format = Format.BF16) -> Policy:
 
 def fa4_bf16(fmt: Format) -> Policy:
     """FlashAttention-4 forward, 16-bit inputs (Dao-AILab/flash-attention at commit 0251105a,
-    flash_attn/cute/flash_fwd_sm100.py and softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P cast to the input dtype; part of the
-    exp2s emulated in software (ex2_emu_freq 10, ex2_emu_res 4, ex2_emu_start_frg 1: the tuning of hdim 128,
-    non-causal, 2-CTA); conditional rescaling with rescale_threshold 8.0 (16-bit inputs); 1/l by
-    rcp.approx."""
+    flash_attn/cute/flash_fwd_sm100.py and softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P
+    cast to the input dtype; part of the exp2s emulated in software (ex2_emu_freq 10, ex2_emu_res 4,
+    ex2_emu_start_frg 1: the tuning of hdim 128, non-causal, 2-CTA); conditional rescaling with
+    rescale_threshold 8.0 (16-bit inputs); 1/l by rcp.approx."""
     _need("fa4-bf16", fmt, (Format.BF16, Format.FP16))
     return mixed_policy(fmt).replace(
         name=f"fa4-bf16@{fmt.value}", rescale_threshold=8.0, approx_recip=True, **FA4_EX2_EMU
