@@ -121,9 +121,9 @@ def test_pv_products_bit_equal_to_mmaemu(model, rows, keys, dv):
 @pytest.mark.parametrize("model", [ADA, HOPPER, B200], ids=lambda m: m.name)
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_qk_products_bit_equal_to_mmaemu(model, d):
-    """Q·K^T over the head dim (64, 128, 256) for 32 to 131,072 keys (the longest at D 128 on Hopper), e4m3 and
+    """Q·K^T over the head dim (64, 128, 256) for 32 to 32,768 keys (the longest at D 128 on Hopper), e4m3 and
     e5m2."""
-    longest = (1, 131_072) if d == 128 and model is HOPPER else (2, 2048)
+    longest = (1, 32_768) if d == 128 and model is HOPPER else (2, 2048)  # K is D: keys only add outputs
     for rows, keys in ((16, 32), longest):
         for fmts in (("e4m3", "e4m3"), ("e5m2", "e5m2")):
             q, kt = q_and_kt(rows, keys, d, fmts, seed=d + keys)
@@ -192,3 +192,27 @@ def test_models_and_bad_input():
         mma_matmul(torch.ones(2, 4), torch.ones(4, 2), ADA, promote_every=0)
     with pytest.raises(ValueError, match="disagree on K"):
         mma_matmul(torch.ones(2, 4), torch.ones(3, 2), ADA)
+
+
+@pytest.mark.parametrize("name", ["fa3-fp8-fp22", "fa4-fp8", "sage2", "sage2pp", "fa4-fp4"])
+def test_flash_operands_split_into_codes_and_scales(name):
+    """kernels.mma_ops recovers the codes the tensor core multiplies from each preset's dequantised Q, K, V (FA3's
+    per-block, FA4's per-tensor, Sage's per-channel scales); NVFP4 operands stay dequantised values."""
+    from flashcheck.kernels.fp8 import round_inputs
+    from flashcheck.kernels.mma_ops import MMAOperands
+    from flashcheck.kernels.presets import default_format, resolve
+
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    kw = resolve(name, default_format(name), 256, 256, 64, False)
+    pol = kw["policy"]
+    qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=kw["block_q"], block_k=kw["block_k"])
+    ops = MMAOperands.make(qr, kr, vr, pol, kw["block_q"], kw["block_k"])
+    for op, held in ((ops.q, qr), (ops.k, kr), (ops.v, vr)):
+        if op is None:
+            continue
+        assert op.fmt == ("fp32" if name == "fa4-fp4" else "e4m3")
+        if op.fmt == "e4m3":
+            assert torch.equal(op.codes, op.codes.to(torch.float8_e4m3fn).double())  # exact e4m3 values
+        assert torch.allclose(op.codes * op.scale, held.double(), rtol=2.0**-20, atol=0)
+    assert ops.v is not None and (ops.q is not None) == bool(pol.qk_mma)

@@ -82,6 +82,19 @@ def test_ex2_emulation_against_mpmath_within_the_polynomial_bound():
     assert float(rel.max()) <= bound + slack
     assert float(rel.max()) >= 0.8 * bound  # the polynomial's error, not something smaller, is what shows
     assert ex2_emulation(torch.tensor([0.0, 3.0, -1.0, -math.inf])).tolist() == [1.0, 8.0, 0.5, 0.0]
+
+
+def test_ex2_emulation_gives_the_kernels_subnormals_below_2_to_the_minus_126():
+    """For x in [-127, -126) the floor -127 leaves the exponent field 0 under the polynomial's mantissa bits: the
+    GPU's integer add makes the subnormal (p(f) - 1) * 2^-126 (f = x + 127), which the emulation keeps."""
+    x = torch.tensor([-126.5, -126.75, -126.001, -127.0, -200.0])
+    got = ex2_emulation(x)
+    f = (x + 127).clamp(min=0).double()
+    poly = sum(c * f**i for i, c in enumerate(POLY_EX2_3)).float().double()  # p(f) in float32's Horner order
+    want = (poly - 1) * 2.0**-126
+    assert bool((got[:3] > 0).all()) and bool((got[:3] < 2.0**-126).all())
+    assert torch.allclose(got.double(), want, rtol=2.0**-20, atol=0)
+    assert got[3:].tolist() == [0.0, 0.0]
     assert POLY_EX2_3[1] == 0.695146143436431884765625
 
 

@@ -66,7 +66,8 @@ def fa4_fp4(fmt: Format) -> Policy:
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
     fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
-    16-bit dtype the inputs come in."""
+    16-bit dtype the inputs come in. Block scales: NVIDIA's quantisation recipe (torchao's nvfp4_quantize, which
+    the MSLK kernels match) raises a block scale below e4m3's 2^-6 to it: nvfp4_floor on."""
     _need("fa4-fp4", fmt, HALF)
     base = _fp8_base(Format.FP4_E2M1, f"fa4-fp4@{fmt.value}", output=fmt)
     return base.replace(
@@ -75,6 +76,7 @@ def fa4_fp4(fmt: Format) -> Policy:
         v_scaling="nvfp4",
         p_scale=256.0,
         approx_recip=True,
+        nvfp4_floor=True,
         **B200_MMA,
         **FA4_EX2_EMU,
     )
@@ -154,7 +156,8 @@ def sage3_fp4(fmt: Format) -> Policy:
     blackwell/softmax_fused.h, mainloop_tma_ws.h; the rules in kernels.sage3): K smoothed over the tokens,
     Q's per-128-row-block mean subtracted and q̄ K^T added back into the fp32 scores, Q, K, V in 1x16 FP4
     blocks with one e4m3 scale amax / 6 and no tensor scale, P offset so the running max maps to 448 * 6
-    before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the input dtype."""
+    before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the input dtype. A block scale
+    whose e4m3 cast is subnormal or zero is kept (fp4_quantization_4d.cu: no floor; nvfp4_floor does not apply)."""
     _need("sage3-fp4", fmt, HALF)
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(

@@ -38,16 +38,19 @@ def quantize_tokens(
     role: str,
     scale_max: float = 0.0,
     warps: tuple[int, int] = (SAGE_WARP_Q, SAGE_WARP_K),
+    mx_rounding: str = "floor",
+    nvfp4_floor: bool = False,
 ) -> torch.Tensor:
     """t [B, H, L, D] quantised to fmt with `scaling` (QK_SCALINGS / V_SCALINGS): tensor, block (of `block`
     tokens), token, thread (SageAttention2: role q 8 groups per warps[0] rows, k 4 per warps[1]), channel (one scale per
     column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
-    q and k, along the tokens for v)."""
+    q and k, along the tokens for v; MX scales rounded by `mx_rounding`, NVFP4 block scales floored by
+    `nvfp4_floor`)."""
     along = -2 if role == "v" else -1
     if scaling == "mx":
-        return quantize_mx(t, fmt, dim=along)
+        return quantize_mx(t, fmt, dim=along, rounding=mx_rounding or "floor")
     if scaling == "nvfp4":
-        return quantize_nvfp4(t, dim=along)
+        return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
     if scaling == "sage3":
         return quantize_fp4x16(t, dim=along).to(t.dtype)
     warp_q, warp_k = warps
@@ -93,12 +96,13 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
         qm = (sums / counts).index_select(-2, ids)
         q = q - qm
     warps = (policy.qk_warp_q or SAGE_WARP_Q, policy.qk_warp_k or SAGE_WARP_K)
-    qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q", warps=warps)
-    kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k", warps=warps)
+    knobs = {"mx_rounding": policy.mx_rounding or "floor", "nvfp4_floor": policy.nvfp4_floor, "warps": warps}
+    qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q", **knobs)
+    kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k", **knobs)
     if qm is not None:
         qq = qq + qm
     vfmt = policy.v_format or fmt
-    vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max)
+    vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max, **knobs)
     return qq, kq, vq
 
 
@@ -111,5 +115,6 @@ def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
         return sage3_p(p, policy.p_scale)
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
-        return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=rowmax * policy.p_scale).to(p.dtype)
+        amax = rowmax * policy.p_scale
+        return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=amax, scale_floor=policy.nvfp4_floor).to(p.dtype)
     return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p)

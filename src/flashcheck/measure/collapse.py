@@ -17,7 +17,7 @@ from flashcheck.kernels import flash_attention
 # z < Delta + delta_k - 10 ln 2 - ln S
 E4M3_FLUSH = 10 * math.log(2)  # 6.93
 
-# The P-cast setting of 2606.06521: only P in e4m3, every other stage fp32 (study.config.P_FP8 runs it).
+# The P-cast setting of 2606.06521: only P in e4m3, every other stage fp32 (questions.modern.presets.P_FP8 runs it).
 P_CAST = "input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
 
 
