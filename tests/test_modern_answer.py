@@ -13,6 +13,8 @@ from flashcheck.questions.modern.answer import modern_answer
 from flashcheck.questions.modern.findings import (
     SAGE_PUBLISHED,
     closed_form,
+    conditions_text,
+    matched,
     modern_findings,
     published_finding,
     sage_published_rows,
@@ -75,13 +77,24 @@ def test_sage_rows_put_ours_beside_the_published_figure_and_the_verdict_follows_
     assert rows[1][2].startswith("99.8000% [") and f"{cos_pub:.2%}" in rows[1][4] and "2411.10958" in rows[1][4]
     assert "2410.02367" in rows[0][4] and "not found" in rows[0][4]  # no figure invented where none was found
     (f,) = published_finding({r.case_id: r for r in recs})
-    assert f["status"] == "holds" and math.isclose(f["estimate"], 0.523, rel_tol=0.02)
-    worse = [_sage_record("flash:sage2-4b", "captured:minilm", s, 0.99, l1_pub * x) for s, x in enumerate((2, 2.2, 2))]
-    assert published_finding({r.case_id: r for r in worse})[0]["status"] == "does not hold"
+    # MiniLM layers at D=32 are not CogvideoX's layers at D=64: the ratio is shown, no verdict
+    assert (
+        f["status"] == "unlike conditions" and f["holds"] is None and math.isclose(f["estimate"], 0.523, rel_tol=0.02)
+    )
+    assert "theirs: CogvideoX" in f["claim"] and "ours: captured:minilm inputs, seq len 1024, head dim 32" in f["claim"]
     assert sage_published_rows({}) == (header, [])
     fa3 = [_sage_record(FA3_FP8, "outliers", s, 0.999, 9.1e-3 * x) for s, x in enumerate((0.5, 0.52, 0.55))]
     (g,) = published_finding({r.case_id: r for r in fa3})
-    assert g["id"] == "modern_fa3-fp8_published" and g["status"] == "holds" and "2407.08608" in g["paper"]
+    assert g["id"] == "modern_fa3-fp8_published" and g["status"] == "unlike conditions" and "2407.08608" in g["paper"]
+    assert "head dim not stated" in g["claim"]  # FA3 states no L or D for Table 3: an absolute RMSE is unlike
+
+
+def test_a_published_figure_gets_a_verdict_only_at_matched_conditions():
+    cond = {"inputs": "x", "ours_inputs": "outliers", "head_dim": 128, "seq_len": 4096, "metric": "RMSE"}
+    assert matched(cond, "outliers", {4096}, {128})
+    assert not matched(cond, "normal", {4096}, {128}) and not matched(cond, "outliers", {4096}, {64, 128})
+    assert not matched(cond | {"seq_len": None}, "outliers", {4096}, {128})  # unstated: unlike
+    assert "seq len not stated" in conditions_text(cond | {"seq_len": None})
 
 
 def test_not_measured_claims_leave_the_table_for_one_line():

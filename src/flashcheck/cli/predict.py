@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 
 import typer
 
@@ -16,9 +18,40 @@ def _visible(lq: int, lk: int, causal: bool) -> float:
     return float(lk) if not causal else (lk - lq) + (lq + 1) / 2
 
 
-def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool) -> tuple[float, float, str, tuple]:
-    """(f_score, f_p, where from, the drawn (q, k, v) or ()): the built-in table, or measure.inputstats on inputs
-    drawn now (no kernel)."""
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """How predict draws its inputs (--draw): heads, kv_heads (None: heads), seed, and the factor every input is
+    multiplied by (--scale)."""
+
+    heads: int = 2
+    kv_heads: int | None = None
+    seed: int = 0
+    scale: float = 1.0
+
+    def text(self) -> str:
+        kv = "" if self.kv_heads in (None, self.heads) else f", {self.kv_heads} KV heads"
+        x = "" if self.scale == 1.0 else f", inputs x {self.scale:g}"
+        return f"inputs drawn now (seed {self.seed}, {self.heads} heads{kv}{x})"
+
+
+def _draw_options(draw: bool, heads, kv_heads, seed, scale) -> Draw | None:
+    """The Draw of --heads/--kv-heads/--seed/--scale (any of them implies --draw), or None without drawing.
+    ValueError names a bad value."""
+    if not draw and all(x is None for x in (heads, kv_heads, seed, scale)):
+        return None
+    h = 2 if heads is None else heads
+    if h < 1 or (kv_heads is not None and (kv_heads < 1 or h % kv_heads)):
+        raise ValueError(f"--heads {h} / --kv-heads {kv_heads}: give heads >= 1 and kv-heads a divisor of heads")
+    if seed is not None and seed < 0:
+        raise ValueError(f"--seed {seed} is not allowed; give an integer >= 0")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"--scale {scale} is not allowed; give a finite number > 0 (the inputs' factor)")
+    return Draw(h, kv_heads, seed or 0, 1.0 if scale is None else scale)
+
+
+def _stats(distribution: str, draw: Draw | None, lq: int, lk: int, d: int, causal: bool) -> tuple:
+    """(f_score, f_p, where from, the drawn (q, k, v) or (), f_out): the built-in table, or measure.inputstats on
+    inputs drawn now (no kernel)."""
     from flashcheck.measure.predict import DEFAULT_STATS
 
     if not draw:
@@ -28,19 +61,20 @@ def _stats(distribution: str, draw: bool, lq: int, lk: int, d: int, causal: bool
                 f"{', '.join(DEFAULT_STATS)} (or add --draw to measure them on drawn inputs)"
             )
         fs, fp = DEFAULT_STATS[distribution]
-        return fs, fp, "built-in table", ()
+        return fs, fp, "built-in table", (), 1.0
     from flashcheck.core.inputs import InputSpec, make_qkv
     from flashcheck.kernels.memory import Footprint, check_fits
     from flashcheck.measure.inputstats import input_stats
 
     try:  # --draw materialises inputs and their scores: the same memory check compare uses
-        check_fits(Footprint(batch=1, heads=2, seq_len=lq, seq_len_k=lk, head_dim=d))
+        check_fits(Footprint(batch=1, heads=draw.heads, seq_len=lq, seq_len_k=lk, head_dim=d))
     except ValueError as exc:
         raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
-    spec = InputSpec(heads=2, seq_len=lq, seq_len_k=lk, head_dim=d, distribution=distribution, seed=0)
-    qkv = make_qkv(spec)
+    spec = InputSpec(heads=draw.heads, kv_heads=draw.kv_heads, seq_len=lq, seq_len_k=lk, head_dim=d,
+                     distribution=distribution, seed=draw.seed)  # fmt: skip
+    qkv = tuple(t * draw.scale for t in make_qkv(spec)) if draw.scale != 1.0 else make_qkv(spec)
     st = input_stats(*qkv, causal=causal)
-    return st["f_score"], st["f_p"], "inputs drawn now (seed 0, 2 heads)", qkv
+    return st["f_score"], st["f_p"], draw.text(), qkv, st["f_out"]
 
 
 def _with_range(setting, qkv: tuple, causal: bool):
@@ -140,6 +174,10 @@ def predict(
         help="A flash kernel preset (fa4-fp8, sage2, ...: see compare) at format --numerics (default: its own).",
     ),
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
+    heads: int = typer.Option(None, help="Heads of the drawn inputs (default 2; implies --draw)."),
+    kv_heads: int = typer.Option(None, help="K/V heads of the drawn inputs (GQA; default --heads; implies --draw)."),
+    seed: int = typer.Option(None, help="Seed of the drawn inputs (default 0; implies --draw)."),
+    scale: float = typer.Option(None, help="Factor on the drawn Q, K, V (input scale; default 1; implies --draw)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Predict the kernel's relative L2 error against FP64 of its rounded inputs from the unit roundoff of
@@ -155,10 +193,11 @@ def predict(
         if splits is not None and kernel != "splitkv":
             raise ValueError(f"--splits {splits} is only for --kernel splitkv (got --kernel {kernel})")
         lk, splits, bk = _checked(seq_len, seq_len_k, head_dim, block_k, splits)
-        fs, fp, source, qkv = _stats(distribution, draw, seq_len, lk, head_dim, causal)
+        drawing = _draw_options(draw, heads, kv_heads, seed, scale)
+        fs, fp, source, qkv, f_out = _stats(distribution, drawing, seq_len, lk, head_dim, causal)
         setting = model.setting_for(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=bk,
-            splits=splits, f_score=fs, f_p=fp,
+            splits=splits, f_score=fs, f_p=fp, f_out=f_out,
         )  # fmt: skip
         setting, ranged = _with_range(setting, qkv, causal)
     except ValueError as exc:
@@ -180,7 +219,7 @@ def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, i
         "numerics": setting.policy.name, "block_k": setting.block_k,
         "block_k_asked": block_k,  # None: --block-k not given
         "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
-        "statistics": source, "range": ranged, "contributions": model.contributions(setting),
+        "statistics": source, "f_out": setting.f_out, "range": ranged, "contributions": model.contributions(setting),
         "coefficients": model.COEFFS, "training": model.TRAINING,
     }  # fmt: skip
 

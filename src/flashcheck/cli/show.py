@@ -66,6 +66,12 @@ def print_backends(results: list[dict]) -> None:
         console.print(escape(line))
 
 
+PREDICTS = (
+    "flashcheck predict predicts the rel_l2 of the column 'vs FP64 of rounded inputs' (the kernel's own error); "
+    "the 'candidate' column adds the rounding of the inputs"
+)
+
+
 def _print_metrics(console, r: dict) -> None:
     """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
     cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs rounded inputs")
@@ -75,6 +81,7 @@ def _print_metrics(console, r: dict) -> None:
         for m, v in r["candidate"].items()
     ]
     print_whole(console, cols, rows)
+    console.print(PREDICTS, soft_wrap=True)
 
 
 def _why_failed(r: dict) -> str:
@@ -175,6 +182,7 @@ def print_compare(cfg, result) -> None:
             f"{result.candidate_rounded[key]:.3e}",
         )
     console.print(table)
+    console.print(PREDICTS, soft_wrap=True)
     if cfg.inputs.padding != "none":
         console.print(escape(padding_counts(cfg.inputs, cfg.causal)))
 
@@ -252,3 +260,4 @@ def print_decoding(cfgs: list, records: list) -> None:
             f"{rec.candidate_rounded['rel_l2']:.3e}",
         )
     console.print(table)
+    console.print(PREDICTS, soft_wrap=True)

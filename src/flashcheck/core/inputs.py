@@ -10,6 +10,7 @@ import torch
 DISTRIBUTIONS = ("normal", "uniform", "outliers", "sharp", "tied", "sink")
 SINK_DELTA = 8.0  # the "sink" distribution's sink score; "sink:DELTA" scores the sink DELTA (arXiv 2606.06521)
 SINK_MAX = 50.0  # the largest sink score "sink:DELTA" takes
+PAPER_SINKS = 4  # "sink4:DELTA": arXiv 2606.06521's own setting, 4 sink tokens and i.i.d. N(0, 1) scores
 CAPTURED = "captured"  # "captured:MODEL": Q, K, V recorded from a real model (core.captured)
 PADDING_SIDES = ("none", "left", "right")
 
@@ -19,12 +20,12 @@ def is_captured(distribution: str) -> bool:
 
 
 def sink_delta(distribution: str) -> float | None:
-    """The sink score of "sink" (SINK_DELTA) or "sink:DELTA" (0 < DELTA <= SINK_MAX); None for any other name
-    or a malformed one (known_distribution rejects those)."""
+    """The sink score of "sink" (SINK_DELTA), "sink:DELTA" or "sink4:DELTA" (0 < DELTA <= SINK_MAX); None for any
+    other name or a malformed one (known_distribution rejects those)."""
     if distribution == "sink":
         return SINK_DELTA
     name, sep, val = str(distribution).partition(":")
-    if name != "sink" or not sep:
+    if name not in ("sink", "sink4") or not sep:
         return None
     try:
         delta = float(val)
@@ -33,8 +34,16 @@ def sink_delta(distribution: str) -> float | None:
     return delta if 0.0 < delta <= SINK_MAX else None
 
 
+def sink_tokens(distribution: str) -> int:
+    """How many sink keys a sink distribution has: 4 for "sink4:DELTA" (the paper's setting), 1 for "sink" and
+    "sink:DELTA" (the study's own), 0 for any other distribution."""
+    if sink_delta(distribution) is None:
+        return 0
+    return PAPER_SINKS if str(distribution).startswith("sink4:") else 1
+
+
 def known_distribution(distribution: str) -> bool:
-    """One of DISTRIBUTIONS, captured:MODEL or sink:DELTA."""
+    """One of DISTRIBUTIONS, captured:MODEL, sink:DELTA or sink4:DELTA."""
     return distribution in DISTRIBUTIONS or is_captured(distribution) or sink_delta(distribution) is not None
 
 
@@ -82,8 +91,8 @@ class InputSpec:
         if not known_distribution(self.distribution):
             raise ValueError(
                 f"unknown distribution {self.distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}, "
-                "captured:MODEL (a local Hugging Face model folder, or minilm for the bundled one) or sink:DELTA "
-                f"(the sink's score, 0 < DELTA <= {SINK_MAX:g})"
+                "captured:MODEL (a local Hugging Face model folder, or minilm for the bundled one), sink:DELTA "
+                f"or sink4:DELTA (the sink's score, 0 < DELTA <= {SINK_MAX:g})"
             )
         parse_padding(self.padding)
         if self.layer < 0:
@@ -110,7 +119,8 @@ def make_qkv(spec: InputSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         return captured_qkv(spec.distribution.split(":", 1)[1], spec.layer, shape_q, shape_k, spec.seed)
     delta = sink_delta(spec.distribution)
     if delta is not None:
-        return _sink(spec, g, shape_q, shape_k, delta)
+        draw_sink = _paper_sinks if sink_tokens(spec.distribution) == PAPER_SINKS else _sink
+        return draw_sink(spec, g, shape_q, shape_k, delta)
     draw = _DRAW[spec.distribution]
     return draw(spec, g, shape_q, shape_k)
 
@@ -201,6 +211,22 @@ def _sink(spec, g, sq, sk, delta: float = SINK_DELTA):
     k[..., 0] = 0.0
     k[..., 0, :] = 0.0
     k[..., 0, 0] = delta
+    return q, k, v
+
+
+def _paper_sinks(spec, g, sq, sk, delta: float):
+    """arXiv 2606.06521's own setting: k_sink = 4 sink tokens (keys 0-3) scored delta + N(0, 1) by every row (the
+    paper's delta_k ~ 1 is the expected maximum of those 4 normals) and every other score N(0, 1), independent
+    across keys: Q's first coordinate sqrt(D), the rest sqrt(D) times a unit vector u; K's first coordinate delta
+    for a sink and 0 otherwise, the rest N(0, 1). With the scale 1/sqrt(D) the normal part of a score is u . k,
+    N(0, 1) in every row (the study's own "sink" gives each row the variance |q|^2 / D, and one sink at delta)."""
+    q, k, v = _randn(sq, g), _randn(sk, g), _randn(sk, g)
+    d = sq[-1]
+    rest = q[..., 1:]
+    q[..., 1:] = d**0.5 * rest / torch.linalg.vector_norm(rest, dim=-1, keepdim=True)
+    q[..., 0] = d**0.5
+    k[..., 0] = 0.0
+    k[..., : min(PAPER_SINKS, sk[-2]), 0] = delta
     return q, k, v
 
 

@@ -261,7 +261,8 @@ class Policy:
     ds_correction: bool = False
     # Stage knobs of FP8/FP4 and quantized kernels (FA4, SageAttention; ALGORITHMS.md, "Stage knobs"). Each
     # is inert at its default, and inert while the stage it belongs to is FP64 (so explain's "raised" runs
-    # remove it with its stage): qk_scaling, smooth_q, smooth_k, v_format, v_scaling, v_scale_max (input);
+    # remove it with its stage): qk_scaling, qk_warp_q, qk_warp_k, smooth_q, smooth_k, v_format, source_format,
+    # v_scaling, v_scale_max (input);
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
@@ -274,9 +275,12 @@ class Policy:
     # exact_inputs ("qk" or "v", input): those inputs stay exact
     # (float64, unrounded, unsmoothed) while the others round as the policy says: explain's input sub-stages.
     qk_scaling: str = ""
+    qk_warp_q: int = 0  # qk_scaling "thread": query rows per warp (0: 32, Ada's) and keys per group (0: 64)
+    qk_warp_k: int = 0
     smooth_q: bool = False
     smooth_k: bool = False
     v_format: Format | None = None
+    source_format: Format | None = None  # the dtype the inputs arrive in, before the kernel quantises them (sage3)
     v_scaling: str = ""
     v_scale_max: float = 0.0
     p_scale: float = 1.0
@@ -298,7 +302,7 @@ class Policy:
     exact_inputs: str = ""
 
     def __post_init__(self) -> None:
-        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format"):
+        for field in (*STAGES, "matmul", *GRAD_STAGES, *DECODE_STAGES, "v_format", "source_format"):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, parse_format(value))
@@ -370,9 +374,12 @@ class Policy:
 
 STAGE_KNOBS: dict[str, object] = {
     "qk_scaling": "",
+    "qk_warp_q": 0,
+    "qk_warp_k": 0,
     "smooth_q": False,
     "smooth_k": False,
     "v_format": None,
+    "source_format": None,
     "v_scaling": "",
     "v_scale_max": 0.0,
     "p_scale": 1.0,
@@ -393,9 +400,9 @@ STAGE_KNOBS: dict[str, object] = {
     "kv_order": "",
     "exact_inputs": "",
 }
-QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
-V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
-P_SCALINGS = ("", "nvfp4")
+QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4", "sage3")
+V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4", "sage3")
+P_SCALINGS = ("", "nvfp4", "sage3")
 EXACT_INPUTS = ("", "qk", "v")
 MMA_NAMES = ("", "ada", "hopper", "b200")  # kernels.mma.MMA_MODELS' keys (core does not import kernels)
 
@@ -415,7 +422,9 @@ def _check_knobs(pol: Policy) -> None:
         if getattr(pol, name) not in allowed:
             shown = ", ".join(a or "''" for a in allowed)
             raise ValueError(f"unknown {name} {getattr(pol, name)!r}; expected one of {shown}")
-    for name in ("acc_bits", "acc_promote", "qk_acc_bits", "exp2_emu", "exp2_emu_res", "exp2_emu_start"):
+    ints = ("acc_bits", "acc_promote", "qk_acc_bits", "exp2_emu", "exp2_emu_res", "exp2_emu_start")
+    ints += ("qk_warp_q", "qk_warp_k")
+    for name in ints:
         value = getattr(pol, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}={value!r} must be a non-negative integer")
@@ -538,6 +547,8 @@ def parse_policy(spec: str | Policy) -> Policy:
             changes[key] = value.strip()
         elif key in (
             "delta_seed",
+            "qk_warp_q",
+            "qk_warp_k",
             "acc_bits",
             "acc_promote",
             "qk_acc_bits",

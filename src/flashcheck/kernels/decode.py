@@ -17,7 +17,7 @@ from flashcheck.core.numerics import Format, Policy, parse_policy
 from flashcheck.kernels.flash import flash_attention
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import rnd, safe_max
+from flashcheck.kernels.ops import resolve_scale, rnd, safe_max
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 
@@ -72,7 +72,7 @@ def split_kv_attention(
     dtype (with `return_lse`, also the natural-log LSE [B, H, Lq]). Causal masks are bottom-right aligned
     over the whole cache; fully masked rows give 0. `splits`: the number of key chunks S."""
     pol = parse_policy(policy)
-    scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
+    scale = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     spans = split_spans(k.shape[-2], splits, block_k) if k.shape[-2] else []
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError("split_kv_attention is forward only (a decoding kernel); call it under torch.no_grad()")

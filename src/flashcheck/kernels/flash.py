@@ -473,7 +473,8 @@ def flash_attention(
     O(Lq * block_k). See FlashConfig for the options."""
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
-    scale = check_attention_inputs(q, k, v, mask=mask, scale=scale)
+    # resolved before the inputs are rounded: SageAttention3's rounded Q and K carry 2 D columns (kernels.sage3)
+    scale = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
     order = pol.kv_order or order  # the policy's KV iteration order, when it names one
     cfg = FlashConfig(

@@ -26,11 +26,21 @@ def _fa2_tiles(lq: int, lk: int, d: int, causal: bool) -> tuple[int, int]:
     return (128, 128) if d <= 64 else (128, 64)
 
 
+FA3_P_SCALE = 256.0  # 2^Max_offset
+
+
 def _fp8_policy(fmt: Format) -> Policy:
+    """FlashAttention-3's FP8 forward (Dao-AILab/flash-attention at commit 0251105a2fb19d2957484b7f023cd8c115286ced):
+    hopper/flash_fwd_kernel_sm90.h instantiates flash::Softmax with Max_offset 8 for FP8, so hopper/softmax.h
+    scale_apply_exp2 subtracts 8 from the scaled row max: P = 2^8 exp(S - m) before its e4m3 cast, and
+    finalize divides the row sum by 2^8. Key blocks run last to first (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp:
+    n_block from n_block_max - 1 down). Q, K, V e4m3 with block scales and Hadamard incoherent processing
+    (the paper's setting, arXiv 2407.08608 section 4.3), fp32 statistics and accumulator."""
     if fmt not in FP8_FORMATS:
         raise ValueError(f"preset fa3-fp8 runs fp8 inputs; got {fmt.value} (use fp8-e4m3)")
     base = NAMED_POLICIES["fa3-fp8"]
-    return base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, name=f"fa3-fp8@{fmt.value}")
+    pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, name=f"fa3-fp8@{fmt.value}")
+    return pol.replace(name=pol.name, p_scale=FA3_P_SCALE, kv_order="reverse")
 
 
 def _named_mixed(tag: str) -> Callable[[Format], Policy]:
@@ -79,7 +89,7 @@ KERNEL_PRESETS: dict[str, KernelPreset] = {
     ),
     "fa3-fp8": KernelPreset(
         "fa3-fp8",
-        "flash-attn 3 FP8 on H100: e4m3 block scales, Hadamard, P in e4m3",
+        "flash-attn 3 FP8 on H100: e4m3 block scales, Hadamard, P x 2^8 in e4m3",
         fa3_fp8_tiles,
         _fp8_policy,
         exp2=True,

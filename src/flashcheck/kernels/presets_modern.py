@@ -38,11 +38,11 @@ def _fp8_base(fmt: Format, name: str, output: Format = Format.BF16) -> Policy:
 
 
 def fa4_bf16(fmt: Format) -> Policy:
-    """FlashAttention-4 forward, 16-bit inputs (flash-attention flash_attn/cute/flash_fwd_sm100.py and
-    softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P cast to the input dtype; part of the
-    exp2s emulated in software (ex2_emu_freq 10, ex2_emu_res 4, ex2_emu_start_frg 1: the tuning of hdim 128,
-    non-causal, 2-CTA); conditional rescaling with rescale_threshold 8.0 (16-bit inputs); 1/l by
-    rcp.approx."""
+    """FlashAttention-4 forward, 16-bit inputs (Dao-AILab/flash-attention at commit 0251105a,
+    flash_attn/cute/flash_fwd_sm100.py and softmax.py SoftmaxSm100): fp32 statistics and TMEM accumulator, P
+    cast to the input dtype; part of the exp2s emulated in software (ex2_emu_freq 10, ex2_emu_res 4,
+    ex2_emu_start_frg 1: the tuning of hdim 128, non-causal, 2-CTA); conditional rescaling with
+    rescale_threshold 8.0 (16-bit inputs); 1/l by rcp.approx."""
     _need("fa4-bf16", fmt, (Format.BF16, Format.FP16))
     return mixed_policy(fmt).replace(
         name=f"fa4-bf16@{fmt.value}", rescale_threshold=8.0, approx_recip=True, **FA4_EX2_EMU
@@ -50,7 +50,8 @@ def fa4_bf16(fmt: Format) -> Policy:
 
 
 def fa4_fp8(fmt: Format) -> Policy:
-    """FlashAttention-4 forward, FP8 inputs (flash_fwd_sm100.py: max_offset 8 for 1-byte inputs, so P is
+    """FlashAttention-4 forward, FP8 inputs (flash-attention at commit 0251105a, flash_attn/cute/flash_fwd_sm100.py:
+    max_offset 8 for 1-byte inputs, so P is
     scaled by 2^8 before its e4m3 cast; rescale_threshold 0; descale factors per tensor): e4m3 Q, K, V with
     per-tensor scales, P e4m3 x 256, fp32 statistics and accumulator (Blackwell's tcgen05 accumulates FP8 MMA
     in full fp32), emulated exp2 as fa4-bf16, rcp.approx; bf16 output."""
@@ -60,7 +61,8 @@ def fa4_fp8(fmt: Format) -> Policy:
 
 
 def fa4_fp4(fmt: Format) -> Policy:
-    """FlashAttention-4 with NVFP4 operands. The fetched flash-attention snapshot has no sm100 FP4 forward
+    """FlashAttention-4 with NVFP4 operands. The fetched flash-attention snapshot (commit 0251105a) has no sm100 FP4
+    forward
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
     fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
@@ -81,7 +83,8 @@ def fa4_fp4(fmt: Format) -> Policy:
 
 
 def sage1(fmt: Format) -> Policy:
-    """SageAttention (arXiv 2410.02367; thu-ml/SageAttention sageattn_qk_int8_pv_fp16_triton): K smoothed
+    """SageAttention (arXiv 2410.02367; thu-ml/SageAttention at commit d1a57a5, sageattention/core.py
+    sageattn_qk_int8_pv_fp16_triton): K smoothed
     (its mean over the tokens subtracted), Q and K INT8 per block (128 query, 64 key rows; scale amax/127,
     rounding half away from zero), P and V in fp16, P·V accumulated in fp32, output in the input dtype."""
     _need("sage1", fmt, HALF)
@@ -89,64 +92,82 @@ def sage1(fmt: Format) -> Policy:
     return pol.replace(name=pol.name, qk_scaling="block", smooth_k=True, v_format=Format.FP16)
 
 
-def _sage2_common(fmt: Format, name: str) -> Policy:
-    # thu-ml/SageAttention core.py sageattn_qk_int8_pv_fp8_cuda: qk_quant_gran per_thread (WARPQ 32,
-    # BLKK 64), smooth_k, V per-channel e4m3, P e4m3 with the static scale 448 (arXiv 2411.10958 section 4)
+SAGE_COMMIT = "thu-ml/SageAttention d1a57a546c3d395b1ffcbeecc66d81db76f3b4b5"
+SAGE_P_SCALE = 2.0**8.807  # csrc/qattn/attn_utils.cuh S_FP8_OFFSET 8.807: the row max maps to 2^8.807 (448)
+
+
+def _sage2_common(fmt: Format, name: str, warp_q: int, warp_k: int) -> Policy:
+    # sageattention/core.py: smooth_k (K's mean over the tokens subtracted), qk_quant_gran per_thread
+    # (triton/quant_per_thread.py: per WARPQ query rows 8 groups by index mod 8, per WARPK keys 4 groups of
+    # index pairs), V per_channel_fp8 (quant.py) in e4m3, P e4m3 offset by S_FP8_OFFSET
     pol = mixed_policy(Format.INT8).replace(p=Format.FP8_E4M3, output=fmt, name=name)
     return pol.replace(
         name=name,
         qk_scaling="thread",
+        qk_warp_q=warp_q,
+        qk_warp_k=warp_k,
         smooth_k=True,
         v_format=Format.FP8_E4M3,
         v_scaling="channel",
-        p_scale=448.0,
+        p_scale=SAGE_P_SCALE,
     )
 
 
-def sage2(fmt: Format) -> Policy:
-    """SageAttention2 (arXiv 2411.10958; the released kernel's default on Ada/Hopper, pv_accum_dtype
-    "fp32+fp32"): INT8 per-thread Q and K with K smoothed, FP8 P (x 448) and V (per channel), the FP8 MMA's
-    FP22 accumulator (13 mantissa bits, truncating) promoted to fp32 after every 64-key block (its two-level
-    accumulation), computed by the Hopper model of kernels.mma (pv_mma; acc_bits states its width to the error
-    model). The paper's 4-bit variant is `sage2-4b`."""
-    _need("sage2", fmt, HALF)
-    pol = _sage2_common(fmt, f"sage2@{fmt.value}")
-    return pol.replace(name=pol.name, acc_bits=13, acc_promote=64, pv_mma="hopper")
+def sage2_ada(fmt: Format) -> Policy:
+    """SageAttention2 on Ada (sm89), as `sageattn` runs it there (thu-ml/SageAttention at commit d1a57a5,
+    sageattention/core.py sageattn -> sageattn_qk_int8_pv_fp8_cuda with pv_accum_dtype "fp32+fp16";
+    csrc/qattn/sm89_qk_int8_sv_f8_accum_f16_fuse_v_scale_attn_inst_buf.cu: CTA_Q 128, CTA_K 64, WARP_Q 32,
+    WARP_K 64): INT8 per-thread Q (32-row warps) and K (64-key groups) with K smoothed; V e4m3 per channel
+    with its amax mapped to 2.25 (quant_v_scale_max for fp32+fp16) so the fp16 sums stay in range; P e4m3
+    offset by 2^8.807; the FP8 P·V MMA accumulates in fp16 within each 64-key block, added to an fp32 buffer
+    after it (SageAttention2++, arXiv 2505.21136)."""
+    _need("sage2-ada", fmt, HALF)
+    pol = _sage2_common(fmt, f"sage2-ada@{fmt.value}", 32, 64)
+    # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16"); acc_bits states its width to
+    # the error model
+    return pol.replace(name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada")
+
+
+def sage2_hopper(fmt: Format) -> Policy:
+    """SageAttention2 on Hopper (sm90), as `sageattn` runs it there (thu-ml/SageAttention at commit d1a57a5,
+    sageattention/core.py sageattn_qk_int8_pv_fp8_cuda_sm90, pv_accum_dtype "fp32+fp32": per_thread_int8
+    with BLKQ 64, WARPQ 16, BLKK 128, WARPK 128; csrc/qattn/qk_int_sv_f8_cuda_sm90.cu: CTA_Q 64, CTA_K 128,
+    each key block's wgmma P·V into RO_temp, then RO += RO_temp in fp32): INT8 per-thread Q (16-row warps)
+    and K (128-key groups) with K smoothed; V e4m3 per channel (amax at 448); P e4m3 offset by 2^8.807; the
+    FP8 MMA's FP22 accumulator (13 mantissa bits, truncating) within each 128-key block, promoted to fp32."""
+    _need("sage2-hopper", fmt, HALF)
+    pol = _sage2_common(fmt, f"sage2-hopper@{fmt.value}", 16, 128)
+    return pol.replace(name=pol.name, acc_bits=13, acc_promote=128, pv_mma="hopper")  # kernels.mma's Hopper model
 
 
 def sage2_4b(fmt: Format) -> Policy:
-    """SageAttention2's 4-bit variant (arXiv 2411.10958): Q and K INT4 per thread, Q smoothed (each query
-    block's mean subtracted and added back in the fp32 scores) and K smoothed, the rest as sage2."""
+    """SageAttention2's 4-bit variant (arXiv 2411.10958; no released kernel at commit d1a57a5): Q and K INT4 per
+    thread with Ada's granularity, Q smoothed (each query block's mean subtracted and added back in the fp32
+    scores) and K smoothed, FP8 P (x 2^8.807) and V (per channel), the FP22 accumulator promoted per 64 keys
+    ("fp32+fp32")."""
     _need("sage2-4b", fmt, HALF)
-    pol = sage2(fmt)
-    return pol.replace(name=f"sage2-4b@{fmt.value}", input=Format.INT4, smooth_q=True)
-
-
-def sage2pp(fmt: Format) -> Policy:
-    """SageAttention2++ (arXiv 2505.21136; core.py pv_accum_dtype "fp32+fp16"): as sage2, but the FP8 P·V MMA
-    accumulates in fp16 (10 mantissa bits, round to nearest) inside each block, promoted to fp32 after it;
-    V's per-channel scale maps its amax to 2.25 instead of 448 so the fp16 sums stay in range."""
-    _need("sage2pp", fmt, HALF)
-    pol = _sage2_common(fmt, f"sage2pp@{fmt.value}")
-    return pol.replace(
-        name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada"
-    )  # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16")
+    pol = _sage2_common(fmt, f"sage2-4b@{fmt.value}", 32, 64)
+    return pol.replace(name=pol.name, input=Format.INT4, smooth_q=True, acc_bits=13, acc_promote=64, pv_mma="hopper")
 
 
 def sage3_fp4(fmt: Format) -> Policy:
-    """SageAttention3 (arXiv 2505.11594): NVFP4 (1 x 16 microscaling, e4m3 block scales) Q, K and V, and P
-    with its two-level quantisation (each row's max mapped to 448 x 6 by an fp32 scale, then NVFP4 blocks of
-    16 keys); fp32 accumulator (Blackwell); output in the input dtype. Block scales without a floor (nvfp4_floor
-    off: the e4m3 cast of amax / 6 may give a subnormal or zero scale)."""
+    """SageAttention3 (arXiv 2505.11594) as its Blackwell kernel does it (thu-ml/SageAttention at commit
+    d1a57a5, sageattention3_blackwell/sageattn3/api.py, quantization/fp4_quantization_4d.cu,
+    blackwell/softmax_fused.h, mainloop_tma_ws.h; the rules in kernels.sage3): K smoothed over the tokens,
+    Q's per-128-row-block mean subtracted and q̄ K^T added back into the fp32 scores, Q, K, V in 1x16 FP4
+    blocks with one e4m3 scale amax / 6 and no tensor scale, P offset so the running max maps to 448 * 6
+    before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the input dtype. A block scale
+    whose e4m3 cast is subnormal or zero is kept (fp4_quantization_4d.cu: no floor; nvfp4_floor does not apply)."""
     _need("sage3-fp4", fmt, HALF)
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(
-        name=f"sage3-fp4@{fmt.value}", qk_scaling="nvfp4", v_scaling="nvfp4", p_scaling="nvfp4", **B200_MMA
-    )
+        name=f"sage3-fp4@{fmt.value}", qk_scaling="sage3", v_scaling="sage3", p_scaling="sage3",
+        p_scale=448.0 * 6.0, kv_order="reverse", source_format=fmt, **B200_MMA,
+    )  # fmt: skip
 
 
 def fa3_fp8_fp22(fmt: Format) -> Policy:
-    """FlashAttention-3's FP8 path (as preset fa3-fp8: e4m3 block scales, Hadamard, P e4m3) with the FP8
+    """FlashAttention-3's FP8 path (as preset fa3-fp8: e4m3 block scales, Hadamard, P x 2^8 in e4m3) with the FP8
     MMA's real accumulator: about 13-14 mantissa bits on Ada/Hopper (SageAttention2, arXiv 2411.10958: FP22,
     1 sign, 8 exponent, 13 mantissa bits; DeepSeek-V3, arXiv 2412.19437, section 3.3.2), truncating. FA3
     accumulates P·V into O inside the MMA with no promotion, so O itself is held in FP22; Q K^T, an FP8 MMA
@@ -157,7 +178,7 @@ def fa3_fp8_fp22(fmt: Format) -> Policy:
     from flashcheck.core.numerics import NAMED_POLICIES
 
     base = NAMED_POLICIES["fa3-fp8"]
-    pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True)
+    pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True, p_scale=256.0, kv_order="reverse")
     return pol.replace(name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13, qk_mma="hopper", pv_mma="hopper")
 
 
@@ -180,8 +201,8 @@ def preset_policy(spec: str) -> tuple[Policy, KernelPreset] | None:
     return pre.policy(parse_format(fmt or pre.default_format)), pre
 
 
-# FA4 sm100: m_block_size 128 per CTA, n_block_size 128. Sage: CTA_Q 128, CTA_K 64 (SageAttention2 kernels,
-# the triton per-block kernel BLKQ 128, BLKK 64); SageAttention3 (Blackwell) modelled with 128 x 128 tiles.
+# FA4 sm100: m_block_size 128 per CTA, n_block_size 128. Sage: CTA_Q 128, CTA_K 64 (SageAttention1, the sm89
+# SageAttention2 kernels), CTA_Q 64, CTA_K 128 (sm90); SageAttention3: launch.h Flash_fwd_kernel_traits 128 x 128.
 MODERN_PRESETS: dict[str, KernelPreset] = {
     "fa4-bf16": KernelPreset(
         "fa4-bf16", "flash-attn 4 (B200), 16-bit: emulated exp2, rescale threshold 8, rcp.approx",
@@ -199,20 +220,30 @@ MODERN_PRESETS: dict[str, KernelPreset] = {
         "sage1", "SageAttention: smoothed K, INT8 per-block Q and K, fp16 P and V",
         _tiles(128, 64), sage1, exp2=True, default_format="fp16",
     ),
+    "sage2-ada": KernelPreset(
+        "sage2-ada", "SageAttention2 on Ada: INT8 per-thread Q (32-row warps), K (64-key groups); FP8 P, V; fp16 "
+        "P·V accumulator per 64-key block, promoted to fp32", _tiles(128, 64), sage2_ada, exp2=True,
+        default_format="fp16",
+    ),
+    "sage2-hopper": KernelPreset(
+        "sage2-hopper", "SageAttention2 on Hopper: INT8 per-thread Q (16-row warps), K (128-key groups); FP8 P, V; "
+        "FP22 accumulator per 128-key block, promoted to fp32", _tiles(64, 128), sage2_hopper, exp2=True,
+        default_format="fp16",
+    ),
     "sage2": KernelPreset(
-        "sage2", "SageAttention2: INT8 per-thread Q, K; FP8 P, V; FP22 accumulator, promoted per block",
-        _tiles(128, 64), sage2, exp2=True, default_format="fp16",
+        "sage2", "alias of sage2-hopper (the fp32+fp32 accumulation)", _tiles(64, 128), sage2_hopper, exp2=True,
+        default_format="fp16",
+    ),
+    "sage2pp": KernelPreset(
+        "sage2pp", "alias of sage2-ada (SageAttention2++'s fp16 accumulator, Ada's default)", _tiles(128, 64),
+        sage2_ada, exp2=True, default_format="fp16",
     ),
     "sage2-4b": KernelPreset(
         "sage2-4b", "SageAttention2 4-bit: INT4 per-thread smoothed Q and K, FP8 P, V",
         _tiles(128, 64), sage2_4b, exp2=True, default_format="fp16",
     ),
-    "sage2pp": KernelPreset(
-        "sage2pp", "SageAttention2++: as sage2 with an fp16 P·V accumulator inside each block",
-        _tiles(128, 64), sage2pp, exp2=True, default_format="fp16",
-    ),
     "sage3-fp4": KernelPreset(
-        "sage3-fp4", "SageAttention3: NVFP4 Q, K, V and two-level NVFP4 P",
+        "sage3-fp4", "SageAttention3: smoothed Q (per 128 rows) and K, 1x16 FP4 with e4m3 scales, P at 448 x 6",
         _tiles(128, 128), sage3_fp4, exp2=True,
     ),
     "fa3-fp8-fp22": KernelPreset(

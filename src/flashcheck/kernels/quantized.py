@@ -18,6 +18,7 @@ from flashcheck.core.numerics import (
     round_to,
 )
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
 
 SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
 
@@ -36,11 +37,12 @@ def quantize_tokens(
     block: int,
     role: str,
     scale_max: float = 0.0,
+    warps: tuple[int, int] = (SAGE_WARP_Q, SAGE_WARP_K),
     mx_rounding: str = "floor",
     nvfp4_floor: bool = False,
 ) -> torch.Tensor:
     """t [B, H, L, D] quantised to fmt with `scaling` (QK_SCALINGS / V_SCALINGS): tensor, block (of `block`
-    tokens), token, thread (SageAttention2: role q 8 groups per 32 rows, k 4 per 64), channel (one scale per
+    tokens), token, thread (SageAttention2: role q 8 groups per warps[0] rows, k 4 per warps[1]), channel (one scale per
     column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
     q and k, along the tokens for v; MX scales rounded by `mx_rounding`, NVFP4 block scales floored by
     `nvfp4_floor`)."""
@@ -49,15 +51,18 @@ def quantize_tokens(
         return quantize_mx(t, fmt, dim=along, rounding=mx_rounding or "floor")
     if scaling == "nvfp4":
         return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
+    if scaling == "sage3":
+        return quantize_fp4x16(t, dim=along).to(t.dtype)
+    warp_q, warp_k = warps
     if fmt in INT_FORMATS:
-        warp, threads = (SAGE_WARP_Q, 8) if role == "q" else (SAGE_WARP_K, 4)
+        warp, threads = (warp_q, 8) if role == "q" else (warp_k, 4)
         return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
     if scaling in ("", "tensor"):
         return quantize_scaled(t, fmt, amax_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
     if scaling == "channel":  # SageAttention's per_channel_fp8: amax maps to scale_max (default fmt's max)
         scale = amax_scale(t, fmt, dims=(-2,))
         return quantize_scaled(t, fmt, scale * (info(fmt).max / scale_max) if scale_max else scale)
-    ids = group_ids(t.shape[-2], scaling, block=block, warp=SAGE_WARP_Q if role == "q" else SAGE_WARP_K,
+    ids = group_ids(t.shape[-2], scaling, block=block, warp=warp_q if role == "q" else warp_k,
                     threads=8 if role == "q" else 4)  # fmt: skip
     return _per_group(t, fmt, ids.to(t.device))
 
@@ -78,6 +83,8 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
     fmt = policy.input
     if fmt == Format.FP64:
         return q, k, v
+    if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
+        return sage3_inputs(q, k, v, policy.source_format or Format.BF16)
     if policy.smooth_k:
         k = k - k.mean(dim=-2, keepdim=True)
     qm = None
@@ -88,7 +95,8 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
         counts = torch.bincount(ids).to(q.dtype).unsqueeze(-1)
         qm = (sums / counts).index_select(-2, ids)
         q = q - qm
-    knobs = {"mx_rounding": policy.mx_rounding or "floor", "nvfp4_floor": policy.nvfp4_floor}
+    warps = (policy.qk_warp_q or SAGE_WARP_Q, policy.qk_warp_k or SAGE_WARP_K)
+    knobs = {"mx_rounding": policy.mx_rounding or "floor", "nvfp4_floor": policy.nvfp4_floor, "warps": warps}
     qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q", **knobs)
     kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k", **knobs)
     if qm is not None:
@@ -100,8 +108,11 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
 
 def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
     """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
-    P * p_scale rounded to the p format, or with p_scaling nvfp4 SageAttention3's two-level quantisation (each
-    row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
+    P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.sage3.sage3_p:
+    P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
+    NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
+    if policy.p_scaling == "sage3":
+        return sage3_p(p, policy.p_scale)
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
         amax = rowmax * policy.p_scale

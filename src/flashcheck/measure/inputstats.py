@@ -5,18 +5,24 @@ roundings of size u of every score, or of every weight, move o by a vector whose
 u^2/3 times sum_j p_j^2 s_j^2 |v_j - o|^2, or sum_j p_j^2 |v_j - o|^2. Summed over rows and divided by
 sum |o|^2 these give `f_score` and `f_p`, the sensitivities of the relative L2 error to score and P rounding.
 
+Rows are sampled one by one (ROW_SAMPLES of them): the first DENSE_ROWS each, then evenly over the rest, every
+sampled row weighing the rows it stands for. Under a causal mask the first rows see a handful of keys and hold
+a large share of sum |o|^2 with little P error: slices of 8 rows from row 0 weighed them far above their number
+(the error model then under-predicted causal cases).
+
 Legend: q [B, H, Lq, D]; k, v [B, Hkv, Lk, D]; mask [B, 1, Lq, Lk] bool."""
 
 from __future__ import annotations
 
 import torch
 
-from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.validation import expand_kv_heads
 
-ROWS = 8  # rows per sampled slice
-SLICES = 4  # slices spread over the queries
+ROW_SAMPLES = 128  # query rows sampled, evenly spread over Lq (every row when Lq is at most this)
+ROW_CHUNK = 32  # sampled rows whose scores are formed at once
+DENSE_ROWS = 32  # the first rows, each sampled
 HEADS = 4  # heads sampled
+ONE_HOT = 2.0**-26  # a row whose largest weight is within this of 1 gives exactly one V row in fp32
 
 
 def _visible_mean(lq: int, lk: int, causal: bool, mask: torch.Tensor | None) -> float:
@@ -33,31 +39,63 @@ def _visible_mean(lq: int, lk: int, causal: bool, mask: torch.Tensor | None) -> 
     return float(vis.double().mean())
 
 
-def _slices(lq: int) -> list[tuple[int, int]]:
-    if lq <= ROWS * SLICES:
-        return [(0, lq)]
-    starts = torch.linspace(0, lq - ROWS, SLICES).round().long().tolist()
-    return [(s, s + ROWS) for s in starts]
+def sampled_rows(lq: int, n: int = ROW_SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows [<= n] int64, weights [<= n] float64): the first DENSE_ROWS rows each (weight 1: under a causal
+    mask they see a few keys each and differ most), then rows evenly spread over the rest, each weighing the
+    rows it stands for; every row (weight 1) when Lq is at most n."""
+    if lq <= n:
+        return torch.arange(lq), torch.ones(lq, dtype=torch.float64)
+    rest = torch.linspace(DENSE_ROWS, lq - 1, n - DENSE_ROWS, dtype=torch.float64).round().long().unique()
+    rows = torch.cat([torch.arange(DENSE_ROWS), rest])
+    w = torch.cat([torch.ones(DENSE_ROWS, dtype=torch.float64),
+                   torch.full((len(rest),), (lq - DENSE_ROWS) / len(rest), dtype=torch.float64)])  # fmt: skip
+    return rows, w
 
 
-def _row_sums(qs, ks, vs, r0: int, r1: int, causal: bool, mask) -> tuple[float, ...]:
-    """Sums over rows r0..r1 of: p^2 s^2 |v - o|^2, p^2 |v - o|^2, |o|^2, 1 / sum p^2, mean s^2; live rows."""
+def row_scores(qs, ks, rows: torch.Tensor, causal: bool, mask) -> torch.Tensor:
+    """Scores of the query rows `rows` [B, h, len(rows), Lk], scale 1/sqrt(D), -inf where the bottom-right
+    causal mask or the padding mask hides a key."""
     lq, lk, d = qs.shape[-2], ks.shape[-2], qs.shape[-1]
-    s = qs[..., r0:r1, :] @ ks.transpose(-1, -2) * d**-0.5
-    bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=s.dtype)
-    p = torch.softmax(s if bias is None else s + bias, dim=-1).nan_to_num(0.0)
+    s = qs[..., rows, :] @ ks.transpose(-1, -2) * d**-0.5
+    hide = torch.zeros(len(rows), lk, dtype=torch.bool)
+    if causal:
+        hide = torch.arange(lk)[None, :] > rows[:, None] + (lk - lq)
+    if mask is not None:
+        keep = mask.to(torch.bool).expand(mask.shape[0], 1, lq, lk)[..., rows, :]
+        return s.masked_fill(hide | ~keep, -torch.inf)
+    return s.masked_fill(hide, -torch.inf)
+
+
+def _chunks(lq: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    rows, w = sampled_rows(lq)
+    return [(rows[i : i + ROW_CHUNK], w[i : i + ROW_CHUNK]) for i in range(0, len(rows), ROW_CHUNK)]
+
+
+def _row_sums(qs, ks, vs, rows: torch.Tensor, w: torch.Tensor, causal: bool, mask) -> tuple[float, ...]:
+    """Sums over the rows `rows`, each weighing w, of: p^2 s^2 |v - o|^2, p^2 |v - o|^2, |o|^2, 1 / sum p^2,
+    mean s^2; live rows; |o|^2 of the rows that are not one-hot (a one-hot row's output is one V row: ONE_HOT)."""
+    s = row_scores(qs, ks, rows, causal, mask)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    s = s.masked_fill(torch.isinf(s), 0.0)
     o = p @ vs
     live = p.sum(-1) > 0
+    one_hot = p.amax(-1) >= 1.0 - ONE_HOT
     v2 = vs.square().sum(-1).unsqueeze(-2)  # [B, h, 1, Lk]
     dv2 = (v2 - 2 * o @ vs.transpose(-1, -2) + o.square().sum(-1, keepdim=True)).clamp_min(0)  # |v_j - o|^2
     p2 = p.square()
+    o2 = o.square().sum(-1)
+
+    def tot(per_row: torch.Tensor) -> float:  # [B, h, rows] weighted and summed
+        return float((per_row * w).sum())
+
     return (
-        float((p2 * s.square() * dv2).sum()),
-        float((p2 * dv2).sum()),
-        float(o.square().sum()),
-        float((1.0 / p2.sum(-1).clamp_min(1e-300))[live].sum()),
-        float(s.square().mean(-1).sum()),
-        int(live.sum()),
+        tot((p2 * s.square() * dv2).sum(-1)),
+        tot((p2 * dv2).sum(-1)),
+        tot(o2),
+        tot((1.0 / p2.sum(-1).clamp_min(1e-300)) * live),
+        tot(s.square().mean(-1)),
+        tot(live.double()),
+        tot(o2 * ~one_hot),
     )
 
 
@@ -65,12 +103,13 @@ def input_stats(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None
 ) -> dict[str, float]:
     """q_std, k_std, v_std, logit_std, f_score, f_p, n_eff (1 / sum p^2), k_mean_norm, visible (mean keys per
-    row), from a sample of heads and rows (FP64)."""
+    row), f_out (the share of sum |o|^2 in rows that are not one-hot: a one-hot row's output is one V row,
+    which the output format holds exactly when V is in it), from a sample of heads and rows (FP64)."""
     k, v = expand_kv_heads(q, k, v)
     h = min(HEADS, q.shape[1])
     qs, ks, vs = q[:, :h], k[:, :h], v[:, :h]
-    sums = [_row_sums(qs, ks, vs, r0, r1, causal, mask) for r0, r1 in _slices(q.shape[-2])]
-    num_s, num_p, den, neff, logit2, rows = (sum(x[i] for x in sums) for i in range(6))
+    sums = [_row_sums(qs, ks, vs, rows, w, causal, mask) for rows, w in _chunks(q.shape[-2])]
+    num_s, num_p, den, neff, logit2, rows, cold = (sum(x[i] for x in sums) for i in range(7))
     den, rows = max(den, 1e-300), max(rows, 1)
     return {
         "q_std": float(q.std()),
@@ -82,6 +121,7 @@ def input_stats(
         "n_eff": neff / rows,
         "k_mean_norm": float(k.mean(dim=-2).norm(dim=-1).mean()),
         "visible": _visible_mean(q.shape[-2], k.shape[-2], causal, mask),
+        "f_out": cold / den,
     }
 
 
@@ -118,7 +158,7 @@ def _p_cast(x: torch.Tensor, policy, block_k: int) -> tuple[torch.Tensor, torch.
 
     fi = info(policy.p)
     y = x
-    if policy.p_scaling == "nvfp4":
+    if policy.p_scaling in ("nvfp4", "sage3"):
         lk = x.shape[-1]
         nb = -(-lk // NVFP4_BLOCK)
         xp = torch.cat([x, x.new_zeros(*x.shape[:-1], nb * NVFP4_BLOCK - lk)], -1).unflatten(-1, (nb, NVFP4_BLOCK))
@@ -127,7 +167,9 @@ def _p_cast(x: torch.Tensor, policy, block_k: int) -> tuple[torch.Tensor, torch.
         nt = -(-lk // block_k)
         xt = torch.cat([x, x.new_zeros(*x.shape[:-1], nt * block_k - lk)], -1).unflatten(-1, (nt, block_k))
         tmax = xt.amax(-1, keepdim=True).expand_as(xt).flatten(-2)[..., :lk]
-        exact = (x == tmax) & (x > 0)
+        # nvfp4: the tile's max is exact (448 x 6 by the row scale); sage3: each 16-key group's max lands on
+        # e2m1's 6 (the e4m3 rounding of the group's scale, common to its 16 keys, is not modelled)
+        exact = (x == (tmax if policy.p_scaling == "nvfp4" else bmax)) & (x > 0)
     else:
         exact = x == policy.p_scale
     tiny = 2.0 ** (fi.min_exp - fi.precision)  # smallest subnormal
@@ -166,15 +208,12 @@ def range_stats(
     k, v = expand_kv_heads(q, k, v)
     h = min(HEADS, q.shape[1])
     qs, ks, vs = (t[:, :h].to(torch.float64) for t in (q, k, v))
-    lq, lk, d = qs.shape[-2], ks.shape[-2], qs.shape[-1]
+    lq, lk = qs.shape[-2], ks.shape[-2]
     keep = flush = den = nflushed = nvis = mass = 0.0
     rows = 0
     v2 = vs.square().sum(-1).unsqueeze(-2)  # [B, h, 1, Lk]
-    for r0, r1 in _slices(lq):
-        s = qs[..., r0:r1, :] @ ks.transpose(-1, -2) * d**-0.5
-        bias = tile_bias((r0, r1), (0, lk), lq, lk, causal=causal, mask=mask, dtype=s.dtype)
-        if bias is not None:
-            s = s + bias
+    for idx, w in _chunks(lq):
+        s = row_scores(qs, ks, idx, causal, mask)
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)
         o = p @ vs
         m = _running_max(s, block_k if kernel == "flash" else lk, order)
@@ -182,13 +221,13 @@ def range_stats(
         x = x * (policy.p_scale if kernel == "flash" else 1.0)
         cast = _flash_terms if kernel == "flash" else _standard_terms
         k_add, lost, gone = cast(x, p, o, vs, v2, policy, block_k)
-        keep += k_add
-        flush += float(lost.square().sum())
-        den += float(o.square().sum())
-        nflushed += float(gone.sum())
-        nvis += float((x > 0).sum())
-        mass += float((p * gone).sum())
-        rows += int((p.sum(-1) > 0).sum())
+        keep += float((k_add * w).sum())
+        flush += float((lost.square().sum(-1) * w).sum())
+        den += float((o.square().sum(-1) * w).sum())
+        nflushed += float((gone.sum(-1) * w).sum())
+        nvis += float(((x > 0).sum(-1) * w).sum())
+        mass += float(((p * gone).sum(-1) * w).sum())
+        rows += float(((p.sum(-1) > 0) * w).sum())
     den = max(den, 1e-300)
     return {
         "f_p_range": keep / den,
@@ -198,24 +237,24 @@ def range_stats(
     }
 
 
-def _flash_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """range_stats' terms of flash's one cast of P~ = x: (the kept, inexact keys' sensitivity sum, the output
-    error of the flushed keys [.., rows, D], the flushed keys [.., rows, Lk])."""
+def _flash_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """range_stats' terms of flash's one cast of P~ = x: (the kept, inexact keys' sensitivity sum per row, the
+    output error of the flushed keys [.., rows, D], the flushed keys [.., rows, Lk])."""
     fl, ex, r = _p_cast(x, policy, block_k)
     kept = (x > 0) & ~fl & ~ex
-    return float((p.square() * v2 * r * kept).sum()), (p * fl) @ vs, fl
+    return (p.square() * v2 * r * kept).sum(-1), (p * fl) @ vs, fl
 
 
-def _standard_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+def _standard_terms(x, p, o, vs, v2, policy, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """range_stats' terms of standard's two casts: e = exp(s - row max), renormalised by the rounded sum (a
     rounding moves o by p_j (v_j - o), a flushed key's mass is redistributed), then the normalised P."""
     fl, ex, r = _p_cast(x, policy, block_k)
     kept = (x > 0) & ~fl & ~ex
     dv2 = (v2 - 2 * o @ vs.transpose(-1, -2) + o.square().sum(-1, keepdim=True)).clamp_min(0)
-    keep = float((p.square() * dv2 * r * kept).sum())
+    keep = (p.square() * dv2 * r * kept).sum(-1)
     m1 = (p * fl).sum(-1, keepdim=True)
     lost = ((p * fl) @ vs - m1 * o) / (1 - m1).clamp_min(1e-300)
     p2 = torch.where(fl, torch.zeros_like(p), p / (1 - m1).clamp_min(1e-300))  # P after the first cast
     fl2, _, r2 = _p_cast(p2, policy, block_k)
-    keep += float((p2.square() * v2 * r2 * ((p2 > 0) & ~fl2)).sum())
+    keep = keep + (p2.square() * v2 * r2 * ((p2 > 0) & ~fl2)).sum(-1)
     return keep, lost + (p2 * fl2) @ vs, fl | fl2

@@ -7,7 +7,8 @@ stage's sensitivity, so
 
     rel_l2^2 = sum_s c_s * u_s^2 * g_s
 
-with g_output = 1; g_score = f_score and g_p = f_p (twice for standard, which rounds e and then P;
+with g_output = f_out (the share of sum |o|^2 outside one-hot rows, when V is exact in the output format; else
+1); g_score = f_score and g_p = f_p (twice for standard, which rounds e and then P;
 measure.inputstats: how much a relative rounding of the scores, or of P, moves the output); g_accum = n,
 the roundings per row of the accumulator and of the running sum l (one term: every policy gives them one
 format), once per tile (n = ceil(visible keys / Bc) for flash, per chunk for splitkv, 1 for standard);
@@ -81,8 +82,10 @@ DEFAULT_STATS = {
 class Setting:
     """What the model needs about one case: kernel (flash, standard, splitkv), policy, the mean number of
     keys a query row sees (`visible`), head_dim, block_k (Bc), splits (splitkv's S), and the input
-    statistics f_score, f_p (measure.inputstats); score_roundings, p_roundings: how often the scores and P are
-    rounded to their stage's format (0: the kernel's own count, 1 for scores, 2 for standard's P, else 1)."""
+    statistics f_score, f_p and f_out (measure.inputstats; f_out the share of sum |o|^2 outside one-hot rows,
+    whose output is one V row, not rounded when the output format holds V: exact_rows); score_roundings,
+    p_roundings: how often the scores and P are rounded to their stage's format (0: the kernel's own count, 1
+    for scores, 2 for standard's P, else 1)."""
 
     kernel: str
     policy: Policy
@@ -96,6 +99,7 @@ class Setting:
     p_roundings: int = 0
     f_p_range: float | None = None
     f_flush: float = 0.0
+    f_out: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -108,6 +112,8 @@ class Setting:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an integer >= 0 (0: the kernel's own count)")
+        if not (isinstance(self.f_out, int | float) and 0.0 <= self.f_out <= 1.0):
+            raise ValueError(f"f_out={self.f_out!r} must be a number in [0, 1]")
         for name in ("f_score", "f_p", "f_flush", *(("f_p_range",) if self.f_p_range is not None else ())):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
@@ -151,7 +157,7 @@ def features(s: Setting) -> dict[str, float]:
     p_count = s.p_roundings or (2 if s.kernel == "standard" else 1)
     ranged = s.f_p_range is not None and s.kernel in ("flash", "standard")  # f_p_range counts every cast
     return {
-        "output": u2("output"),
+        "output": u2("output") * (s.f_out if exact_rows(pol) else 1.0),
         "score": u2("score") * s.f_score * (s.score_roundings or 1),
         "p": u2("p") * (s.f_p_range if ranged else s.f_p * p_count),
         "accum": (u2("accum") + u2("stats")) * n,
@@ -161,6 +167,19 @@ def features(s: Setting) -> dict[str, float]:
         "flush": s.f_flush if ranged else 0.0,
         "acc_trunc": accumulator_term(s),
     }
+
+
+def exact_rows(policy: Policy) -> bool:
+    """True when a one-hot row's output (one V row, P = 1) is exact: V is held unscaled in a format that the
+    accumulator and the output format hold exactly (16-bit or wider inputs, no V quantisation, an output
+    format at least as precise). Quantised V (fp8, fp4, int scales) is not representable in the output."""
+    if policy.v_format is not None or policy.v_scaling or policy.input not in (Format.BF16, Format.FP16, Format.FP32,
+                                                                              Format.FP64):  # fmt: skip
+        return False
+    out = info(policy.output).precision
+    return info(policy.input).precision <= min(out, info(policy.accum).precision) and (
+        policy.input == policy.output or policy.output in (Format.FP32, Format.FP64)
+    )
 
 
 MMA_K = 32  # keys one MMA instruction sums before its result is added to the accumulator (kernels.fastmath)

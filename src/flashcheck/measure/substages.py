@@ -51,6 +51,8 @@ _GRANULARITY = {"": "per-tensor", "tensor": "per-tensor", "block": "per-block", 
 def _scaled(fmt: Format, scaling: str) -> str:
     if scaling == "nvfp4":
         return "NVFP4, 1x16 blocks with e4m3 scales"
+    if scaling == "sage3":
+        return "FP4, 1x16 blocks with single e4m3 scales amax/6"
     if scaling == "mx":
         return f"MX {_fmt(fmt)}, 32-element blocks with E8M0 scales"
     return f"{_fmt(fmt)} {_GRANULARITY[scaling]}"
@@ -64,6 +66,8 @@ def _qk_label(pol: Policy) -> str:
             return f"Q/K cast to {_fmt(pol.input)} ({how}{rot})"
         return f"Q/K rounding to {_fmt(pol.input)}"
     smooth = {(True, True): ", Q and K smoothed", (False, True): ", K smoothed", (True, False): ", Q smoothed"}
+    if pol.qk_scaling == "sage3":  # SageAttention3 smooths both itself (kernels.sage3)
+        return f"Q/K quantisation ({_scaled(pol.input, 'sage3')}, Q per-128-row means and K smoothed)"
     return f"Q/K quantisation ({_scaled(pol.input, pol.qk_scaling)}{smooth.get((pol.smooth_q, pol.smooth_k), '')})"
 
 
@@ -102,6 +106,8 @@ def _p_label(pol: Policy) -> str:
     if pol.p_scaling == "nvfp4":
         scale = f"x {pol.p_scale:g}, " if pol.p_scale != 1.0 else ""
         return f"P two-level quantisation ({scale}row max to 448 x 6 by an fp32 scale, then NVFP4 1x16 blocks)"
+    if pol.p_scaling == "sage3":
+        return f"P to FP4 (running max to {pol.p_scale:g}, 16-key blocks with e4m3 scales max/6)"
     return f"P cast to {_fmt(pol.p)}" + (f" x {pol.p_scale:g}" if pol.p_scale != 1.0 else "")
 
 

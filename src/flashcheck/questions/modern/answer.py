@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from flashcheck.questions.modern.findings import FA3_PUBLISHED, SAGE_PUBLISHED
+from flashcheck.questions.modern.findings import FA3_PUBLISHED, SAGE_PUBLISHED, UNLIKE
 from flashcheck.questions.modern.presets import LOWP, SAGE, STAGE_PRESETS
 
 # explain's stage names in words (a name not listed is shown as it is)
@@ -156,13 +156,17 @@ def _lowp(by: dict) -> str | None:
     out = "Against FA3's FP8 path, " + "; ".join(clauses) + "." + (f" By stage, {cause}." if cause else "")
     f = _measured(by, "modern_fa3-fp8_published")
     if f is not None:
-        word = _than(f)
         ours = f["measured"].partition("; ")[0].removeprefix("our ")
-        out += (
-            f" Beside the published figure, FA3's FP8 path on outlier inputs deviates {word} FlashAttention-3 "
-            f"publishes: {ours} against {FA3_PUBLISHED[0]:.1e} (ours / theirs {_num(f)}; ours at this study's "
-            "sizes, theirs at the paper's)."
-        )
+        if f["status"] == UNLIKE:
+            out += (
+                f" FlashAttention-3 publishes {FA3_PUBLISHED[0]:.1e} for its FP8 path on outlier inputs, ours is "
+                f"{ours}: unlike conditions, no verdict ({f['claim'].partition('; theirs: ')[2]})."
+            )
+        else:
+            out += (
+                f" Beside the published figure, FA3's FP8 path on outlier inputs deviates {_than(f)} FlashAttention-3 "
+                f"publishes: {ours} against {FA3_PUBLISHED[0]:.1e} (ours / theirs {_num(f)}, matched conditions)."
+            )
     return out
 
 
@@ -173,14 +177,19 @@ def _sage(by: dict) -> str | None:
     out = "SageAttention against FA3's FP8 path: " + "; ".join(clauses) + "."
     f = _measured(by, "modern_sage2-4b_published")
     if f is not None:
-        word = _than(f)
         ours = f["measured"].partition("; ")[0].removeprefix("our ")
         theirs = SAGE_PUBLISHED["flash:sage2-4b"][1]
-        out += (
-            f" Beside the published figure, {f['claim'].split(' deviates')[0]} deviates {word} SageAttention2 "
-            f"publishes for CogvideoX's layers: {ours} against {theirs:.4f} (ours / theirs {_num(f)}; the table below "
-            "has every preset and input)."
-        )
+        if f["status"] == UNLIKE:
+            out += (
+                f" SageAttention2 publishes a relative L1 of {theirs:.4f} for its INT4 kernel, sage2-4b gives {ours}: "
+                f"unlike conditions, no verdict ({f['claim'].partition('; theirs: ')[2]}; the table below has every "
+                "preset and input)."
+            )
+        else:
+            out += (
+                f" Beside the published figure, sage2-4b deviates {_than(f)} SageAttention2 publishes: {ours} "
+                f"against {theirs:.4f} (ours / theirs {_num(f)}, matched conditions)."
+            )
     cause = _dominant(by, STAGE_PRESETS["modern_sage_stages"])
     return out + (f" By stage, {cause}." if cause else "")
 

@@ -241,6 +241,34 @@ FA3_PUBLISHED = (
 )
 
 
+UNLIKE = "unlike conditions"  # a published figure whose conditions ours do not match: no verdict
+# The conditions each published figure was measured under, as its paper states them (None: not stated), and the
+# input distribution of ours that draws the same inputs (None: none of ours does).
+PUBLISHED_CONDITIONS: dict[str, dict[str, object]] = {
+    "flash:sage2-4b": {"inputs": "CogvideoX's attention layers (video tokens)", "ours_inputs": None, "head_dim": 64,
+                       "seq_len": None, "metric": "relative L1 against full precision, GPU kernel"},
+    FA3_FP8: {"inputs": "N(0, 1) + N(0, 100) x Bernoulli(0.001) in every entry of Q, K, V",
+              "ours_inputs": "outliers", "head_dim": None, "seq_len": None,
+              "metric": "RMSE (absolute) against an FP64 reference"},
+}  # fmt: skip
+
+
+def conditions_text(cond: dict) -> str:
+    """The paper's conditions in words, 'not stated' where it gives none."""
+    size = ", ".join(f"{k.replace('_', ' ')} {cond[k] if cond[k] is not None else 'not stated'}"
+                     for k in ("seq_len", "head_dim"))  # fmt: skip
+    return f"{cond['inputs']}; {size}; {cond['metric']}"
+
+
+def matched(cond: dict, dist: str, seq_lens: set[int], head_dims: set[int]) -> bool:
+    """Ours match the paper's conditions: the same inputs, and every size the figure depends on stated by the
+    paper and equal to ours (an absolute error moves with the head dim and the length: an unstated one is unlike)."""
+    if cond["ours_inputs"] is None or dist != cond["ours_inputs"]:
+        return False
+    sizes = (("seq_len", seq_lens), ("head_dim", head_dims))
+    return all(cond[k] is not None and {cond[k]} == ours for k, ours in sizes)
+
+
 def _by_dist(records: dict | None, method: str, metric: str) -> dict[str, list[float]]:
     """A method's per-seed values of one metric, by input distribution (one value per seed)."""
     by: dict[str, dict[int, float]] = {}
@@ -250,34 +278,50 @@ def _by_dist(records: dict | None, method: str, metric: str) -> dict[str, list[f
     return {d: list(v.values()) for d, v in by.items()}
 
 
-def published_finding(records: dict | None) -> list[dict]:
-    """Ours beside a published figure, per seed ours / theirs: sage2-4b's relative L1 against SageAttention2's
-    (on the captured MiniLM inputs when measured, the closest to a real model's layers, else Gaussian ones) and
-    FA3-FP8's RMSE on outlier inputs against FlashAttention-3's Table 3."""
-    from flashcheck.reporting.verdicts import compare
+def _sizes(records: dict | None, method: str, dist: str) -> tuple[set[int], set[int]]:
+    cases = [r.case for r in (records or {}).values() if r.case.method == method and r.case.distribution == dist]
+    return {c.seq_len for c in cases}, {c.head_dim for c in cases}
 
+
+def _published(fid: str, method: str, dist: str, vals: list[float], theirs: float, what: str, records, paper: str):
+    """Ours beside a published figure: both conditions in the claim; a verdict (ours no larger than theirs)
+    only where ours match the paper's conditions, else status "unlike conditions" and no verdict."""
+    from flashcheck.reporting.verdicts import Verdict, compare
+
+    cond = PUBLISHED_CONDITIONS[method]
+    lens, dims = _sizes(records, method, dist)
+    ours = f"{dist} inputs, seq len {'/'.join(map(str, sorted(lens)))}, head dim {'/'.join(map(str, sorted(dims)))}"
+    est = ratio_interval(vals, [theirs] * len(vals))
+    measured = f"our {what} {_l1_text(_geo(vals))}; ours / the published: {ratio_text(est)}"
+    claim = (
+        f"{method.split(':', 1)[1]} deviates no more than its paper publishes ({what} {theirs:.3g}); theirs: "
+        f"{conditions_text(cond)}; ours: {ours}"
+    )
+    if matched(cond, dist, lens, dims):
+        return finding(fid, claim, measured, compare(est, above=False), paper=paper, section=SECTION[method])
+    why = "the paper's conditions and ours differ (or the paper does not state them): no verdict"
+    verdict = Verdict(UNLIKE, "a verdict only at matched conditions", why, est)
+    return finding(fid, claim, measured, verdict, paper=paper, section=SECTION[method])
+
+
+SECTION = {"flash:sage2-4b": "modern_sage", FA3_FP8: "modern_lowp"}
+
+
+def published_finding(records: dict | None) -> list[dict]:
+    """Ours beside a published figure, per seed ours / theirs, each with the paper's conditions and ours: sage2-4b's
+    relative L1 against SageAttention2's (on the captured MiniLM inputs when measured, else Gaussian ones) and
+    FA3-FP8's RMSE on outlier inputs against FlashAttention-3's Table 3. A verdict only at matched conditions."""
     out = []
-    cos_pub, l1_pub, src = SAGE_PUBLISHED["flash:sage2-4b"]
+    _, l1_pub, src = SAGE_PUBLISHED["flash:sage2-4b"]
     by = _by_dist(records, "flash:sage2-4b", "rel_l1")
     if by:
         dist = next((d for d in ("captured:minilm", "normal") if d in by), sorted(by)[0])
-        vals = by[dist]
-        est = ratio_interval(vals, [l1_pub] * len(vals))
-        measured = f"our relative L1 {_l1_text(_geo(vals))}; ours / the published: {ratio_text(est)}"
-        claim = (
-            f"sage2-4b on {dist} inputs deviates no more than SageAttention2 publishes for its INT4 kernel "
-            f"(relative L1 {l1_pub:.4f}, cos-sim {cos_pub:.2%})"
-        )
-        verdict = compare(est, above=False)
-        out.append(finding("modern_sage2-4b_published", claim, measured, verdict, paper=src, section="modern_sage"))
+        out.append(_published("modern_sage2-4b_published", "flash:sage2-4b", dist, by[dist], l1_pub, "relative L1",
+                              records, src))  # fmt: skip
     rmse_pub, src = FA3_PUBLISHED
     vals = _by_dist(records, FA3_FP8, "rmse").get("outliers", [])
     if vals:
-        est = ratio_interval(vals, [rmse_pub] * len(vals))
-        measured = f"our RMSE {_l1_text(_geo(vals))}; ours / the published: {ratio_text(est)}"
-        claim = f"FA3's FP8 path on outlier inputs deviates no more than FA3 publishes (RMSE {rmse_pub:.1e})"
-        verdict = compare(est, above=False)
-        out.append(finding("modern_fa3-fp8_published", claim, measured, verdict, paper=src, section="modern_lowp"))
+        out.append(_published("modern_fa3-fp8_published", FA3_FP8, "outliers", vals, rmse_pub, "RMSE", records, src))
     return out
 
 
@@ -340,6 +384,7 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
 
     sink = [f for k, f in by.items() if k.startswith("modern_sink_") and f["status"] != "not measured"]
     sink_text = "; ".join(f"{f['claim']}: {f['measured']} ({f['status']})" for f in sink) or "not measured"
+
     def vs(methods) -> list[str]:
         return [f"modern_{m.split(':', 1)[1]}_vs_fa3_fp8" for m in methods]
 

@@ -41,6 +41,7 @@ def setting_of(rec: CaseRecord) -> Setting | None:
         f_score=st["f_score"],
         f_p=st["f_p"],
         **({"f_p_range": st["f_p_range"], "f_flush": st["f_flush"]} if "f_p_range" in st else {}),
+        **({"f_out": st["f_out"]} if "f_out" in st else {}),
     )
 
 

@@ -1,0 +1,108 @@
+"""The error model (measure.predict) on a held-out set of its own: shapes, input scales and seeds that the shipped
+coefficients were never fitted on (they were fitted on `flashcheck study --preset quick`, seed 0, D=64, unit-scale
+inputs, no fp8/fp4/int stage). For each case: the simulated kernel's relative L2 error against the FP64
+reference of its own rounded inputs (what `flashcheck predict` predicts), the prediction from the inputs'
+statistics (measure.inputstats, as a study record carries them), and the share within 2x per kind (bf16, fp16,
+fp8, fp4, int), causal and dense apart.
+
+    PYTHONPATH=src python benchmarks/bench_errormodel_heldout.py --out /tmp/heldout.json
+
+The JSON holds every case (preset, format, L, D, scale, seed, causal, measured, predicted) and the summary."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+from itertools import product
+
+import torch
+
+from flashcheck.core.inputs import InputSpec, make_qkv
+from flashcheck.kernels.flash import flash_attention
+from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.presets import resolve
+from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.measure.inputstats import input_stats, narrow_p, range_stats
+from flashcheck.measure.predict import Setting, predict
+
+# kind -> (preset, input format) of the simulators the model covers
+KINDS = {
+    "bf16": (("fa2-gpu", "bf16"), ("torch-cpu-flash", "bf16")),
+    "fp16": (("fa2-gpu", "fp16"), ("fa4-bf16", "fp16")),
+    "fp8": (("fa3-fp8", "fp8-e4m3"), ("fa4-fp8", "fp8-e4m3")),
+    "fp4": (("sage3-fp4", "bf16"), ("fa4-fp4", "bf16")),
+    "int": (("sage1", "fp16"), ("sage2-ada", "fp16"), ("sage2-hopper", "fp16")),
+}
+LENGTHS, DIMS, SCALES = (384, 1000), (32, 128), (0.5, 2.0)
+SEED0 = 41  # the fit saw seed 0 only
+
+
+def one_case(preset: str, fmt: str, lq: int, d: int, scale: float, seed: int, causal: bool) -> dict:
+    spec = InputSpec(heads=4, kv_heads=2, seq_len=lq, head_dim=d, seed=seed)
+    q, k, v = (t * scale for t in make_qkv(spec))
+    kw = resolve(preset, fmt, lq, lq, d, causal)
+    pol = kw["policy"]
+    with torch.no_grad():
+        out = flash_attention(q, k, v, causal=causal, **kw).double()
+    ke, ve = expand_kv_heads(q, k, v)
+    qr, kr, vr, _ = round_inputs(q, ke, ve, pol, block_q=kw["block_q"], block_k=kw["block_k"])
+    ref = reference_attention(qr, kr, vr, causal=causal, scale=d**-0.5)
+    measured = float((out - ref).norm() / ref.norm())
+    st = input_stats(q, k, v, causal=causal)
+    setting = Setting(kernel="flash", policy=pol, visible=max(1.0, st["visible"]), head_dim=d,
+                      block_k=kw["block_k"], f_score=st["f_score"], f_p=st["f_p"], f_out=st["f_out"])  # fmt: skip
+    if narrow_p(pol):
+        rs = range_stats(q, k, v, pol, block_k=kw["block_k"], order=pol.kv_order or "forward", causal=causal)
+        setting = dataclasses.replace(setting, f_p_range=rs["f_p_range"], f_flush=rs["f_flush"])
+    return {"preset": preset, "format": fmt, "L": lq, "D": d, "scale": scale, "seed": seed, "causal": causal,
+            "measured": measured, "predicted": predict(setting)}  # fmt: skip
+
+
+def summary(rows: list[dict]) -> dict[str, dict]:
+    out = {}
+    for kind in KINDS:
+        for causal in (False, True):
+            sel = [r for r in rows if r["kind"] == kind and r["causal"] == causal]
+            if not sel:
+                continue
+            ok = [r for r in sel if r["measured"] > 0 and 0.5 <= r["predicted"] / r["measured"] <= 2.0]
+            key = f"{kind}/{'causal' if causal else 'dense'}"
+            out[key] = {"n": len(sel), "within_2x": len(ok), "share": len(ok) / max(len(sel), 1)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds to run")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated query lengths")
+    args = ap.parse_args()
+    kinds, lengths = args.kinds.split(","), [int(x) for x in args.lengths.split(",")]
+    rows, seed = [], SEED0
+    for kind, runs in KINDS.items():
+        for (preset, fmt), lq, d, scale, causal in product(runs, LENGTHS, DIMS, SCALES, (False, True)):
+            seed += 1  # every case keeps its seed whatever subset runs
+            if kind not in kinds or lq not in lengths:
+                continue
+            r = one_case(preset, fmt, lq, d, scale, seed, causal) | {"kind": kind}
+            rows.append(r)
+            print(f"{kind} {preset}@{fmt} L={lq} D={d} x{scale:g} seed {seed} {'causal' if causal else 'dense'}: "
+                  f"measured {r['measured']:.3g} predicted {r['predicted']:.3g}", flush=True)  # fmt: skip
+    summ = summary(rows)
+    print("| kind | masking | cases | within 2x | share |\n|---|---|---|---|---|")
+    for key, s in summ.items():
+        kind, mask = key.split("/")
+        print(f"| {kind} | {mask} | {s['n']} | {s['within_2x']} | {s['share']:.0%} |")
+    if args.out:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.out)))
+        with os.fdopen(fd, "w") as f:
+            json.dump({"cases": rows, "summary": summ}, f, indent=1)
+        os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""SageAttention3's FP4 quantisation as its Blackwell kernel does it (thu-ml/SageAttention at commit
+d1a57a546c3d395b1ffcbeecc66d81db76f3b4b5, sageattention3_blackwell/): the input preprocessing of sageattn3/api.py,
+the single-level 1x16 FP4 quantiser of sageattn3/quantization/fp4_quantization_4d.cu, and P's quantisation of
+sageattn3/blackwell/softmax_fused.h with mainloop_tma_ws.h. Each rule below is read off those files:
+
+1. The inputs arrive in a 16-bit dtype (`half`). K is smoothed in that dtype: km = rnd(mean_tokens(K)),
+   Ks = rnd(K - km) (api.py preprocess_qkv, `k -= k.mean(dim=-2, keepdim=True)`); softmax cancels km.
+2. Q's per-128-row-block mean (triton_group_mean, GROUP_SIZE 128, over L padded with zero rows to a multiple
+   of 128, so a ragged last block divides by 128): qm in float32, stored rounded to `half`; Qs = rnd(Q - qm).
+   The kernel adds delta_s = qm Ks^T back into the score accumulator before the Q K^T MMA (add_delta_s):
+   the scores are Qs' Ks'^T + qm Ks^T with Ks unquantised. Here that is one product of the concatenations
+   [Qs', qm] and [Ks', Ks] along D (2 D columns; the callers fix the softmax scale from the original D).
+   Left out: api.py forms delta_s as a 16-bit matmul before casting it to float32 (one more rounding of
+   qm Ks^T to `half`).
+3. Q, K (blocks along D) and V (transposed: blocks of 16 tokens per channel) are FP4 with one e4m3 scale per
+   16 elements and no tensor scale: s = e4m3(amax / 6) (round to nearest, saturating; a subnormal or zero s
+   is kept), element e2m1(x * (1 / s)) (round to nearest even, saturating; s = 0 gives 0), value e2m1 * s.
+4. P: the exponent is offset so the running max maps to 448 * 6 (fp8_scalexfp4_scale_log2), P~ = 2688
+   exp(S - m); each 16-key group's scale is its max / 6 in float32 (AbsMaxP, exp2 of the group's max score
+   plus log2(1/6)); P~ is divided by that float32 scale and rounded to e2m1, while the MMA multiplies by the
+   scale rounded to e4m3 (packed_float_to_ue4m3): value e2m1(P~ / a) * e4m3(a). The row sum uses P~ before
+   quantisation. Key blocks run last to first (mainloop: n_block from n_block_count - 1 down).
+The kernel's exp2 and reciprocals are the GPU's approximate instructions (ex2.approx, --use_fast_math); here
+they are correctly rounded. Tensors [B, H, L, D]; every function returns dequantised values in float64."""
+
+from __future__ import annotations
+
+import torch
+
+from flashcheck.core.numerics import Format, round_to
+from flashcheck.core.quant import _blocked, _unblocked
+
+SAGE3_BLOCK = 16  # 1x16 FP4 blocks (CVT_FP4_ELTS_PER_THREAD)
+SAGE3_Q_GROUP = 128  # triton_group_mean's GROUP_SIZE
+SAGE3_P_SCALE = 448.0 * 6.0  # the running max maps to 448 * 6
+
+
+def quantize_fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
+    """x quantised in blocks of 16 along `dim` with one e4m3 scale amax / 6 each (rule 3), float64 out."""
+    xb, pad = _blocked(x.detach().to(torch.float32), dim, SAGE3_BLOCK)
+    s = round_to(xb.abs().amax(dim=-1, keepdim=True) / 6.0, Format.FP8_E4M3)
+    inv = torch.where(s > 0, 1.0 / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(s))
+    e = round_to(xb * inv, Format.FP4_E2M1)
+    return _unblocked(e.double() * s.double(), pad, dim)
+
+
+def block_means(q: torch.Tensor, group: int = SAGE3_Q_GROUP) -> torch.Tensor:
+    """Each row's group mean [B, H, L, D] over groups of `group` rows, every group divided by `group` (the
+    kernel pads L with zero rows), in float32 as triton_group_mean sums."""
+    n = q.shape[-2]
+    pad = (-n) % group
+    qp = torch.nn.functional.pad(q.to(torch.float32), (0, 0, 0, pad)) if pad else q.to(torch.float32)
+    means = qp.reshape(*q.shape[:-2], -1, group, q.shape[-1]).sum(dim=-2) / group
+    return means.repeat_interleave(group, dim=-2)[..., :n, :]
+
+
+def sage3_inputs(q, k, v, half: Format) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q', k', v) as SageAttention3's kernel multiplies them (rules 1-3): q' = [Qs', qm] and k' = [Ks', Ks]
+    [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T; v [B, H, L, Dv] FP4 along the tokens."""
+    qh, kh, vh = (round_to(t.to(torch.float32), half) for t in (q, k, v))
+    km = round_to(kh.mean(dim=-2, keepdim=True), half)
+    ks = round_to(kh - km, half)
+    qm = block_means(qh)
+    qs = round_to(qh - qm, half)
+    qq, kq = quantize_fp4x16(qs, dim=-1), quantize_fp4x16(ks, dim=-1)
+    q2 = torch.cat([qq, round_to(qm, half).double()], dim=-1)
+    k2 = torch.cat([kq, ks.double()], dim=-1)
+    return q2, k2, quantize_fp4x16(vh, dim=-2)
+
+
+def sage3_p(p: torch.Tensor, p_scale: float = SAGE3_P_SCALE) -> torch.Tensor:
+    """P [..., rows, Bc] (exp(S - m), the running max m) as the P·V MMA sees it, in p_scale units (rule 4):
+    e2m1(P~ / a) * e4m3(a), P~ = p_scale * P, a the 16-key group's max of P~ / 6 in float32."""
+    pt = (p.detach().to(torch.float32) * p_scale).to(torch.float32)
+    pb, pad = _blocked(pt, -1, SAGE3_BLOCK)
+    a = pb.amax(dim=-1, keepdim=True) / 6.0
+    live = a > 0
+    e = round_to(pb / torch.where(live, a, torch.ones_like(a)), Format.FP4_E2M1)
+    out = torch.where(
+        live, e.double() * round_to(a, Format.FP8_E4M3).double(), torch.zeros_like(e, dtype=torch.float64)
+    )
+    return _unblocked(out, pad, -1).to(p.dtype)
