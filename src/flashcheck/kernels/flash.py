@@ -24,7 +24,7 @@ from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
-from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
+from flashcheck.kernels.tiles import free_cores, mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 ALGORITHMS = ("fa1", "fa2")
@@ -153,20 +153,27 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
 
 
 def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool):
-    """_query_tile of every tile. On the CPU, tiles run side by side on torch's intra-op thread count, each
-    op single-threaded: a step's ops are small, and one parallel region per op waits on every core (on a
-    busy machine, milliseconds per op). Every op sees the same tensors either way."""
-    workers = min(len(tiles), torch.get_num_threads()) if q.device.type == "cpu" else 1
-    if workers <= 1:
+    """_query_tile of every tile. On the CPU, tiles run side by side on up to torch's intra-op thread count
+    (no more than the cores free now, see tiles.free_cores), each op single-threaded: a step's ops are small,
+    and one parallel region per op waits on every core (on a busy machine, tens of milliseconds per op). With
+    one worker the tiles run one after another, still single-threaded (as each worker's ops run); a single
+    tile runs its ops on the intra-op threads, as many as are free. The tiles are the same whatever the
+    worker count (tile_rows does not depend on it), so every op sees the same tensors and no bit moves."""
+    threads = torch.get_num_threads()
+    if q.device.type != "cpu" or threads == 1:
         return [_query_tile(q, k, v, rows, steps, cfg, pol, fold) for rows in tiles]
-    from concurrent.futures import ThreadPoolExecutor
+    free = free_cores()
+    workers = min(len(tiles), threads, free)
 
     def one(rows: tuple[int, int]):
-        torch.set_num_threads(1)
+        torch.set_num_threads(min(threads, free) if len(tiles) == 1 else 1)
         return _query_tile(q, k, v, rows, steps, cfg, pol, fold)
 
-    threads = torch.get_num_threads()
     try:
+        if workers <= 1:
+            return [one(rows) for rows in tiles]
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(one, tiles))
     finally:

@@ -13,6 +13,8 @@ at its tile shapes), so its tilings agree to a few units in the last place, not 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from flashcheck.core.numerics import Policy
@@ -20,6 +22,24 @@ from flashcheck.kernels.ops import mm
 
 MIN_ROWS = 8
 ROW_BLOCK = 64  # rows of every product mm_blocks forms (few calls at long L, little padding at short L)
+
+
+def free_cores() -> int:
+    """The CPU cores this process may use that no other runnable task holds now (at least 1): its affinity
+    set less the smaller of the tasks running this instant (/proc/loadavg's 4th field, less this one) and the
+    1-minute load average. The smaller one, because the load average still counts this process's own last
+    second of work and the instant count a passing burst. Where neither is readable: every core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/proc/loadavg") as f:
+            fields = f.read().split()
+        busy = min(float(fields[0]), float(int(fields[3].split("/")[0]) - 1))
+    except (OSError, ValueError, IndexError):
+        try:
+            busy = os.getloadavg()[0]
+        except OSError:
+            return cores
+    return max(1, cores - int(busy + 0.5))
 
 
 def rows_per_chunk(rows_total: int, row_bytes: int, max_bytes: int) -> int:
