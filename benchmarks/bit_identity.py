@@ -81,8 +81,9 @@ def compare(a: str, b: str) -> int:
     for key in sorted(set(before) & set(after)):
         x, y = before[key], after[key]
         same = x.dtype == y.dtype and x.shape == y.shape
-        same = same and torch.equal(x.view(torch.uint8) if x.is_floating_point() else x,
-                                    y.view(torch.uint8) if y.is_floating_point() else y)  # NaN bits too
+        same = same and torch.equal(
+            x.view(torch.uint8) if x.is_floating_point() else x, y.view(torch.uint8) if y.is_floating_point() else y
+        )  # NaN bits too
         if not same:
             bad.append(key)
     for key in bad:

@@ -24,15 +24,18 @@ MIN_ROWS = 8
 ROW_BLOCK = 64  # rows of every product mm_blocks forms (few calls at long L, little padding at short L)
 
 
-def free_cores() -> int:
+def free_cores(loadavg: str | None = None) -> int:
     """The CPU cores this process may use that no other runnable task holds now (at least 1): its affinity
     set less the smaller of the tasks running this instant (/proc/loadavg's 4th field, less this one) and the
     1-minute load average. The smaller one, because the load average still counts this process's own last
-    second of work and the instant count a passing burst. Where neither is readable: every core."""
+    second of work and the instant count a passing burst. `loadavg`: that file's text (None: read it); where
+    it cannot be read or parsed, os.getloadavg, else every core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
-        with open("/proc/loadavg") as f:
-            fields = f.read().split()
+        if loadavg is None:
+            with open("/proc/loadavg") as f:
+                loadavg = f.read()
+        fields = loadavg.split()
         busy = min(float(fields[0]), float(int(fields[3].split("/")[0]) - 1))
     except (OSError, ValueError, IndexError):
         try:
