@@ -2,11 +2,12 @@
 
 For each thread count, policy and length: the simulator and SDPA alternate `repeats` times; the row prints
 both medians, their ratio (simulator / SDPA) and the 1-minute load average before and after. Then each
-kernel preset's time against the plain simulator (bf16-mixed) at one shape. B=1, H=8, D=64.
+kernel preset's time against the plain simulator (bf16-mixed) at one shape, and one decoding step over 128k keys
+with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
     python benchmarks/bench_speed.py                           # L = 2k..32k, 1 and 2 threads (< 10 min idle)
     python benchmarks/bench_speed.py --lengths 2048,8192 --threads 2 --policies bf16-mixed
-    python benchmarks/bench_speed.py --lengths 0               # the presets' table only
-Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator.
+    python benchmarks/bench_speed.py --lengths 0               # the presets and the decoding step only
+Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
 """
 
 from __future__ import annotations
@@ -92,6 +93,26 @@ def preset_table(length: int, threads: int, repeats: int) -> None:
         print(f"{name:>16} {t_pre:9.3f} {t_plain:8.3f} {t_pre / t_plain:6.2f}  {before}-{_load()}", flush=True)
 
 
+def decode_table(keys: int, threads: int) -> None:
+    """One decoding step (a single query row against `keys` keys) for the plain simulator and each preset that
+    models a tensor core's narrow accumulator (Policy acc_bits / qk_acc_bits), timed once after a warm-up."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 1, 64, generator=g)
+    k, v = (torch.randn(1, 8, keys, 64, generator=g) for _ in range(2))
+    print(f"\none decoding step, {keys} keys, H=8, D=64, {threads} threads")
+    runs = {"plain bf16-mixed": {"policy": "bf16-mixed"}}
+    for name in KERNEL_PRESETS:
+        kw = resolve(name, default_format(name), 1, keys, 64, False)
+        if kw["policy"].acc_bits or kw["policy"].qk_acc_bits:
+            runs[name] = kw
+    for name, kw in runs.items():
+        flash_attention(q, k[..., :256, :], v[..., :256, :], **kw)
+        before = _load()
+        seconds = _timed(lambda kw=kw: flash_attention(q, k, v, **kw))
+        print(f"{name:>16} {seconds:8.3f} s  load {before}-{_load()}", flush=True)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip() and int(x) > 0]
 
@@ -103,11 +124,14 @@ def main() -> None:
     parser.add_argument("--policies", default="bf16-mixed,fp32", help="comma-separated simulator policies")
     parser.add_argument("--repeats", type=int, default=5, help="pairs per row (16k: at most 3, 32k: 1)")
     parser.add_argument("--preset-length", type=int, default=2048, help="the presets' shape; 0: skip them")
+    parser.add_argument("--decode-keys", type=int, default=131072, help="a decoding step's keys; 0: skip it")
     args = parser.parse_args()
     t0 = time.perf_counter()
     speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))
     if args.preset_length > 0:
         preset_table(args.preset_length, max(_ints(args.threads) or [1]), 3)
+    if args.decode_keys > 0:
+        decode_table(args.decode_keys, max(_ints(args.threads) or [1]))
     print(f"\nwall {time.perf_counter() - t0:.0f} s, torch {torch.__version__}, load now {_load()}")
 
 
