@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from flashcheck.core.fileio import atomic_target, make_folder
+
 COLOURS = (
     "#1f77b4",
     "#d62728",
@@ -65,8 +67,9 @@ def figure(path: str | Path, *, ncols: int = 1, size: tuple[float, float] = (7.0
     try:
         yield fig, flat[0] if ncols == 1 else flat
         fig.tight_layout()
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
+        make_folder(Path(path).parent, "a report's figures folder")
+        with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
     finally:
         plt.close(fig)
 

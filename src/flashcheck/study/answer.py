@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from flashcheck.core.fileio import make_folder
 from flashcheck.reporting.verdicts import MIN_N, Estimate, compare, ratio_interval
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.findings import MIXED, PAPER, at_longest, ratio_text
@@ -166,7 +167,7 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
     words = {PAPER: "all bf16 (the paper's policy)", MIXED: "bf16-mixed: fp32 statistics (real kernels)"}
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "the study's figures folder")
     tmp = path.with_suffix(".tmp.png")
     style = Styler()
     spread = [p.ratio_estimate().n >= 2 for ps in series.values() for p in ps]
