@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 
 from flashcheck.core.inputs import sink_delta
-from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
-from flashcheck.study.config import (  # the modern sweeps live with the other presets (one floor, no cycle)
+from flashcheck.questions.modern.presets import (
     FA2,
     FA3_FP8,
     FA4,
@@ -28,8 +27,8 @@ from flashcheck.study.config import (  # the modern sweeps live with the other p
     STAGE_PRESETS,
     sub_raised,
 )
-from flashcheck.study.findings import NOT_MEASURED, _paired, finding, ratio_text
-from flashcheck.study.points import Point
+from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
+from flashcheck.study.points import NOT_MEASURED, Point, finding, paired, ratio_text
 
 # What the papers publish beside each question (quoted, not measured here).
 PUBLISHED = {
@@ -82,7 +81,7 @@ def stage_findings(pts: dict[str, list[Point]]) -> list[dict]:
 
 
 def _ratio(points: list[Point], a: str, b: str, *, square: bool = False) -> Estimate | None:
-    num, den = _paired(points, a, b)
+    num, den = paired(points, a, b)
     if not num:
         return None
     if square:  # a ratio of MSEs from relative L2 errors on the same inputs
