@@ -22,11 +22,11 @@ def _cores() -> int:
 def test_free_cores_reads_the_instant_and_the_average_load():
     n = _cores()
     assert free_cores("0.00 0.00 0.00 1/300 42\n") == n  # only this task running
-    assert free_cores(f"{n:.2f} 0.00 0.00 {n + 1}/300 42\n", own_running=n + 1) == n  # all of them ours
+    assert free_cores("1.00 0.00 0.00 3/300 42\n", own_running=3) == n  # this caller's own minute of work
     assert free_cores(f"{n + 20:.2f} 20.0 20.0 {n + 30}/400 42\n") == 1  # busy by both counts: never below 1
-    assert free_cores(f"{n + 20:.2f} 20.0 20.0 1/400 42\n") == n  # a stale average, nothing running now
-    assert free_cores(f"0.10 20.0 20.0 {n + 30}/400 42\n") == n  # a burst, a quiet minute
-    assert free_cores(f"{n:.2f} 0.00 0.00 {n + 1}/300 42\n", own_running=1) == 1  # n others
+    assert free_cores(f"{n + 20:.2f} 20.0 20.0 1/400 42\n") == 1  # a busy minute, a quiet instant: busy
+    assert free_cores(f"0.10 20.0 20.0 {n + 30}/400 42\n", own_running=1) == 1  # others running now: busy
+    assert free_cores("2.00 0.00 0.00 1/300 42\n") == max(1, n - 1)  # one other core's worth of load
     assert 1 <= free_cores("not a loadavg") <= n  # falls back to os.getloadavg
     assert 1 <= free_cores() <= n
 
