@@ -109,8 +109,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
-    if case is not None:
-        _rerun_hunted(backend, case, device, as_json)
+    _rerun_hunted(backend, case, device, as_json)  # with --case: judges a hunted case and exits
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
     shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
@@ -118,8 +117,9 @@ def compare(
     knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
     simulators = backend is None and preset is None
     try:
-        opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend, "--preset": preset}
-        dev, lengths = _checked(opt | {"--seq-len": seq_len, "--device": device} | knobs, heads, kv_heads)
+        opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend}
+        opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
+        dev, lengths = _checked(opt, heads, kv_heads)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
@@ -139,8 +139,10 @@ def compare(
         _finish_backends(results, as_json)
 
 
-def _rerun_hunted(backend: str | None, case: str, device: str | None, as_json: bool) -> None:
-    """`--case`: a `flashcheck hunt` finding judged again (cli.hunt; exits)."""
+def _rerun_hunted(backend: str | None, case: str | None, device: str | None, as_json: bool) -> None:
+    """`--case`: a `flashcheck hunt` finding judged again (cli.hunt; exits). Without --case, nothing."""
+    if case is None:
+        return
     from flashcheck.cli.hunt import rerun_case
 
     rerun_case(backend, case, device, as_json)

@@ -50,47 +50,59 @@ def consistency(
     out: str = typer.Option(None, help="Also write summary.json into this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    import torch
-
+    """Certify TARGET: see CONSISTENCY_HELP."""
     from flashcheck.backends.serving import resolve_target
-    from flashcheck.measure.consistency import Shape, certify
+    from flashcheck.measure.consistency import certify
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     try:
-        if dtype not in dtypes:
-            raise ValueError(f"--dtype {dtype!r} is not allowed; expected one of {', '.join(dtypes)}")
-        kvh = kv_heads or heads
-        if kvh < 1 or heads % kvh:
-            raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
+        shape = _shape(heads, kv_heads, head_dim, (kv_len, prefill_len), dtype)
         folder = _out_folder(out) if out is not None else None
         wanted = tuple(_names(checks, "--checks"))
         fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
             resolve_target(target)  # fmt: skip
-        shape = Shape(heads, kvh, head_dim, kv_len, prefill_len, dtypes[dtype])
         certs = certify(fn, target, shape, checks=wanted, max_batch=max_batch, runs=runs, chunk=chunk)
     except ValueError as exc:
         _fail_usage(str(exc))
+    _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    if not all(c.holds for c in certs):
+        raise typer.Exit(1)
+
+
+def _shape(heads: int, kv_heads: int, head_dim: int, lengths: tuple[int, int], dtype: str):
+    """The certificates' Shape from the options; ValueError naming a bad --dtype or --kv-heads."""
+    import torch
+
+    from flashcheck.measure.consistency import Shape
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise ValueError(f"--dtype {dtype!r} is not allowed; expected one of {', '.join(dtypes)}")
+    kvh = kv_heads or heads
+    if kvh < 1 or heads % kvh:
+        raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
+    return Shape(heads, kvh, head_dim, lengths[0], lengths[1], dtypes[dtype])
+
+
+def _report(target: str, kv: str | None, shape, certs: list, how: tuple) -> None:
+    """summary.json into the --out folder (never through a link), then the JSON object or the certificate lines."""
+    folder, as_json, dtype = how
+    dims = dict(heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, kv_len=shape.kv_len)
     summary = {
         "target": target,
-        "kv": kv if target.startswith("sim-") else None,
-        "shape": dict(
-            heads=heads, kv_heads=kvh, head_dim=head_dim, kv_len=kv_len, prefill_len=prefill_len, dtype=dtype
-        ),
+        "kv": kv,
+        "shape": dims | {"prefill_len": shape.prefill_len, "dtype": dtype},
         "certificates": [c.to_dict() for c in certs],
     }
     if folder is not None:
-        from flashcheck.core.fileio import write_atomic
+        from flashcheck.core.fileio import make_folder, write_atomic
 
-        folder.mkdir(exist_ok=True)
-        write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(make_folder(folder) / "summary.json", json.dumps(summary, indent=2))
     if as_json:
         typer.echo(json.dumps(summary))
-    else:
-        what = f"{target}" + (f" over a {kv} KV cache" if target.startswith("sim-") else "")
-        typer.echo(f"consistency of {what}: H={heads} Hkv={kvh} D={head_dim} {dtype}, decode KV length {kv_len}, "
-                   f"prefill {prefill_len} tokens")  # fmt: skip
-        for c in certs:
-            mark = "holds" if c.holds else "FAILS"
-            typer.echo(f"  {mark:5}  {c.sentence()}" + (f" [{c.note}]" if c.note else ""))
-    if not all(c.holds for c in certs):
-        raise typer.Exit(1)
+        return
+    what = target + (f" over a {kv} KV cache" if kv is not None else "")
+    typer.echo(f"consistency of {what}: H={shape.heads} Hkv={shape.kv_heads} D={shape.head_dim} {dtype}, "
+               f"decode KV length {shape.kv_len}, prefill {shape.prefill_len} tokens")  # fmt: skip
+    for c in certs:
+        mark = "holds" if c.holds else "FAILS"
+        typer.echo(f"  {mark:5}  {c.sentence()}" + (f" [{c.note}]" if c.note else ""))

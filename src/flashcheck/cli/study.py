@@ -68,8 +68,6 @@ def study(
             raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny, modern")
         if ray_address is not None and executor != Executor.ray:
             raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
-        if config is None and not preset.strip():
-            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny, modern")
         cfg = load_config(config) if config is not None else get_preset(preset)
         owner = solo_set(cfg.name) if config is None else None
         if owner is not None and owner.own_report is not None:  # a preset with a report of its own (the guide's)
@@ -81,6 +79,11 @@ def study(
         return stats, _room(build_report, out)
 
     stats, summary = _guarded(run)
+    _print_study(summary, stats, out, quiet)
+
+
+def _print_study(summary: dict, stats: dict, out: str, quiet: bool) -> None:
+    """A study's findings (or the guide's claims) and its failures; exit 1 when a case failed."""
     if "settings" in summary:  # the guide's summary
         _print_guide(summary, stats, out, quiet=quiet)
     else:

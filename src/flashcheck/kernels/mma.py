@@ -188,6 +188,17 @@ def _chain_fast(a, ea, b, eb, acc: torch.Tensor, model: MMAModel, fp16: bool = F
     return acc
 
 
+def _checked_formats(a: torch.Tensor, b: torch.Tensor, fmt, acc: str, promote_every: int | None) -> tuple[str, str]:
+    """mma_matmul's argument checks (ValueError naming the value); the operand formats of a and b."""
+    if acc not in ("fp32", "fp16"):
+        raise ValueError(f"acc={acc!r}: expected fp32 or fp16 (the MMA's accumulator register)")
+    if promote_every is not None and promote_every < 1:
+        raise ValueError(f"promote_every={promote_every!r} must be a positive number of k or None")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a [..., M, K] and b [..., K, N] disagree on K: {tuple(a.shape)} and {tuple(b.shape)}")
+    return _formats(fmt)
+
+
 def mma_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -208,13 +219,7 @@ def mma_matmul(
     acc "fp16": the MMA's accumulator register is fp16 (mma.sync ... .f16.e4m3.e4m3.f16, SageAttention2++'s
     "fp32+fp16"): each block result, formed as above, is rounded to the nearest fp16 (no oracle models this
     unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16")."""
-    if acc not in ("fp32", "fp16"):
-        raise ValueError(f"acc={acc!r}: expected fp32 or fp16 (the MMA's accumulator register)")
-    if promote_every is not None and promote_every < 1:
-        raise ValueError(f"promote_every={promote_every!r} must be a positive number of k or None")
-    fa, fb = _formats(fmt)
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a [..., M, K] and b [..., K, N] disagree on K: {tuple(a.shape)} and {tuple(b.shape)}")
+    fa, fb = _checked_formats(a, b, fmt, acc, promote_every)
     k, nf = a.shape[-1], model.nfma
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     # products of two narrow values have at most 8 significant bits within 2^-32 .. 2^34: exact in float32
