@@ -488,3 +488,30 @@ def test_quantized_presets_refuse_autograd_fa4_knobs_run_the_fa2_backward():
     out = flash_attention(q, k, v, **resolve("fa4-bf16", "bf16", 32, 32, 16, False))
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def _mm_accumulate_out_of_place(a, b, bits, *, chunk=32, promote=0, init=None, nearest=False):
+    """mm_accumulate as first written (a fresh tensor per step), the oracle of the in-place one."""
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    acc = torch.zeros((*a64.shape[:-1], b64.shape[-1]), dtype=torch.float64)
+    outer = torch.zeros_like(acc)
+    if init is not None:
+        outer, acc = (outer + init.to(torch.float64), acc) if promote else (outer, acc + init.to(torch.float64))
+    since = 0
+    for c0 in range(0, a64.shape[-1], chunk):
+        acc = truncate_bits(acc + a64[..., c0 : c0 + chunk] @ b64[..., c0 : c0 + chunk, :], bits, nearest=nearest)
+        since += min(chunk, a64.shape[-1] - c0)
+        if promote and since >= promote:
+            outer, acc, since = (outer + acc).to(torch.float32).to(torch.float64), torch.zeros_like(acc), 0
+    return ((outer + acc) if promote else acc).to(torch.float32).to(a.dtype)
+
+
+def test_mm_accumulate_in_place_matches_the_out_of_place_steps():
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(2, 3, 9, 200, generator=g), torch.randn(2, 3, 200, 16, generator=g) * 1e3
+    init = torch.randn(2, 3, 9, 16, generator=g, dtype=torch.float64)
+    kept = init.clone()
+    for kw in ({}, {"promote": 64}, {"nearest": True, "init": init}, {"promote": 64, "init": init}):
+        want = _mm_accumulate_out_of_place(a, b, 13, **kw)
+        assert torch.equal(mm_accumulate(a, b, 13, **kw).view(torch.int32), want.view(torch.int32)), kw
+    assert torch.equal(init, kept)  # a float64 init is read, never written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,7 +160,30 @@ def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
         # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
         # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
         return _round_exact(x, fmt)
-    return x.to(fi.dtype).to(x.dtype)
+    narrow = x.to(fi.dtype)
+    return widen_fp8(narrow, x.dtype) if fmt in FP8_FORMATS else narrow.to(x.dtype)
+
+
+FP8_WIDEN_MIN = 4096  # elements from which the table beats the cast (and its two small allocations pay)
+
+
+@functools.cache
+def _fp8_table(src: torch.dtype, dst: torch.dtype) -> torch.Tensor:
+    """The 256 values of 8-bit float dtype `src`, cast to `dst` (indexed by code)."""
+    return torch.arange(256, dtype=torch.uint8).view(src).to(dst)
+
+
+def widen_fp8(narrow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """narrow.to(dtype) for an 8-bit float tensor, bit for bit (NaN codes included): on the CPU by a 256-entry
+    table of the cast's own results, indexed by code. torch 2.13 converts float8 to float32 one element at a
+    time (measured here: 22 ms for 512k elements, 9x a copy; the table: 7.7 ms), the largest cost of the FP8
+    presets' P rounding."""
+    if narrow.device.type != "cpu" or narrow.numel() < FP8_WIDEN_MIN or dtype not in (torch.float32, torch.float64):
+        return narrow.to(dtype)
+    codes = narrow.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    out = torch.empty(narrow.shape, dtype=dtype)
+    torch.index_select(_fp8_table(narrow.dtype, dtype), 0, codes, out=out.view(-1))
+    return out
 
 
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:

@@ -88,6 +88,16 @@ def truncate_bits(x: torch.Tensor, bits: int, *, nearest: bool = False) -> torch
     return (i & ~((1 << shift) - 1)).view(torch.float64).to(x.dtype)
 
 
+def _truncate_(x: torch.Tensor, bits: int, nearest: bool) -> torch.Tensor:
+    """truncate_bits in place on a contiguous float64 tensor (the same integer steps; returns x)."""
+    i = x.view(torch.int64)
+    shift = 52 - bits
+    if nearest:
+        i.add_(((i >> shift) & 1).add_((1 << (shift - 1)) - 1))
+    i.bitwise_and_(~((1 << shift) - 1))
+    return x
+
+
 def mm_accumulate(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -107,20 +117,19 @@ def mm_accumulate(
     truncating (the FP22 accumulator of FP8 MMA on Ada/Hopper: bits 13). Returns the float32 total."""
     k, dtype = a.shape[-1], a.dtype
     a, b = a.to(torch.float64), b.to(torch.float64)
-    acc = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=torch.float64, device=a.device)
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    acc = torch.zeros(shape, dtype=torch.float64, device=a.device)  # updated in place below (a fresh buffer)
     outer = torch.zeros_like(acc)
     if init is not None:  # two-level: the float32 O is the outer sum; one level: the MMA accumulates into O
-        if promote:
-            outer = outer + init.to(torch.float64)
-        else:
-            acc = acc + init.to(torch.float64)
+        (outer if promote else acc).add_(init.to(torch.float64))
+    part = torch.empty_like(acc)  # each chunk's product, formed in one contiguous buffer as a fresh one is laid out
     since = 0
     for c0 in range(0, k, chunk):
         c1 = min(k, c0 + chunk)
-        part = torch.matmul(a[..., c0:c1], b[..., c0:c1, :])
-        acc = truncate_bits(acc + part, bits, nearest=nearest)
+        _truncate_(acc.add_(torch.matmul(a[..., c0:c1], b[..., c0:c1, :], out=part)), bits, nearest)
         since += c1 - c0
         if promote and since >= promote:
-            outer = (outer + acc).to(torch.float32).to(torch.float64)
-            acc, since = torch.zeros_like(acc), 0
+            outer.copy_(outer.add_(acc).to(torch.float32))
+            acc.zero_()
+            since = 0
     return ((outer + acc) if promote else acc).to(torch.float32).to(dtype)

@@ -25,7 +25,7 @@ from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
-from flashcheck.kernels.tiles import mm_rows, row_chunks, rows_per_chunk
+from flashcheck.kernels.tiles import free_cores, mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 ALGORITHMS = ("fa1", "fa2")
@@ -124,12 +124,31 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
     the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
     (None: sized by TILE_BYTES; Lq: one tile, every row at once) agree to a few units in the last place
-    (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it)."""
+    (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it).
+
+    On a busy CPU (fewer cores free than threads) a run of several tiles is single-threaded throughout: its
+    tiles' ops are so already (see _run_tiles), and the few ops around them are element-wise or exact
+    (amax, amin), so no bit moves; each parallel region would wait on a descheduled thread (measured at
+    load 8-13 on 2 cores, L=2048: 3.1 s at 2 threads with the tiles serial, 1.3 s at 1 thread)."""
+    b, h, lq, _ = q.shape
+    lk, work = k.shape[-2], q.dtype
+    if tile_rows is None:
+        tile_rows = rows_per_chunk(lq, b * h * min(cfg.block_k, lk) * work.itemsize, TILE_BYTES)
+    threads = torch.get_num_threads()
+    if q.device.type != "cpu" or threads == 1 or len(row_chunks(lq, tile_rows)) == 1 or free_cores() >= threads:
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+    torch.set_num_threads(1)
+    try:
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
+    """_forward at tile_rows rows per query tile."""
     b, h, lq, _ = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
     work = q.dtype
-    if tile_rows is None:
-        tile_rows = rows_per_chunk(lq, b * h * min(cfg.block_k, lk) * work.itemsize, TILE_BYTES)
     o = torch.empty(b, h, lq, dv, dtype=work, device=q.device)
     m = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
@@ -158,20 +177,27 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
 def _run_tiles(
     q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops
 ):
-    """_query_tile of every tile. On the CPU, tiles run side by side on torch's intra-op thread count, each
-    op single-threaded: a step's ops are small, and one parallel region per op waits on every core (on a
-    busy machine, milliseconds per op). Every op sees the same tensors either way."""
-    workers = min(len(tiles), torch.get_num_threads()) if q.device.type == "cpu" else 1
-    if workers <= 1:
+    """_query_tile of every tile. On the CPU, tiles run side by side on up to torch's intra-op thread count
+    (no more than the cores free now, see tiles.free_cores), each op single-threaded: a step's ops are small,
+    and one parallel region per op waits on every core (on a busy machine, tens of milliseconds per op). With
+    one worker the tiles run one after another, still single-threaded (as each worker's ops run); a single
+    tile runs its ops on all the intra-op threads (a BLAS may sum a product's rows in another order on
+    another thread count, so that count stays as it was). The tiles are the same whatever the worker count
+    (tile_rows does not depend on it), so every op sees the same tensors and no bit moves."""
+    threads = torch.get_num_threads()
+    if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
         return [_query_tile(q, k, v, rows, steps, cfg, pol, fold, ops) for rows in tiles]
-    from concurrent.futures import ThreadPoolExecutor
+    workers = min(len(tiles), threads, free_cores())
 
     def one(rows: tuple[int, int]):
         torch.set_num_threads(1)
         return _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops)
 
-    threads = torch.get_num_threads()
     try:
+        if workers <= 1:
+            return [one(rows) for rows in tiles]
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(one, tiles))
     finally:

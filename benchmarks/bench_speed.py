@@ -1,0 +1,139 @@
+"""The flash simulator's forward against SDPA's fused CPU flash kernel (fp32), paired in one process.
+
+For each thread count, policy and length: the simulator and SDPA alternate `repeats` times; the row prints
+both medians, their ratio (simulator / SDPA) and the 1-minute load average before and after. Then each
+kernel preset's time against the plain simulator (bf16-mixed) at one shape, and one decoding step over 128k keys
+with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
+    python benchmarks/bench_speed.py                           # L = 2k..32k, 1 and 2 threads (< 10 min idle)
+    python benchmarks/bench_speed.py --lengths 2048,8192 --threads 2 --policies bf16-mixed
+    python benchmarks/bench_speed.py --lengths 0               # the presets and the decoding step only
+Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashcheck.kernels import flash_attention
+from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
+
+
+def _qkv(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 8, length, 64, generator=g) for _ in range(3))  # type: ignore[return-value]
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _sdpa(q, k, v) -> None:
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def _repeats(length: int, asked: int) -> int:
+    return 1 if length >= 32768 else (min(asked, 3) if length >= 16384 else asked)
+
+
+def paired(first, second, repeats: int) -> tuple[float, float]:
+    """Medians of `repeats` runs of each, alternating (first, second, first, ...) after one warm-up of each."""
+    first(), second()
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(_timed(first))
+        b.append(_timed(second))
+    return statistics.median(a), statistics.median(b)
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def speed_table(lengths: list[int], threads: list[int], policies: list[str], repeats: int) -> None:
+    print(f"{'threads':>7} {'policy':>10} {'L':>6} {'sim s':>8} {'sdpa s':>8} {'ratio':>6}  load before-after")
+    for n in threads:
+        torch.set_num_threads(n)
+        for policy in policies:
+            for length in lengths:
+                q, k, v = _qkv(length)
+                before = _load()
+                sim, ref = paired(
+                    lambda q=q, k=k, v=v, p=policy: flash_attention(q, k, v, policy=p),
+                    lambda q=q, k=k, v=v: _sdpa(q, k, v),
+                    _repeats(length, repeats),
+                )
+                print(
+                    f"{n:>7} {policy:>10} {length:>6} {sim:8.3f} {ref:8.3f} {sim / ref:6.2f}  {before}-{_load()}",
+                    flush=True,
+                )
+
+
+def preset_table(length: int, threads: int, repeats: int) -> None:
+    torch.set_num_threads(threads)
+    q, k, v = _qkv(length)
+    print(f"\npresets against the plain simulator (bf16-mixed), L={length}, {threads} threads")
+    print(f"{'preset':>16} {'preset s':>9} {'plain s':>8} {'ratio':>6}  load before-after")
+    for name in KERNEL_PRESETS:
+        kw = resolve(name, default_format(name), length, length, 64, False)
+        before = _load()
+        t_pre, t_plain = paired(
+            lambda kw=kw: flash_attention(q, k, v, **kw),
+            lambda: flash_attention(q, k, v, policy="bf16-mixed"),
+            repeats,
+        )
+        print(f"{name:>16} {t_pre:9.3f} {t_plain:8.3f} {t_pre / t_plain:6.2f}  {before}-{_load()}", flush=True)
+
+
+def decode_table(keys: int, threads: int) -> None:
+    """One decoding step (a single query row against `keys` keys) for the plain simulator and each preset that
+    models a tensor core's narrow accumulator (Policy acc_bits / qk_acc_bits), timed once after a warm-up."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 1, 64, generator=g)
+    k, v = (torch.randn(1, 8, keys, 64, generator=g) for _ in range(2))
+    print(f"\none decoding step, {keys} keys, H=8, D=64, {threads} threads")
+    runs = {"plain bf16-mixed": {"policy": "bf16-mixed"}}
+    for name in KERNEL_PRESETS:
+        kw = resolve(name, default_format(name), 1, keys, 64, False)
+        if kw["policy"].acc_bits or kw["policy"].qk_acc_bits:
+            runs[name] = kw
+    for name, kw in runs.items():
+        flash_attention(q, k[..., :256, :], v[..., :256, :], **kw)
+        before = _load()
+        seconds = _timed(lambda kw=kw: flash_attention(q, k, v, **kw))
+        print(f"{name:>16} {seconds:8.3f} s  load {before}-{_load()}", flush=True)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip() and int(x) > 0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="2048,4096,8192,16384,32768", help="comma-separated; 0: none")
+    parser.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts")
+    parser.add_argument("--policies", default="bf16-mixed,fp32", help="comma-separated simulator policies")
+    parser.add_argument("--repeats", type=int, default=5, help="pairs per row (16k: at most 3, 32k: 1)")
+    parser.add_argument("--preset-length", type=int, default=2048, help="the presets' shape; 0: skip them")
+    parser.add_argument("--decode-keys", type=int, default=131072, help="a decoding step's keys; 0: skip it")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))
+    if args.preset_length > 0:
+        preset_table(args.preset_length, max(_ints(args.threads) or [1]), 3)
+    if args.decode_keys > 0:
+        decode_table(args.decode_keys, max(_ints(args.threads) or [1]))
+    print(f"\nwall {time.perf_counter() - t0:.0f} s, torch {torch.__version__}, load now {_load()}")
+
+
+if __name__ == "__main__":
+    main()

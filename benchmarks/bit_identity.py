@@ -1,0 +1,110 @@
+"""Outputs of the flash simulator over policies, presets, masks, GQA, ragged lengths, FA1 and the backward,
+saved for a bit-for-bit before/after comparison of two source trees (a speed change must move no bit).
+
+    PYTHONPATH=/path/to/before/src python benchmarks/bit_identity.py save /tmp/before.pt
+    PYTHONPATH=src python benchmarks/bit_identity.py save /tmp/after.pt
+    python benchmarks/bit_identity.py compare /tmp/before.pt /tmp/after.pt    # exit 1 on any difference
+
+Shapes are small but span two query tiles (so the tile thread pool runs) at 2 threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+CASES_POLICIES = ("bf16", "bf16-mixed", "fp16", "fp16-mixed", "fp32", "fp64")
+
+
+def _inputs(lq: int, lk: int, h: int, hkv: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, h, lq, d, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(1, hkv, lk, d, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(1, hkv, lk, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def _cases():
+    from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
+
+    long = (2600, 2600, 2, 2, 32)  # two query tiles of the 2 MiB score budget at H=2
+    for pol in CASES_POLICIES:
+        yield f"{pol}/long", long, {"policy": pol}
+        yield f"{pol}/causal", (300, 300, 2, 2, 32), {"policy": pol, "causal": True}
+        yield f"{pol}/ragged-gqa", (190, 333, 4, 2, 24), {"policy": pol, "block_k": 64}
+        yield f"{pol}/fa1", (200, 260, 2, 2, 16), {"policy": pol, "algorithm": "fa1"}
+        yield f"{pol}/exp2-causal-ragged", (150, 400, 2, 2, 16), {"policy": pol, "exp2": True, "causal": True}
+    mask = torch.rand(1, 1, 200, 260, generator=torch.Generator().manual_seed(3)) > 0.3
+    yield "bf16-mixed/mask", (200, 260, 2, 2, 16), {"policy": "bf16-mixed", "mask": mask}
+    for name in KERNEL_PRESETS:
+        shape = (256, 256, 2, 2, 64)
+        try:
+            kw = resolve(name, default_format(name), shape[0], shape[1], shape[4], False)
+        except ValueError as err:
+            print(f"skip preset {name}: {err}", file=sys.stderr)
+            continue
+        yield f"preset/{name}", shape, kw
+
+
+def save(path: str) -> None:
+    from flashcheck.kernels import flash_attention
+
+    torch.set_num_threads(2)
+    out: dict[str, torch.Tensor] = {}
+    for i, (name, (lq, lk, h, hkv, d), kw) in enumerate(_cases()):
+        q, k, v = _inputs(lq, lk, h, hkv, d, i)
+        try:
+            o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+        except ValueError as err:
+            print(f"skip {name}: {err}", file=sys.stderr)
+            continue
+        out[f"{name}/out"], out[f"{name}/lse"] = o, lse
+        policy = kw["policy"]
+        if isinstance(policy, str) and not name.startswith("preset/") and "fa1" not in name:
+            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+            o = flash_attention(qq, kk, vv, **kw)
+            o.backward(torch.randn(o.shape, generator=torch.Generator().manual_seed(i), dtype=o.dtype))
+            for tag, t in zip("qkv", (qq, kk, vv), strict=True):
+                out[f"{name}/d{tag}"] = t.grad
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(out, tmp)
+    os.replace(tmp, path)
+    print(f"{len(out)} tensors -> {path}")
+
+
+def compare(a: str, b: str) -> int:
+    before, after = torch.load(a), torch.load(b)
+    bad = sorted(set(before) ^ set(after))
+    for key in sorted(set(before) & set(after)):
+        x, y = before[key], after[key]
+        same = x.dtype == y.dtype and x.shape == y.shape
+        same = same and torch.equal(
+            x.view(torch.uint8) if x.is_floating_point() else x, y.view(torch.uint8) if y.is_floating_point() else y
+        )  # NaN bits too
+        if not same:
+            bad.append(key)
+    for key in bad:
+        print(f"DIFFERS {key}")
+    print(f"{len(set(before) & set(after))} tensors compared, {len(bad)} differ")
+    return 1 if bad else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("save").add_argument("path")
+    cmp = sub.add_parser("compare")
+    cmp.add_argument("before")
+    cmp.add_argument("after")
+    args = parser.parse_args()
+    if args.cmd == "save":
+        save(args.path)
+    else:
+        sys.exit(compare(args.before, args.after))
+
+
+if __name__ == "__main__":
+    main()

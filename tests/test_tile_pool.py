@@ -1,0 +1,80 @@
+"""The forward's query-tile pool (kernels.flash._run_tiles): sized by the cores free, the same bits whatever
+the worker count, single-threaded ops under a pool or a serial run of several tiles."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+import flashcheck.kernels.flash as flash_mod
+from flashcheck.kernels import flash_attention
+from flashcheck.kernels.tiles import free_cores
+
+QUERY_TILE = flash_mod._query_tile
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def test_free_cores_reads_the_instant_and_the_average_load():
+    n = _cores()
+    assert free_cores("0.00 0.00 0.00 1/300 42\n") == n  # only this task running
+    assert free_cores("1.00 0.00 0.00 3/300 42\n", own_running=3) == n  # this caller's own minute of work
+    assert free_cores(f"{n + 20:.2f} 20.0 20.0 {n + 30}/400 42\n") == 1  # busy by both counts: never below 1
+    assert free_cores(f"{n + 20:.2f} 20.0 20.0 1/400 42\n") == 1  # a busy minute, a quiet instant: busy
+    assert free_cores(f"0.10 20.0 20.0 {n + 30}/400 42\n", own_running=1) == 1  # others running now: busy
+    assert free_cores("2.00 0.00 0.00 1/300 42\n") == max(1, n - 1)  # one other core's worth of load
+    assert 1 <= free_cores("not a loadavg") <= n  # falls back to os.getloadavg
+    assert 1 <= free_cores() <= n
+
+
+def _run(monkeypatch, free: int, threads: int):
+    """(out, lse, {thread idents}, {intra-op thread counts}) of a 4-tile forward at `threads` threads."""
+    monkeypatch.setattr(flash_mod, "free_cores", lambda: free)
+    monkeypatch.setattr(flash_mod, "TILE_BYTES", 2 * 32 * 4 * 24)  # 24 rows of one fp32 key block, H=2
+    real, idents, counts = QUERY_TILE, set(), set()
+
+    def spy(*a):
+        idents.add(threading.get_ident())
+        counts.add(torch.get_num_threads())
+        return real(*a)
+
+    monkeypatch.setattr(flash_mod, "_query_tile", spy)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 90, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, lse = flash_attention(q, k, v, policy="bf16-mixed", block_k=32, causal=True, return_lse=True)
+        assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(before)
+    return out, lse, idents, counts
+
+
+def test_pool_worker_count_moves_no_bit(monkeypatch):
+    serial = _run(monkeypatch, free=1, threads=2)
+    pooled = _run(monkeypatch, free=2, threads=2)
+    one = _run(monkeypatch, free=2, threads=1)
+    assert serial[2] == {threading.get_ident()} and serial[3] == {1}  # busy: no pool, ops single-threaded
+    assert pooled[3] == {1}  # each worker's ops single-threaded
+    assert len(one[2]) == 1 and one[3] == {1}
+    for other in (pooled, one):
+        assert torch.equal(serial[0], other[0]) and torch.equal(serial[1], other[1])
+
+
+def test_single_tile_keeps_the_intra_op_threads(monkeypatch):
+    monkeypatch.setattr(flash_mod, "free_cores", lambda: 1)
+    seen = []
+    monkeypatch.setattr(flash_mod, "_query_tile", lambda *a: seen.append(torch.get_num_threads()) or QUERY_TILE(*a))
+    q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.float64) for _ in range(3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        flash_attention(q, k, v, policy="bf16-mixed", block_k=16)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2]  # one tile: its ops on every intra-op thread, busy or not (the BLAS's sums stay as they were)
