@@ -467,7 +467,7 @@ def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
     return rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum"), m_new, l_new
 
 
-def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False):  # the oracle scales the products itself
+def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False, _ops=None):  # scales the products itself; no MMA
     from flashcheck.kernels.masks import tile_bias
     from flashcheck.kernels.ops import resolve_scale, rnd
     from flashcheck.kernels.tiles import mm_rows
