@@ -23,6 +23,7 @@ from flashcheck.study.points import Point, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
 from flashcheck.study.tables_dims import dims_sections
+from flashcheck.study.titles import title as question_title
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "findings", "sweep_points"]
 MAX_LISTED = 100  # failed cases listed in summary.json and the reports (all are in records.jsonl)
@@ -258,11 +259,11 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
     if not problems:
         page.add(Heading("Skipped and failed cases", anchor="problems"), Text("None."))
     for question, header, rows in tables:
-        page.add(Heading(question, anchor=question))
+        page.add(Heading(question_title(question), anchor=question))
         if question in NOTES:
             page.add(Text(NOTES[question]))
         if question in figures:
-            page.add(Figure(figures[question], question))
+            page.add(Figure(figures[question], question_title(question)))
         page.add(Table(header, rows))
     page.add(*guide[3:])
     missing = not_asked(summary["findings"])
