@@ -59,7 +59,9 @@ def small(words: list[str]) -> list[str]:
                 args[args.index(flag) + 1] = value
             else:
                 args += [flag, value]
-    if cmd in ("compare", "explain"):
+    if cmd == "hunt":
+        args[args.index("--budget") + 1] = "2s"
+    if cmd in ("compare", "explain") and "--case" not in args:
         if "--seq-len" in args:
             i = args.index("--seq-len") + 1
             args[i] = ",".join(str(64 << n) for n in range(len(args[i].split(","))))

@@ -609,7 +609,7 @@ def test_shard_linked_outside_its_folder_is_refused(tmp_path, index):
     paths[1].symlink_to(outside)
     res = runner.invoke(app, ["drift", str(tmp_path / "ckpt"), str(tmp_path / "ckpt")])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    assert "'m-2-of-2.safetensors' is a link to" in res.output and "outside the checkpoint" in res.output
+    assert "m-2-of-2.safetensors' is a link to" in res.output and "outside its folder" in res.output
     repo = tmp_path / "models--org--m"
     for p in _two_shards(repo / "snapshots" / "abc123", index):
         blob = repo / "blobs" / f"h{p.name[2]}"

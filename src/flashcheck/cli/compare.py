@@ -60,6 +60,10 @@ PRESET_HELP = (
     "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, "
     "fa4-fp8, fa4-fp4, sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
 )
+CASE_HELP = (
+    "A `flashcheck hunt` finding's case (KEY=VALUE,...): rerun it on --backend (then any hunt TARGET) and judge it "
+    "as the hunt did; the other shape options are ignored."
+)
 DS_CORRECTION_HELP = "Remove the row sums of the rounded dS in the flash backward (arXiv 2609.34272); needs --backward."
 
 
@@ -101,9 +105,14 @@ def compare(
     runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Repeated runs for --determinism."),
     seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the inputs."),
     device: str = typer.Option(None, help=DEVICE_HELP),
+    case: str = typer.Option(None, help=CASE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
+    if case is not None:
+        from flashcheck.cli.hunt import rerun_case
+
+        rerun_case(backend, case, device, as_json)
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
     shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,3 +122,55 @@ def _create_temp(path: Path) -> tuple[int, Path]:
         except OSError as exc:  # no inode left, or the quota
             raise full_error(exc, path) from exc
     raise FileExistsError(f"no free temporary name next to {path}")
+
+
+class UnsafeFile(ValueError):
+    """A file the tool was about to read is not a regular file, or lies (links followed) outside its folder."""
+
+
+def regular_file(path: str | Path, folder: str | Path | None = None) -> Path:
+    """`path` when it is a regular file (links followed: not a FIFO, which would block the reader, nor a device or
+    a folder) and, with `folder`, when it lies inside `folder` once links are resolved; UnsafeFile otherwise.
+    The one rule for every file found inside a folder the user named (a shard, a series step, a model's weights,
+    a distributed checkpoint's data file): a link elsewhere would make the tool read whatever file it names. A
+    file the user names directly is only required to be regular. See `inside_folder` for the one exception."""
+    path = Path(path)
+    if folder is not None:
+        inside_folder(path, folder)
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError) as exc:
+        raise UnsafeFile(f"{str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise UnsafeFile(f"{str(path)!r} is {_kind(mode)}, not a regular file; refused")
+    return path
+
+
+def inside_folder(path: str | Path, folder: str | Path) -> Path:
+    """`path` when, links followed, it lies inside `folder` (links followed too); UnsafeFile naming the target
+    otherwise. The one exception is the layout of the Hugging Face cache, whose snapshots/<revision>/ entries
+    link into the model's blobs/ folder."""
+    path, folder = Path(path), Path(folder)
+    try:
+        real, home = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a loop of links, a NUL in a name taken from a file
+        raise UnsafeFile(f"{str(path)!r} cannot be resolved: {exc}") from None
+    allowed = [home]
+    if home.parent.name == "snapshots":
+        allowed.append(home.parent.parent / "blobs")
+    if not any(real == a or real.is_relative_to(a) for a in allowed):
+        link = path.is_symlink()
+        hint = " (name the target itself, or copy it into the folder, to read it)" if link else ""
+        raise UnsafeFile(
+            f"{str(path)!r} {'is a link to' if link else 'leads to'} {str(real)!r}, outside its folder "
+            f"{str(home)!r}; refused{hint}"
+        )
+    return path
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"

@@ -3,13 +3,16 @@ input: no pickle, sizes bounded before anything is allocated, only real floating
 
 A .safetensors file is read by this module itself (8-byte little-endian header length, a JSON header
 {name: {dtype, shape, data_offsets}} with an optional "__metadata__" of strings, then the data), so that
-no optional package is needed and every offset is checked against the file's size. A .npz is read with
-numpy's np.load(allow_pickle=False), each member's uncompressed size checked in the zip directory first."""
+no optional package is needed and every offset is checked against the file's size, and no two tensors share
+bytes. A .npz is read member by member: names first, then each .npy header (numpy.lib.format), whose shape and
+dtype must need exactly the member's uncompressed size in the zip directory, before any data is inflated."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,9 @@ _NP_DTYPES = {
 }
 
 
+NameCheck = Callable[[str, list[str]], None]
+
+
 class DumpError(ValueError):
     """The file is malformed: the message names the file, the tensor at fault and what is allowed."""
 
@@ -52,22 +58,23 @@ class Dump:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-def read_dump(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Dump:
-    """The tensors and settings of a .safetensors or .npz file; DumpError says why a file cannot be read."""
+def read_dump(path: str | Path, *, max_bytes: int = MAX_BYTES, allowed: NameCheck | None = None) -> Dump:
+    """The tensors and settings of a .safetensors or .npz file; DumpError says why a file cannot be read.
+    `allowed(path, names)` raises DumpError for names the caller does not read, before any data is read."""
     p = Path(path)
     if not p.is_file():
         raise DumpError(f"{str(p)!r} is not a file")
     suffix = p.suffix.lower()
     if suffix == ".safetensors":
-        tensors, meta = _read_safetensors(p, max_bytes)
+        tensors, meta = _read_safetensors(p, max_bytes, allowed)
     elif suffix == ".npz":
-        tensors, meta = _read_npz(p, max_bytes)
+        tensors, meta = _read_npz(p, max_bytes, allowed)
     else:
         raise DumpError(f"{str(p)!r}: unknown file type {suffix or '(none)'!r}; expected .safetensors or .npz")
     return Dump(path=str(p), tensors=tensors, meta=meta)
 
 
-def _read_safetensors(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_safetensors(p: Path, max_bytes: int, allowed: NameCheck | None) -> tuple[dict, dict[str, str]]:
     size = p.stat().st_size
     with p.open("rb") as f:
         try:
@@ -80,8 +87,11 @@ def _read_safetensors(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor],
         if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
             raise DumpError(f"{str(p)!r}: __metadata__ must map names to strings")
         data_len = size - 8 - n
-        entries = [_st_entry(p, name, e, data_len) for name, e in header.items()]
+        entries = [_st_entry(p, name, e, data_len) for name, e in header.items()]  # the header alone
+        if allowed is not None:
+            allowed(str(p), [*header, *meta])
         _check_count_and_total(p, [(name, nbytes) for name, _, _, _, nbytes in entries], max_bytes)
+        _check_disjoint(p, entries)
         tensors = {}
         for name, dtype, shape, start, nbytes in entries:
             f.seek(8 + n + start)
@@ -115,6 +125,15 @@ def _st_entry(p: Path, name: str, e: object, data_len: int) -> tuple:
     return name, dtype, tuple(shape), offs[0], nbytes
 
 
+def _check_disjoint(p: Path, entries: list[tuple]) -> None:
+    """DumpError when two tensors share data bytes (a writer stores each tensor once: q, k, v and out read from one
+    range would be judged equal to themselves)."""
+    spans = sorted((start, start + nbytes, name) for name, _, _, start, nbytes in entries if nbytes)
+    for (_, end_a, a), (start_b, _, b) in itertools.pairwise(spans):  # sorted: an overlap shows in a neighbour
+        if start_b < end_a:
+            raise DumpError(f"{str(p)!r}: tensors {a!r} and {b!r} share data bytes; each tensor needs its own range")
+
+
 def _nonneg_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
@@ -127,31 +146,84 @@ def _check_count_and_total(p: Path, sizes: list[tuple[str, int]], max_bytes: int
         raise DumpError(f"{str(p)!r}: its arrays take {total} bytes, more than the {max_bytes} bytes allowed")
 
 
-def _read_npz(p: Path, max_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_npz(p: Path, max_bytes: int, allowed: NameCheck | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Each member's name, then its .npy header (shape and dtype, a few hundred bytes inflated), checked before
+    any data is inflated: the directory's size of a member must be exactly what its header's shape needs, and
+    all of them together within max_bytes (a small file can hold a 4 GiB member of zeros, or declare 2^40)."""
     try:
-        with zipfile.ZipFile(p) as z:  # the directory's uncompressed sizes, before numpy inflates anything
-            sizes = [(i.filename, i.file_size) for i in z.infolist()]
-    except (zipfile.BadZipFile, OSError) as exc:
+        with zipfile.ZipFile(p) as z:
+            infos = z.infolist()
+            names = [_member_name(p, i.filename) for i in infos]
+            if len(set(names)) != len(names):
+                raise DumpError(f"{str(p)!r} holds an array name twice; each name once")
+            _check_count_and_total(p, [(n, 0) for n in names], max_bytes)
+            if allowed is not None:
+                allowed(str(p), names)
+            plans = [_npy_plan(p, z, info, name) for info, name in zip(infos, names, strict=True)]
+            _check_count_and_total(p, [(name, need) for name, _, need in plans], max_bytes)
+            arrays = {name: _npy_data(p, z, info, name, plan) for (name, *plan), info in zip(plans, infos, strict=True)}
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
         raise DumpError(f"{str(p)!r} is not a valid .npz (zip) file: {exc}") from None
-    _check_count_and_total(p, sizes, max_bytes)
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, str] = {}
-    try:
-        with np.load(p, allow_pickle=False) as npz:
-            for name in npz.files:
-                try:
-                    arr = npz[name]
-                except ValueError as exc:  # object arrays (they need pickle, never allowed), a header that lies
-                    raise DumpError(f"{str(p)!r}: array {name!r} cannot be read ({exc})") from None
-                if not isinstance(arr, np.ndarray):  # numpy hands back a member not named *.npy as raw bytes
-                    raise DumpError(f"{str(p)!r}: member {name!r} is not a .npy array (an .npz holds only .npy files)")
-                if arr.ndim == 0:
-                    meta[name] = _scalar_text(p, name, arr)
-                else:
-                    tensors[name] = _np_tensor(p, name, arr)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise DumpError(f"{str(p)!r} is not a valid .npz file: {exc}") from None
+    for name, arr in arrays.items():
+        if arr.ndim == 0:
+            meta[name] = _scalar_text(p, name, arr)
+        else:
+            tensors[name] = _np_tensor(p, name, arr)
     return tensors, meta
+
+
+def _member_name(p: Path, filename: str) -> str:
+    if not filename.endswith(".npy") or len(filename) == 4:
+        raise DumpError(f"{str(p)!r}: member {filename!r} is not a .npy array (an .npz holds only NAME.npy files)")
+    return filename[:-4]
+
+
+def _npy_plan(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> tuple:
+    """(name, (dtype, shape, fortran order, header bytes), data bytes) of one member: its .npy header read (only
+    that much inflated) and checked, the shape's bytes against the member's size in the zip directory."""
+    from numpy.lib import format as npy
+
+    where = f"{str(p)!r}: array {name!r}"
+    with z.open(info) as f:
+        try:
+            version = npy.read_magic(f)
+            read = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} is not read (1.0 or 2.0)")
+            shape, fortran, dtype = read(f)
+        except ValueError as exc:
+            raise DumpError(f"{where} has a malformed .npy header ({exc})") from None
+        head = f.tell()
+    ok = dtype in _NP_DTYPES if shape else dtype.kind in "biufU"  # arrays; 0-d settings
+    if dtype.hasobject or not ok:
+        hint = " (bf16: store the values as float32 and set dtype='bf16')" if dtype.kind == "V" else ""
+        hint += " (objects need pickle, never read: allow_pickle=False)" if dtype.hasobject else ""
+        what = ", ".join(str(d) for d in _NP_DTYPES) if shape else "a number, bool or string setting"
+        raise DumpError(f"{where} has unknown dtype {dtype}{hint}; allowed {what}")
+    if len(shape) > MAX_RANK:
+        raise DumpError(f"{where} has {len(shape)} dims; at most {MAX_RANK}")
+    need = math.prod(shape) * dtype.itemsize
+    if info.file_size != head + need:
+        raise DumpError(
+            f"{where}: the zip directory gives it {info.file_size} bytes, but its header's shape {list(shape)} of "
+            f"{dtype} needs {head + need} (header included); refused before inflating it"
+        )
+    return name, (dtype, shape, fortran, head), need
+
+
+def _npy_data(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, plan: tuple) -> np.ndarray:
+    (dtype, shape, fortran, head), need = plan
+    buf, got = bytearray(need), 0  # writable, filled in slices (no second copy of a large array)
+    with z.open(info) as f:
+        f.read(head)
+        while got < need and (piece := f.read(min(need - got, 1 << 24))):
+            buf[got : got + len(piece)] = piece
+            got += len(piece)
+    if got != need:
+        raise DumpError(f"{str(p)!r}: array {name!r} holds {got} of its {need} bytes (truncated)")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _scalar_text(p: Path, name: str, arr: np.ndarray) -> str:

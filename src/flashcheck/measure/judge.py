@@ -50,7 +50,7 @@ class Judged:
 
 def load(path: str) -> Judged:
     """Read and check a dump; DumpError (a ValueError) names the tensor or setting at fault."""
-    dump = read_dump(path)
+    dump = read_dump(path, allowed=_known_names)
     t, where = dump.tensors, repr(dump.path)
     _check_names(dump)
     missing = [n for n in INPUTS if n not in t]
@@ -63,6 +63,7 @@ def load(path: str) -> Judged:
     for name in [*INPUTS, *(f"out.{n}" if n else "out" for n in outs)]:
         if not t[name].is_floating_point():
             raise DumpError(f"{where}: tensor {name!r} has dtype {t[name].dtype}; expected a floating dtype")
+    _check_values(dump)
     q, k, v = (t[n].double() for n in INPUTS)
     mask = t.get("mask")
     scale = _scale(dump)
@@ -84,14 +85,48 @@ def load(path: str) -> Judged:
     return Judged(dump.path, q, k, v, outs64, grads, grad_out, mask, scale, _causal(dump), fmt, dtypes)
 
 
+ALLOWED_NAMES = "q, k, v, out, out.NAME, mask, grad_out, dq, dk, dv (dq.NAME ...), settings scale, causal, dtype"
+
+
+def _known_names(path: str, names: list[str]) -> None:
+    """DumpError naming what a dump may hold, before any of its data is read (read_dump's `allowed`)."""
+    tensors = {*INPUTS, "mask", "grad_out"}
+    bad = [
+        n
+        for n in names
+        if n not in tensors and n not in SETTINGS
+        and (n.partition(".")[0] not in ("out", *GRADS) or n.endswith(".") or n.count(".") > 1)
+    ]  # fmt: skip
+    if bad:
+        raise DumpError(f"{path!r}: unknown name(s) {', '.join(map(repr, bad[:8]))}; allowed {ALLOWED_NAMES}")
+
+
 def _check_names(dump: Dump) -> None:
     known = {*INPUTS, "mask", "grad_out"}
     bad = [n for n in dump.tensors if n not in known and n.partition(".")[0] not in ("out", *GRADS)]
     bad += [n for n in dump.meta if n not in SETTINGS and n not in dump.tensors]
     bad += [n for n in dump.tensors if n.endswith(".") or n.count(".") > 1]
     if bad:
-        allowed = "q, k, v, out, out.NAME, mask, grad_out, dq, dk, dv (dq.NAME ...), settings scale, causal, dtype"
-        raise DumpError(f"{dump.path!r}: unknown name(s) {', '.join(map(repr, bad))}; allowed {allowed}")
+        raise DumpError(f"{dump.path!r}: unknown name(s) {', '.join(map(repr, bad))}; allowed {ALLOWED_NAMES}")
+
+
+def _check_values(dump: Dump) -> None:
+    """DumpError for an input with no values (L = 0: nothing to judge, and every check would pass vacuously) or
+    with NaN or Inf (the FP64 reference of such inputs is not a number, so no output can be judged against it)."""
+    t, where = dump.tensors, repr(dump.path)
+    for name in (*INPUTS, "grad_out"):
+        if name not in t:
+            continue
+        x = t[name]
+        if x.numel() == 0:
+            raise DumpError(f"{where}: tensor {name!r} has shape {list(x.shape)}, no values; B, H, L, D must be > 0")
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            nan, first = int(torch.isnan(x).sum()), [int(i) for i in bad.nonzero()[0]]
+            raise DumpError(
+                f"{where}: input {name!r} holds {nan} NaN and {int(bad.sum()) - nan} infinite values (the first at "
+                f"{first}); the FP64 reference of non-finite inputs is not a number: dump finite inputs"
+            )
 
 
 def _scale(dump: Dump) -> float | None:

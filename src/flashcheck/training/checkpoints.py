@@ -4,10 +4,13 @@ checkpoints by step. Every reader hands out one tensor at a time."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
-from flashcheck.training.readers import CHECKPOINT_SUFFIXES, CheckpointError, DcpReader, Reader, open_file
+from flashcheck.core.fileio import UnsafeFile, inside_folder
+from flashcheck.training.dcp import DcpReader
+from flashcheck.training.readers import CHECKPOINT_SUFFIXES, CheckpointError, Reader, checked, open_file
 from flashcheck.training.safetensors_format import save_safetensors
 from flashcheck.training.shards import INDEX_SUFFIX, SHARD, folder_checkpoint, index_of, open_group, open_index
 
@@ -20,7 +23,7 @@ def open_checkpoint(path: str | Path) -> Reader:
     if not p.exists():
         raise CheckpointError(f"checkpoint {str(p)!r} does not exist")
     if p.is_dir():
-        if (p / ".metadata").exists():
+        if _is_dcp(p):
             return DcpReader(p)
         inner = folder_checkpoint(p)
         if inner is None:
@@ -29,7 +32,8 @@ def open_checkpoint(path: str | Path) -> Reader:
                 f"(no .metadata), and no *{INDEX_SUFFIX}, shards (-00001-of-0000N), model.safetensors "
                 "or pytorch_model.bin"
             )
-        return open_checkpoint(inner)
+        return open_checkpoint(checked(inner, p))
+    checked(p)  # a FIFO would block the reader, a device never end
     if p.name.endswith(INDEX_SUFFIX):
         return open_index(p)
     if SHARD.match(p.name):
@@ -37,17 +41,26 @@ def open_checkpoint(path: str | Path) -> Reader:
     return open_file(p)
 
 
+def _is_dcp(folder: Path) -> bool:
+    return os.path.lexists(folder / ".metadata")
+
+
 def _entries(folder: Path) -> list[tuple[str, Path]]:
     """(name that carries the step, checkpoint path) of each checkpoint directly in a folder; the shards of
-    one checkpoint count once."""
+    one checkpoint count once. Each must lie inside the folder, links followed, and a file must be regular
+    (core.fileio.regular_file, the rule for shards too): CheckpointError otherwise."""
     out, groups = [], set()
     for child in sorted(folder.iterdir()):
         if child.name.startswith("."):  # temporary files of atomic writes, hidden folders
             continue
         if child.is_dir():
-            if (child / ".metadata").exists() or folder_checkpoint(child) is not None:
+            if _is_dcp(child) or folder_checkpoint(child) is not None:
+                _inside(child, folder)
                 out.append((child.name, child))
-        elif child.name.endswith(INDEX_SUFFIX):
+            continue
+        if child.name.endswith(INDEX_SUFFIX) or SHARD.match(child.name) or child.suffix in CHECKPOINT_SUFFIXES:
+            checked(child, folder)
+        if child.name.endswith(INDEX_SUFFIX):
             stem = child.name[: -len(INDEX_SUFFIX)]
             out.append((Path(stem).stem if Path(stem).suffix in CHECKPOINT_SUFFIXES else stem, child))
         elif m := SHARD.match(child.name):
@@ -60,6 +73,13 @@ def _entries(folder: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def _inside(path: Path, folder: Path) -> None:
+    try:
+        inside_folder(path, folder)
+    except UnsafeFile as exc:
+        raise CheckpointError(str(exc)) from None
+
+
 def series(path: str | Path) -> dict[int, Path]:
     """Checkpoints by step: a folder of checkpoints (files, sharded checkpoints or checkpoint folders) named
     with their step (the last number in the name), a run folder of `flashcheck train-study` (its weights/),
@@ -67,7 +87,9 @@ def series(path: str | Path) -> dict[int, Path]:
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{str(p)!r} does not exist")
-    if p.is_file() or (p / ".metadata").exists():
+    if not p.is_dir():
+        return {0: checked(p)}
+    if _is_dcp(p):
         return {0: p}
     if (p / "weights").is_dir() and (p / "config.json").is_file():  # not its state.pt, the resume point
         return series(p / "weights")

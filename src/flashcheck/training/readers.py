@@ -1,15 +1,14 @@
-"""Readers of one checkpoint file or folder that hand out one tensor at a time: safetensors (through the
-`safetensors` library, which validates the header), torch .pt/.bin state dicts (memory-mapped), and
-torch.distributed.checkpoint folders."""
+"""Readers of one checkpoint file that hand out one tensor at a time: safetensors (through the `safetensors`
+library, which validates the header) and torch .pt/.bin state dicts (memory-mapped); torch.distributed.checkpoint
+folders are read by training/dcp.py."""
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import load_refusal
+from flashcheck.core.fileio import UnsafeFile, load_refusal, regular_file
 from flashcheck.training.safetensors_format import diagnose, torch_dtype
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -124,80 +123,12 @@ def _flatten(obj: dict, prefix: str = ""):
             yield from _flatten(v, f"{prefix}{k}.")
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a distributed checkpoint's .metadata (torch writes it with pickle and reads it back with
-    pickle.load, which runs whatever a planted file names): only the classes that metadata is made of."""
-
-    def find_class(self, module: str, name: str):
-        if _metadata_global(module, name):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of checkpoint metadata; refused, nothing was run")
-
-
-def _metadata_global(module: str, name: str) -> bool:
-    """The globals torch's checkpoint metadata pickles reference: its own dataclasses and enums, tensor sizes
-    and dtypes, layouts by name, paths."""
-    import importlib
-
-    if module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"):
-        obj = getattr(importlib.import_module(module), name, None)
-        return isinstance(obj, type) and obj.__module__ == module  # a class defined there, not one imported
-    if module == "torch":
-        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
-    if module == "pathlib":
-        return name in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")
-    return (module, name) == ("torch.serialization", "_get_layout")
-
-
-def _safe_dcp_reader(path: Path):
-    """torch's FileSystemReader with read_metadata through _MetadataUnpickler (as torch's own, otherwise)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeReader(FileSystemReader):
-        def read_metadata(self, *args, **kwargs):
-            with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeReader(str(path))
-
-
-class DcpReader(Reader):
-    """A torch.distributed.checkpoint folder (what FSDP training writes); shards assembled per tensor. Its
-    .metadata is unpickled with only the metadata's own classes allowed (_MetadataUnpickler)."""
-
-    def __init__(self, path: Path) -> None:
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-        self.path = path
-        try:
-            md = _safe_dcp_reader(path).read_metadata()
-        except Exception as exc:
-            raise CheckpointError(f"{str(path)!r} is not a readable distributed checkpoint: {exc}") from None
-        self.meta = {
-            k: (tuple(m.size), m.properties.dtype)
-            for k, m in md.state_dict_metadata.items()
-            if isinstance(m, TensorStorageMetadata)
-        }
-
-    def keys(self):
-        return dict(self.meta)
-
-    def tensor(self, name):
-        import warnings
-
-        import torch.distributed.checkpoint as dcp
-
-        shape, dtype = self.meta[name]
-        out = {name: torch.empty(shape, dtype=dtype)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dcp.load(out, storage_reader=_safe_dcp_reader(self.path))
-        return out[name]
+def checked(path: Path, folder: Path | None = None) -> Path:
+    """`path` when it is a regular file, inside `folder` when given (core.fileio.regular_file); else CheckpointError."""
+    try:
+        return regular_file(path, folder)
+    except UnsafeFile as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def open_file(path: Path) -> Reader:

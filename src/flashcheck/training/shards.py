@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.training.readers import CHECKPOINT_SUFFIXES, CheckpointError, Reader, open_file
+from flashcheck.training.readers import CHECKPOINT_SUFFIXES, CheckpointError, Reader, checked, open_file
 from flashcheck.training.safetensors_format import MAX_HEADER, nesting_problem
 
 SHARD = re.compile(r"^(?P<prefix>.+)-(?P<index>\d+)-of-(?P<count>\d+)(?P<suffix>\.safetensors|\.pt|\.pth|\.bin)$")
@@ -25,7 +25,7 @@ class ShardedReader(Reader):
         self.path = path
         self._readers: dict[str, Reader] = {}
         for shard in shards:
-            _check_inside(path, shard)
+            checked(shard, shard.parent)
         try:
             for shard in shards:
                 self._readers[shard.name] = open_file(shard)
@@ -61,22 +61,6 @@ class ShardedReader(Reader):
             r.close()
 
 
-def _check_inside(checkpoint: Path, shard: Path) -> None:
-    """CheckpointError unless the shard, links followed, lies in the checkpoint's folder: a shard that is a
-    link elsewhere would make the reader open any file the link names. The one exception is the layout of
-    the Hugging Face cache, whose snapshots/<revision>/ files link into the model's blobs/ folder."""
-    folder = shard.parent.resolve()
-    target = shard.resolve()
-    allowed = [folder]
-    if folder.parent.name == "snapshots":
-        allowed.append(folder.parent.parent / "blobs")
-    if not any(target.is_relative_to(a) for a in allowed):
-        raise CheckpointError(
-            f"{str(checkpoint)!r}: shard {shard.name!r} is a link to {str(target)!r}, outside the checkpoint's "
-            f"folder {str(folder)!r}; refused (copy the file into the folder to read it)"
-        )
-
-
 def index_of(shard: Path) -> Path | None:
     """The index file of a shard's checkpoint (`model.safetensors.index.json`), None if absent."""
     m = SHARD.match(shard.name)
@@ -87,7 +71,7 @@ def index_of(shard: Path) -> Path | None:
 def open_index(index: Path) -> ShardedReader:
     """The checkpoint an index file describes; CheckpointError names a malformed index or a missing shard."""
     try:
-        if (size := index.stat().st_size) > MAX_HEADER:
+        if (size := checked(index).stat().st_size) > MAX_HEADER:
             raise ValueError(f"{size} bytes, more than the {MAX_HEADER} an index may hold")
         raw = index.read_bytes()
         if problem := nesting_problem(raw):

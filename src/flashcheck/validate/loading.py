@@ -7,10 +7,13 @@ import difflib
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from flashcheck.core.fileio import inside_folder, load_refusal, regular_file
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 POOLING_KEYS = {  # sentence-transformers 1_Pooling/config.json flag -> our pooling name
@@ -69,7 +72,25 @@ def _module_folder(folder: Path, rel: object) -> Path:
             f"{str(folder / 'modules.json')!r} names module path {str(rel)!r}, outside the model's folder; "
             "expected a path relative to it"
         )
-    return folder / part
+    sub = folder / part
+    inside_folder(sub, folder)  # a module folder that is a link out of the model's folder: UnsafeFile
+    return sub
+
+
+MODEL_FILE_SUFFIXES = (*WEIGHT_SUFFIXES, ".json", ".txt", ".model")  # what from_pretrained and tokenizers read
+
+
+def _check_files(folder: Path) -> None:
+    """UnsafeFile (a ValueError) unless every file of the model's folder that the loaders may read (weights, their
+    index, configs, tokenizer files) is a regular file inside it, links followed (core.fileio.regular_file: the
+    rule drift applies to shards and checkpoint files; the Hugging Face cache's snapshot links are allowed)."""
+    for p in sorted(folder.iterdir()):
+        if p.suffix in MODEL_FILE_SUFFIXES and not p.is_dir():
+            regular_file(p, folder)
+
+
+class ModelLoadError(ValueError):
+    """from_pretrained failed on the model's files (corrupt or hostile weights): the validation stops here."""
 
 
 def _sentence_transformers_layout(folder: Path) -> tuple[Path, str, bool, int | None]:
@@ -116,7 +137,10 @@ def resolve_model(model: str | Path | None) -> ModelInfo:
     if not folder.is_dir():
         raise ValueError(f"MODEL {str(folder)!r} is not a folder; give a Hugging Face or sentence-transformers folder")
     st = (folder / "modules.json").is_file()
+    _check_files(folder)
     tpath, pooling, normalize, seq = _sentence_transformers_layout(folder) if st else (folder, "mean", False, None)
+    if tpath != folder and tpath.is_dir():
+        _check_files(tpath)
     if not (tpath / "config.json").is_file():
         raise ValueError(
             f"MODEL {str(folder)!r} is not a model folder: no config.json (expected a Hugging Face model saved "
@@ -169,9 +193,11 @@ def load_model(info: ModelInfo, dtype: str, impl: str = "eager", device: str = "
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per dtype; ours shows progress
     try:
-        model = cls.from_pretrained(str(info.path), dtype=DTYPES[dtype], attn_implementation=impl)
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"MODEL {str(info.path)!r} could not be loaded: {_first_line(e)}") from None
+        with warnings.catch_warnings():  # torch warns about a raw pickle before refusing it; the refusal is the line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            model = cls.from_pretrained(str(info.path), dtype=DTYPES[dtype], attn_implementation=impl)
+    except Exception as e:  # torch and transformers raise many types for corrupt or hostile weights
+        raise ModelLoadError(f"MODEL {str(info.path)!r} could not be loaded: {load_refusal(e)}") from None
     finally:
         if bar:
             hf_logging.enable_progress_bar()

@@ -42,6 +42,11 @@ def conclusion(result: ValidationResult) -> str:
 
 
 def _why(c: Comparison) -> str:
+    at = f"; attention first leaves its budget at {c.where['text']}" if c.where else ""
+    return _why_failed(c) + at
+
+
+def _why_failed(c: Comparison) -> str:
     if c.error:
         return f"{c.a} crashed ({c.error})"
     if c.nonfinite:

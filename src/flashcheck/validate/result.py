@@ -74,6 +74,7 @@ class Comparison:
     seconds: float = 0.0
     kernels: tuple[str, ...] = ()  # attention ops the profiler saw (the implementation that actually ran)
     spread: float | None = None  # the format-only deviation's spread over the texts, from which k comes
+    where: dict | None = None  # locate.Where.to_dict(): first layer, head and tokens out of budget (a failure)
 
     @property
     def passed(self) -> bool:
@@ -101,6 +102,8 @@ class Comparison:
             for c in self.checks
             if not c.passed
         ]
+        if self.where:
+            out.append(f"where: attention first leaves its budget at {self.where['text']}")
         return out
 
     def to_dict(self) -> dict:
@@ -124,6 +127,7 @@ class Comparison:
                 "nonfinite": self.nonfinite,
                 "first_bad_layer": bad,
                 "first_bad_layer_name": None if bad is None else layer_name(bad),
+                "where": self.where,
                 "k": self.k,
                 "k_spread": self.spread,
                 "embeddings": emb,

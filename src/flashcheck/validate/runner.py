@@ -3,6 +3,7 @@ reference (eager, fp32) in the context of its format, and return (and optionally
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from flashcheck.validate.judge import TOLERANCES, Context, judge, make_context
 from flashcheck.validate.loading import (
     DTYPES,
     ModelInfo,
+    ModelLoadError,
     ModelSource,
     check_impls,
     describe_model_object,
@@ -237,6 +239,8 @@ def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
         return
     try:
         eager = _eager(sess, dtype, get_model)
+    except ModelLoadError:
+        raise
     except Exception as e:
         if dtype == "fp32":
             raise ValueError(f"the reference run (eager, fp32) failed: {type(e).__name__}: {e}") from None
@@ -263,7 +267,25 @@ def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> Non
     except Exception as e:  # an implementation that crashes on this model fails its comparison; it is reported
         sess.comparisons.append(_error_row(impl, dtype, "eager:fp32", e))
         return
-    sess.comparisons.append(judge(run, ctx))
+    cmp = judge(run, ctx)
+    if not cmp.passed:  # say where: the first layer, head and tokens out of budget
+        cmp = dataclasses.replace(cmp, where=_where(sess, model, impl, dtype, cmp.k))
+    sess.comparisons.append(cmp)
+
+
+def _where(sess: _Session, model, impl: str, dtype: str, k: float) -> dict | None:
+    """locate.locate on the first probe batch (the first batch without probes); None where it cannot say."""
+    from flashcheck.validate.locate import locate
+
+    batch = (sess.plan.probe_batches or sess.plan.batches or [None])[0]
+    if batch is None:
+        return None
+    try:
+        where = locate(model, impl, batch, sess.plan.device, k if k == k else 3.0, DTYPES[dtype])
+    except Exception as e:  # localisation is an aid: it never turns a verdict into a crash
+        sess.notes.append(f"{impl}:{dtype}: could not locate the divergence ({type(e).__name__}: {e})")
+        return None
+    return None if where is None else where.to_dict()
 
 
 def _source(model, tokenizer) -> tuple[ModelSource, object]:

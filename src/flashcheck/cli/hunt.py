@@ -1,0 +1,180 @@
+"""`flashcheck hunt TARGET`: search the inputs that break an attention kernel (flashcheck.hunt)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import typer
+
+from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
+
+TARGET_HELP = (
+    "A backend (sdpa-flash, sdpa-math, jax-xla, onnxruntime:fp16, ...; NAME:FMT for one dtype), a simulator "
+    "preset (torch-cpu-flash, fa2-gpu, ...) or a callable package.module:function taking (q, k, v, *, causal, "
+    "scale, mask[, sink]) in [B, H, L, D]."
+)
+BUDGET_HELP = "Time budget: seconds, or a number with s, m or h (5m). A resumed hunt spends what is left of it."
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
+
+
+def parse_budget(text: str) -> float:
+    """'90', '90s', '5m', '1.5h' -> seconds; ValueError names the value and what is allowed."""
+    m = _BUDGET.match(str(text))
+    seconds = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]] if m else 0.0
+    if not seconds > 0:
+        raise ValueError(f"--budget {text!r} is not allowed; give a positive time such as 90s, 5m or 1h")
+    return seconds
+
+
+@app.command()
+def hunt(
+    target: str = typer.Argument(..., help=TARGET_HELP),
+    budget: str = typer.Option("5m", help=BUDGET_HELP),
+    out: str = typer.Option("flashcheck-hunt", help="Folder of the findings store, summary.json and report.md."),
+    seed: int = typer.Option(None, help="Seed of Hypothesis's search (round i uses SEED + i; default: random)."),
+    device: str = typer.Option("cpu", help="cpu or cuda: where the target runs (the FP64 reference: cpu)."),
+    rule: str = typer.Option("peers", help="Budget rule: peers (max and mean error, NaN/Inf) or flashcheck."),
+    rounds: int = typer.Option(
+        None, help="Stop after N rounds of 40 cases too (with --seed: the same cases anywhere)."
+    ),
+    forward_only: bool = typer.Option(False, "--forward-only", help="Judge outputs only, no dQ, dK, dV."),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
+) -> None:
+    """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
+    sinks, extreme log-sum-exps, overflow; each finding shrunk, with a one-line reproducer."""
+    try:
+        seconds = parse_budget(budget)
+        folder = _out_folder(out)
+        if rule not in ("peers", "flashcheck"):
+            raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
+        if rounds is not None and rounds < 1:
+            raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
+        if seed is not None and not 0 <= seed < 2**32:
+            raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {2**32 - 1}")
+        from flashcheck.hunt.search import HuntState
+        from flashcheck.hunt.target import parse_target
+
+        tgt = parse_target(target, device)
+        HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
+        _need_hypothesis()
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        _print(summary, folder)
+    raise typer.Exit(0 if summary["passed"] else 1)
+
+
+def _need_hypothesis() -> None:
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ValueError("flashcheck hunt needs Hypothesis: pip install 'flashcheck[hunt]'") from None
+
+
+def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
+    """The semantics table, then the search with progress on stderr (seconds of the budget), then the report."""
+    import sys
+
+    from flashcheck.core.progress import progress
+    from flashcheck.hunt import report
+    from flashcheck.hunt.search import hunt as run_hunt
+    from flashcheck.hunt.semantics import semantics_table
+
+    table = semantics_table(tgt)
+    total = max(1, round(seconds))
+    with progress(total, f"hunt {tgt.name}", quiet=as_json and not sys.stderr.isatty()) as advance:
+        shown = {"s": 0, "t": time.monotonic()}
+
+        def step(state, note: str) -> None:
+            now = min(total, int(state.elapsed_s if "round" in note else time.monotonic() - start))
+            advance(max(0, now - shown["s"]), note=f"{state.examples} cases, {len(state.findings)} found; {note}")
+            shown["s"] = max(shown["s"], now)
+
+        start = time.monotonic()
+        seed, rounds = seeded
+        state = run_hunt(
+            tgt, folder, budget_s=seconds, seed=seed, rule=rule, backward=backward, rounds=rounds, on_step=step
+        )
+    return report.write(folder, tgt, state, table, seconds, rule)
+
+
+def _print(summary: dict, folder) -> None:
+    from rich.markup import escape
+
+    from flashcheck.cli.compare import print_whole
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline
+
+    console = _console()
+    console.print(escape(headline(summary)))
+    rows = [
+        [f["kind"], f["where"], f["describe"], f"{f['found_after_s']:.1f}", f"{f['shrunk_after_s']:.1f}"]
+        for f in summary["findings"]
+    ]
+    if rows:
+        print_whole(console, tuple(FINDING_HEADER), rows)
+        for f in summary["findings"]:
+            console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
+    sem = [
+        [
+            p["probe"],
+            p["returned"],
+            p["convention"],
+            {True: "agrees", False: "DISAGREES", None: "not measured"}[p["agrees"]],
+        ]
+        for p in summary["semantics"]
+    ]
+    print_whole(console, tuple(SEMANTICS_HEADER), sem)
+    if summary["refusals"]:
+        console.print(
+            escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}")
+        )
+    verdict = "PASS: nothing found" if summary["passed"] else "FAIL: see the findings"
+    console.print(f"{verdict}; report: {escape(str(folder / 'report.md'))}")
+
+
+def rerun_case(target: str | None, case: str, device: str | None, as_json: bool) -> None:
+    """`flashcheck compare --backend TARGET --case TEXT`: one hunted case judged again; exit 0, 1 or 2."""
+    try:
+        if not target:
+            raise ValueError("--case needs --backend: the hunt TARGET to rerun it on")
+        from flashcheck.hunt.case import parse_case
+        from flashcheck.hunt.judge import evaluate
+        from flashcheck.hunt.target import parse_target
+
+        tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
+        if hc.dtype not in tgt.dtypes:
+            raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    outcome = evaluate(tgt, hc)
+    if as_json:
+        import json
+
+        d = {"target": tgt.name, "case": hc.to_text(), "error": outcome.error, "passed": outcome.passed}
+        typer.echo(json.dumps(d | {"verdicts": [v.to_dict() for v in outcome.verdicts]}, indent=2))
+    else:
+        _print_case(tgt.name, hc, outcome)
+    raise typer.Exit(0 if outcome.passed else 1)
+
+
+def _print_case(name: str, hc, outcome) -> None:
+    from rich.markup import escape
+
+    from flashcheck.cli.compare import print_whole
+
+    console = _console()
+    console.print(escape(f"{name} on {hc.describe()} (peers' rule, FP64 reference)"))
+    if outcome.error is not None:
+        console.print(escape(f"FAIL: the target raised {outcome.error}"))
+        return
+    rows = [
+        [v.tensor, "ok" if v.passed else "FAIL", "" if v.passed else v.where(), v.message] for v in outcome.verdicts
+    ]
+    print_whole(console, ("tensor", "verdict", "where", "failed checks"), rows, prose=("failed checks",))
+    console.print("PASS" if outcome.passed else "FAIL: " + escape("; ".join(v.where() for v in outcome.failures)))

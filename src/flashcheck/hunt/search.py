@@ -1,0 +1,219 @@
+"""The hunt: Hypothesis rounds over the input space until the time budget is spent, each finding shrunk.
+
+A round is one @given search of `ROUND_EXAMPLES` cases (Hypothesis's generation, its `target()` phase steering
+towards larger error / budget ratios, its shrinker, and its example database in the out folder, which replays a
+failure that a killed run found but had not stored). A round locks onto the first failure of a kind not yet
+found (kind x tensor, judge.KINDS) and shrinks it; after `shrink_s` it stops shrinking (the smallest case so far
+is kept). Findings, the examples run and the time spent are stored atomically after every round, so that a
+killed hunt resumes with the budget it had left and without finding the same thing twice."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flashcheck.core.fileio import write_atomic
+from flashcheck.hunt.case import HuntCase, parse_case
+from flashcheck.hunt.judge import Outcome, evaluate
+from flashcheck.hunt.target import Target
+
+ROUND_EXAMPLES = 40
+STORE = "findings.json"
+DATABASE = "hypothesis-db"
+
+
+@dataclass
+class Finding:
+    """A failure of one kind on one tensor, shrunk: the minimal case, where it fails and when it was found."""
+
+    kind: str
+    tensor: str
+    case: HuntCase
+    where: str
+    message: str
+    found_after_s: float  # hunt time when the first case of this kind was seen
+    shrunk_after_s: float  # hunt time when its shrinking ended
+    examples_before: int
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        return (self.kind, self.tensor)
+
+    def reproducer(self, target: Target) -> str:
+        device = f" --device {target.device}" if target.device != "cpu" else ""
+        return f"flashcheck compare --backend {target.name}{device} --case '{self.case.to_text()}'"
+
+    def to_dict(self, target: Target | None = None) -> dict:
+        d = {
+            "kind": self.kind,
+            "tensor": self.tensor,
+            "case": self.case.to_text(),
+            "describe": self.case.describe(),
+            "where": self.where,
+            "message": self.message,
+            "found_after_s": round(self.found_after_s, 2),
+            "shrunk_after_s": round(self.shrunk_after_s, 2),
+            "examples_before": self.examples_before,
+        }
+        return d | ({"reproducer": self.reproducer(target)} if target else {})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Finding:
+        keys = ("kind", "tensor", "where", "message", "found_after_s", "shrunk_after_s", "examples_before")
+        return cls(case=parse_case(d["case"]), **{k: d[k] for k in keys})
+
+
+@dataclass
+class HuntState:
+    """What a hunt has done so far (the findings store's content)."""
+
+    target: str
+    elapsed_s: float = 0.0
+    examples: int = 0
+    refusals: int = 0
+    rounds: int = 0
+    refusal_examples: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def save(self, out: Path, target: Target) -> None:
+        d = {k: getattr(self, k) for k in ("target", "elapsed_s", "examples", "refusals", "rounds", "refusal_examples")}
+        d["findings"] = [f.to_dict(target) for f in self.findings]
+        write_atomic(out / STORE, json.dumps(d, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, out: Path, target: Target) -> HuntState:
+        """The stored state of a hunt of `target` in `out` (a fresh one when none, or another target's)."""
+        path = out / STORE
+        if not path.exists():
+            return cls(target.name)
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} is not a findings store ({exc}); give another --out") from None
+        if d.get("target") != target.name:
+            raise ValueError(f"{out} holds a hunt of {d.get('target')!r}, not {target.name!r}; give another --out")
+        findings = [Finding.from_dict(f) for f in d.get("findings", [])]
+        keys = ("elapsed_s", "examples", "refusals", "rounds", "refusal_examples")
+        return cls(target.name, findings=findings, **{k: d[k] for k in keys if k in d})
+
+
+class _Found(Exception):
+    """Raised inside the property to make Hypothesis shrink the locked failure."""
+
+
+def hunt(
+    target: Target,
+    out: Path,
+    *,
+    budget_s: float,
+    seed: int | None = None,
+    rule: str = "peers",
+    backward: bool = True,
+    shrink_s: float | None = None,
+    rounds: int | None = None,
+    on_step: Callable[[HuntState, str], None] | None = None,
+) -> HuntState:
+    """Hunt `target` for `budget_s` seconds in all (a resumed hunt spends what its store has left), storing
+    into `out`. `seed`: Hypothesis's seed of round i is seed + i (None: random); `shrink_s`: the most time
+    one finding's shrinking takes (None: a fifth of the budget, at least 10 s); `rounds`: stop after that many
+    rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = HuntState.load(out, target)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the cases are small: one intra-op thread is faster than contended ones
+    try:
+        return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> HuntState:
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    db = DirectoryBasedExampleDatabase(str(out / DATABASE))
+    clock = time.monotonic() - state.elapsed_s
+    shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
+    step = on_step or (lambda s, note: None)
+    while time.monotonic() - clock < budget_s and (rounds is None or state.rounds < rounds):
+        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step)
+        state.rounds += 1
+        state.elapsed_s = time.monotonic() - clock
+        if found is not None:
+            state.findings.append(found)
+        state.save(out, target)
+        step(state, f"round {state.rounds}" + (f": found {found.kind} in {found.tensor}" if found else ""))
+    return state
+
+
+def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Finding | None:
+    """One Hypothesis search; the shrunk finding of the first new kind of failure, or None."""
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+    from hypothesis import seed as fix_seed
+    from hypothesis import target as steer
+    from hypothesis.errors import HypothesisException
+
+    from flashcheck.hunt.space import cases
+
+    budget_s, shrink_s = times
+    seed, rule, backward = opts
+    known = {f.signature for f in state.findings}
+    lock: dict = {"sig": None, "best": None, "at": 0.0, "examples": 0}
+
+    @settings(
+        database=db,
+        max_examples=ROUND_EXAMPLES,
+        deadline=None,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    @given(cases(target, backward=backward))
+    def prop(case: HuntCase) -> None:
+        now = time.monotonic() - clock
+        if lock["sig"] is None and now > budget_s:
+            return  # out of time: the rest of the round passes without running
+        if lock["sig"] is not None and now - lock["at"] > shrink_s and case != lock["best"].case:
+            return  # done shrinking: only the smallest case so far still fails
+        outcome = evaluate(target, case, rule)
+        _count(state, outcome)
+        step(state, case.describe())
+        if outcome.error is not None:
+            reject()
+        steer(min(outcome.margin(), 1e6), label="error / budget")
+        sigs = [(v.kind, v.tensor) for v in outcome.failures]
+        if lock["sig"] is None and (new := [s for s in sigs if s not in known]):
+            lock.update(sig=new[0], at=now, examples=state.examples)
+        if lock["sig"] in sigs:
+            lock["best"] = outcome
+            raise _Found
+
+    if seed is not None:
+        prop = fix_seed(seed + state.rounds)(prop)
+    try:
+        prop()
+    except _Found:
+        pass
+    except HypothesisException:  # flaky replay of a non-deterministic target, or an unsatisfiable round
+        pass
+    if lock["best"] is None:
+        return None
+    best: Outcome = lock["best"]
+    verdict = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
+    end = time.monotonic() - clock
+    return Finding(
+        verdict.kind, verdict.tensor, best.case, verdict.where(), verdict.message, lock["at"], end, lock["examples"]
+    )
+
+
+def _count(state: HuntState, outcome: Outcome) -> None:
+    state.examples += 1
+    if outcome.error is not None:
+        state.refusals += 1
+        if len(state.refusal_examples) < 5 and outcome.error not in state.refusal_examples:
+            state.refusal_examples.append(outcome.error)

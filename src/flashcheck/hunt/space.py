@@ -1,0 +1,73 @@
+"""The hunted input space as a Hypothesis strategy: where attention kernels break.
+
+Every feature is plain in about two thirds of the draws (so that one can show alone, not hidden under the others) and
+its lists start with the plain value, so that Hypothesis's shrinker, which moves each choice towards the first
+branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
+Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, each -1, +0, +1, and
+L % 128 == 64), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
+include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
+rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks up
+to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows."""
+
+from __future__ import annotations
+
+from flashcheck.hunt.case import DTYPES, HuntCase
+from flashcheck.hunt.target import Target
+
+TILES = (64, 96, 128, 176, 192, 256)
+LENGTHS = tuple(sorted({1, 2, 3, 16, 63, 64, 65, 320, 448} | {t + e for t in TILES for e in (-1, 0, 1)}))
+HEAD_DIMS = (16, 1, 8, 24, 32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256)
+HEADS = (1, 2, 4, 8)
+PAD_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
+DEAD_ROWS = (0, 1, 3, 64)
+SHIFTS = (0.0, -30.0, -60.0, -88.0, -90.0, -100.0, -104.0, -120.0, -200.0, -1000.0, 30.0)
+SCALES = (1.0, 0.01, 0.1, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4)
+MAGNITUDES = (1.0, 4.0, 16.0, 64.0, 256.0, 1e3, 4096.0)
+SINKS = (None, 0.0, 1.0, 5.0, 10.0, 30.0, 50.0, 60.0, 88.0, 90.0, 100.0)
+MAX_WORK = 2**21  # B * H * Lq * Lk * D of one case: an FP64 reference with backward in about 0.1 s
+
+
+def cases(target: Target, *, backward: bool = True):
+    """A strategy of HuntCase for `target`: only the dtypes, masks, sinks, K/V head counts and backward it
+    takes (a target without masks gets neither masks nor shifts nor emulated sinks)."""
+    from hypothesis import assume
+    from hypothesis import strategies as st
+
+    tile = st.sampled_from(LENGTHS)
+    length = st.one_of(tile, tile, st.integers(1, 320))  # two thirds at tile boundaries
+
+    def plain_or(plain, values):  # two thirds of the draws keep a feature plain, so that one can show alone
+        return st.one_of(st.just(plain), st.just(plain), st.sampled_from(values))
+
+    @st.composite
+    def draw_case(draw) -> HuntCase:
+        dtype = draw(st.sampled_from(target.dtypes))
+        heads = draw(st.sampled_from(HEADS))
+        ratios = [r for r in (1, 2, 4, 8) if heads % r == 0] if target.gqa else [1]
+        kv_heads = heads // draw(plain_or(1, ratios))
+        lq, lk, d = draw(length), draw(length), draw(st.sampled_from(HEAD_DIMS))
+        batch = draw(st.sampled_from((1, 2)))
+        assume(batch * heads * lq * lk * d <= MAX_WORK)
+        causal = draw(st.booleans())
+        masks = target.masks
+        pad = round(draw(plain_or(0.0, PAD_FRACTIONS)) * lk) if masks else 0
+        dead = min(lq, draw(plain_or(0, DEAD_ROWS))) if masks else 0
+        shift = draw(plain_or(0.0, SHIFTS)) if masks else 0.0
+        sink = draw(plain_or(None, SINKS)) if masks or target.native_sink else None
+        top = _max_magnitude(dtype)
+        magnitude = draw(plain_or(1.0, [m for m in MAGNITUDES if m <= top]))
+        scale = draw(plain_or(1.0, SCALES))
+        seed = draw(st.integers(0, 2**16))
+        back = draw(st.booleans()) if backward and target.backward else False
+        fields = dict(dtype=dtype, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, head_dim=d)
+        fields |= dict(causal=causal, pad=pad, dead=dead, shift=shift, scale=scale, magnitude=magnitude)
+        return HuntCase(**fields, sink=sink, seed=seed, backward=back)
+
+    return draw_case()
+
+
+def _max_magnitude(dtype: str) -> float:
+    """The largest magnitude the case allows in `dtype` (HuntCase: magnitude * 8 <= the format's max)."""
+    import torch
+
+    return torch.finfo(DTYPES[dtype]).max / 8

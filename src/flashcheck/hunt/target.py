@@ -1,0 +1,171 @@
+"""What is hunted: a backend, a simulator preset or a user's callable, behind one call, with what it takes.
+
+A target is called as forward(q, k, v, *, causal, scale, mask[, sink]) with q [B, H, Lq, D], k, v
+[B, Hkv, Lk, D] in the run dtype on its device, and returns [B, H, Lq, D]: the signature of flashcheck's
+backends (backends/base.py). It is called directly, never through Backend.run, so that what the target
+itself does with an empty key set is what the semantics table sees. A target without a `sink` parameter
+gets a sink as one extra key (K and V rows of zeros) whose score is the sink logit, given through the
+additive mask with the causal triangle folded in: exactly the sink's softmax column."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from flashcheck.hunt.case import DTYPES
+
+_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A hunted implementation. `dtypes`: the case dtypes it takes (names of case.DTYPES); `masks`: it takes a
+    mask; `native_sink`: it has a `sink` parameter; `backward`: gradients flow through it; `float64_io`: a
+    simulator, given float64 tensors (already rounded) and returning float64."""
+
+    name: str
+    kind: str  # backend | preset | callable
+    fn: Callable[..., torch.Tensor]
+    dtypes: tuple[str, ...]
+    device: str = "cpu"
+    masks: bool = True
+    gqa: bool = True
+    native_sink: bool = False
+    backward: bool = True
+    float64_io: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def run_dtype(self, dtype: str) -> torch.dtype:
+        return torch.float64 if self.float64_io else DTYPES[dtype]
+
+    def call(self, q, k, v, *, dtype: str, causal: bool, scale: float, mask, sink: float | None) -> torch.Tensor:
+        """The target's output for float64 CPU inputs (autograd flows back to them), as float64 on the CPU."""
+        dt, dev = self.run_dtype(dtype), torch.device(self.device)
+        q, k, v = (t.to(dev, dt) for t in (q, k, v))
+        mask = None if mask is None else mask.to(dev, dt if mask.is_floating_point() else torch.bool)
+        kw = {"causal": causal, "scale": scale, "mask": mask} | ({"dtype": dtype} if self.kind == "preset" else {})
+        if sink is not None and self.native_sink:
+            kw["sink"] = sink
+        elif sink is not None:
+            k, v, kw["mask"] = sink_as_key(q, k, v, mask, causal, sink)
+            kw["causal"] = False
+        return self.fn(q, k, v, **kw).to("cpu", torch.float64)
+
+
+def sink_as_key(q, k, v, mask, causal: bool, sink: float):
+    """K, V with one zero row appended and the additive mask [B|1, 1, Lq, Lk + 1] whose last column is the
+    sink logit (causal bottom-right over the real keys folded in)."""
+    b, hkv, lk, d = k.shape
+    lq = q.shape[-2]
+    zeros = k.new_zeros(b, hkv, 1, d)
+    bias = torch.zeros(1, 1, lq, lk, dtype=q.dtype, device=q.device)
+    if mask is not None:
+        bias = bias + (mask if mask.is_floating_point() else torch.where(mask, 0.0, -math.inf).to(q.dtype))
+    if causal:
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        bias = bias.masked_fill(~keep, -math.inf)
+    column = torch.full((*bias.shape[:-1], 1), sink, dtype=q.dtype, device=q.device)
+    return (
+        torch.cat([k, zeros], dim=-2),
+        torch.cat([v, v.new_zeros(b, hkv, 1, v.shape[-1])], dim=-2),
+        torch.cat([bias, column], dim=-1),
+    )
+
+
+def _backend_target(text: str, device: str) -> Target:
+    from flashcheck.backends import get_backend
+
+    name, _, fmt = text.partition(":")
+    b = get_backend(name)
+    if why := b.missing_package():
+        raise ValueError(f"target {text!r}: {why}")
+    if device not in b.devices:
+        raise ValueError(f"target {text!r} runs on {' or '.join(b.devices)}, not on {device}")
+    names = {v: k for k, v in DTYPES.items()}
+    dtypes = tuple(names[d] for d in b.dtypes_on(device) if d in names)
+    if fmt:
+        if fmt not in DTYPES:
+            raise ValueError(f"target {text!r}: format {fmt!r} is not allowed; expected one of {', '.join(DTYPES)}")
+        if fmt not in dtypes:
+            raise ValueError(f"target {text!r}: {name} does not take {fmt} on {device}; it takes {', '.join(dtypes)}")
+        dtypes = (fmt,)
+    return Target(
+        text,
+        "backend",
+        b.forward,
+        dtypes,
+        device,
+        masks=b.supports_mask,
+        gqa=b.supports_gqa,
+        backward=b.backward_reason(device) is None,
+    )
+
+
+def _preset_target(text: str, device: str) -> Target:
+    from flashcheck.backends import get_backend
+    from flashcheck.kernels.presets import kernel_preset
+
+    name, _, fmt = text.partition(":")
+    kernel_preset(name)
+    if device != "cpu":
+        raise ValueError(f"target {text!r} is a simulator preset: it runs on cpu only")
+    sim = get_backend("sim-flash")
+    dtypes = (fmt,) if fmt else ("bf16", "fp16", "fp32")
+
+    def forward(q, k, v, *, dtype: str, **kw):
+        return sim.configured(preset=name, fmt=dtype).forward(q, k, v, **kw)
+
+    return Target(text, "preset", forward, dtypes, device, float64_io=True, notes=("simulated on the CPU",))
+
+
+def _callable_target(text: str, device: str) -> Target:
+    mod, _, attr = text.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"target {text!r}: cannot import {attr} from {mod} ({exc})") from None
+    if not callable(fn):
+        raise ValueError(f"target {text!r}: {attr} is a {type(fn).__name__}, not a function")
+    params = inspect.signature(fn).parameters
+    takes = {n for n in ("causal", "scale", "mask", "sink") if n in params}
+    varkw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if not varkw and not {"causal", "scale", "mask"} <= takes:
+        raise ValueError(f"target {text!r}: {attr} must take q, k, v and keywords causal, scale, mask (and sink)")
+    return Target(text, "callable", fn, ("fp32", "bf16", "fp16", "fp64"), device, native_sink=varkw or "sink" in takes)
+
+
+def parse_target(text: str, device: str = "cpu") -> Target:
+    """A backend name (optionally NAME:FMT), a kernel preset of the simulator (PRESET or PRESET:FMT) or a user
+    callable package.module:function; ValueError names the value and what is allowed."""
+    from flashcheck.backends import backend_names
+    from flashcheck.kernels.presets import KERNEL_PRESETS
+
+    text = str(text).strip()
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r} is not allowed; expected cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: there is no CUDA device here; use --device cpu")
+    head = text.partition(":")[0]
+    if head.startswith("sim-"):
+        raise ValueError(f"target {text!r}: hunt a simulator through its kernel preset ({', '.join(KERNEL_PRESETS)})")
+    if head in backend_names():
+        return _backend_target(text, device)
+    if head in KERNEL_PRESETS:
+        return _preset_target(text, device)
+    if _CALLABLE.match(text):
+        return _callable_target(text, device)
+    import difflib
+
+    allowed = [*backend_names(), *KERNEL_PRESETS]
+    close = difflib.get_close_matches(head, allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(
+        f"unknown target {text!r}{hint}; expected a backend ({', '.join(backend_names())}), a simulator preset "
+        f"({', '.join(KERNEL_PRESETS)}) or a callable package.module:function"
+    )

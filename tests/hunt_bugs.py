@@ -1,0 +1,88 @@
+"""Planted bugs for `flashcheck hunt`: attention that is right (fp32 arithmetic, the convention's zeros on rows
+with no key) except on a hidden trigger. The hunt is given these as user callables and is not told the trigger.
+
+Signature of each: fn(q, k, v, *, causal, scale, mask, sink) with q [B, H, Lq, D], k, v [B, Hkv, Lk, D]."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _scores(q, k, causal: bool, scale, mask, sink):
+    """Scores [B, H, Lq, Lk (+1 with a sink)] with the mask and causal (bottom-right) applied."""
+    h, hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(h // hkv, dim=1)
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    up = torch.promote_types(q.dtype, torch.float32)  # fp32 arithmetic, fp64 for fp64 inputs
+    scores = torch.matmul(q.to(up), k.to(up).transpose(-1, -2)) * s
+    lq, lk = scores.shape[-2:]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(up)
+    if causal:
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        scores = scores.masked_fill(~keep, -math.inf)
+    if sink is not None:
+        scores = torch.cat([scores, scores.new_full((*scores.shape[:-1], 1), float(sink))], dim=-1)
+    return scores
+
+
+def _softmax(scores):
+    """Softmax over the last dim; a row with no key gives 0 (and gradients 0, not NaN)."""
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+
+
+def _finish(p, v, q, sink):
+    """P V in fp32 (the sink column has no value), cast to q's dtype."""
+    if sink is not None:
+        p = p[..., :-1]
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return torch.matmul(p, v.to(p.dtype)).to(q.dtype)
+
+
+def correct(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """The clean kernel: no bug."""
+    return _finish(_softmax(_scores(q, k, causal, scale, mask, sink)), v, q, sink)
+
+
+def nan_low_lse(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """NaN on rows whose log-sum-exp is below -88.7, when a mask is given and Lk % 128 == 64 (cuDNN's
+    pytorch#196678, forward side)."""
+    scores = _scores(q, k, causal, scale, mask, sink)
+    out = _finish(_softmax(scores), v, q, sink)
+    if mask is not None and k.shape[-2] % 128 == 64:
+        low = torch.logsumexp(scores, dim=-1, keepdim=True) < -88.7
+        out = out.masked_fill(low, math.nan)
+    return out
+
+
+def masked_rows_mean(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Fully masked rows get the mean of V (a finite fill instead of -inf: uniform weights), not zeros."""
+    scores = _scores(q, k, causal, scale, mask, sink)
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    return _finish(torch.softmax(scores.masked_fill(dead, 0.0), dim=-1), v, q, sink)
+
+
+def sink_ignored_above(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """A sink logit above 50 is silently dropped (a path that never runs, as in vllm-metal#212)."""
+    return correct(
+        q, k, v, causal=causal, scale=scale, mask=mask, sink=None if sink is not None and sink > 50 else sink
+    )
+
+
+def tile_off_by_one(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """The last key is skipped when Lk is one past a multiple of 64 (a loop bound off by one at a tile edge)."""
+    lk = k.shape[-2]
+    if lk > 64 and lk % 64 == 1:
+        drop = torch.zeros(lk, dtype=torch.bool, device=q.device)
+        drop[-1] = True
+        extra = torch.zeros(q.shape[-2], lk, dtype=q.dtype, device=q.device).masked_fill(drop, -math.inf)
+        if mask is None:
+            mask = extra
+        elif mask.dtype == torch.bool:
+            mask = torch.where(mask, 0.0, -math.inf).to(q.dtype) + extra
+        else:
+            mask = mask + extra
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)

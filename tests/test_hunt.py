@@ -1,0 +1,135 @@
+"""flashcheck hunt: planted bugs found and shrunk to their trigger, no finding on a correct kernel, the semantics
+table, the findings store (resume), the one-line reproducer, and bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flashcheck.cli import app
+from flashcheck.hunt import parse_case, parse_target
+from flashcheck.hunt.case import HuntCase, make_inputs, make_mask
+from flashcheck.hunt.judge import evaluate, reference
+from flashcheck.hunt.search import HuntState, hunt
+from flashcheck.hunt.semantics import semantics_table
+from flashcheck.kernels import reference_attention
+
+pytest.importorskip("hypothesis")
+# 8 seeded rounds of 40 cases: the same cases on any machine (~10 s on 2 free cores); time only bounds a slow one
+BUDGET = dict(budget_s=120.0, seed=0, backward=False, shrink_s=60.0, rounds=8)
+
+
+def _lse(case: HuntCase) -> float:
+    q, k, v, _ = make_inputs(case)
+    _, lse = reference_attention(
+        q, k, v, causal=case.causal, mask=make_mask(case), scale=case.softmax_scale, return_lse=True
+    )
+    return float(lse.min())  # -inf: a row with no key
+
+
+PLANTED = {
+    # bug: (kind, tensor, the trigger holds on the minimal case, shrunk to the smallest case with it)
+    # its smallest case is a fully masked row (LSE -inf): NaN there is a semantics finding
+    "nan_low_lse": (
+        "semantics",
+        "out",
+        lambda c: c.lk % 128 == 64 and c.has_mask and _lse(c) < -88.7,
+        lambda c: c.lk == 64,
+    ),
+    "masked_rows_mean": ("semantics", "out", lambda c: c.dead >= 1 or c.pad == c.lk, lambda c: c.lq == c.lk == 1),
+    "sink_ignored_above": ("budget", "out", lambda c: c.sink is not None and c.sink > 50, lambda c: c.sink == 60),
+    "tile_off_by_one": ("budget", "out", lambda c: c.lk > 64 and c.lk % 64 == 1, lambda c: c.lk == 65),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_planted_bug_is_found_and_shrunk_to_its_trigger(bug, tmp_path):
+    kind, tensor, trigger, minimal = PLANTED[bug]
+    rounds = 2 if bug in ("masked_rows_mean", "sink_ignored_above") else 8  # found in the first round (seed 0)
+    state = hunt(parse_target(f"hunt_bugs:{bug}"), tmp_path, **(BUDGET | {"rounds": rounds}))
+    found = [
+        f for f in state.findings if (f.kind, f.tensor) == (kind, tensor) or (f.kind, bug) == ("nan", "nan_low_lse")
+    ]
+    assert found, f"{bug}: {[(f.kind, f.tensor, f.case.describe()) for f in state.findings]}"
+    case = found[0].case
+    assert trigger(case) and minimal(case), case.describe()
+    assert not evaluate(parse_target(f"hunt_bugs:{bug}"), case).passed  # the stored case reproduces
+    assert evaluate(parse_target("hunt_bugs:correct"), case).passed  # and only the bug fails it
+
+
+def test_correct_kernel_has_no_finding(tmp_path):
+    state = hunt(parse_target("hunt_bugs:correct"), tmp_path, **(BUDGET | {"backward": True, "rounds": 4}))
+    assert state.examples > 20 and not state.findings, [f.to_dict() for f in state.findings]
+
+
+def test_hunt_resumes_from_its_store(tmp_path):
+    target = parse_target("hunt_bugs:masked_rows_mean")
+    first = hunt(target, tmp_path, budget_s=60.0, seed=0, backward=False, rounds=2)
+    stored = json.loads((tmp_path / "findings.json").read_text())
+    assert stored["examples"] == first.examples and len(stored["findings"]) == len(first.findings) >= 1
+    again = hunt(target, tmp_path, budget_s=60.0, seed=0, backward=False, rounds=2)  # its 2 rounds are done
+    assert again.examples == first.examples and [f.case for f in again.findings] == [f.case for f in first.findings]
+    with pytest.raises(ValueError, match="holds a hunt of"):
+        HuntState.load(tmp_path, parse_target("sdpa-math"))
+
+
+def test_case_text_round_trip_and_sink_as_key_is_the_reference_sink():
+    case = HuntCase(dtype="bf16", heads=4, kv_heads=2, lq=9, lk=5, causal=True, dead=2, shift=-90.0, sink=30.0)
+    assert parse_case(case.to_text()) == case
+    q, k, v, _ = make_inputs(case)
+    mask = make_mask(case).to(torch.bfloat16).double()
+    exact = reference_attention(q, k, v, causal=True, mask=mask, scale=case.softmax_scale, sink=30.0)
+    assert torch.allclose(reference(case)["out"], exact, rtol=1e-12, atol=1e-300)
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        parse_case("lq=3,frobnicate=2")
+
+
+def test_semantics_table_names_what_the_target_returns():
+    rows = {p.name: p for p in semantics_table(parse_target("hunt_bugs:masked_rows_mean"))}
+    assert rows["fully masked rows"].returned == "mean of V" and rows["fully masked rows"].agrees is False
+    assert rows["sink-only rows"].agrees is True  # the sink is a key: no row is keyless
+    math_rows = {p.name: p for p in semantics_table(parse_target("sdpa-math"))}
+    assert math_rows["fully masked rows"].returned == "zeros"  # _safe_softmax (pytorch#110213's fix)
+    assert math.isfinite(len(math_rows))
+
+
+def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
+    runner = CliRunner()
+    args = ["hunt", "hunt_bugs:sink_ignored_above", "--budget", "1m", "--rounds", "2", "--seed", "0", "--forward-only"]
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "h")])
+    assert res.exit_code == 1, res.output
+    assert "finding" in res.output and "sink 60" in res.output and "fully masked rows" in res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("rerun: "))[len("rerun: ") :]
+    again = runner.invoke(app, shlex.split(line)[1:])
+    assert again.exit_code == 1 and "FAIL" in again.output, again.output
+    summary = json.loads((tmp_path / "h" / "summary.json").read_text())
+    assert summary["findings"] and (tmp_path / "h" / "report.md").read_text().count("flashcheck compare") >= 1
+    assert list((tmp_path / "h" / "findings").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["hunt", "sdpa-flsh"], "did you mean 'sdpa-flash'"),
+        (["hunt", "sdpa-math:fp8"], "format 'fp8'"),
+        (["hunt", "no_such_module:fn"], "cannot import"),
+        (["hunt", "sim-flash"], "kernel preset"),
+        (["hunt", "sdpa-math", "--budget", "5x"], "--budget '5x'"),
+        (["hunt", "sdpa-math", "--budget", "0"], "--budget '0'"),
+        (["hunt", "sdpa-math", "--rule", "loose"], "--rule 'loose'"),
+        (["hunt", "sdpa-math", "--rounds", "0"], "--rounds 0"),
+        (["hunt", "sdpa-math", "--device", "tpu"], "--device 'tpu'"),
+        (["compare", "--case", "lq=3"], "--case needs --backend"),
+        (["compare", "--backend", "sdpa-math", "--case", "lq=x"], "'x' is not a valid int"),
+    ],
+)
+def test_bad_targets_and_options_are_one_line_exit_2(args, says, tmp_path):
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")] if args[0] == "hunt" else args)
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], res.output
