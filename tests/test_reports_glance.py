@@ -133,3 +133,22 @@ def test_compare_says_why_the_rounded_inputs_column_equals_the_candidate(tmp_pat
     res = runner.invoke(app, ["compare", "--numerics", "bf16-mixed", "--seq-len", "128", "--heads", "1"])
     assert res.exit_code in (0, 1), res.output
     assert "vs rounded inputs equals" not in res.output  # bf16 inputs: the column differs, nothing to explain
+
+
+def test_the_conclusion_names_only_the_kernels_it_measured():
+    """quick measures fa4-fp8 and fa4-fp4 of the FP8/FP4 question: its sentence ends with them, not with
+    'sage3-fp4 not measured' and 'The stage that causes it ...: not measured'."""
+    from flashcheck.study.modern import modern_sentences
+
+    def f(fid: str, status: str, measured: str = "not measured in this study") -> dict:
+        return {"id": fid, "status": status, "measured": measured, "claim": fid}
+
+    found = [
+        f("modern_fa4-fp8_vs_fa3_fp8", "inconclusive", "flash:fa4-fp8 / flash:fa3-fp8: 1.23x"),
+        f("modern_fa4-fp4_vs_fa3_fp8", "does not hold", "flash:fa4-fp4 / flash:fa3-fp8: 3.67x"),
+        f("modern_sage3-fp4_vs_fa3_fp8", "not measured"),
+        f("modern_fa4-fp8_dominant_stage", "not measured"),
+    ]
+    (text,) = [t for t, section in modern_sentences(found) if section == "modern_lowp"]
+    assert text.endswith("fa4-fp4 flash:fa4-fp4 / flash:fa3-fp8: 3.67x (does not hold).")
+    assert "not measured" not in text
