@@ -140,3 +140,20 @@ def test_every_presets_figures_pass_figure_problems(tmp_path):
         drawn += len(seen)
     assert drawn >= len(_layouts())
     assert not problems, "\n".join(map(str, problems))
+
+
+def test_a_log_axis_within_one_decade_labels_no_minor_tick():
+    """The guide's error_vs_time figure over less than a decade labelled 3x10^-4 and 4x10^-4 on top of one another
+    (found by figure_problems in the tiny study); reporting.figures.log10_axis labels 1, 2, 5 x 10^k only."""
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems, log10_axis
+
+    fig, ax = _axes(4.0)
+    ax.plot([1.5e-4, 9.0e-4], [1e-3, 2e-3], "o-", label="sdpa")
+    ax.set_xscale("log")
+    ax.legend()
+    assert any("x tick labels overlap" in p for p in figure_problems(fig))
+    log10_axis(ax, "x")
+    assert figure_problems(fig) == []
+    plt.close(fig)

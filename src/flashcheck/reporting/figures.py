@@ -73,6 +73,17 @@ def figure(
         plt.close(fig)
 
 
+def log10_axis(ax, which: str = "x") -> None:
+    """A base-10 log axis labelled at 1, 2 and 5 times each power of ten only: matplotlib labels the minor ticks
+    of an axis spanning less than a decade, and 3x10^-4 beside 4x10^-4 pile up (figure_problems reports it)."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def label_axes(ax, *, x: str, y: str, x_unit: str = "", y_unit: str = "") -> None:
     """Axis labels with units in brackets ("sequence length [tokens]")."""
     ax.set_xlabel(f"{x} [{x_unit}]" if x_unit else x)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.reporting.figures import COLOURS, figure
+from flashcheck.reporting.figures import COLOURS, figure, log10_axis
 from flashcheck.reporting.verdicts import Estimate
 
 ROW_INCHES = 0.3  # height of one row: tick labels at 9 pt stay apart
@@ -50,11 +50,7 @@ def _draw_panel(ax, panel: Panel, x_label: str) -> None:
     ax.set_yticks(ys, [label for label, _ in panel.rows], fontsize=9)
     ax.set_ylim(-0.7, len(ys) - 0.3)
     if all(v > 0 for v in values if math.isfinite(v)):
-        from matplotlib.ticker import LogLocator, NullFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks piled up within one decade
+        log10_axis(ax, "x")  # labelled minor ticks piled up within one decade
     ax.set_xlabel(x_label)
     ax.set_ylabel("policy variant")
     ax.set_title(panel.title, fontsize=10)
