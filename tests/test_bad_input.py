@@ -377,6 +377,16 @@ JUDGE = [
     r("judge-unknown-flag", "judge {st_ok} --no-such-flag", "--no-such-flag"),
 ]
 
+HUNT = [
+    r("hunt-target-unknown", "hunt nosuch", "'nosuch'", "sdpa-math"),
+    r("hunt-target-empty", "hunt ''", "unknown target ''"),
+    r("hunt-callable-missing", "hunt nomod:fn", "'nomod:fn'", "nomod"),
+    r("hunt-format-unknown", "hunt sdpa-math:fp99", "'fp99'", "bf16"),
+    r("hunt-budget-zero", "hunt sdpa-math --budget 0s", "--budget", "'0s'"),
+    r("hunt-budget-text", "hunt sdpa-math --budget xyz", "'xyz'", "5m"),
+    r("hunt-rounds-negative", "hunt sdpa-math --rounds -1", "--rounds", "-1"),
+]
+
 ROWS = [
     *COMPARE,
     *JUDGE,
@@ -391,6 +401,7 @@ ROWS = [
     *MUTANTS,
     *PREDICT,
     *VALIDATE,
+    *HUNT,
 ]
 SUBPROCESS = {  # a few as real processes (each pays torch's import, several seconds)
     "compare-seq-len-10M",

@@ -87,8 +87,17 @@ def report(
     folder: str = typer.Argument(..., metavar="FOLDER", help="A study folder (--out of `flashcheck study`)."),
 ) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
+    from flashcheck.core.lock import lock_holder
     from flashcheck.study.guide_report import build_guide_report, is_guide_folder
     from flashcheck.study.report import build_report
+
+    if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
+        _console(stderr=True).print(
+            f"note: {folder} is in use by {holder}, still running: this report covers the records stored so far "
+            "(the study writes the full report when it finishes)",
+            markup=False,
+            highlight=False,
+        )
 
     if is_guide_folder(folder):
         _print_guide(_guarded(lambda: _room(build_guide_report, folder)), None, folder)

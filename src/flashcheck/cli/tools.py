@@ -129,7 +129,9 @@ def explain(
         )
         with _progress(steps(pol), "explain", as_json) as advance:
             attr = attribute(pol, spec, kernel=kernel.value, causal=causal, metric=metric, on_step=advance, **kern)
-        (folder / "figures").mkdir(parents=True, exist_ok=True)
+        from flashcheck.core.fileio import make_folder
+
+        make_folder(folder / "figures", "the figures folder")
     except ValueError as exc:
         _fail_usage(str(exc))
     except OSError as exc:

@@ -185,7 +185,7 @@ def captured_qkv(
 
 def model_layers(model: str) -> int:
     """How many attention layers `model` has (from its config; no forward)."""
-    import json
+    from flashcheck.core.modelconfig import read_model_config
 
-    cfg = json.loads((model_path(model) / "config.json").read_text(encoding="utf-8"))
+    cfg = read_model_config(model_path(model) / "config.json")
     return int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.core.jsonguard import read_json
 
 PIN_VERSION = 1
 # Keys compared by check_pin; "platform" details such as the hostname are deliberately not recorded.
@@ -70,8 +71,8 @@ def read_pin(path: str | Path) -> dict:
     if not path.is_file():
         raise ValueError(f"pin file {str(path)!r} does not exist; write one with --pin FILE")
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = read_json(path, "a pin file")
+    except (OSError, ValueError) as e:
         raise ValueError(f"pin file {str(path)!r} is not valid JSON: {e}") from None
     if (
         not isinstance(doc, dict)

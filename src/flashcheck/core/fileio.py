@@ -5,6 +5,11 @@ so a reader never sees half a file. The temporary file is created with mode 0o66
 mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600.
 A full disk (ENOSPC, EDQUOT; or any error of a writer such as torch.save while under LOW_ROOM bytes are
 free) raises DiskFull naming the file, with nothing half-written left behind.
+
+Nothing is written, truncated, appended to or deleted through a link the tool did not make: every file the tool
+writes or keeps (locks, store files, reports, atomic targets) is opened with O_NOFOLLOW as a regular file
+(`open_plain`), an atomic write refuses a target that is a link, and a folder it writes into (a run folder,
+figures/) is refused when it is a link (`make_folder`): LinkRefused, a ValueError of one line.
 """
 
 from __future__ import annotations
@@ -30,6 +35,75 @@ class DiskFull(OSError):
 
     def __reduce__(self) -> tuple:  # from a pool worker to its parent intact
         return DiskFull, (str(self.path), self.needed, self.errno)
+
+
+class LinkRefused(ValueError):
+    """A path the tool writes or keeps is a symbolic link (or not a regular file / folder): refused, one line."""
+
+
+def _refusal(path: str | Path, what: str, why: str) -> LinkRefused:
+    return LinkRefused(
+        f"{str(path)!r} ({what}) is {why}; flashcheck writes and reads its own files only as plain files it made, "
+        "never through a link: remove it, or use another --out folder"
+    )
+
+
+def refuse_link(path: str | Path, what: str = "a file flashcheck writes") -> None:
+    """LinkRefused when `path` itself (its last component, not followed) is a symbolic link; absent is fine."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _refusal(path, what, "a symbolic link")
+
+
+def open_plain(path: str | Path, flags: int, mode: int = 0o666, what: str = "a file flashcheck writes") -> int:
+    """os.open(path, flags, mode) that never follows a link at `path` (O_NOFOLLOW) and gives only a regular file
+    (a FIFO or device is refused, opened without blocking): LinkRefused otherwise. `mode` applies when the file
+    is created (less the umask, as open() does)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refusal(path, what, "a symbolic link") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO without a reader, a folder
+            raise _refusal(path, what, "not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _refusal(path, what, "not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_plain(path: str | Path, what: str = "a file flashcheck reads back") -> bytes:
+    """The bytes of the regular file `path`, not followed when it is a link (LinkRefused)."""
+    fd = open_plain(path, os.O_RDONLY, what=what)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def make_folder(path: str | Path, what: str = "a folder flashcheck writes into") -> Path:
+    """mkdir -p `path`; LinkRefused when `path` itself is a symbolic link (its parents are the user's to choose) or
+    not a folder."""
+    path = Path(path)
+    refuse_link(path, what)
+    path.mkdir(parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise _refusal(path, what, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder")
+    return path
+
+
+def remove_plain(path: str | Path) -> None:
+    """Delete `path` when it is a regular file (a temporary file of a killed write); a link or anything else is
+    left alone (it is not the tool's)."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def load_refusal(exc: BaseException) -> str:
@@ -62,8 +136,10 @@ def full_error(exc: OSError, path: str | Path, needed: int | None = None) -> OSE
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets."""
+    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets; LinkRefused when
+    `path` is a symbolic link."""
     path = Path(path)
+    refuse_link(path)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = _create_temp(path)
     try:
@@ -82,8 +158,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
 @contextlib.contextmanager
 def atomic_target(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path (same folder and suffix) to write by name, e.g. `torch.save` or
-    `fig.savefig`; on normal exit it replaces `path` atomically, on an exception it is removed."""
+    `fig.savefig`; on normal exit it replaces `path` atomically, on an exception it is removed. LinkRefused
+    when `path` is a symbolic link."""
     path = Path(path)
+    refuse_link(path)
     fd, tmp = _create_temp(path)
     os.close(fd)
     try:

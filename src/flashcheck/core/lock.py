@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flashcheck.core.fileio import open_plain
+
 LOCK_NAME = ".flashcheck.lock"
 
 
@@ -20,9 +22,10 @@ class FolderLocked(ValueError):
 def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
     """Hold an advisory lock (flock) on `folder` for the duration; FolderLocked naming the holder's
     command and PID when another process has it. The kernel releases it when the holder dies, even by
-    SIGKILL. `command` (study, train-study) is what this holder is called in the lock file."""
+    SIGKILL. `command` (study, train-study) is what this holder is called in the lock file. A lock file that is a
+    symbolic link is refused (LinkRefused): its target is never truncated."""
     path = Path(folder) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644, what="the folder's lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -37,5 +40,25 @@ def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n{command}\n".encode(), 0)
         yield
+    finally:
+        os.close(fd)
+
+
+def lock_holder(folder: str | Path) -> str | None:
+    """The holder, "flashcheck COMMAND (PID n)", when another process holds `folder`'s lock now (a study still
+    writing it), else None (no lock file, a free one, or one that is not a plain file: no link is followed)."""
+    try:
+        fd = open_plain(Path(folder) / LOCK_NAME, os.O_RDONLY, what="the folder's lock")
+    except (OSError, ValueError):
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            pid, _, other = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")
+            return f"flashcheck {other.strip() or 'study'} (PID {pid.strip() or 'unknown'})"
+        return None
     finally:
         os.close(fd)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.core.jsonguard import read_json
 from flashcheck.hunt.case import HuntCase, parse_case
 from flashcheck.hunt.judge import Outcome, evaluate
 from flashcheck.hunt.target import Target
@@ -90,9 +91,11 @@ class HuntState:
         if not path.exists():
             return cls(target.name)
         try:
-            d = json.loads(path.read_text())
+            d = read_json(path, "a hunt's findings", follow=False)  # bounded nesting, never through a link
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path} is not a findings store ({exc}); give another --out") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} is not a findings store (a JSON {type(d).__name__}); give another --out")
         if d.get("target") != target.name:
             raise ValueError(f"{out} holds a hunt of {d.get('target')!r}, not {target.name!r}; give another --out")
         findings = [Finding.from_dict(f) for f in d.get("findings", [])]

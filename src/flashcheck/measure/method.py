@@ -142,9 +142,16 @@ class Method:
             return self.runner(causal=causal)(*self.prepare(q, k, v)).detach().double().cpu()
 
     def rounding_key(self) -> tuple | None:
-        """What the method's rounded inputs depend on (None: they are the original inputs)."""
-        if not self.is_simulator:  # the same key as a simulator policy whose inputs are in fmt
-            return None if self.fmt == Format.FP64 else (self.fmt, "tensor", False, None)
+        """What the method's rounded inputs depend on (None: they are the original inputs). Two methods share a
+        key only when rounded_inputs gives both the same bits: a backend rounds float64 straight to its format,
+        a simulator through its working dtype (float64 -> float32 -> fp16 can round twice), so the working dtype
+        is part of the key (sdpa-math:fp16 and flash:fp16-mixed differ in about 1 element in 30,000)."""
+        if not self.is_simulator:  # the key of a simulator policy whose inputs are fmt, rounded from float64
+            if self.fmt == Format.FP64:
+                return None
+            if self.fmt in FP8_FORMATS:  # rounded_inputs gives the inputs as they are (the backend scales them)
+                return (self.fmt, "as-given")
+            return (self.fmt, "tensor", False, None, torch.float64)
         pol = self.policy
         if pol.input == Format.FP64 and not pol.hadamard:
             return None
@@ -152,8 +159,8 @@ class Method:
         blocks = (self.block_q, self.block_k) if fp8_block else None
         if pol.knobs():  # quantized inputs depend on the knobs and on both block sizes
             knobs = sorted(pol.knobs().items())
-            return (pol.input, pol.fp8_scaling, pol.hadamard, (self.block_q, self.block_k), *knobs)
-        return (pol.input, pol.fp8_scaling, pol.hadamard, blocks)
+            return (pol.input, pol.fp8_scaling, pol.hadamard, (self.block_q, self.block_k), pol.work_dtype, *knobs)
+        return (pol.input, pol.fp8_scaling, pol.hadamard, blocks, pol.work_dtype)
 
     def rounded_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Q, K, V as the method actually sees them, float64 (its kernel error is measured against these)."""

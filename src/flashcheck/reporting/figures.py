@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from flashcheck.core.fileio import atomic_target, make_folder
+
 COLOURS = (
     "#1f77b4",
     "#d62728",
@@ -67,8 +69,9 @@ def figure(
     try:
         yield fig, flat[0] if len(flat) == 1 else flat
         fig.tight_layout()
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
+        make_folder(Path(path).parent, "a report's figures folder")
+        with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
     finally:
         plt.close(fig)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from flashcheck.core.fileio import make_folder
 from flashcheck.reporting.verdicts import (
     EQUIVALENCE_MARGIN,
     MIN_N,
@@ -193,7 +194,7 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
     words = {PAPER: "all bf16 (the paper's policy)", MIXED: "bf16-mixed: fp32 statistics (real kernels)"}
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "the study's figures folder")
     tmp = path.with_suffix(".tmp.png")
     style = Styler()
     spread = [p.ratio_estimate().n >= 2 for ps in series.values() for p in ps]

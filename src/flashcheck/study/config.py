@@ -304,6 +304,10 @@ def load_config(path: str | Path) -> StudyConfig:
         raise ValueError(f"config file {str(p)!r} does not exist") from None
     except OSError as exc:
         raise ValueError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
+    from flashcheck.core.jsonguard import MAX_FILE_NESTING, nesting_problem
+
+    if problem := nesting_problem(raw, MAX_FILE_NESTING):  # tomllib recurses too: RecursionError past ~1000
+        raise ValueError(f"config file {str(p)!r} {problem.split(' (')[0]}; a study's TOML nests a few levels")
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from flashcheck.core.fileio import make_folder
 from flashcheck.reporting import Styler, figure, matplotlib_available
 from flashcheck.reporting.verdicts import Estimate, mean_interval
 from flashcheck.study.cases import CaseRecord
@@ -26,7 +27,7 @@ def draw_figures(
     is not installed."""
     if not matplotlib_available():
         return {}
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "the study's figures folder")
     paths = {}
     for sw in config.sweeps:
         points = sweep_points(sw, records) if sw.question not in skip else []

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import write_atomic
+from flashcheck.core.jsonguard import read_json
 from flashcheck.core.load import load_average, load_record
 from flashcheck.core.progress import progress
 from flashcheck.study import guide_measure as gm
@@ -115,7 +116,7 @@ def read_settings(folder: str | Path) -> GuideSettings:
     """The settings a guide folder was measured with (guide.json); ValueError when absent or damaged."""
     path = Path(folder) / SETTINGS_FILE
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "the guide's settings", follow=False)
         fields = {f.name for f in dataclasses.fields(GuideSettings)}
         data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
         return GuideSettings(**data)

@@ -4,12 +4,13 @@ study.figures."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
 from flashcheck.study.answer import answer, draw_headline, measured_first, not_asked, verdict_rows
-from flashcheck.study.cases import Case, CaseRecord
+from flashcheck.study.cases import Case, CaseRecord, expand
 from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
@@ -81,6 +82,20 @@ def _load_config(folder: Path) -> StudyConfig:
     return StudyConfig.from_dict(data, str(folder / "study.json"))
 
 
+def _of_this_study(records: dict[str, CaseRecord], config: StudyConfig, folder: Path) -> dict[str, CaseRecord]:
+    """The records of cases in the study's configuration (study.json); others (a line added by hand: the study
+    never writes one) are left out of the report with a warning naming how many and one of them."""
+    known = {c.case_id for c in expand(config)}
+    extra = [r for k, r in records.items() if k not in known]
+    if extra:
+        warnings.warn(
+            f"{folder / 'records.jsonl'}: {len(extra)} record(s) of cases this study does not have (study.json), "
+            f"e.g. {case_label(extra[0].case)}: left out of the report",
+            stacklevel=2,
+        )
+    return {k: r for k, r in records.items() if k in known}
+
+
 def case_label(c: Case) -> str:
     """One line naming a case: method, sizes, tiles, inputs, seed."""
     tiles = f" tiles {c.block_q}x{c.block_k}" if c.block_q else ""
@@ -114,7 +129,7 @@ def build_report(folder: str | Path) -> dict:
         raise ValueError(f"folder {str(folder)!r} is empty; give a study folder (the --out of `flashcheck study`)")
     folder = Path(folder)
     config = _load_config(folder)
-    records = ResultStore(folder).load()
+    records = _of_this_study(ResultStore(folder).load(), config, folder)
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 import warnings
 from pathlib import Path
@@ -15,7 +16,14 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
 from flashcheck.study.guide import is_guide, run_tasks_locked
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
-from flashcheck.study.store import DamagedFile, ResultStore, append_line, folder_lock, read_study_json
+from flashcheck.study.store import (
+    DamagedFile,
+    ResultStore,
+    append_line,
+    check_store_files,
+    folder_lock,
+    read_study_json,
+)
 
 MAX_WORKERS = 256
 PROGRESS_EVERY_S = 5.0  # plain progress lines off a terminal, at most this often
@@ -28,10 +36,12 @@ def prepare_out(out: str | Path) -> Path:
     if not str(out).strip():
         raise ValueError(f"--out {str(out)!r} is empty; give a folder for the study")
     path = Path(out)
-    probe = path / ".write-test"
+    probe = path / f".write-test.{secrets.token_hex(6)}"  # a fresh name: never a link someone left there
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.write(fd, b"ok")
+        os.close(fd)
         probe.unlink()
     except OSError as exc:
         if is_full(exc):
@@ -122,6 +132,7 @@ def run_study(
         check_ray_address(ray_address)
     path = prepare_out(out)
     with folder_lock(path):
+        check_store_files(path)
         save_config(path, config)
         stats = _run_locked(config, path, workers, executor, ray_address, quiet, device)
         if config.guide is None:

@@ -3,7 +3,9 @@
 Reading never changes a file: a damaged line is dropped with a warning naming the file and line.
 Writing appends whole lines with fsync (or replaces a file atomically), so a kill loses at most the
 line being written, and a full disk none (the file is cut back to its last whole line: DiskFull).
-A study run removes lines that are not JSON with a warning, keeping their text in records.jsonl.dropped.
+A study run removes lines that are not JSON with a warning, keeping their text in records.jsonl.dropped (created
+with records.jsonl's own mode, so a private file stays private). A store file that is a symbolic link is refused
+(fileio.LinkRefused): nothing is read or written through it.
 For each case an `ok` record is final; otherwise the last record wins.
 """
 
@@ -14,11 +16,23 @@ import os
 import warnings
 from pathlib import Path
 
-from flashcheck.core.fileio import full_error, write_atomic
+from flashcheck.core.fileio import full_error, open_plain, read_plain, refuse_link, write_atomic
+from flashcheck.core.jsonguard import loads_bounded
 from flashcheck.core.lock import LOCK_NAME, FolderLocked, folder_lock  # noqa: F401  (the study folder's lock)
 from flashcheck.study.cases import CaseRecord
+from flashcheck.study.recordcheck import record_problem
 
 DROPPED_SUFFIX = ".dropped"  # records.jsonl.dropped: the text of the lines repair() removed
+
+
+STORE_FILES = ("records.jsonl", "records.jsonl.dropped", "runs.jsonl", "study.json", "guide.jsonl", "guide.json")
+
+
+def check_store_files(folder: str | Path) -> None:
+    """LinkRefused (one line) when a store file of `folder` is a symbolic link: checked before a study computes
+    anything, so it is refused at once, not after its cases."""
+    for name in STORE_FILES:
+        refuse_link(Path(folder) / name, "a file of the study's store")
 
 
 class DamagedFile(ValueError):
@@ -27,18 +41,38 @@ class DamagedFile(ValueError):
 
 def _check_file(path: Path, what: str) -> bool:
     """True when `path` is a file to read; False when absent; ValueError when it is a directory."""
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise ValueError(f"{str(path)!r} is a directory; expected the study's {what} file")
-    return path.exists()
+    return path.exists() or path.is_symlink()
 
 
 def _read_bytes(path: Path, what: str) -> bytes | None:
     if not _check_file(path, what):
         return None
     try:
-        return path.read_bytes()
+        return read_plain(path, f"the study's {what} file")
     except OSError as exc:
         raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def parse_record_line(line: bytes, where: str) -> tuple[dict | None, str | None]:
+    """(the record's object, None) for a line that holds a record, else (None, why): not JSON, nested too deep,
+    or the first field that breaks the schema (study.recordcheck)."""
+    try:
+        d = loads_bounded(line, where, constants=True)
+    except ValueError as exc:
+        return None, "not JSON" if "not JSON" in str(exc) else str(exc).removeprefix(where + " ")
+    why = record_problem(d)
+    return (None, why) if why is not None else (d, None)
+
+
+def _numbers(rec: CaseRecord) -> str:
+    return json.dumps([rec.errors, rec.errors_rounded, rec.stats], sort_keys=True)
+
+
+def _label(rec: CaseRecord) -> str:
+    c = rec.case
+    return f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}"
 
 
 def _warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
@@ -58,9 +92,9 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: brackets nested too deep to parse
-            bad.append((n, f"not JSON: {type(exc).__name__}"))
+            obj = loads_bounded(line, f"line {n}", constants=True)
+        except ValueError as exc:  # not JSON, or brackets nested too deep for the recursive parser
+            bad.append((n, "not JSON" if "not JSON" in str(exc) else str(exc).removeprefix(f"line {n} ")))
             continue
         if isinstance(obj, dict):
             out.append((n, obj))
@@ -76,11 +110,13 @@ def append_line(path: str | Path, line: str) -> None:
     append_bytes(path, line.encode() + b"\n")
 
 
-def append_bytes(path: str | Path, data: bytes) -> None:
+def append_bytes(path: str | Path, data: bytes, mode: int = 0o666) -> None:
     """Append `data` (whole lines) and fsync, whole or not at all: on a failed write (a full disk: DiskFull)
-    the file is cut back to its size before. A previous half-written line (no newline) is closed first."""
+    the file is cut back to its size before. A previous half-written line (no newline) is closed first. A new
+    file gets `mode` less the umask; a symbolic link is refused (LinkRefused), its target untouched."""
     path = Path(path)
-    with path.open("ab+", buffering=0) as f:
+    fd = open_plain(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, mode)
+    with os.fdopen(fd, "ab+", buffering=0) as f:
         size = f.seek(0, os.SEEK_END)
         if size:
             f.seek(-1, os.SEEK_END)
@@ -109,25 +145,37 @@ class ResultStore:
         self.dropped = 0
 
     def load(self) -> dict[str, CaseRecord]:
-        """Records by case_id (ok is final, else the last wins). Read-only: damaged lines and lines
-        this version cannot interpret are dropped with a warning, and left in the file."""
+        """Records by case_id (ok is final, else the last wins). Read-only: damaged lines and lines that break
+        the record schema (study.recordcheck) are dropped with a warning naming each, and left in the file; the
+        same case twice with different numbers is a warning naming the lines and the one kept."""
         records: dict[str, CaseRecord] = {}
+        lines: dict[str, int] = {}
         bad: list[tuple[int, str]] = []
+        clashes: list[str] = []
         data = _read_bytes(self.path, "records")
         for n, line in enumerate((data or b"").split(b"\n"), 1):
             if not line.strip():
                 continue
-            try:
-                rec = CaseRecord.from_dict(json.loads(line))
-            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-                bad.append((n, type(exc).__name__))
+            d, why = parse_record_line(line, f"line {n}")
+            if why is not None:
+                bad.append((n, why))
                 continue
+            rec = CaseRecord.from_dict(d)
             prev = records.get(rec.case_id)
+            if prev is not None and prev.status == "ok" and rec.status == "ok" and _numbers(prev) != _numbers(rec):
+                clashes.append(f"lines {lines[rec.case_id]} and {n} ({_label(rec)}): line {lines[rec.case_id]} kept")
             if prev is None or prev.status != "ok":
-                records[rec.case_id] = rec
+                records[rec.case_id], lines[rec.case_id] = rec, n
         self.dropped = len(bad)
         if bad:
             _warn_dropped(self.path, bad, "those cases will be recomputed")
+        if clashes:
+            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+            warnings.warn(
+                f"{self.path}: {len(clashes)} case(s) recorded twice as ok with different numbers: "
+                f"{'; '.join(clashes[:5])}{more} (the first ok record is final)",
+                stacklevel=2,
+            )
         return records
 
     @property
@@ -136,10 +184,10 @@ class ResultStore:
         return self.path.with_name(self.path.name + DROPPED_SUFFIX)
 
     def repair(self) -> int:
-        """Remove lines that are not JSON (half-written by a kill) atomically, with a warning naming the
-        file and lines; their text is appended to `dropped_path` first, so nothing is lost. Every JSON
-        line is kept, understood or not. Only a study run holding the folder's lock calls this. Returns
-        lines removed."""
+        """Remove lines that are not JSON (half-written by a kill) or break the record schema (forged or
+        mistyped) atomically, with a warning naming the file, lines and why; their text is appended to
+        `dropped_path` first (with records.jsonl's own mode), so nothing is lost. Only a study run holding the
+        folder's lock calls this. Returns lines removed."""
         data = _read_bytes(self.path, "records")
         if not data:
             return 0
@@ -147,15 +195,14 @@ class ResultStore:
         for n, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
-            try:
-                json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                bad.append((n, f"not JSON: {type(exc).__name__}"))
+            _, why = parse_record_line(line, f"line {n}")
+            if why is not None:
+                bad.append((n, why))
                 removed.append(line + b"\n")
                 continue
             keep.append(line + b"\n")
-        if removed:
-            append_bytes(self.dropped_path, b"".join(removed))
+        if removed:  # kept aside with the source's own permissions (a private records.jsonl stays private)
+            append_bytes(self.dropped_path, b"".join(removed), mode=os.stat(self.path).st_mode & 0o777)
         if removed or not data.endswith(b"\n"):
             write_atomic(self.path, b"".join(keep))
         if bad:
@@ -173,9 +220,9 @@ def read_study_json(folder: str | Path) -> dict | None:
     if data is None:
         return None
     try:
-        obj = json.loads(data)
+        obj = loads_bounded(data, f"{str(path)!r}")
     except ValueError as exc:
-        raise DamagedFile(f"{str(path)!r} is damaged ({exc})") from None
+        raise DamagedFile(f"{str(path)!r} is damaged ({str(exc).removeprefix(repr(str(path)) + ' ')})") from None
     if not isinstance(obj, dict):
         raise DamagedFile(f"{str(path)!r} is damaged: a JSON {type(obj).__name__}, not an object")
     return obj

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 
-from flashcheck.core.fileio import DiskFull, full_error, write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, make_folder, refuse_link, write_atomic
+from flashcheck.core.jsonguard import read_json
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.training.drift import compare_series
 from flashcheck.training.lossgap import context_free_loss, loss_gaps, sentence
@@ -162,7 +163,7 @@ def run_train_study(
 
     out = Path(out)
     try:
-        (out / "runs").mkdir(parents=True, exist_ok=True)
+        make_folder(out / "runs", "the folder of a train-study's runs")
     except OSError as exc:
         raise ValueError(f"--out {str(out)!r} is not writable: {exc.strerror or exc}") from None
     with folder_lock(out, "train-study"):  # a second train-study on `out` is refused at once, naming this one
@@ -200,6 +201,8 @@ def train_runs(
     whose steps come back through a queue: on_progress(steps done, steps of these runs, note)."""
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ValueError(f"workers={workers!r} is not allowed; it must be a positive integer")
+    for r in runs:  # a run folder that is a link is refused before any run starts
+        refuse_link(Path(out) / "runs" / r.name, "a run folder")
     todo = [(r, str(Path(out) / "runs" / r.name)) for r in runs if not run_complete(Path(out) / "runs" / r.name, r)]
     if todo:
         _train_all(todo, workers or os.cpu_count() or 1, on_progress)
@@ -306,7 +309,8 @@ def analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str],
     tell(0, parts, "comparing the weights of each pair")
     curves = _curves(study, out, lambda done, note: tell(done, parts, f"pair {note}"))
     r = ratios(curves)
-    losses = {run.name: json.loads((out / "runs" / run.name / "losses.json").read_text()) for run in study.runs}
+    runs = out / "runs"
+    losses = {x.name: read_json(runs / x.name / "losses.json", "a run's losses", follow=False) for x in study.runs}
     summary = {
         "study": study.name,
         "conditions": _conditions(study),

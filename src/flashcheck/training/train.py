@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import atomic_target, load_refusal, write_atomic
+from flashcheck.core.fileio import atomic_target, load_refusal, make_folder, open_plain, remove_plain, write_atomic
+from flashcheck.core.jsonguard import read_json
 from flashcheck.training.data import TokenStream, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
 
@@ -92,10 +93,14 @@ def _config_json(cfg: RunConfig) -> dict:
 def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
     """True when the run's completion marker (written after every other file of the run) names cfg and
     its losses.json is there (a run whose files were deleted by hand is resumed from state.pt)."""
+    if Path(run_dir).is_symlink():  # never complete: training it refuses the link (LinkRefused)
+        return False
     try:
-        marker = json.loads((Path(run_dir) / MARKER).read_text())
-        losses = json.loads((Path(run_dir) / "losses.json").read_text())
-    except (OSError, ValueError):
+        marker = read_json(Path(run_dir) / MARKER, "a run's completion marker", follow=False)
+        losses = read_json(Path(run_dir) / "losses.json", "a run's losses", follow=False)
+    except (OSError, ValueError):  # absent, damaged or a link: not complete (a link is refused when training)
+        return False
+    if not isinstance(losses, list):
         return False
     return isinstance(marker, dict) and marker.get("config") == _config_json(cfg) and len(losses) == cfg.steps
 
@@ -103,9 +108,12 @@ def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
 @contextmanager
 def _claim(cfg: RunConfig, run_dir: Path) -> Iterator[None]:
     """Hold the run folder (an flock, released by the kernel if this process dies), check that it holds this
-    run (config.json; written when new) and remove temporary files that killed writes left."""
-    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    run (config.json; written when new) and remove temporary files that killed writes left. A run folder, its
+    weights/ or its lock that is a symbolic link is refused (LinkRefused): nothing is written through it."""
+    make_folder(run_dir.parent, "the folder of a train-study's runs")
+    make_folder(run_dir, "a run folder")
+    make_folder(run_dir / "weights", "a run's weights folder")
+    fd = open_plain(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644, what="a run's lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,7 +124,7 @@ def _claim(cfg: RunConfig, run_dir: Path) -> Iterator[None]:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _check_config(cfg, run_dir / "config.json")
         for tmp in [*run_dir.glob(".*.tmp*"), *(run_dir / "weights").glob(".*.tmp*")]:
-            tmp.unlink(missing_ok=True)
+            remove_plain(tmp)  # a link of that name is not the tool's: left alone
         yield
     finally:
         os.close(fd)
@@ -126,12 +134,12 @@ def _check_config(cfg: RunConfig, path: Path) -> None:
     """config.json must name this run; only `steps` may differ (a run extended to more steps: _train
     rewrites it once the saved state is known to be at most that far)."""
     new = _config_json(cfg)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         write_atomic(path, json.dumps(new, indent=2))
         return
     try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        old = read_json(path, "a run's configuration", follow=False)
+    except (OSError, ValueError) as exc:  # LinkRefused is a ValueError
         raise ValueError(f"{str(path)!r} cannot be read ({exc}); delete its run folder to train again") from None
     if old != new:
         old = old if isinstance(old, dict) else {}
@@ -158,7 +166,7 @@ def train(
     run_dir = Path(run_dir)
     with _claim(cfg, run_dir):
         if run_complete(run_dir, cfg):
-            losses = json.loads((run_dir / "losses.json").read_text())
+            losses = read_json(run_dir / "losses.json", "a run's losses", follow=False)
             return {"losses": losses, "steps": cfg.steps, "resumed_from": cfg.steps}
         threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -178,7 +186,9 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
     start, losses = _resume(run_dir, cfg.steps, model, opt, scaler)
-    if json.loads((run_dir / "config.json").read_text()) != _config_json(cfg):  # extended to more steps
+    if read_json(run_dir / "config.json", "a run's configuration", follow=False) != _config_json(
+        cfg
+    ):  # extended to more steps
         write_atomic(run_dir / "config.json", json.dumps(_config_json(cfg), indent=2))
     if on_progress is not None:
         on_progress(start, cfg.steps, cfg.name)
@@ -233,10 +243,8 @@ def _load_state(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # damaged outside flashcheck (every write is atomic), or not flashcheck's
         raise ValueError(
-            f"{str(path)!r} cannot be read as a train-study resume point ({load_refusal(exc)}); "
-            "delete it to retrain"
+            f"{str(path)!r} cannot be read as a train-study resume point ({load_refusal(exc)}); delete it to retrain"
         ) from None
     if not isinstance(state, dict) or set(state) != set(STATE_KEYS) or not isinstance(state["step"], int):
         raise ValueError(f"{str(path)!r} is not a train-study resume point (expected keys {', '.join(STATE_KEYS)})")
     return state
-

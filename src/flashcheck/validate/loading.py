@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import inside_folder, load_refusal, regular_file
+from flashcheck.core.jsonguard import read_json
+from flashcheck.core.modelconfig import read_model_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 POOLING_KEYS = {  # sentence-transformers 1_Pooling/config.json flag -> our pooling name
@@ -54,10 +55,12 @@ def bundled_model_path() -> Path:
 
 
 def _read_json(path: Path) -> dict:
+    """A model file's JSON through the bounded reader (a file nested 500,000 deep is one line, not a
+    RecursionError); ValueError naming the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{str(path)!r} is not readable JSON: {e}") from None
+        data = read_json(path, "a model file")
+    except OSError as e:
+        raise ValueError(f"{str(path)!r} is not readable JSON: {e.strerror or e}") from None
     if not isinstance(data, dict | list):
         raise ValueError(f"{str(path)!r} does not hold a JSON object")
     return data
@@ -106,6 +109,8 @@ def _sentence_transformers_layout(folder: Path) -> tuple[Path, str, bool, int | 
             tpath = sub
         elif kind.endswith("Pooling") and (sub / "config.json").is_file():
             cfg = _read_json(sub / "config.json")
+            if not isinstance(cfg, dict):
+                raise ValueError(f"{str(sub / 'config.json')!r} is not a JSON object (a pooling configuration)")
             on = [name for key, name in POOLING_KEYS.items() if cfg.get(key)]
             if len(on) != 1:
                 raise ValueError(f"pooling {on or 'none'} in {str(sub)!r}: flashcheck supports exactly one mode")
@@ -115,7 +120,10 @@ def _sentence_transformers_layout(folder: Path) -> tuple[Path, str, bool, int | 
     seq = None
     for f in (tpath / "sentence_bert_config.json", folder / "sentence_bert_config.json"):
         if f.is_file():
-            seq = _read_json(f).get("max_seq_length")
+            conf = _read_json(f)
+            seq = conf.get("max_seq_length") if isinstance(conf, dict) else None
+            if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+                raise ValueError(f"{str(f)!r}: field 'max_seq_length' is {seq!r}; expected a positive integer")
             break
     return tpath, pooling, normalize, int(seq) if seq else None
 
@@ -148,7 +156,7 @@ def resolve_model(model: str | Path | None) -> ModelInfo:
         )
     if not any(p.suffix in WEIGHT_SUFFIXES for p in tpath.iterdir()):
         raise ValueError(f"MODEL {str(folder)!r} has a config.json but no weights (*.safetensors or *.bin)")
-    cfg = _read_json(tpath / "config.json")
+    cfg = read_model_config(tpath / "config.json")
     archs = [str(a) for a in cfg.get("architectures") or []]
     causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     limit = int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 0) or None
