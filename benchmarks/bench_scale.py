@@ -233,12 +233,12 @@ def quick_at_issue_toml() -> str:
     """The issue-time quick preset as a --config TOML file (the same case ids as then)."""
     import dataclasses
 
-    from flashcheck.study import config as c
+    from flashcheck.questions.paper import presets as c
 
     sweeps = (
-        *c._paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 4, (0, 1)),
-        c._backend_sweep((1024, 4096), 4, (0, 1)),
-        c._fa3_sweep((1024, 2048), (64, 128), 4, (0, 1)),
+        *c.paper_sweeps((512, 1024, 2048, 4096, 8192), 2048, (8, 16, 32, 64, 128), 4, (0, 1)),
+        c.backend_sweep((1024, 4096), 4, (0, 1)),
+        c.fa3_sweep((1024, 2048), (64, 128), 4, (0, 1)),
     )
     lines = [f"name = {json.dumps(QUICK_AT_ISSUE)}"]
     for sweep in sweeps:

@@ -10,10 +10,11 @@ import json
 import math
 from pathlib import Path
 
+from flashcheck.questions.guide.measure import FP16_SUM_OVERFLOW
+from flashcheck.questions.guide.tasks import GUIDE_FILE, SETTINGS_FILE, tasks
+from flashcheck.questions.presets import quick
 from flashcheck.study.cases import CaseRecord, expand
-from flashcheck.study.config import StudyConfig, quick
-from flashcheck.study.guide import GUIDE_FILE, SETTINGS_FILE, tasks
-from flashcheck.study.guide_measure import FP16_SUM_OVERFLOW
+from flashcheck.study.config import StudyConfig
 
 METRICS = ("max_abs", "mean_abs", "rmse", "rel_l2", "std")
 
@@ -87,8 +88,8 @@ def write_quick_shaped(folder: Path, config: StudyConfig | None = None) -> dict[
     (folder / "study.json").write_text(json.dumps(config.to_dict()))
     records = {c.case_id: _record(c) for c in expand(config)}
     (folder / "records.jsonl").write_text("".join(r.to_json() + "\n" for r in records.values()))
-    if config.guide is not None:
-        s = config.guide
+    if config.settings.get("guide") is not None:
+        s = config.settings.get("guide")
         (folder / SETTINGS_FILE).write_text(json.dumps(s.to_dict()))
         lines = []
         for tid, params in tasks(s):

@@ -355,6 +355,23 @@ VALIDATE = [  # run only once `flashcheck validate` exists
     r("validate-samples-text", "validate --samples many", "--samples", "many"),
 ]
 
+CONSISTENCY = [
+    r("consistency-no-target", "consistency", "TARGET"),
+    r("consistency-unknown-backend", "consistency sdpa-nope", "'sdpa-nope'", "expected one of"),
+    r("consistency-bad-check", "consistency sdpa-math --checks nope", "'nope'", "determinism"),
+    r("consistency-empty-check", "consistency sdpa-math --checks 'batch,'", "--checks", "empty item"),
+    r("consistency-kv-bad", "consistency sim-fa3 --kv fp3", "'fp3'", "fp8"),
+    r("consistency-kv-scale-bad", "consistency sim-fa3 --kv fp8/dyn", "'dyn'", "static"),
+    r("consistency-dtype-bad", "consistency sdpa-math --dtype fp7", "'fp7'", "bf16"),
+    r("consistency-max-batch-zero", "consistency sdpa-math --max-batch 0", "--max-batch", "1 to 64"),
+    r("consistency-kv-len-huge", f"consistency sdpa-math --kv-len {HUGE}", "--kv-len"),
+    r("consistency-kv-heads", "consistency sdpa-math --heads 4 --kv-heads 3", "--kv-heads 3"),
+    r("consistency-callable-missing", "consistency nomodule_xyz:fn", "'nomodule_xyz:fn'", "module:function"),
+    r("consistency-out-is-a-file", "consistency sdpa-math --out {file}", "{file}"),
+    r("validate-kv-cache-bad", "validate {dir} --kv-cache fp3", "'fp3'", "fp8"),
+    r("validate-kv-new-tokens-zero", "validate {dir} --kv-cache fp8 --new-tokens 0", "--new-tokens 0"),
+]
+
 JUDGE = [
     r("judge-no-file", "judge", "FILE"),
     r("judge-empty", "judge ''", "FILE", "empty"),
@@ -389,6 +406,7 @@ HUNT = [
 
 ROWS = [
     *COMPARE,
+    *CONSISTENCY,
     *JUDGE,
     *COMPARE_BACKEND,
     *EXPLAIN,

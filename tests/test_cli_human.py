@@ -347,11 +347,11 @@ def _console_at(width: int):
 def test_tables_are_whole_at_80_columns(monkeypatch, args):
     """On an 80-column terminal no cell is cut ("2.8…", "sdpa-math-lo…"): names and numbers whole, columns
     empty in every row (checks) dropped, no autograd class name (_FlashFunction) for the kernel that ran."""
-    import flashcheck.cli.compare as compare_cli
+    import flashcheck.cli.show as show_cli
     import flashcheck.cli.tools as tools_cli
 
     for width in (80, 200):
-        monkeypatch.setattr(compare_cli, "_console", _console_at(width))
+        monkeypatch.setattr(show_cli, "_console", _console_at(width))
         monkeypatch.setattr(tools_cli, "_console", _console_at(width))
         out = human(args, codes=(0, 1)).output
         assert "…" not in out and "_FlashFunction" not in out and "checks" not in out, out

@@ -1,6 +1,6 @@
-"""The attention-variant figures (gqa, decoding, ...; study.tables_dims) draw each variant's mean over seeds with
-its 95% interval, pool seeds only (a second length or split count is its own series), and pass the figure
-audit (labels, legend = drawn series, distinct colours)."""
+"""The attention-variant figures (gqa, decoding, ...; questions.variants.tables) draw each variant's mean over
+seeds with its 95% interval, pool seeds only (a second length or split count is its own series), and pass
+the figure audit (labels, legend = drawn series, distinct colours)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 import pytest
 from tests.helpers import audited_figures
 
+from flashcheck.questions.variants.tables import _draw, _groups, question_table
 from flashcheck.reporting.verdicts import mean_interval
 from flashcheck.study.cases import CaseRecord, evaluate_group, expand_sweep
 from flashcheck.study.config import Sweep
-from flashcheck.study.tables_dims import _draw, _groups, question_table
 
 pytest.importorskip("matplotlib")
 

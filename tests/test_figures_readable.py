@@ -11,8 +11,10 @@ import zlib
 import pytest
 from tests.helpers import audited_figures
 
+from flashcheck.questions.modern.presets import STAGE_PRESETS, modern_sweeps
 from flashcheck.study.cases import CaseRecord, expand
-from flashcheck.study.config import PRESETS, STAGE_PRESETS, modern_sweeps, preset
+from flashcheck.study.config import preset
+from flashcheck.study.registry import presets
 
 pytest.importorskip("matplotlib")
 KEYS = ("max_abs", "mean_abs", "std", "rmse", "rel_l2")
@@ -92,8 +94,8 @@ def test_the_stage_figures_draw_one_panel_per_preset_with_a_row_per_variant(tmp_
 
 
 def test_stage_panels_name_each_variant_in_words():
+    from flashcheck.questions.modern.figures import stage_panels
     from flashcheck.study.points import Point
-    from flashcheck.study.stage_figures import stage_panels
 
     def pt(policy: str, v: float) -> Point:
         return Point(f"flash:{policy}", 1024, 32, (128, 64), "normal", (0, 1), (v, v * 1.1), (v, v), (), (), None)
@@ -113,7 +115,7 @@ def _layouts() -> dict[tuple, tuple[str, object]]:
     tiny_study_run; quick: test_report_first's quick_report): sweeps that differ only in their lengths or seeds
     draw the same categories (the lengths are numbers on a log axis), so the first preset's stands for them."""
     out: dict[tuple, tuple[str, object]] = {}
-    for name in PRESETS:
+    for name in presets():
         if name in ("tiny", "quick"):
             continue
         for sw in preset(name).sweeps:
@@ -125,9 +127,9 @@ def _layouts() -> dict[tuple, tuple[str, object]]:
 def test_every_presets_figures_pass_figure_problems(tmp_path):
     """As build_report draws them: the dims questions' and the error model's figures (tables_dims), then one
     per other question (study.figures)."""
+    from flashcheck.questions.variants.tables import dims_sections
     from flashcheck.study.config import StudyConfig
     from flashcheck.study.figures import draw_figures
-    from flashcheck.study.tables_dims import dims_sections
 
     problems, drawn = [], 0
     for i, (name, sw) in enumerate(_layouts().values()):

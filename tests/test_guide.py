@@ -1,4 +1,4 @@
-"""The production guide preset (study.guide): the fp16 overflow boundaries its searches find, pinned by closed
+"""The production guide preset (questions.guide): the fp16 overflow boundaries its searches find, pinned by closed
 forms; cost and memory measurements; a small guide run end to end, resumed, reported and printed."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.core.numerics import Format, round_to
-from flashcheck.study import guide_measure as gm
-from flashcheck.study.config import StudyConfig, _guide_sweep
-from flashcheck.study.guide import (
+from flashcheck.questions.guide import measure as gm
+from flashcheck.questions.guide.presets import errors_sweep as _guide_sweep
+from flashcheck.questions.guide.report import build_guide_report
+from flashcheck.questions.guide.tasks import (
     GUIDE_FILE,
     GUIDE_PRESETS,
     GuideSettings,
@@ -22,7 +23,7 @@ from flashcheck.study.guide import (
     read_settings,
     run_guide_tasks,
 )
-from flashcheck.study.guide_report import build_guide_report
+from flashcheck.study.config import StudyConfig
 from flashcheck.study.runner import run_study
 
 FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
@@ -148,7 +149,7 @@ def test_guide_preset_refuses_ray_and_a_missing_folder(tmp_path):
 def test_gpu_claims_are_listed_with_their_command_here_and_judged_from_a_gpu_record():
     """Without a GPU every GPU claim says so and names the command; a gpu/same record from a GPU run (its
     shape as guide_measure.gpu_same writes it) is judged by bit identity, a missing flash-attn is a reason."""
-    from flashcheck.study.guide_claims import GPU_COMMAND, gpu_claims
+    from flashcheck.questions.guide.claims import GPU_COMMAND, gpu_claims
 
     listed = gpu_claims()
     assert all(c["status"] == "inconclusive" and c["conditions"] == GPU_COMMAND for c in listed)
@@ -195,7 +196,7 @@ def test_slope_shows_tau_and_says_when_too_few_lengths_for_the_trend_rule():
     p = 1/60 < 0.05 and the claim holds."""
     from scipy import stats
 
-    from flashcheck.study.guide_claims import best_trend_p, slope_claims
+    from flashcheck.questions.guide.claims import best_trend_p, slope_claims
 
     best = stats.kendalltau([0, 1, 2], [0, 1, 2]).pvalue
     assert best_trend_p([64, 128, 256]) == pytest.approx(best) and best > 0.05
@@ -212,8 +213,8 @@ def test_slope_shows_tau_and_says_when_too_few_lengths_for_the_trend_rule():
 def test_an_error_outside_the_stated_range_says_which_side():
     """'1e-3 to 1e-2 for FP16/BF16': fp16 at 4.5e-4 does not hold but reads as more accurate than the guide says
     (table cell and measured text), bf16 at 3e-2 as less accurate, bf16 at 3e-3 holds with no side."""
-    from flashcheck.study.guide_claims import error_claims
-    from flashcheck.study.guide_report import shown_status
+    from flashcheck.questions.guide.claims import error_claims
+    from flashcheck.questions.guide.report import shown_status
 
     recs = [_record(m, n, e * (1 + 0.01 * i)) for i, n in enumerate((64, 128, 256))
             for m, e in (("flash:fp16", 4.5e-4), ("flash:bf16", 3e-2), ("sdpa-math:bf16", 3e-3))]  # fmt: skip
@@ -234,12 +235,14 @@ def test_an_error_outside_the_stated_range_says_which_side():
 def test_quick_full_and_tiny_carry_the_guide_and_study_json_keeps_it(tmp_path):
     """quick has a small guide part (every claim at n >= 3: lengths 256..2048, >= 200 latency calls), full
     guide-full's, tiny guide-tiny's; the settings survive study.json and a [guide] table of a TOML config."""
-    from flashcheck.study.config import GUIDE_QUESTION, GUIDE_SETTINGS, guide_sweep, load_config, preset
+    from flashcheck.questions.guide.presets import GUIDE_QUESTION, GUIDE_SETTINGS, guide_sweep
+    from flashcheck.study.config import load_config, preset
 
     quick, full, tiny = preset("quick"), preset("full"), preset("tiny")
-    assert quick.guide == GUIDE_SETTINGS["quick"] and full.guide == GUIDE_SETTINGS["guide-full"]
-    assert tiny.guide == GUIDE_SETTINGS["guide-tiny"] and preset("paper").guide is None
-    q = quick.guide
+    assert quick.settings.get("guide") == GUIDE_SETTINGS["quick"]
+    assert full.settings.get("guide") == GUIDE_SETTINGS["guide-full"]
+    assert tiny.settings.get("guide") == GUIDE_SETTINGS["guide-tiny"] and preset("paper").settings.get("guide") is None
+    q = quick.settings.get("guide")
     assert min(q.cost_lengths) == 256 and max(q.cost_lengths) == 2048 and len(q.cost_lengths) >= 3
     assert q.repeats >= 3 and q.latency_calls >= 200 and q.latency_blocks >= 3
     assert guide_sweep(quick).seeds == (0, 1, 2) and guide_sweep(quick).question == GUIDE_QUESTION
@@ -247,7 +250,7 @@ def test_quick_full_and_tiny_carry_the_guide_and_study_json_keeps_it(tmp_path):
     assert StudyConfig.from_dict(data) == quick and "guide" not in preset("paper").to_dict()
     toml = tmp_path / "g.toml"
     toml.write_text('name = "g"\n[[sweeps]]\nquestion = "x"\nmethods = ["flash:bf16"]\n[guide]\nrepeats = 3\n')
-    assert load_config(toml).guide == GuideSettings(repeats=3)
+    assert load_config(toml).settings.get("guide") == GuideSettings(repeats=3)
     toml.write_text(toml.read_text().replace("repeats = 3", "repeat = 3"))
     with pytest.raises(ValueError, match="unknown field 'repeat' in the guide table"):
         load_config(toml)
@@ -273,8 +276,8 @@ def test_guide_counts_match_the_table_cv_interval_is_positive_and_no_none_cell()
     """The conclusion's counts are the claims table's verdict column counted (a GPU claim not measured here is
     neither counted nor shown as inconclusive); a noisy CV's interval stays above 0; a sum row with no bad
     outcome shows "-", not Python's None."""
-    from flashcheck.study.guide_claims import gpu_claims, latency_rows
-    from flashcheck.study.guide_report import _sum_rows, claims_blocks, guide_sentences
+    from flashcheck.questions.guide.claims import gpu_claims, latency_rows
+    from flashcheck.questions.guide.report import _sum_rows, claims_blocks, guide_sentences
 
     found = [{"id": f"x{i}", "status": st, "measured": "m"} for i, st in enumerate(["holds", "inconclusive"] * 2)]
     fs = [*found, *({k: c[k] for k in ("id", "status", "measured")} for c in gpu_claims())]
@@ -317,7 +320,7 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     """`flashcheck report` on a tiny study (the same code path as the default quick study): the guide's claims
     table (claim / measured / verdict / conditions) under its own heading, a conclusion sentence linking to it,
     summary.json's guide findings with README's keys, and the claims printed in words."""
-    from flashcheck.study.guide import tasks
+    from flashcheck.questions.guide.tasks import tasks
 
     out, stats = tiny_study
     assert stats["guide_tasks_computed"] == len(tasks(TINY)) and stats["guide_tasks_failed"] == 0
@@ -391,7 +394,7 @@ def test_a_guide_folder_from_before_resumes_and_others_are_refused(tmp_path):
 
 def test_speed_up_growth_over_three_lengths_says_the_trend_rule_cannot_decide(monkeypatch):
     """Three lengths: even a perfectly growing speed-up gives Kendall p = 0.33, and the row says so."""
-    from flashcheck.study import guide_claims as gc
+    from flashcheck.questions.guide import claims as gc
 
     times = {"sdpa-math:bf16": {512: 2.0, 1024: 4.4, 2048: 10.0}, "sdpa-flash:bf16": {512: 1.0, 1024: 2.0, 2048: 4.0}}
     monkeypatch.setattr(gc, "_medians", lambda results, method, backward: times[method])
@@ -438,7 +441,7 @@ def test_fp16_structural_counts_only_where_bf16_is_right():
     """quick's flash:fp16 line: bf16 is wrong at 65519 and 65520 keys too, so the sum does not count for
     "NaN where BF16 was fine" (the line said structural beside "bf16 ... wrong at Lk = 65519"); the scale
     search, where bf16 stays finite, does. With bf16 failing everywhere fp16 fails the claim does not hold."""
-    from flashcheck.study.guide_claims import boundary_claims
+    from flashcheck.questions.guide.claims import boundary_claims
 
     s = GuideSettings(boundary_methods=("flash:fp16",), sum_methods=("flash:fp16",), sum_keys=(65519, 65520))
     wrong = {"65519": "wrong", "65520": "wrong"}
@@ -458,9 +461,9 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
     (a search does not); the latency claim that holds on a quiet machine is inconclusive when a timing it
     rests on ran with a load beyond 0.75 x cores besides the process's own thread (core.load)."""
     from flashcheck.core.load import busy
-    from flashcheck.study import guide
-    from flashcheck.study.guide import _run_one
-    from flashcheck.study.guide_claims import latency_claim
+    from flashcheck.questions.guide import tasks as guide
+    from flashcheck.questions.guide.claims import latency_claim
+    from flashcheck.questions.guide.tasks import _run_one
 
     monkeypatch.setattr(guide, "run_task", lambda params, s: {"times": [0.1]})  # the record, not the timing
     cost = _run_one("cost/x", {"kind": "cost", "method": "sdpa-math:bf16", "seq_len": 32, "backward": False}, TINY)
@@ -483,7 +486,7 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
         and f["measured"] == latency_claim({"t": task | {"load": quiet}}, TINY)["measured"]
     )  # the numbers stay; only the verdict says the machine was busy
     assert "1 of 1 timings ran on a busy machine (latency/L=64: load average 12.00" in f["verdict"]["reason"]
-    from flashcheck.study.guide_report import shown_status  # the table's verdict cell says why
+    from flashcheck.questions.guide.report import shown_status  # the table's verdict cell says why
 
     assert shown_status(f).startswith("inconclusive: the machine was busy (1 of 1 timings ran under a load average 12")
     assert shown_status(latency_claim({"t": task | {"load": quiet}}, TINY)) == "holds"

@@ -21,9 +21,11 @@ FLOORS = {
     "guard": 5,
     "doctor": 5,
     "testing": 5,
+    "hunt": 5,
+    "questions": 6,
     "cli": 6,
 }
-CAPABILITIES = {"study", "training", "validate", "guard", "doctor", "testing"}
+CAPABILITIES = {"study", "training", "validate", "guard", "doctor", "testing", "hunt"}
 
 
 def _module(path: Path) -> str:

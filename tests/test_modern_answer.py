@@ -1,4 +1,4 @@
-"""The modern study's Answer in words (study.modern_answer), SageAttention beside its published accuracy, and the
+"""The modern study's Answer in words (questions.modern.answer), SageAttention beside its published accuracy, and the
 sink swept over its score with the closed form of arXiv 2606.06521 checked against a tiny real sweep."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import torch
 
 from flashcheck.core.inputs import InputSpec, make_qkv, sink_delta
 from flashcheck.core.metrics import cos_sim, rel_l1
-from flashcheck.study.answer import not_asked, verdict_rows
-from flashcheck.study.cases import Case, CaseRecord, evaluate_group, expand_sweep, group_by_inputs
-from flashcheck.study.config import FA2, FA3_FP8, FA4, FA4_EMU, SINK_METHODS, Sweep
-from flashcheck.study.modern import (
+from flashcheck.questions.modern.answer import modern_answer
+from flashcheck.questions.modern.findings import (
     SAGE_PUBLISHED,
     closed_form,
     modern_findings,
@@ -20,8 +18,11 @@ from flashcheck.study.modern import (
     sage_published_rows,
     sink_findings,
 )
-from flashcheck.study.modern_answer import modern_answer
+from flashcheck.questions.modern.presets import FA2, FA3_FP8, FA4, FA4_EMU, SINK_METHODS
+from flashcheck.study.cases import Case, CaseRecord, evaluate_group, expand_sweep, group_by_inputs
+from flashcheck.study.config import Sweep
 from flashcheck.study.points import Point, sweep_points
+from flashcheck.study.report import not_asked, verdict_rows
 
 
 def _pt(method: str, values: list[float], dist: str = "normal") -> Point:

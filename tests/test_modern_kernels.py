@@ -99,6 +99,19 @@ def test_ex2_emulation_against_mpmath_within_the_polynomial_bound():
     assert float(rel.max()) <= bound + slack
     assert float(rel.max()) >= 0.8 * bound  # the polynomial's error, not something smaller, is what shows
     assert ex2_emulation(torch.tensor([0.0, 3.0, -1.0, -math.inf])).tolist() == [1.0, 8.0, 0.5, 0.0]
+
+
+def test_ex2_emulation_gives_the_kernels_subnormals_below_2_to_the_minus_126():
+    """For x in [-127, -126) the floor -127 leaves the exponent field 0 under the polynomial's mantissa bits: the
+    GPU's integer add makes the subnormal (p(f) - 1) * 2^-126 (f = x + 127), which the emulation keeps."""
+    x = torch.tensor([-126.5, -126.75, -126.001, -127.0, -200.0])
+    got = ex2_emulation(x)
+    f = (x + 127).clamp(min=0).double()
+    poly = sum(c * f**i for i, c in enumerate(POLY_EX2_3)).float().double()  # p(f) in float32's Horner order
+    want = (poly - 1) * 2.0**-126
+    assert bool((got[:3] > 0).all()) and bool((got[:3] < 2.0**-126).all())
+    assert torch.allclose(got.double(), want, rtol=2.0**-20, atol=0)
+    assert got[3:].tolist() == [0.0, 0.0]
     assert POLY_EX2_3[1] == 0.695146143436431884765625
 
 
@@ -263,6 +276,66 @@ def _oracle_inputs(q, k, v, pol: Policy, bq: int, bk: int):
     return qq, kq, vq
 
 
+# (nfma, frac, frac_out, late c, lowest alignment exponent) of the tensor-core models (arXiv 2512.07004)
+HW_MMA = {"ada": (16, 13, 13, False, -132), "hopper": (32, 13, 13, False, -132), "b200": (32, 25, 23, True, -133)}
+CODE_EMIN = {"fp8-e4m3": -6, "fp8-e5m2": -14}
+
+
+def _expo(x: torch.Tensor, emin: int) -> torch.Tensor:
+    e = torch.frexp(x)[1].double() - 1
+    return torch.where(x != 0, e.clamp(min=emin), torch.full_like(e, -math.inf))
+
+
+def _hw_mma(a, b, c, model: str, emins=(-126, -126), promote: int = 0, fp16: bool = False) -> torch.Tensor:
+    """a [M, K] @ b [K, N] (+ c [M, N]) one block of products at a time, as arXiv 2512.07004 describes the tensor
+    core: products aligned to the block's largest exponent (and c's, unless late c), truncated to frac bits below
+    it, summed, the sum truncated to frac_out bits; every `promote` keys the result goes to an fp32 sum."""
+    nf, frac, fout, late, lowest = HW_MMA[model]
+    m, n = a.shape[0], b.shape[1]
+    acc = torch.zeros(m, n, dtype=torch.float64) if c is None or promote else c.clone()
+    outer = c.clone() if c is not None and promote else torch.zeros(m, n, dtype=torch.float64)
+    for k0 in range(0, a.shape[1], nf):
+        pa, pb = a[:, k0 : k0 + nf], b[k0 : k0 + nf]
+        prod = pa[:, None, :] * pb.T[None]
+        top = (_expo(pa, emins[0])[:, None, :] + _expo(pb, emins[1]).T[None]).amax(-1)
+        if not late:
+            top = torch.maximum(top, _expo(acc, -1000))
+        ulp = torch.exp2(top.clamp(min=lowest) - frac)
+        total = torch.trunc(prod / ulp[..., None]).sum(-1) + (0 if late else torch.trunc(acc / ulp))
+        d = total * ulp
+        step = torch.exp2(_expo(d, -126) - fout)
+        d = torch.where(d != 0, torch.trunc(d / step) * step, torch.zeros_like(d))
+        acc = (d.float() + acc.float()).double() if late else d
+        if fp16:
+            acc = acc.half().double()
+        if promote and (k0 + nf) % promote == 0:
+            outer, acc = (outer.float() + acc.float()).double(), torch.zeros_like(acc)
+    return (outer.float() + acc.float()).double() if promote else acc
+
+
+def _oracle_codes(x: torch.Tensor, pol: Policy, role: str, bq: int, bk: int):
+    """(codes, scale, emin) of an oracle input x [B, H, L, D] (float64): FA3's per-block, FA4's per-tensor,
+    Sage's per-channel V scales; FP4 operands their dequantised values with scale 1."""
+    fmt = (pol.v_format or pol.input) if role == "v" else pol.input
+    if fmt.value not in CODE_EMIN:
+        return x, torch.ones(1, 1, 1, 1, dtype=torch.float64), -126
+    if role == "v" and pol.v_scaling == "channel":
+        scale = x.abs().amax(dim=-2, keepdim=True) / (pol.v_scale_max or 448.0)
+    elif pol.fp8_scaling == "block" and not pol.qk_scaling:
+        blocks = x.split(bq if role == "q" else bk, dim=-2)
+        scale = torch.cat([t.abs().amax(dim=(-2, -1), keepdim=True).expand(-1, -1, t.shape[-2], 1) for t in blocks], -2)
+        scale = scale / 448.0
+    else:
+        scale = x.abs().amax().reshape(1, 1, 1, 1) / 448.0
+    return round_to(x / scale, fmt), scale, CODE_EMIN[fmt.value]
+
+
+def _at(split: tuple, b: int, h: int) -> tuple:
+    """An oracle operand's (codes, scale, emin) for batch b, head h (a scale shared over them broadcasts)."""
+    codes, scale, emin = split
+    return codes[b, h], scale[min(b, scale.shape[0] - 1), min(h, scale.shape[1] - 1)], emin
+
+
 def _oracle_p(p: torch.Tensor, pol: Policy) -> torch.Tensor:
     if pol.p_scaling == "nvfp4":
         return quantize_nvfp4(p, dim=-1, tensor_amax=p.abs().amax(dim=-1, keepdim=True))
@@ -273,6 +346,7 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
     """One query row at a time, key blocks in order, in float64 with explicit float32 roundings: the online
     softmax in log2 units with the policy's stage knobs (a loop, not the simulator's code)."""
     qq, kq, vq = _oracle_inputs(q, k, v, pol, bq, bk)
+    codes = {r: _oracle_codes(t, pol, r, bq, bk) for r, t in (("q", qq), ("k", kq), ("v", vq))}
     sc = q.shape[-1] ** -0.5 * math.log2(math.e)
     cols_emu = emulated_columns(bk, pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
     out = torch.empty_like(q)
@@ -281,8 +355,13 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
         for h in range(q.shape[1]):
             for i in range(q.shape[2]):
                 m, l, o = -math.inf, 0.0, torch.zeros(v.shape[-1], dtype=torch.float64)
+                (qc, qs, qe), (kc, ks, ke), (vc, vs, ve) = (_at(codes[r], b, h) for r in "qkv")
                 for c0 in range(0, k.shape[2], bk):
-                    if pol.qk_acc_bits:  # the FP8 MMA's FP22 sum over D, 32 at a time, truncating
+                    if pol.qk_mma:  # the tensor core's product of the codes, then one fp32 multiply by the scales
+                        raw = _hw_mma(qc[i : i + 1], kc[c0 : c0 + bk].T, None, pol.qk_mma, (qe, ke))[0]
+                        kblk = ks[c0 : c0 + bk].flatten() if len(ks) > 1 else ks[0]
+                        s = f32(raw * (qs[i if len(qs) > 1 else 0] * sc * kblk))
+                    elif pol.qk_acc_bits:  # the FP8 MMA's FP22 sum over D, 32 at a time, truncating
                         acc = torch.zeros(len(kq[b, h, c0 : c0 + bk]), dtype=torch.float64)
                         for d0 in range(0, q.shape[-1], 32):
                             part = kq[b, h, c0 : c0 + bk, d0 : d0 + 32] @ qq[b, h, i, d0 : d0 + 32]
@@ -301,7 +380,19 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
                     l = float(f32(torch.tensor(alpha * l + float(p.sum()))))
                     pc = _oracle_p(p, pol)
                     o = f32(o * alpha)
-                    if pol.acc_bits:  # two-level: O is the outer sum; one-level: the MMA accumulates into O
+                    if pol.pv_mma:  # in the MMA's units (P x p_scale times V's codes), V's scale after it
+                        unit = (vs[c0 : c0 + 1] if len(vs) > 1 else vs).flatten() / pol.p_scale
+                        pe = CODE_EMIN.get(pol.p.value, -126) if not pol.p_scaling else -126
+                        fp16 = pol.acc_nearest and pol.acc_bits == 10
+                        if pol.acc_promote:
+                            part = _hw_mma(
+                                pc[None], vc[c0 : c0 + bk], None, pol.pv_mma, (pe, ve), pol.acc_promote, fp16
+                            )
+                            o = f32(o + part[0] * unit)
+                        else:
+                            c = f32(o / unit)[None]
+                            o = f32(_hw_mma(pc[None], vc[c0 : c0 + bk], c, pol.pv_mma, (pe, ve), 0, fp16)[0] * unit)
+                    elif pol.acc_bits:  # two-level: O is the outer sum; one-level: the MMA accumulates into O
                         acc, outer = (torch.zeros_like(o), o.clone()) if pol.acc_promote else (o * pol.p_scale, 0 * o)
                         for k0 in range(0, len(pc), 32):
                             part = pc[k0 : k0 + 32] @ vq[b, h, c0 + k0 : c0 + k0 + 32]
@@ -340,7 +431,8 @@ def test_fa3_fp8_fp22_is_fa3_fp8_with_the_narrow_accumulator():
     q, k, v = (torch.randn(1, 2, 64, 64, generator=g, dtype=torch.float64) for _ in range(3))
     kw = resolve("fa3-fp8-fp22", "fp8-e4m3", 64, 64, 64, False)
     base = resolve("fa3-fp8", "fp8-e4m3", 64, 64, 64, False)
-    assert kw["policy"].replace(acc_bits=0, qk_acc_bits=0) == base["policy"].replace()
+    assert kw["policy"].replace(acc_bits=0, qk_acc_bits=0, qk_mma="", pv_mma="") == base["policy"].replace()
+    assert (kw["policy"].qk_mma, kw["policy"].pv_mma) == ("hopper", "hopper")
     assert kw["block_q"] == base["block_q"] and kw["block_k"] == base["block_k"]
     a, b = flash_attention(q, k, v, **kw), flash_attention(q, k, v, **base)
     assert 0 < float((a - b).norm()) < float((b - reference_attention(q, k, v)).norm())

@@ -9,10 +9,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from flashcheck.study.answer import verdict_rows
-from flashcheck.study.config import FA2, FA3_FP8, FA4, SINK_METHODS, StudyConfig, modern_sweeps
-from flashcheck.study.findings import _br_finding
-from flashcheck.study.modern import PUBLISHED, modern_findings
+from flashcheck.questions.modern.findings import PUBLISHED, modern_findings
+from flashcheck.questions.modern.presets import FA2, FA3_FP8, FA4, SINK_METHODS, modern_sweeps
+from flashcheck.questions.paper.findings import _br_finding
+from flashcheck.study.config import StudyConfig
+from flashcheck.study.report import verdict_rows
 
 SINK_LABELS = ["forward", "reverse", "S=2^8", "reverse, S=2^8"]
 
@@ -93,14 +94,16 @@ def test_tables_show_the_inputs_only_where_a_sweep_has_several(monkeypatch):
     assert [r[1] for r in lowp_rows[:2]] == ["normal", "outliers"] and lowp_rows[0][0] == lowp_rows[1][0]
 
 
-def test_the_answer_opens_with_the_modern_questions_and_not_measured_rows_come_last():
-    from flashcheck.study.report import _answer
+def test_the_answer_opens_with_the_modern_questions_and_not_measured_rows_come_last(tmp_path):
+    from flashcheck.study.part import Study
+    from flashcheck.study.report import _answer, report_parts
 
     pts = _points()
     found = [_br_finding({"modern_fa4": pts["modern_fa4"]}), *modern_findings(pts)]
     br = found[0]
     assert br["status"] == "not measured" and br["measured"].startswith("not measured by this sweep")
-    said = _answer(found, pts, None)
+    study = Study(folder=tmp_path, config=StudyConfig(name="modern"), records={}, ok={}, points=pts, found=found)
+    said = _answer(*report_parts(study))
     assert said[0].startswith("In short: FA4's bf16 kernel is as stable as FA2")
     assert said[1].startswith("FA4's bf16 kernel is as accurate") and not any("did not measure" in s for s in said)
     assert any(s.startswith("Against FA3's FP8 path") for s in said) and any("attention sink" in s for s in said)

@@ -1,4 +1,4 @@
-"""The `modern` study preset (study.modern): its sweeps, verdicts and conclusion from points, the sink inputs, and
+"""The `modern` study preset (questions.modern): its sweeps, verdicts and conclusion from points, the sink inputs, and
 quick left as it was."""
 
 from __future__ import annotations
@@ -9,20 +9,10 @@ import torch
 
 from flashcheck.core.inputs import SINK_DELTA, InputSpec, make_qkv
 from flashcheck.kernels import flash_attention
+from flashcheck.questions.modern.findings import modern_findings, modern_sentences
+from flashcheck.questions.modern.presets import FA2, FA3_FP8, FA4, P_FP8, QUESTIONS, RAISED, SINK_METHODS, modern_sweeps
 from flashcheck.study.cases import check_sweeps_can_run
-from flashcheck.study.config import (
-    FA2,
-    FA3_FP8,
-    FA4,
-    P_FP8,
-    QUESTIONS,
-    RAISED,
-    SINK_METHODS,
-    StudyConfig,
-    modern_sweeps,
-    preset,
-)
-from flashcheck.study.modern import modern_findings, modern_sentences
+from flashcheck.study.config import StudyConfig, preset
 from flashcheck.study.points import Point
 
 

@@ -284,7 +284,7 @@ def small_study(tmp_path_factory) -> dict:
 @pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
 def test_share_within_2x_on_a_real_study_is_recounted_independently(small_study):
     from flashcheck.measure.predict import setting_for
-    from flashcheck.study.errormodel import evaluate
+    from flashcheck.questions.variants.errormodel import evaluate
 
     ev = evaluate(small_study)
     assert ev["n"] == len(small_study) == 20 and not ev["not_modelled"]  # 5 methods x 2 seeds x 2 masks
@@ -309,7 +309,7 @@ def test_share_and_quantiles_of_known_ratios(small_study):
     and the 90th percentile of the fold error are those of the factors."""
     import dataclasses
 
-    from flashcheck.study.errormodel import evaluate, setting_of
+    from flashcheck.questions.variants.errormodel import evaluate, setting_of
 
     factors = [1.0, 1.9, 2.5, 0.3, 0.6, 1.0, 4.0, 0.51, 1.2, 0.45] * 2
     recs = {}
@@ -329,7 +329,7 @@ def test_every_held_out_case_within_2x_is_judged_on_its_binomial_lower_bound(sma
     degenerate [1, 1] of a t interval on 0/1 values, and the 90% target holds only when its low end is above 0.9."""
     import dataclasses
 
-    from flashcheck.study.errormodel import evaluate, setting_of
+    from flashcheck.questions.variants.errormodel import evaluate, setting_of
 
     recs = {c: dataclasses.replace(r, errors_rounded=r.errors_rounded | {"rel_l2": predict(setting_of(r))})
             for c, r in small_study.items()}  # fmt: skip
@@ -342,9 +342,9 @@ def test_every_held_out_case_within_2x_is_judged_on_its_binomial_lower_bound(sma
 
 def test_error_model_table_labels_tell_every_quick_case_apart():
     """One label per case of quick (seed and every field that sets a case), tiles only where the kernel has them."""
+    from flashcheck.questions.variants.errormodel import case_label
     from flashcheck.study.cases import expand
     from flashcheck.study.config import preset
-    from flashcheck.study.errormodel import case_label
 
     cases = expand(preset("quick"))
     labels = [case_label(c) for c in cases]

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from flashcheck.core.numerics import Format, parse_policy, round_to
+from flashcheck.core.numerics import Format, info, parse_policy, round_to
 from flashcheck.core.quant import (
+    MX_SCHEMES,
     group_ids,
     mx_scales,
     quantize_blocks,
@@ -168,3 +169,118 @@ def test_quantize_int_hand_made():
     assert math.isclose(tok[0, 0, 0, 0].item(), 127.0, rel_tol=1e-6)
     ch = quantize_int(x, "int8", "channel", eps=0.0)
     assert ch[0, 0, 1, 1].item() == pytest.approx(0.25, rel=1e-6)
+
+
+# ---- issue 30 item 3: the MX shared scale's rounding, NVFP4's block-scale floor, against torchao 0.18 ----------
+
+TORCHAO_ELEMS = {
+    "mxfp8": "float8_e4m3fn", "mxfp8-e5m2": "float8_e5m2", "mxfp6": "e2m3", "mxfp6-e3m2": "e3m2", "mxfp4": "e2m1",
+}  # fmt: skip
+
+
+def _torchao_mx(x32: torch.Tensor, scheme: str, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's (shared scale exponents, dequantised values) of x32 [rows, 32 * n] in its `mode`."""
+    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    cfg = pytest.importorskip("torchao.prototype.mx_formats.config")
+    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    const = pytest.importorskip("torchao.prototype.mx_formats.constants")
+    name = TORCHAO_ELEMS[scheme]
+    elem = {"e2m3": const.DTYPE_FP6_E2M3, "e3m2": const.DTYPE_FP6_E3M2, "e2m1": torch.float4_e2m1fn_x2}.get(name)
+    elem = elem if elem is not None else getattr(torch, name)
+    scale, data = mx.to_mx(x32, elem, 32, getattr(cfg.ScaleCalculationMode, mode))
+    if name == "e2m1":
+        vals = kern.f4_unpacked_to_f32(kern.unpack_uint4(data))
+    elif name == "e2m3":
+        vals = kern.f6_e2m3_unpacked_to_f32(data)
+    elif name == "e3m2":
+        vals = kern.f6_e3m2_unpacked_to_f32(data)
+    else:
+        vals = data.to(torch.float32)
+    exps = scale.view(torch.uint8).to(torch.int64) - 127
+    deq = vals.reshape(*exps.shape, 32).double() * torch.exp2(exps.double()).unsqueeze(-1)
+    return exps, deq.reshape(x32.shape)
+
+
+def _mx_inputs() -> torch.Tensor:
+    """Blocks over 80 binades, amaxes at and just beside powers of two (where FLOOR and RCEIL part), and zeros."""
+    g = torch.Generator().manual_seed(30)
+    x = torch.randn(64, 32 * 16, generator=g) * torch.exp2(torch.randint(-40, 40, (64, 1), generator=g).float())
+    xb = x.view(64, 16, 32)
+    xb[:, 0, 0] = torch.exp2(torch.randint(-30, 30, (64,), generator=g).float())  # exact powers of two
+    xb[:, 1, :] = xb[:, 1, :].clamp(-1, 1)
+    xb[:, 1, 0] = 448.0 * (1 + 2.0**-23)  # just above a power-of-two ratio for e4m3
+    xb[:, 2, :] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("scheme", sorted(TORCHAO_ELEMS))
+@pytest.mark.parametrize("rounding,mode", [("floor", "FLOOR"), ("rceil", "RCEIL")])
+def test_mx_scale_rounding_bit_equal_to_torchao(scheme, rounding, mode):
+    x = _mx_inputs()
+    want_exp, want = _torchao_mx(x, scheme, mode)
+    fmt, _ = MX_SCHEMES[scheme]
+    amax = x.view(64, 16, 32).abs().amax(-1)
+    ours_exp = torch.frexp(mx_scales(amax, fmt, rounding).double())[1] - 1
+    live = amax > 0  # an all-zero block: torchao's FLOOR writes 2^-127 but divides by its clamped 2^-126
+    got = quantize_blocks(x.double(), scheme, rounding=rounding)
+    odd = torch.zeros_like(live)
+    if rounding == "rceil":
+        # torchao's CPU path takes ceil(log2(amax / max)) with a float32 log2, which returns an integer for a
+        # quotient just above a power of two; the hardware's cvt.rp (ours) rounds that quotient up
+        d = amax / info(fmt).max
+        odd = (torch.log2(d) == torch.log2(d).round()) & (torch.frexp(d)[0] != 0.5) & live
+        assert torch.equal(ours_exp[odd], want_exp[odd] + 1)
+    assert torch.equal(ours_exp[live & ~odd], want_exp[live & ~odd])
+    same = ~odd.repeat_interleave(32, dim=-1)
+    assert torch.equal(got[same], want[same]), int((got != want)[same].sum())
+
+
+def test_rceil_rounds_the_scale_up_where_floor_does_not():
+    # e4m3 (max 448, emax 8): 448 -> 1 both; 449 -> floor 1 (449 saturates to 448), rceil 2; 250 -> floor 2^-1,
+    # rceil 1 (250 / 448 = 0.56 rounds up to 1)
+    amax = torch.tensor([448.0, 449.0, 896.0, 250.0])
+    assert mx_scales(amax, "fp8-e4m3", "floor").tolist() == [1.0, 1.0, 2.0, 0.5]
+    assert mx_scales(amax, "fp8-e4m3", "rceil").tolist() == [1.0, 2.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match="MX scale rounding 'up'"):
+        mx_scales(amax, "fp8-e4m3", "up")
+
+
+def test_nvfp4_scale_floor_bit_equal_to_torchao():
+    """With scale_floor, a block scale below 2^-6 is raised to it before the e4m3 cast, as torchao's nvfp4_quantize
+    does (single level: tensor scale 1); without it the small blocks keep subnormal or zero scales."""
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    kern = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(32, 16 * 8, generator=g) * torch.exp2(torch.linspace(-16, 4, 32)).unsqueeze(-1)  # amax to 2^-14
+    scales, packed = nv.nvfp4_quantize(x)
+    want_s = scales.to(torch.float32).reshape(32, 8, 1)
+    elems = kern.f4_unpacked_to_f32(kern.unpack_uint4(packed)).reshape(32, 8, 16)
+    unit = torch.tensor(448.0 * 6.0)  # tensor_amax 448 * 6: the tensor scale is 1, a single level
+    got = quantize_nvfp4(x, tensor_amax=unit, scale_floor=True).reshape(32, 8, 16)
+    amax = x.reshape(32, 8, 16).abs().amax(-1, keepdim=True)
+    ours_s = round_to((amax / 6.0).clamp_min(2.0**-6), Format.FP8_E4M3)
+    assert torch.equal(ours_s, want_s) and bool((want_s == 2.0**-6).any())
+    # torchao multiplies by 1 / scale, flashcheck divides: compare where the two float32 quotients agree
+    xb = x.reshape(32, 8, 16)
+    agree = xb * (1.0 / want_s) == xb / want_s
+    assert float(agree.float().mean()) > 0.5
+    assert torch.equal(got[agree], (elems * want_s)[agree])
+    plain = quantize_nvfp4(x, tensor_amax=unit).reshape(32, 8, 16)
+    small = (amax / 6.0 < 2.0**-6).expand_as(xb)
+    assert not torch.equal(plain[small], got[small]) and torch.equal(plain[~small], got[~small])
+
+
+def test_policy_knobs_choose_the_scale_rounding():
+    from flashcheck.kernels.quantized import quantize_inputs
+
+    pol = parse_policy("fp4-e2m1-mixed,qk_scaling=mx,v_scaling=mx,mx_rounding=rceil,nvfp4_floor=1")
+    assert (pol.mx_rounding, pol.nvfp4_floor) == ("rceil", True)
+    with pytest.raises(ValueError, match="mx_rounding 'up'"):
+        parse_policy("fp32,mx_rounding=up")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 64, 64, generator=g, dtype=torch.float64) * 3 for _ in range(3))
+    rceil = quantize_inputs(q, k, v, pol, block_q=64, block_k=64)
+    floor = quantize_inputs(q, k, v, pol.replace(mx_rounding=""), block_q=64, block_k=64)
+    assert torch.equal(rceil[0], quantize_mx(q, "fp4-e2m1", rounding="rceil"))
+    assert torch.equal(floor[0], quantize_mx(q, "fp4-e2m1"))
+    assert not torch.equal(rceil[0], floor[0])

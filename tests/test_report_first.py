@@ -12,8 +12,8 @@ from tests.helpers import audited_figures
 from tests.quick_shaped import write_quick_shaped
 from tests.test_study_report import config, write_study
 
-from flashcheck.study.answer import PAPER_RATIO, answer
-from flashcheck.study.findings import findings
+from flashcheck.questions.paper.answer import PAPER_RATIO, answer
+from flashcheck.questions.paper.findings import findings
 from flashcheck.study.points import sweep_points
 from flashcheck.study.report import build_report
 
@@ -71,7 +71,7 @@ def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verd
     assert first[1].startswith("With every stage in bf16 (the paper's policy) Flash deviates more: 8.02x [")
     assert "at L=8192 with 16x16 tiles, and the ratio grows with the length" in first[1]
     assert "The paper reports about 10x (all bf16" in first[1] and first[2].startswith("So the tiling is not")
-    # then one line over the modern kernels quick also measures (study.config._quick_modern)
+    # then one line over the modern kernels quick also measures (questions.presets._quick_modern)
     assert lines[5].startswith("The 2026 kernels (a small part here; `flashcheck study --preset modern` measures")
     assert "FA4's bf16 kernel" in lines[5] and "FA3's FP8 path" in lines[5]
     assert [*first, lines[5]] == summary["answer"]
@@ -149,7 +149,7 @@ def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_betwee
     axis labels ticks between the powers of ten (2, 5, 20, ...), not only 10^0 and 10^1."""
     from matplotlib.figure import Figure
 
-    from flashcheck.study.answer import draw_headline
+    from flashcheck.questions.paper.answer import draw_headline
     from flashcheck.study.config import StudyConfig, Sweep
 
     both = ("flash:bf16", "flash:bf16-mixed")
@@ -188,8 +188,8 @@ def test_enough_values_whose_interval_contains_one_say_no_measurable_difference(
     """quick's answer on this machine: bf16-mixed 0.99x [0.876, 1.12] (n=15), verdict inconclusive. Fifteen values
     are not "too few", but an interval that wide is not "no difference" either (issue 34): it reads "between 12%
     less and 12% more"; one within 10% either way says no measurable difference."""
+    from flashcheck.questions.paper import answer as ans
     from flashcheck.reporting.verdicts import Estimate
-    from flashcheck.study import answer as ans
 
     est = Estimate(0.99, 0.876, 1.12, 15, "geometric mean")
     monkeypatch.setattr(ans, "pooled_mixed", lambda points: (est, [512, 8192]))

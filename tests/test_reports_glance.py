@@ -31,7 +31,7 @@ def _modern_finding(name: str, est: float, iv: tuple[float, float], status: str)
 
 
 def test_the_modern_answer_calls_a_wide_interval_inconclusive_with_its_range():
-    from flashcheck.study.modern_answer import _in_short, _versus
+    from flashcheck.questions.modern.answer import _in_short, _versus
 
     by = {f["id"]: f for f in (_modern_finding("fa4-fp8", 1.23, (0.967, 1.57), "inconclusive"),
                                _modern_finding("sage2", 1.0, (0.95, 1.04), "inconclusive"))}  # fmt: skip
@@ -45,7 +45,7 @@ def test_the_modern_answer_calls_a_wide_interval_inconclusive_with_its_range():
 
 
 def _mixed_points(ratios_by_length: dict[int, list[float]]):
-    from flashcheck.study.findings import MIXED
+    from flashcheck.questions.paper.findings import MIXED
     from flashcheck.study.points import Point
 
     out = []
@@ -60,8 +60,8 @@ def _mixed_points(ratios_by_length: dict[int, list[float]]):
 def test_the_answer_names_the_verdict_rows_number_and_why_it_differs_from_the_pooled_one():
     """quick's case: pooled over 512-8192 (n=15) against the row at L=8192 (n=3); both numbers in the sentence,
     the row's as the row prints it, and 'inconclusive: between' where the pooled interval is wider than 10%."""
-    from flashcheck.study.answer import _real
-    from flashcheck.study.findings import ratio_text
+    from flashcheck.questions.paper.answer import _real
+    from flashcheck.study.points import ratio_text
 
     pts = _mixed_points({512: [0.8, 0.9, 1.1], 2048: [0.85, 1.0, 1.2], 8192: [0.95, 1.05, 1.15]})
     said = _real(pts, {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}})
@@ -138,7 +138,7 @@ def test_compare_says_why_the_rounded_inputs_column_equals_the_candidate(tmp_pat
 def test_the_conclusion_names_only_the_kernels_it_measured():
     """quick measures fa4-fp8 and fa4-fp4 of the FP8/FP4 question: its sentence ends with them, not with
     'sage3-fp4 not measured' and 'The stage that causes it ...: not measured'."""
-    from flashcheck.study.modern import modern_sentences
+    from flashcheck.questions.modern.findings import modern_sentences
 
     def f(fid: str, status: str, measured: str = "not measured in this study") -> dict:
         return {"id": fid, "status": status, "measured": measured, "claim": fid}

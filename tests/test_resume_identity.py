@@ -11,7 +11,7 @@ import torch
 from flashcheck.core.inputs import make_qkv
 from flashcheck.measure.method import parse_method
 from flashcheck.study.cases import evaluate_group, expand, group_by_inputs
-from flashcheck.study.config import PRESETS
+from flashcheck.study.config import preset
 
 
 def _numbers(line: str) -> str:
@@ -42,7 +42,7 @@ def _backend_group():
     """The smallest input set of the tiny study where a backend (sdpa-math:fp16, float64 -> fp16) and a simulator
     (flash:fp16-mixed, float64 -> float32 -> fp16: the float32 step can round twice) see different inputs: the
     issue's collision. The premise is built here, from the draws (today L=128, the issue's case)."""
-    for g in sorted(group_by_inputs(expand(PRESETS["tiny"]())), key=lambda g: g[0].seq_len):
+    for g in sorted(group_by_inputs(expand(preset("tiny"))), key=lambda g: g[0].seq_len):
         if {"sdpa-math:fp16", "flash:fp16-mixed"} <= {c.method for c in g} and _differ(g):
             return g
     raise AssertionError("premise: no input set of the tiny study where the two roundings differ")

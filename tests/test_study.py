@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.study.cases import expand, group_by_inputs
-from flashcheck.study.config import PRESETS, StudyConfig, Sweep, load_config, preset
+from flashcheck.study.config import StudyConfig, Sweep, load_config, preset
+from flashcheck.study.registry import presets
 from flashcheck.study.report import build_report, sweep_points
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore
@@ -73,8 +74,8 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     out = tmp_path / "study"
     shutil.copytree(tiny_study_run.folder, out)  # the shared folder stays as the run left it
     summary = json.loads((out / "summary.json").read_text())
-    guide_figs = [Path(p).name for p in summary["guide"]["figures"].values()]  # the guide part's (study.guide_report)
-    # and the error model's (study.errormodel) and the headline (study.answer)
+    guide_figs = [Path(p).name for p in summary["guide"]["figures"].values()]  # the guide part's
+    # (questions.guide.report), the error model's (questions.variants.errormodel) and the headline (paper.answer)
     assert len(seen) == len(preset("tiny").sweeps) + 2 + len(guide_figs)
     assert {name: problems for name, problems, _ in seen if problems} == {}
     assert all(y for _, _, ylabels in seen for y in ylabels)
@@ -213,12 +214,12 @@ def test_reference_reuse_groups_cases_by_inputs():
 
 
 def test_presets_are_valid_and_quick_is_a_subset_of_paper_questions():
-    for name in PRESETS:
-        assert expand(preset(name))
+    for name in presets():  # cases to run, or (serving's presets) a settings table whose own tasks are the work
+        assert expand(preset(name)) or (not preset(name).sweeps and preset(name).settings)
     questions = {s.question for s in preset("quick").sweeps}
-    dims = {"causal", "gqa", "padding", "decoding", "head_dim", "backward", "captured"}  # study.findings_dims
-    guide = {"guide_errors"}  # the production guide's errors (its own tasks: study.guide)
-    modern = {"modern_fa4", "modern_lowp"}  # quick's small part of the modern study (study.config._quick_modern)
+    dims = {"causal", "gqa", "padding", "decoding", "head_dim", "backward", "captured"}  # questions.variants.findings
+    guide = {"guide_errors"}  # the production guide's errors (its own tasks: questions.guide)
+    modern = {"modern_fa4", "modern_lowp"}  # quick's small part of the modern study (questions.presets._quick_modern)
     assert modern <= {s.question for s in preset("modern").sweeps}
     assert questions - dims - guide - modern == {"formats", "seq_len", "block_area", "swapped", "square", "backends",
                                                  "fa3"}  # fmt: skip

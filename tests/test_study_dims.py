@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from flashcheck.core.inputs import InputSpec, make_mask, make_qkv, parse_padding
+from flashcheck.questions.variants.findings import dead_row_table, dims_findings
+from flashcheck.questions.variants.tables import question_table
 from flashcheck.study.cases import Case, CaseRecord, evaluate_group, expand_sweep
 from flashcheck.study.config import StudyConfig, Sweep, preset
-from flashcheck.study.findings_dims import dead_row_table, dims_findings
-from flashcheck.study.tables_dims import question_table
 
 OLD_FIELDS = ("kernel", "policy", "algorithm", "block_q", "block_k", "batch", "heads", "seq_len", "head_dim", "causal")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tests.helpers import audited_figures
 
+from flashcheck.questions.paper.conclusion import conclusion
+from flashcheck.questions.paper.findings import findings
 from flashcheck.study.cases import CaseRecord, expand
-from flashcheck.study.conclusion import conclusion
 from flashcheck.study.config import StudyConfig, Sweep
-from flashcheck.study.findings import findings
 from flashcheck.study.points import sweep_points
 from flashcheck.study.report import build_report
 
@@ -134,7 +134,7 @@ def test_conclusion_states_the_numbers_and_links_each_sentence(tmp_path):
     records = write_study(tmp_path, cfg)
     found = findings(cfg, records)
     pts = {sw.question: sweep_points(sw, records) for sw in cfg.sweeps}
-    sentences = conclusion(found, pts, (0, 0))
+    sentences = conclusion(found, pts)
     text = " ".join(t for t, _ in sentences)
     realistic, paper = sentences[0][0], sentences[1][0]
     assert realistic.startswith("Kernel-realistic") and "lower than it at 95% confidence" in realistic
@@ -303,7 +303,7 @@ def test_real_backends_against_their_baseline_and_flash_against_math(tmp_path):
 
 def test_fa3_paper_values_read_in_the_measured_ratios_order():
     """The paper's RMSEs are printed as Baseline / candidate, the order of the measured ratio beside them."""
-    from flashcheck.study.findings import _fa3_findings
+    from flashcheck.questions.paper.findings import _fa3_findings
 
     found = {f["id"]: f for f in _fa3_findings([])}
     assert found["fa3_fp16"]["paper"] == "Baseline's RMSE 3.2e-04 / flash:fp16-mixed's 1.9e-04 = 1.7x"

@@ -332,7 +332,8 @@ def test_a_deeply_nested_record_line_is_dropped_not_a_traceback(tmp_path, one_re
 )
 def test_each_preset_has_its_own_default_folder(tmp_path, monkeypatch, args, folder):
     """The folder each command hands to its runner (the runs themselves are replaced: only the name matters)."""
-    from flashcheck.study import config, guide_report, report
+    from flashcheck.questions.guide import report as guide_report
+    from flashcheck.study import config, report
     from flashcheck.training import experiments, tied_max
 
     monkeypatch.chdir(tmp_path)
@@ -409,7 +410,7 @@ def test_compare_backend_table_keeps_names_whole(monkeypatch):
     """At 80 columns the backend names stay whole (sdpa-math vs sdpa-math-lowp), and no op name is cut."""
     from rich.console import Console
 
-    from flashcheck.cli import compare as cli_compare
+    from flashcheck.cli import show
 
     def result(label: str, op: str) -> dict:
         err = {"rel_l2": 1e-3, "max_abs": 2e-3}
@@ -422,10 +423,10 @@ def test_compare_backend_table_keeps_names_whole(monkeypatch):
     rows = [result("sdpa-math", math_op), result("sdpa-math-lowp", math_op), result("sdpa-flash", flash_op)]
     for width in (80, 200):
         console = Console(width=width, record=True, highlight=False)
-        monkeypatch.setattr(cli_compare, "_console", lambda stderr=False, c=console: c)
-        cli_compare._print_backends(rows)
+        monkeypatch.setattr(show, "_console", lambda stderr=False, c=console: c)
+        show.print_backends(rows)
         text = console.export_text()
-        # boxed, unboxed or one block per row (cli.compare.print_whole): every name and op whole, none cut
+        # boxed, unboxed or one block per row (cli.show.print_whole): every name and op whole, none cut
         assert "sdpa-math-lowp" in text and re.search(r"(^|│ )sdpa-math(\s+│|\s*$)", text, re.M), text
         assert "…" not in text and flash_op in text and math_op in text, text
 

@@ -6,6 +6,7 @@ import signal
 import sys
 
 from flashcheck.cli import compare as _compare  # noqa: F401
+from flashcheck.cli import consistency as _consistency  # noqa: F401
 from flashcheck.cli import hunt as _hunt  # noqa: F401
 from flashcheck.cli import judge as _judge  # noqa: F401
 from flashcheck.cli import mutants as _mutants  # noqa: F401

@@ -13,7 +13,6 @@ from flashcheck.cli.app import (
     Distribution,
     Fp8Scaling,
     Kernel,
-    _console,
     _fail_usage,
     _int_list,
     _int_range,
@@ -24,6 +23,7 @@ from flashcheck.cli.app import (
     _splits_fit,
     app,
 )
+from flashcheck.cli.show import print_backends, print_compare, print_decoding, print_grads, sim_name
 
 NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
@@ -109,10 +109,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Measure a configuration: candidate and baseline, both against the FP64 reference."""
-    if case is not None:
-        from flashcheck.cli.hunt import rerun_case
-
-        rerun_case(backend, case, device, as_json)
+    _rerun_hunted(backend, case, device, as_json)  # with --case: judges a hunted case and exits
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, distribution=distribution.value, seed=seed)
     shape |= dict(kv_heads=kv_heads, seq_len_k=seq_len_k, padding=padding)
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
@@ -120,11 +117,9 @@ def compare(
     knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
     simulators = backend is None and preset is None
     try:
-        _no_empty({"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend})
-        _no_empty({"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs)
-        dev = _device(device, backend, preset)
-        _kv_divides(heads, kv_heads)
-        lengths = _int_list(seq_len, "--seq-len")
+        opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend}
+        opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
+        dev, lengths = _checked(opt, heads, kv_heads)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
@@ -144,6 +139,23 @@ def compare(
         _finish_backends(results, as_json)
 
 
+def _rerun_hunted(backend: str | None, case: str | None, device: str | None, as_json: bool) -> None:
+    """`--case`: a `flashcheck hunt` finding judged again (cli.hunt; exits). Without --case, nothing."""
+    if case is None:
+        return
+    from flashcheck.cli.hunt import rerun_case
+
+    rerun_case(backend, case, device, as_json)
+
+
+def _checked(named: dict, heads: int, kv_heads: int | None) -> tuple:
+    """(device, lengths) after the option checks: no empty option, kv heads dividing heads, --seq-len a list."""
+    _no_empty(named)
+    dev = _device(named["--device"], named["--backend"], named["--preset"])
+    _kv_divides(heads, kv_heads)
+    return dev, _int_list(named["--seq-len"], "--seq-len")
+
+
 def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
     """Print the simulator comparison: one configuration's table (and its gradients' with --backward), or
     the split-KV decoding table of several."""
@@ -153,11 +165,11 @@ def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
         dicts = [compare_dict(c, r) for c, r in zip(cfgs, records, strict=True)]
         typer.echo(json.dumps(dicts[0] if len(dicts) == 1 else {"comparisons": dicts}, indent=2))
     elif len(cfgs) == 1:
-        _print_compare(cfgs[0], records[0])
+        print_compare(cfgs[0], records[0])
         if records[0].grad is not None:
-            _print_grads(cfgs[0], records[0])
+            print_grads(cfgs[0], records[0])
     else:
-        _print_decoding(cfgs, records)
+        print_decoding(cfgs, records)
 
 
 def _finish_backends(results: list, as_json: bool) -> None:
@@ -166,7 +178,7 @@ def _finish_backends(results: list, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
     else:
-        _print_backends(results)
+        print_backends(results)
     if any(not _passed(r) for r in results):
         raise typer.Exit(1)
     if results and all(r.get("status") == "skipped" for r in results):
@@ -255,11 +267,7 @@ def _run_sims(cfgs: list, as_json: bool) -> list:
     from flashcheck.measure.compare import run_compares
 
     with _progress(len(cfgs), "compare", as_json) as advance:
-        return run_compares(cfgs, done=lambda c: advance(note=_sim_name(c)))
-
-
-def _sim_name(cfg) -> str:
-    return f"splitkv S={cfg.splits}" if cfg.kernel == "splitkv" and cfg.splits else cfg.kernel
+        return run_compares(cfgs, done=lambda c: advance(note=sim_name(c)))
 
 
 def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: tuple[dict, dict]) -> list:
@@ -335,262 +343,3 @@ def _passed(result: dict) -> bool:
         return result.get("status") == "skipped"
     checks = [result["budget"]["passed"]] + [g["budget"]["passed"] for g in result.get("grad", {}).values()]
     return all(checks)
-
-
-def _rule_line(results: list[dict]) -> str:
-    """The budget rule of the results, short enough for an 80-column line: the peers' (k=2 forward, 3 gradients)
-    or flashcheck's (calibrated k; rel_l2, bias and row checks)."""
-    rules = {r["budget"].get("rule", "peers") for r in results if r.get("status") == "ok"}
-    return "flashcheck's rule" if rules == {"flashcheck"} else "the peers' rule"
-
-
-def _print_backends(results: list[dict]) -> None:
-    """The results' table (none when every case was skipped or failed), then one line per case not run."""
-    from rich.markup import escape
-
-    console = _console()
-    cols = ("backend", "device", "fmt", "L", "rel_l2", "max_abs", "baseline", "ratio", "budget", "kernel ran", "checks")
-    rows, skipped = [], []
-    for r in results:
-        c = r["config"]
-        if r["status"] != "ok":
-            why = r["reason"] if r["status"] == "skipped" else r["reason"].splitlines()[0]
-            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
-            continue
-        # public op names only (aten::...), not an autograd Function's class name (_FlashFunction, _JaxAttention)
-        ops = [o for o in r["kernel_ops"] if "::" in o and o != "aten::scaled_dot_product_attention"]
-        ops = ops[0].replace("aten::", "") if ops else ""
-        grads = " ".join(f"{k}:{'ok' if g['budget']['passed'] else 'FAIL'}" for k, g in r.get("grad", {}).items())
-        det = r.get("determinism")
-        if det:
-            grads += f" det:{'ok' if det['forward_identical'] and det.get('backward_identical', True) else 'NO'}"
-            grads += f" batch:{'ok' if det['batch_invariant'] else 'NO'}"
-        rows.append(
-            [
-                c["label"],
-                c.get("device", "cpu"),
-                c["numerics"],
-                str(c["seq_len"]),
-                f"{r['candidate']['rel_l2']:.3e}",
-                f"{r['candidate']['max_abs']:.3e}",
-                r["baseline_impl"],
-                f"{r['ratio']['max_abs']:.2f}",
-                "pass" if r["budget"]["passed"] else "FAIL",
-                ops,
-                grads.strip(),
-            ]
-        )
-    if rows:
-        console.print(f"errors vs FP64; ratio = max_abs / baseline's; budget = {_rule_line(results)}")
-        print_whole(console, cols, rows)
-    ok = [r for r in results if r["status"] == "ok"]
-    if len(ok) == 1:  # one case: every metric, as plain compare prints them
-        _print_metrics(console, ok[0])
-    for r in ok:
-        if not r["budget"]["passed"]:
-            console.print(escape(_why_failed(r)), soft_wrap=True)
-    for line in skipped:
-        console.print(escape(line))
-
-
-def _print_metrics(console, r: dict) -> None:
-    """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
-    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs rounded inputs")
-    rounded = r["vs_rounded_inputs"]["candidate"]
-    rows = [
-        [m, f"{v:.3e}", f"{r['baseline'][m]:.3e}", f"{r['ratio'][m]:.3f}", f"{rounded[m]:.3e}"]
-        for m, v in r["candidate"].items()
-    ]
-    print_whole(console, cols, rows)
-    if all(rounded.get(m) == v for m, v in r["candidate"].items()):
-        console.print(f"vs rounded inputs equals the candidate: {_why_not_rounded(r)}", markup=False, soft_wrap=True)
-
-
-def _why_not_rounded(r: dict) -> str:
-    """Why the reference of the rounded inputs is the original inputs' (issue 34: an equal column, unexplained)."""
-    fmt = r["config"]["numerics"]
-    if fmt.startswith("fp64"):
-        return f"{fmt} inputs are not rounded, so both references are the same"
-    if fmt.startswith("fp8"):
-        return (
-            f"this method scales and quantises its {fmt} inputs inside the kernel, a step flashcheck does not "
-            "repeat outside it, so that reference is the FP64 output of the original inputs"
-        )
-    return "the method sees its inputs unrounded, so both references are the same"
-
-
-def _why_failed(r: dict) -> str:
-    """One line: which budget check failed, its value and bound, and what the bound was built from."""
-    b, c = r["budget"], r["config"]
-    failed = "; ".join(f"{x['name']} {x['value']:.3e} > {x['bound']:.3e}" for x in b["checks"] if not x["passed"])
-    line = (
-        f"{c['label']} {c['numerics']} L={c['seq_len']} FAIL ({b['rule']} rule): {failed}; bound = k {b['k']:g} x "
-        f"{r['baseline_impl']}'s error (max {r['baseline']['max_abs']:.3e}) + floor {b['floor']:.2e}"
-    )
-    if c.get("preset") and r["baseline_impl"].startswith("eager:"):
-        line += (
-            f"; preset {c['preset']} quantises inside the kernel below its input format {c['numerics']} (its Q, K "
-            "or P), which eager does not: to judge it beside FP8 attention give --baseline-numerics baseline-fp8 "
-            "(standard attention with per-tensor FP8 inputs), or another standard policy as the yardstick"
-        )
-    return line
-
-
-def print_whole(console, cols: tuple[str, ...], rows: list[list[str]], prose: tuple[str, ...] = ()) -> None:
-    """Rows of plain strings as a table whose every cell is whole: columns empty in every row dropped, no cell
-    cut, none wrapped but the `prose` columns (at spaces, given at most 30 columns); where that table is wider
-    than the console, one block per row (column: value) instead."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    keep = [i for i in range(len(cols)) if any(row[i] for row in rows)]
-    cols, rows = [cols[i] for i in keep], [[row[i] or "-" for i in keep] for row in rows]
-    widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(cols)]
-    need = [min(w, 30) if col in prose else w for col, w in zip(cols, widths, strict=True)]
-    # boxed (a cell's padding 1 + 1 and a rule between cells), else unboxed (two spaces between cells)
-    for style, extra in ((box.HEAVY_HEAD, 3 * len(cols) + 1), (None, 2 * len(cols) - 2)):
-        if sum(need) + extra <= console.width:
-            table = Table(box=style, pad_edge=style is not None)
-            for col, w in zip(cols, need, strict=True):
-                table.add_column(escape(col), no_wrap=col not in prose, min_width=w)
-            for row in rows:
-                table.add_row(*map(escape, row))
-            console.print(table)
-            return
-    w = max(map(len, cols[1:]))
-    for row in rows:
-        console.print(escape(row[0]), soft_wrap=True)
-        for col, cell in zip(cols[1:], row[1:], strict=True):
-            console.print(escape(f"  {col:<{w}}  {cell}"), soft_wrap=True)
-
-
-def _shape(cfg) -> str:
-    """The inputs and kernel settings of a heading: B, H (Hkv), L (Lk), D, blocks, algorithm, mask, inputs."""
-    s = cfg.inputs
-    heads = f"H={s.heads}" + (f" Hkv={s.kv_heads}" if s.kv_heads else "")
-    lens = f"L={s.seq_len}" + (f" Lk={s.seq_len_k}" if s.seq_len_k else "")
-    pad = f" padding={s.padding}" if s.padding != "none" else ""
-    return (
-        f"B={s.batch} {heads} {lens} D={s.head_dim} blocks={cfg.block_q}x{cfg.block_k} {cfg.algorithm}"
-        f"{' causal' if cfg.causal else ''}{pad} {s.distribution} seed={s.seed}"
-    )
-
-
-def _policy_label(pol, named: str | None = None) -> str:
-    """A policy's name, with every knob a flag set apart from the named policy's own (hadamard, FP8 scaling,
-    delta_source, ds_correction): they do not show in the name."""
-    from flashcheck.core.numerics import parse_policy
-
-    base = parse_policy(named) if named else None
-    knobs = []
-    if base is not None and pol.hadamard != base.hadamard:
-        knobs.append("hadamard" if pol.hadamard else "no hadamard")
-    if base is not None and pol.fp8_scaling != base.fp8_scaling:
-        knobs.append(f"fp8_scaling={pol.fp8_scaling}")
-    knobs += [f"delta_source={pol.delta_source}"] if pol.delta_source != "forward" else []
-    knobs += ["ds_correction"] if pol.ds_correction else []
-    return ", ".join([pol.name, *knobs])
-
-
-def _print_compare(cfg, result) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    splits = f"S={cfg.case().method.splits} ({cfg.chunks()} chunks) " if cfg.kernel == "splitkv" else ""
-    title = (
-        f"{cfg.kernel} [{_policy_label(cfg.candidate_policy(), cfg.numerics)}] vs standard "
-        f"[{_policy_label(cfg.baseline_policy())}]  "
-        f"{splits}{_shape(cfg)}"
-    )
-    console = _console()
-    console.print(escape(title))
-    table = Table()
-    for col in ("metric (vs FP64)", "candidate", "baseline", "ratio", "candidate vs FP64 of rounded inputs"):
-        table.add_column(col, justify="right")
-    for key, value in result.candidate.items():
-        table.add_row(
-            key,
-            f"{value:.3e}",
-            f"{result.baseline[key]:.3e}",
-            f"{result.ratio[key]:.3f}",
-            f"{result.candidate_rounded[key]:.3e}",
-        )
-    console.print(table)
-    if cfg.inputs.padding != "none":
-        console.print(escape(padding_counts(cfg.inputs, cfg.causal)))
-
-
-def padding_counts(spec, causal: bool) -> str:
-    """What a padded comparison counted: the keys each batch row keeps and the query rows with a visible key
-    (the only rows in the errors), from the same mask the measurement uses."""
-    import torch
-
-    from flashcheck.core.inputs import make_mask
-
-    mask = make_mask(spec)[:, 0]  # bool [B, Lq, Lk], as the measurement builds it (no L x L float bias here)
-    keys = mask.any(dim=-2).sum(dim=-1).tolist()  # [B]: keys some query row sees
-    rows = mask.any(dim=-1)
-    if causal:  # bottom-right aligned: row i sees key j <= i + Lk - Lq, so its first kept key must be one of them
-        first = mask.to(torch.uint8).argmax(dim=-1)
-        rows &= first <= torch.arange(spec.seq_len) + (spec.lk - spec.seq_len)
-    live, total = int(rows.sum()), spec.batch * spec.seq_len
-    return (
-        f"padding {spec.padding}: keys kept per batch row {', '.join(map(str, keys))} of {spec.lk}; errors over "
-        f"{live} of {total} query rows (those that see a key: padded query positions see none), in each of the "
-        f"{spec.heads} heads"
-    )
-
-
-def _print_grads(cfg, result) -> None:
-    """The gradients' table: per dQ, dK, dV the candidate's and the baseline's errors vs FP64 autograd."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    pol = cfg.candidate_policy()
-    knobs = f"delta_source={pol.delta_source}, ds_correction={'on' if pol.ds_correction else 'off'}"
-    console = _console()
-    console.print(
-        escape(f"gradients vs FP64 autograd through the reference (dO drawn from seed={cfg.inputs.seed}); {knobs}")
-    )
-    table = Table()
-    cols = ("gradient", "candidate rel_l2", "baseline rel_l2", "ratio rel_l2", "candidate max_abs")
-    for col in (*cols, "baseline max_abs", "ratio max_abs"):
-        table.add_column(col, justify="right")
-    for name, g in result.grad.items():
-        cells = [f"{g[who][m]:.3e}" for m in ("rel_l2", "max_abs") for who in ("candidate", "baseline")]
-        table.add_row(name, *cells[:2], f"{g['ratio']['rel_l2']:.3f}", *cells[2:], f"{g['ratio']['max_abs']:.3f}")
-    console.print(table)
-
-
-def _print_decoding(cfgs: list, records: list) -> None:
-    """The split-KV decoding table: standard (the baseline), flash, then splitkv at each S, errors vs FP64."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    flash, base = records[0], records[0].baseline
-    s_list = ",".join(str(c.splits) for c in cfgs[1:])
-    console = _console()
-    console.print(
-        escape(
-            f"split-KV decoding S={s_list} and flash [{cfgs[0].candidate_policy().name}] vs standard "
-            f"[{cfgs[0].baseline_policy().name}]  {_shape(cfgs[0])}"
-        )
-    )
-    table = Table()
-    cols = ("kernel (vs FP64)", "chunks", "max_abs", "rel_l2", "rel_l2 / standard's", "rel_l2 / flash's")
-    for col in (*cols, "rel_l2 vs FP64 of rounded inputs"):
-        table.add_column(col, justify="right")
-    table.add_row("standard", "-", f"{base['max_abs']:.3e}", f"{base['rel_l2']:.3e}", "1.000", "-", "-")
-    for cfg, rec in zip(cfgs, records, strict=True):
-        c = rec.candidate
-        table.add_row(
-            escape(_sim_name(cfg)),
-            str(cfg.chunks() or "-"),
-            f"{c['max_abs']:.3e}",
-            f"{c['rel_l2']:.3e}",
-            f"{rec.ratio['rel_l2']:.3f}",
-            f"{c['rel_l2'] / flash.candidate['rel_l2']:.3f}" if flash.candidate["rel_l2"] else "-",
-            f"{rec.candidate_rounded['rel_l2']:.3e}",
-        )
-    console.print(table)

@@ -107,7 +107,7 @@ def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, 
 def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
-    from flashcheck.cli.compare import print_whole
+    from flashcheck.cli.show import print_whole
     from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline
 
     console = _console()
@@ -166,7 +166,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
 def _print_case(name: str, hc, outcome) -> None:
     from rich.markup import escape
 
-    from flashcheck.cli.compare import print_whole
+    from flashcheck.cli.show import print_whole
 
     console = _console()
     console.print(escape(f"{name} on {hc.describe()} (peers' rule, FP64 reference)"))

@@ -29,7 +29,8 @@ class Executor(StrEnum):
 def study(
     preset: str = typer.Option(
         "quick",
-        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny.",
+        help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny | "
+        "serving | serving-tiny.",
     ),
     config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
     out: str = typer.Option(
@@ -47,12 +48,17 @@ def study(
     cases are tried again). Exit code 1 when a case failed."""
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
-    from flashcheck.study.guide import is_guide
-    from flashcheck.study.guide_report import build_guide_report
+    from flashcheck.study.registry import solo_set
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
 
     out = default_out("flashcheck-study", preset, config) if out is None else out
+    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
+
+    if config is None and preset in SERVING_PRESETS:  # its own runner and printout (cli.serving)
+        from flashcheck.cli.serving import study_serving
+
+        return study_serving(preset, out, quiet)
 
     def run() -> tuple[dict, dict]:
         _out_folder(out)
@@ -62,13 +68,12 @@ def study(
             raise ValueError("--preset '' is empty; expected one of quick, paper, fa3, full, tiny, modern")
         if ray_address is not None and executor != Executor.ray:
             raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
-        if config is None and not preset.strip():
-            raise ValueError(f"--preset {preset!r} is empty; give one of quick, paper, fa3, full, tiny, modern")
         cfg = load_config(config) if config is not None else get_preset(preset)
-        if config is None and is_guide(cfg):
+        owner = solo_set(cfg.name) if config is None else None
+        if owner is not None and owner.own_report is not None:  # a preset with a report of its own (the guide's)
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_study(cfg, out, workers=workers, quiet=quiet), _room(build_guide_report, out)
+            return run_study(cfg, out, workers=workers, quiet=quiet), _room(owner.own_report, out)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
         return stats, _room(build_report, out)
@@ -88,7 +93,7 @@ def report(
 ) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
     from flashcheck.core.lock import lock_holder
-    from flashcheck.study.guide_report import build_guide_report, is_guide_folder
+    from flashcheck.study.registry import sets
     from flashcheck.study.report import build_report
 
     if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
@@ -99,8 +104,17 @@ def report(
             highlight=False,
         )
 
-    if is_guide_folder(folder):
-        _print_guide(_guarded(lambda: _room(build_guide_report, folder)), None, folder)
+    from flashcheck.questions.serving import is_serving_folder
+
+    if is_serving_folder(folder):
+        from flashcheck.cli.serving import print_serving
+        from flashcheck.questions.serving.report import build_serving_report
+
+        print_serving(_guarded(lambda: _room(build_serving_report, folder)), folder)
+        return
+    own = next((s.own_report for s in sets() if s.owns_folder is not None and s.owns_folder(folder)), None)
+    if own is not None:  # a folder of a preset with a report of its own (the guide's)
+        _print_guide(_guarded(lambda: _room(own, folder)), None, folder)
         return
     summary = _guarded(lambda: _room(build_report, folder))
     _print_findings(summary, None, folder)
@@ -139,7 +153,7 @@ def _print_claims(claims: list[dict], console) -> None:
     """The guide's claims, one line each: verdict, claim, id, what was measured (the conditions are in the report)."""
     from rich.markup import escape
 
-    from flashcheck.study.guide_report import table_status
+    from flashcheck.questions.guide.report import table_status
 
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
     for f in claims:

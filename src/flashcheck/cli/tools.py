@@ -60,7 +60,7 @@ def backends(
     if as_json:
         typer.echo(json.dumps({"backends": rows}, indent=2))
         return
-    from flashcheck.cli.compare import print_whole
+    from flashcheck.cli.show import print_whole
 
     cols = ("name", "device", "here", "why not / what", "dtypes", "version")
     cells = [

@@ -128,10 +128,20 @@ def validate(
     check_pin: str = typer.Option(None, help="Only compare the running environment with this pin file."),
     as_json: bool = typer.Option(False, "--json"),
     quiet: bool = typer.Option(False, help="No progress bar."),
+    kv_cache: str = typer.Option(
+        None,
+        help="Decoder models: generate with these KV caches (fp8, fp8/calc, fp8-head, fp8-token, fp4, nvfp4, "
+        "fp8k-nvfp4v; fp8 alone runs scale 1.0 and calibrated) against the bf16 cache.",
+    ),
+    new_tokens: int = typer.Option(32, help="--kv-cache: greedy tokens generated per prompt."),
+    prompts: int = typer.Option(8, help="--kv-cache: prompts (random token ids where MODEL has no tokenizer)."),
+    prompt_len: int = typer.Option(32, help="--kv-cache: tokens per prompt."),
 ) -> None:
     """Validate a model under each attention implementation and format against the eager fp32 reference."""
     if check_pin is not None:
         _check_pin_only(check_pin, as_json)
+    if kv_cache is not None:
+        _validate_kv(model, kv_cache, new_tokens, prompts, prompt_len, out, as_json)
     from flashcheck.core.progress import progress
     from flashcheck.validate import validate_model
 
@@ -180,3 +190,56 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
         if pin is not None:
             typer.echo(f"pin written to {pin}" if result.passed else f"pin {pin} not written: the validation failed")
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
+                 as_json: bool) -> None:  # fmt: skip
+    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+    from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
+
+    try:
+        folder = _out_folder(out)
+        for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
+            if value < 1:
+                raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
+        if model is None or not model.strip():
+            raise ValueError(f"MODEL {model!r}: --kv-cache needs a decoder model folder (Hugging Face causal LM)")
+        formats = expand_formats(kv_cache)
+        _need_transformers()
+        from flashcheck.validate.loading import load_model, resolve_model
+
+        info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
+        if not info.causal:
+            raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
+        register()
+        lm = load_model(info, "fp32", impl=IMPL)
+        ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    import time
+
+    t0 = time.perf_counter()
+    rows = kv_cache_check(lm, formats, ids, new_tokens)
+    summary = {"model": model, "prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
+               "seconds": time.perf_counter() - t0, "rows": [r.to_dict() for r in rows]}  # fmt: skip
+    from flashcheck.core.fileio import write_atomic
+
+    folder.mkdir(exist_ok=True)
+    write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        raise typer.Exit(0)
+    from rich.table import Table
+
+    table = Table(
+        title=f"validate {model} --kv-cache: {prompts} prompts x {new_tokens} greedy tokens, vs the bf16 cache"
+    )
+    for col in ("KV cache", "token agreement", "first divergence", "KL(bf16 || cache)", "prefill vs decode |dlogp|",
+                "s"):  # fmt: skip
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*fmt_row(r))
+    c = _console()
+    c.print(table)
+    c.print(f"run time {summary['seconds']:.1f} s; summary: {folder}/summary.json")
+    raise typer.Exit(0)

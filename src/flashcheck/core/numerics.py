@@ -265,7 +265,13 @@ class Policy:
     # p_scale, p_scaling, exp2_emu (p); qk_acc_bits, the Q K^T MMA's accumulator (score); acc_bits with
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
-    # the flash kernel's key_order; arXiv 2606.06521). exact_inputs ("qk" or "v", input): those inputs stay exact
+    # the flash kernel's key_order; arXiv 2606.06521). qk_mma / pv_mma (score / accum): the tensor-core model
+    # (kernels.mma: ada, hopper, b200) that computes the FP8/FP4 Q K^T / P V MMA bit for bit, in place of the
+    # generic qk_acc_bits / acc_bits accumulator (which then only describe its width to the error model);
+    # acc_promote promotes its result to fp32, and acc_nearest with acc_bits 10 makes its register fp16.
+    # mx_rounding (input): the MX shared scale's rounding, "" / floor (OCP MX) or rceil (Blackwell's cvt.rp);
+    # nvfp4_floor (input, p): NVFP4 block scales below 2^-6 raised to it before their e4m3 cast (core.quant).
+    # exact_inputs ("qk" or "v", input): those inputs stay exact
     # (float64, unrounded, unsmoothed) while the others round as the policy says: explain's input sub-stages.
     qk_scaling: str = ""
     smooth_q: bool = False
@@ -279,6 +285,10 @@ class Policy:
     acc_promote: int = 0
     acc_nearest: bool = False
     qk_acc_bits: int = 0
+    qk_mma: str = ""
+    pv_mma: str = ""
+    mx_rounding: str = ""
+    nvfp4_floor: bool = False
     exp2_emu: int = 0
     exp2_emu_res: int = 4
     exp2_emu_start: int = 1
@@ -371,6 +381,10 @@ STAGE_KNOBS: dict[str, object] = {
     "acc_promote": 0,
     "acc_nearest": False,
     "qk_acc_bits": 0,
+    "qk_mma": "",
+    "pv_mma": "",
+    "mx_rounding": "",
+    "nvfp4_floor": False,
     "exp2_emu": 0,
     "exp2_emu_res": 4,
     "exp2_emu_start": 1,
@@ -383,6 +397,7 @@ QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4")
 V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4")
 P_SCALINGS = ("", "nvfp4")
 EXACT_INPUTS = ("", "qk", "v")
+MMA_NAMES = ("", "ada", "hopper", "b200")  # kernels.mma.MMA_MODELS' keys (core does not import kernels)
 
 
 def _check_knobs(pol: Policy) -> None:
@@ -393,6 +408,9 @@ def _check_knobs(pol: Policy) -> None:
         ("p_scaling", P_SCALINGS),
         ("kv_order", orders),
         ("exact_inputs", EXACT_INPUTS),
+        ("qk_mma", MMA_NAMES),
+        ("pv_mma", MMA_NAMES),
+        ("mx_rounding", ("", "floor", "rceil")),
     ):
         if getattr(pol, name) not in allowed:
             shown = ", ".join(a or "''" for a in allowed)
@@ -511,9 +529,12 @@ def parse_policy(spec: str | Policy) -> Policy:
             raise ValueError(
                 f"bad policy term {part!r} in {spec!r}; expected KEY=VALUE with KEY in {', '.join(allowed)}"
             )
-        if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest"):
+        if key in ("hadamard", "ds_correction", "smooth_q", "smooth_k", "approx_recip", "acc_nearest", "nvfp4_floor"):
             changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
-        elif key in ("fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order", "exact_inputs"):
+        elif key in (
+            "fp8_scaling", "delta_source", "qk_scaling", "v_scaling", "p_scaling", "kv_order", "exact_inputs",
+            "qk_mma", "pv_mma", "mx_rounding",
+        ):  # fmt: skip
             changes[key] = value.strip()
         elif key in (
             "delta_seed",

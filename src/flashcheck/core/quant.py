@@ -57,51 +57,79 @@ def _unblocked(xb: torch.Tensor, pad: int, dim: int) -> torch.Tensor:
     return xt.movedim(-1, dim)
 
 
-def mx_scales(amax: torch.Tensor, fmt: Format | str) -> torch.Tensor:
-    """OCP MX v1.0 section 6.3: X = 2^(floor(log2(amax)) - emax_elem), clamped to E8M0's range (amax 0: 2^-127)."""
+MX_ROUNDINGS = ("floor", "rceil")
+
+
+def mx_scales(amax: torch.Tensor, fmt: Format | str, rounding: str = "floor") -> torch.Tensor:
+    """The E8M0 shared scale X of blocks with largest magnitude amax. floor (OCP MX v1.0 section 6.3):
+    X = 2^(floor(log2(amax)) - emax_elem); rceil (Blackwell's cvt.rp.satfinite.ue8m0, cuBLAS / torchao "RCEIL"):
+    X = the smallest power of two >= amax / max_elem, that quotient formed in float32. Clamped to E8M0's range;
+    amax 0 gives 2^-127."""
+    if rounding not in MX_ROUNDINGS:
+        raise ValueError(f"unknown MX scale rounding {rounding!r}; expected one of {', '.join(MX_ROUNDINGS)}")
     a64 = amax.to(torch.float64)
-    _, exp = torch.frexp(a64)
-    shared = (exp - 1 - emax(fmt)).clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
-    x = torch.ldexp(torch.ones_like(a64), shared.to(torch.float64))
+    if rounding == "rceil":
+        descale = (amax.to(torch.float32) / info(fmt).max).to(torch.float64)  # float32 division, as the kernels
+        mant, exp = torch.frexp(descale)  # descale = mant * 2^exp, mant in [0.5, 1): a power of two iff mant 0.5
+        shared = torch.where(mant == 0.5, exp - 1, exp)
+    else:
+        _, exp = torch.frexp(a64)
+        shared = exp - 1 - emax(fmt)
+    x = torch.ldexp(torch.ones_like(a64), shared.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP).to(torch.float64))
     return torch.where(a64 > 0, x, torch.full_like(a64, 2.0**E8M0_MIN_EXP))
 
 
-def quantize_mx(x: torch.Tensor, fmt: Format | str, *, block: int = 32, dim: int = -1) -> torch.Tensor:
-    """MX block quantisation: blocks of `block` elements along `dim` share the scale X of mx_scales; each
-    element is x / X rounded to fmt (nearest-even, saturating at fmt's max) and multiplied back by X."""
+def quantize_mx(
+    x: torch.Tensor, fmt: Format | str, *, block: int = 32, dim: int = -1, rounding: str = "floor"
+) -> torch.Tensor:
+    """MX block quantisation: blocks of `block` elements along `dim` share the scale X of mx_scales (`rounding`
+    floor or rceil); each element is x / X rounded to fmt (nearest-even, saturating at fmt's max) and multiplied
+    back by X. (A block whose rceil scale is 2^-127 keeps its elements unscaled, as torchao and Transformer
+    Engine do, before the saturating cast.)"""
     fmt = parse_format(fmt)
     xb, pad = _blocked(x.detach().to(torch.float64), dim, block)
-    scale = mx_scales(xb.abs().amax(dim=-1, keepdim=True), fmt)
-    return _unblocked(round_to(xb / scale, fmt) * scale, pad, dim).to(x.dtype)
+    scale = mx_scales(xb.abs().amax(dim=-1, keepdim=True), fmt, rounding)
+    div = scale
+    if rounding == "rceil":
+        div = torch.where(scale == 2.0**E8M0_MIN_EXP, torch.ones_like(scale), scale)
+    return _unblocked(round_to(xb / div, fmt) * scale, pad, dim).to(x.dtype)
 
 
-def quantize_nvfp4(x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None) -> torch.Tensor:
+def quantize_nvfp4(
+    x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None, scale_floor: bool = False
+) -> torch.Tensor:
     """NVFP4: e2m1 values in blocks of 16 along `dim`, each block with an e4m3 scale, the tensor with an FP32
     scale s = 448 * 6 / amax(|x|) (NVIDIA's two-level recipe): block scale e4m3(amax_b / 6 * s), element
     e2m1(x / (scale_b / s)), value e2m1 * scale_b / s, the arithmetic in float32 as the kernels do.
-    `tensor_amax` overrides amax(|x|) (a calibrated or per-row amax, broadcasting against x)."""
+    `tensor_amax` overrides amax(|x|) (a calibrated or per-row amax, broadcasting against x). `scale_floor`:
+    a block scale below e4m3's smallest normal 2^-6 is raised to it before the cast (torchao's nvfp4_quantize
+    clamps so); without it the scale may be an e4m3 subnormal, or 0 (the block then quantises to 0)."""
     x32 = x.detach().to(torch.float32)
     amax_t = x32.abs().amax() if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
     s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
     if tensor_amax is not None and s_enc.dim():
         s_enc = _blocked(s_enc.expand_as(x32), dim, block)[0][..., :1]
     xb, pad = _blocked(x32, dim, block)
-    s_block = round_to(xb.abs().amax(dim=-1, keepdim=True) / 6.0 * s_enc, Format.FP8_E4M3)
+    raw = xb.abs().amax(dim=-1, keepdim=True) / 6.0 * s_enc
+    s_block = round_to(raw.clamp_min(2.0**-6) if scale_floor else raw, Format.FP8_E4M3)
     dec = s_block / s_enc
     safe = torch.where(dec > 0, dec, torch.ones_like(dec))
     out = torch.where(dec > 0, round_to(xb / safe, Format.FP4_E2M1) * dec, torch.zeros_like(xb))
     return _unblocked(out, pad, dim).to(x.dtype)
 
 
-def quantize_blocks(x: torch.Tensor, scheme: str, *, dim: int = -1) -> torch.Tensor:
+def quantize_blocks(
+    x: torch.Tensor, scheme: str, *, dim: int = -1, rounding: str = "floor", scale_floor: bool = False
+) -> torch.Tensor:
     """Block (microscaling) quantisation of x along `dim` by scheme: mxfp8 (e4m3), mxfp8-e5m2, mxfp6 (e2m3),
-    mxfp6-e3m2, mxfp4 (e2m1), all 32-element blocks with an E8M0 scale; nvfp4 (see quantize_nvfp4)."""
+    mxfp6-e3m2, mxfp4 (e2m1), all 32-element blocks with an E8M0 scale (`rounding` floor or rceil, see
+    mx_scales); nvfp4 (see quantize_nvfp4; `scale_floor`)."""
     if scheme == "nvfp4":
-        return quantize_nvfp4(x, dim=dim)
+        return quantize_nvfp4(x, dim=dim, scale_floor=scale_floor)
     if scheme not in MX_SCHEMES:
         raise ValueError(f"unknown block scheme {scheme!r}; expected one of {', '.join(BLOCK_SCHEMES)}")
     fmt, block = MX_SCHEMES[scheme]
-    return quantize_mx(x, fmt, block=block, dim=dim)
+    return quantize_mx(x, fmt, block=block, dim=dim, rounding=rounding)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:

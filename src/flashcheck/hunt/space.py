@@ -4,7 +4,11 @@ Every feature is plain in about two thirds of the draws (so that one can show al
 its lists start with the plain value, so that Hypothesis's shrinker, which moves each choice towards the first
 branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
 Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, each -1, +0, +1, and
-L % 128 == 64), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
+L % 128 == 64), drawn as base + offset so that the shrinker keeps the offset a failure needs while it moves the
+base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; and one that needs L >= 2 from 64 + 1 to 0 + 2,
+Hypothesis lowering the base while it raises the offset to the next in OFFSETS; with one sorted list of lengths the
+shrinker moves one index, and the lengths between 65 and 257 that it tries need not trigger, so a hunt could
+stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
 include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
 rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks up
 to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows."""
@@ -15,7 +19,11 @@ from flashcheck.hunt.case import DTYPES, HuntCase
 from flashcheck.hunt.target import Target
 
 TILES = (64, 96, 128, 176, 192, 256)
-LENGTHS = tuple(sorted({1, 2, 3, 16, 63, 64, 65, 320, 448} | {t + e for t in TILES for e in (-1, 0, 1)}))
+# a tile length is BASE + OFFSET, each drawn (and shrunk) on its own: a failure at 256 + 1 shrinks its base
+# towards 0 and 64 while it keeps its offset, so it reaches 64 + 1, the smallest length with the same offset
+BASES = (0, 64, 128, 96, 176, 192, 256, 320, 448)
+OFFSETS = (1, 2, 0, -1, 3, 16, 63, 64)  # base 0: lengths 1, 2, 3, 16, 63, 64; a tile +-1; and L % 128 == 64
+LENGTHS = tuple(sorted({max(1, b + o) for b in BASES for o in OFFSETS}))
 HEAD_DIMS = (16, 1, 8, 24, 32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256)
 HEADS = (1, 2, 4, 8)
 PAD_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
@@ -33,8 +41,7 @@ def cases(target: Target, *, backward: bool = True):
     from hypothesis import assume
     from hypothesis import strategies as st
 
-    tile = st.sampled_from(LENGTHS)
-    length = st.one_of(tile, tile, st.integers(1, 320))  # two thirds at tile boundaries
+    length = lengths()
 
     def plain_or(plain, values):  # two thirds of the draws keep a feature plain, so that one can show alone
         return st.one_of(st.just(plain), st.just(plain), st.sampled_from(values))
@@ -64,6 +71,14 @@ def cases(target: Target, *, backward: bool = True):
         return HuntCase(**fields, sink=sink, seed=seed, backward=back)
 
     return draw_case()
+
+
+def lengths():
+    """A strategy of sequence lengths: two thirds base + offset at tile boundaries, one third any up to 320."""
+    from hypothesis import strategies as st
+
+    tile = st.builds(lambda base, offset: max(1, base + offset), st.sampled_from(BASES), st.sampled_from(OFFSETS))
+    return st.one_of(tile, tile, st.integers(1, 320))
 
 
 def _max_magnitude(dtype: str) -> float:

@@ -21,6 +21,7 @@ from flashcheck.kernels.fastmath import emulated_columns, exp2_fa4, mm_accumulat
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
+from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
@@ -134,8 +135,10 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     steps = _steps(cfg, lq, lk)
     tiles = row_chunks(lq, tile_rows)
-    fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1]))
-    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, _run_tiles(q, k, v, tiles, steps, cfg, pol, fold), strict=True):
+    ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k)  # the tensor-core models' operands, or None
+    fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
+    runs = _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops)
+    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, runs, strict=True):
         o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
@@ -152,18 +155,20 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     return o, rnd(o, pol, "output"), lse
 
 
-def _run_tiles(q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool):
+def _run_tiles(
+    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops
+):
     """_query_tile of every tile. On the CPU, tiles run side by side on torch's intra-op thread count, each
     op single-threaded: a step's ops are small, and one parallel region per op waits on every core (on a
     busy machine, milliseconds per op). Every op sees the same tensors either way."""
     workers = min(len(tiles), torch.get_num_threads()) if q.device.type == "cpu" else 1
     if workers <= 1:
-        return [_query_tile(q, k, v, rows, steps, cfg, pol, fold) for rows in tiles]
+        return [_query_tile(q, k, v, rows, steps, cfg, pol, fold, ops) for rows in tiles]
     from concurrent.futures import ThreadPoolExecutor
 
     def one(rows: tuple[int, int]):
         torch.set_num_threads(1)
-        return _query_tile(q, k, v, rows, steps, cfg, pol, fold)
+        return _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops)
 
     threads = torch.get_num_threads()
     try:
@@ -195,11 +200,13 @@ class _Scratch:
         return buf[: math.prod(shape)].view(shape)
 
 
-def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False):
+def _query_tile(
+    q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False, ops=None
+):
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
-    pass over each score block fewer)."""
+    pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None)."""
     r0, r1 = rows
     b, h, _, dv = v.shape
     sc = _score_scale(cfg, q.shape[-1])
@@ -225,10 +232,16 @@ def _query_tile(q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashC
             (q_t, o, m, l, pv_full) if i == 0 else (q_t[..., i:, :], o[..., i:, :], m[..., i:, :], l[..., i:, :], None)
         )
         q_i, o_i, m_i, l_i, pv = rows_i
-        s = _tile_scores(q_i, k, (a, r1, lq, lk), t, cfg, pol, sc_s, scratch.s)
+        mma_qk = None
+        if ops is not None and ops.model_qk is not None:
+            mma_qk = (ops.q.rows(a, r1), ops.k.rows(t.c0, t.c1), ops.model_qk)
+        s = _tile_scores(q_i, k, (a, r1, lq, lk), t, cfg, pol, sc_s, scratch.s, mma_qk)
         pv = _Scratch.view(scratch.pv, (b, h, r1 - a, dv)) if pv is None else pv
         args = (s, v[..., t.c0 : t.c1, :], o_i, m_i, l_i, pol, exp, lq - t.r0)  # lq - t.r0: the rows unchunked
-        m_new, l_new = step(*args, (scratch.p, pv), **extra)
+        more = {}
+        if step is _knob_step and ops is not None and ops.model_pv is not None:
+            more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv)}
+        m_new, l_new = step(*args, (scratch.p, pv), **extra, **more)
         if i == 0:
             m, l = m_new, l_new
         else:
@@ -240,12 +253,17 @@ def _score_scale(cfg: FlashConfig, head_dim: int) -> float:
     return resolve_scale(cfg.scale, head_dim) * (LOG2E if cfg.exp2 else 1.0)
 
 
-def _tile_scores(q_r, k, rows: tuple[int, int, int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float, buf):
+def _tile_scores(
+    q_r, k, rows: tuple[int, int, int, int], t: _Tiles, cfg: FlashConfig, pol: Policy, sc: float, buf, mma_qk=None
+):
     """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 (q_r, of Lq) and key block t (of
-    Lk): [B, H, r1 - r0, c1 - c0], formed in the flat buffer `buf`. sc = 1 skips the multiply."""
+    Lk): [B, H, r1 - r0, c1 - c0], formed in the flat buffer `buf`. sc = 1 skips the multiply. mma_qk (the
+    step's Q and K operands and the policy's qk_mma model): the tensor core's product of the codes, descaled."""
     r0, r1, lq, lk = rows
     out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
-    if pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
+    if mma_qk is not None:  # kernels.mma: the FP8/FP4 MMA as the hardware computes it, scale folded in once
+        prod, sc = out.copy_(qk_scores(*mma_qk, sc)), 1.0
+    elif pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
         k_t = k[..., t.c0 : t.c1, :].transpose(-1, -2)
         prod = out.copy_(mm_accumulate(q_r, k_t, pol.qk_acc_bits))
     else:
@@ -280,16 +298,21 @@ def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, tie_beta: f
 
 def step_knobs(pol: Policy) -> bool:
     """True when the policy sets a knob of the forward step (P scaling, accumulator, exp2, rescale threshold)."""
-    return bool(pol.p_scale != 1.0 or pol.p_scaling or pol.acc_bits or pol.exp2_emu or pol.rescale_threshold)
+    return bool(
+        pol.p_scale != 1.0 or pol.p_scaling or pol.acc_bits or pol.pv_mma or pol.exp2_emu or pol.rescale_threshold
+    )
 
 
-def _knob_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, *, log2: bool, block_k: int, probe=None):
+def _knob_step(
+    s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, *, log2: bool, block_k: int, probe=None, mma_v=None
+):
     """_fa2_step with the stage knobs of FA4 and the quantized kernels (see Policy): conditional rescaling
     (the max moves only when it grows by more than rescale_threshold, in log2 units; P then reaches up to
     2^threshold), FA4's emulated exp2 on its columns, P scaled / quantised before P·V (kernels.quantized),
     and the P·V MMA's narrow accumulator, one-level (into O) or promoted every acc_promote keys. Without knobs
     it computes what _fa2_step does; `probe(p, p_cast)` (FlashConfig.p_probe) sees each step's P before and
-    after its cast (the cast in p_scale units), e.g. to count P values that underflow."""
+    after its cast (the cast in p_scale units), e.g. to count P values that underflow. mma_v (V's operand for
+    the key block and the policy's pv_mma model): the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
     mt = s.amax(dim=-1, keepdim=True)
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     if pol.rescale_threshold > 0:
@@ -311,6 +334,10 @@ def _knob_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, *, log2: b
     if probe is not None:
         probe(p, pc)
     rnd_(o.mul_(alpha), pol, "accum")
+    if mma_v is not None:
+        pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1])
+        rnd_(o, pol, "accum")
+        return m_new, l
     if pol.acc_bits and pol.accum != Format.FP64:
         if pol.acc_promote:
             pv = mm_accumulate(pc, v_j, pol.acc_bits, promote=pol.acc_promote, nearest=pol.acc_nearest)

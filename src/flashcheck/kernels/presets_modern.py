@@ -10,6 +10,10 @@ from flashcheck.core.numerics import FP8_FORMATS, POLICY_LOOKUPS, Format, Policy
 from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
 
 FA4_EX2_EMU = {"exp2_emu": 10, "exp2_emu_res": 4, "exp2_emu_start": 1}
+# The FP8/FP4 MMAs as kernels.mma computes them: Blackwell's tcgen05 (late c, 25 fraction bits), Hopper's wgmma and
+# Ada's mma.sync (FP22: 13 fraction bits, c in the alignment). NVFP4 operands (block scales inside the MMA) enter
+# the model as dequantised values (kernels.mma_ops), an approximation no oracle checks.
+B200_MMA = {"qk_mma": "b200", "pv_mma": "b200"}
 HALF = (Format.FP16, Format.BF16)
 
 
@@ -52,7 +56,7 @@ def fa4_fp8(fmt: Format) -> Policy:
     in full fp32), emulated exp2 as fa4-bf16, rcp.approx; bf16 output."""
     _need("fa4-fp8", fmt, tuple(sorted(FP8_FORMATS)))
     base = _fp8_base(fmt, f"fa4-fp8@{fmt.value}")
-    return base.replace(name=base.name, p_scale=256.0, approx_recip=True, **FA4_EX2_EMU)
+    return base.replace(name=base.name, p_scale=256.0, approx_recip=True, **B200_MMA, **FA4_EX2_EMU)
 
 
 def fa4_fp4(fmt: Format) -> Policy:
@@ -60,11 +64,19 @@ def fa4_fp4(fmt: Format) -> Policy:
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
     fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
-    16-bit dtype the inputs come in."""
+    16-bit dtype the inputs come in. Block scales: NVIDIA's quantisation recipe (torchao's nvfp4_quantize, which
+    the MSLK kernels match) raises a block scale below e4m3's 2^-6 to it: nvfp4_floor on."""
     _need("fa4-fp4", fmt, HALF)
     base = _fp8_base(Format.FP4_E2M1, f"fa4-fp4@{fmt.value}", output=fmt)
     return base.replace(
-        name=base.name, qk_scaling="nvfp4", v_scaling="nvfp4", p_scale=256.0, approx_recip=True, **FA4_EX2_EMU
+        name=base.name,
+        qk_scaling="nvfp4",
+        v_scaling="nvfp4",
+        p_scale=256.0,
+        approx_recip=True,
+        nvfp4_floor=True,
+        **B200_MMA,
+        **FA4_EX2_EMU,
     )
 
 
@@ -95,10 +107,11 @@ def sage2(fmt: Format) -> Policy:
     """SageAttention2 (arXiv 2411.10958; the released kernel's default on Ada/Hopper, pv_accum_dtype
     "fp32+fp32"): INT8 per-thread Q and K with K smoothed, FP8 P (x 448) and V (per channel), the FP8 MMA's
     FP22 accumulator (13 mantissa bits, truncating) promoted to fp32 after every 64-key block (its two-level
-    accumulation). The paper's 4-bit variant is `sage2-4b`."""
+    accumulation), computed by the Hopper model of kernels.mma (pv_mma; acc_bits states its width to the error
+    model). The paper's 4-bit variant is `sage2-4b`."""
     _need("sage2", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2@{fmt.value}")
-    return pol.replace(name=pol.name, acc_bits=13, acc_promote=64)
+    return pol.replace(name=pol.name, acc_bits=13, acc_promote=64, pv_mma="hopper")
 
 
 def sage2_4b(fmt: Format) -> Policy:
@@ -115,16 +128,21 @@ def sage2pp(fmt: Format) -> Policy:
     V's per-channel scale maps its amax to 2.25 instead of 448 so the fp16 sums stay in range."""
     _need("sage2pp", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2pp@{fmt.value}")
-    return pol.replace(name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25)
+    return pol.replace(
+        name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada"
+    )  # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16")
 
 
 def sage3_fp4(fmt: Format) -> Policy:
     """SageAttention3 (arXiv 2505.11594): NVFP4 (1 x 16 microscaling, e4m3 block scales) Q, K and V, and P
     with its two-level quantisation (each row's max mapped to 448 x 6 by an fp32 scale, then NVFP4 blocks of
-    16 keys); fp32 accumulator (Blackwell); output in the input dtype."""
+    16 keys); fp32 accumulator (Blackwell); output in the input dtype. Block scales without a floor (nvfp4_floor
+    off: the e4m3 cast of amax / 6 may give a subnormal or zero scale)."""
     _need("sage3-fp4", fmt, HALF)
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
-    return base.replace(name=f"sage3-fp4@{fmt.value}", qk_scaling="nvfp4", v_scaling="nvfp4", p_scaling="nvfp4")
+    return base.replace(
+        name=f"sage3-fp4@{fmt.value}", qk_scaling="nvfp4", v_scaling="nvfp4", p_scaling="nvfp4", **B200_MMA
+    )
 
 
 def fa3_fp8_fp22(fmt: Format) -> Policy:
@@ -132,13 +150,15 @@ def fa3_fp8_fp22(fmt: Format) -> Policy:
     MMA's real accumulator: about 13-14 mantissa bits on Ada/Hopper (SageAttention2, arXiv 2411.10958: FP22,
     1 sign, 8 exponent, 13 mantissa bits; DeepSeek-V3, arXiv 2412.19437, section 3.3.2), truncating. FA3
     accumulates P·V into O inside the MMA with no promotion, so O itself is held in FP22; Q K^T, an FP8 MMA
-    too, sums in FP22 over D. (SageAttention's Q K^T is an INT8 MMA: exact int32 sums, no knob.)"""
+    too, sums in FP22 over D. Both MMAs run kernels.mma's Hopper model (qk_mma, pv_mma: blocks of 32 products
+    aligned to their largest exponent, terms truncated to 13 bits below it, as the H100 does); acc_bits and
+    qk_acc_bits state the width to the error model. (SageAttention's Q K^T is an INT8 MMA: exact int32 sums.)"""
     _need("fa3-fp8-fp22", fmt, tuple(sorted(FP8_FORMATS)))
     from flashcheck.core.numerics import NAMED_POLICIES
 
     base = NAMED_POLICIES["fa3-fp8"]
     pol = base.replace(input=fmt, p=fmt, fp8_scaling="block", hadamard=True)
-    return pol.replace(name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13)
+    return pol.replace(name=f"fa3-fp8-fp22@{fmt.value}", acc_bits=13, qk_acc_bits=13, qk_mma="hopper", pv_mma="hopper")
 
 
 def _tiles(bq: int, bk: int) -> Callable[[int, int, int, bool], tuple[int, int]]:

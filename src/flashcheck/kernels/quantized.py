@@ -29,17 +29,26 @@ def uses_quantized_inputs(policy: Policy) -> bool:
 
 
 def quantize_tokens(
-    t: torch.Tensor, fmt: Format, scaling: str, *, block: int, role: str, scale_max: float = 0.0
+    t: torch.Tensor,
+    fmt: Format,
+    scaling: str,
+    *,
+    block: int,
+    role: str,
+    scale_max: float = 0.0,
+    mx_rounding: str = "floor",
+    nvfp4_floor: bool = False,
 ) -> torch.Tensor:
     """t [B, H, L, D] quantised to fmt with `scaling` (QK_SCALINGS / V_SCALINGS): tensor, block (of `block`
     tokens), token, thread (SageAttention2: role q 8 groups per 32 rows, k 4 per 64), channel (one scale per
     column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
-    q and k, along the tokens for v)."""
+    q and k, along the tokens for v; MX scales rounded by `mx_rounding`, NVFP4 block scales floored by
+    `nvfp4_floor`)."""
     along = -2 if role == "v" else -1
     if scaling == "mx":
-        return quantize_mx(t, fmt, dim=along)
+        return quantize_mx(t, fmt, dim=along, rounding=mx_rounding or "floor")
     if scaling == "nvfp4":
-        return quantize_nvfp4(t, dim=along)
+        return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
     if fmt in INT_FORMATS:
         warp, threads = (SAGE_WARP_Q, 8) if role == "q" else (SAGE_WARP_K, 4)
         return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
@@ -79,12 +88,13 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
         counts = torch.bincount(ids).to(q.dtype).unsqueeze(-1)
         qm = (sums / counts).index_select(-2, ids)
         q = q - qm
-    qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q")
-    kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k")
+    knobs = {"mx_rounding": policy.mx_rounding or "floor", "nvfp4_floor": policy.nvfp4_floor}
+    qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q", **knobs)
+    kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k", **knobs)
     if qm is not None:
         qq = qq + qm
     vfmt = policy.v_format or fmt
-    vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max)
+    vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max, **knobs)
     return qq, kq, vq
 
 
@@ -94,5 +104,6 @@ def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
     row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
-        return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=rowmax * policy.p_scale).to(p.dtype)
+        amax = rowmax * policy.p_scale
+        return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=amax, scale_floor=policy.nvfp4_floor).to(p.dtype)
     return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p)

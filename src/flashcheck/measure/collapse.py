@@ -1,5 +1,5 @@
 """arXiv 2606.06521's P-collapse measured in the kernel: the fraction of non-sink P values that the e4m3 cast of
-P flushes to zero, for a key order and a static scale S (study.modern checks it against the closed form)."""
+P flushes to zero, for a key order and a static scale S (questions.modern checks it against the closed form)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash_attention
 
-# The P-cast setting of 2606.06521: only P in e4m3, every other stage fp32 (study.config.P_FP8 runs it).
+# The P-cast setting of 2606.06521: only P in e4m3, every other stage fp32 (questions.modern.presets.P_FP8 runs it).
 P_CAST = "input=fp32,score=fp32,stats=fp32,p=fp8-e4m3,accum=fp32,output=fp32,matmul=fp32"
 
 

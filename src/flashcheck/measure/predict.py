@@ -47,7 +47,7 @@ TERMS = ("output", "score", "p", "accum", "accum_bias", "merge", "matmul")
 DERIVED = ("flush", "acc_trunc")  # range terms with their constants derived, not fitted (coefficient 1)
 KERNELS = ("flash", "standard", "splitkv")
 BACKENDS = ("sdpa-math", "sdpa-math-lowp", "sdpa-flash", "eager")  # CPU kernels with an equivalent setting
-# Fitted by fit_coefficients (study.errormodel.refit) on TRAINING; 1/3 for `merge`, which no quick case can
+# Fitted by fit_coefficients (questions.variants.errormodel.refit) on TRAINING; 1/3 for `merge`, which no quick case can
 # identify (its format is fp32 in every quick policy). Derivation for `output` alone: relative rounding of
 # an element with a log-uniform significand gives u^2 ln2 / 4.5 = 0.154 u^2; the fit gives 0.18.
 COEFFS: dict[str, float] = {

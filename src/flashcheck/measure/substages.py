@@ -85,9 +85,17 @@ def _acc_words(bits: int, nearest: bool) -> str:
     return f"{name}{bits} mantissa bits, {'round to nearest' if nearest else 'truncating'}"
 
 
+def _mma_words(model: str, bits: int, nearest: bool) -> str:
+    """The accumulator's words: the tensor-core model (kernels.mma) when the policy names one, else its width."""
+    if not model:
+        return _acc_words(bits, nearest)
+    reg = "fp16 register, " if nearest and bits == 10 else ""
+    return f"{reg}{model} tensor-core model: blocks aligned to their largest term, truncated"
+
+
 def _accum_label(pol: Policy) -> str:
     where = f"promoted to fp32 every {pol.acc_promote} keys" if pol.acc_promote else "O held in it"
-    return f"P·V MMA accumulator ({_acc_words(pol.acc_bits, pol.acc_nearest)}; {where})"
+    return f"P·V MMA accumulator ({_mma_words(pol.pv_mma, pol.acc_bits, pol.acc_nearest)}; {where})"
 
 
 def _p_label(pol: Policy) -> str:
@@ -102,9 +110,9 @@ SUBSTAGES: tuple[SubStage, ...] = (
              lambda pol, ex: ex.replace(input=pol.input, exact_inputs="v"), _qk_label),
     SubStage("input:v", "input", _inputs_split, {"exact_inputs": "v"},
              lambda pol, ex: ex.replace(input=pol.input, exact_inputs="qk"), _v_label),
-    SubStage("score:mma", "score", lambda pol: bool(pol.qk_acc_bits) and _low(pol, "score"), {"qk_acc_bits": 0},
-             lambda pol, ex: ex.replace(score=pol.score),
-             lambda pol: f"Q·K^T MMA accumulator ({_acc_words(pol.qk_acc_bits, False)})"),
+    SubStage("score:mma", "score", lambda pol: bool(pol.qk_acc_bits or pol.qk_mma) and _low(pol, "score"),
+             {"qk_acc_bits": 0, "qk_mma": ""}, lambda pol, ex: ex.replace(score=pol.score),
+             lambda pol: f"Q·K^T MMA accumulator ({_mma_words(pol.qk_mma, pol.qk_acc_bits, False)})"),
     SubStage("stats:rcp", "stats", lambda pol: pol.approx_recip and _low(pol, "stats"), {"approx_recip": False},
              lambda pol, ex: ex.replace(stats=pol.stats), lambda pol: "1/l by the approximate reciprocal"),
     # P in fp32 keeps the emulated exp2 (inert while p is FP64) without a cast: P as the exp2 computes it
@@ -115,7 +123,8 @@ SUBSTAGES: tuple[SubStage, ...] = (
              lambda pol: _low(pol, "p") and bool(pol.exp2_emu or pol.p_scaling or pol.p_scale != 1.0),
              {"p": Format.FP32, "p_scale": 1.0, "p_scaling": ""},
              lambda pol, ex: ex.replace(p=pol.p, exp2_emu=0), _p_label),
-    SubStage("accum:mma", "accum", lambda pol: bool(pol.acc_bits) and _low(pol, "accum"), {"acc_bits": 0},
+    SubStage("accum:mma", "accum", lambda pol: bool(pol.acc_bits or pol.pv_mma) and _low(pol, "accum"),
+             {"acc_bits": 0, "pv_mma": ""},
              lambda pol, ex: ex.replace(accum=pol.accum), _accum_label),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SUBSTAGES}

@@ -250,7 +250,7 @@ def _evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], devic
         return 0
     refs = References(cases[0].input_spec(), causal=cases[0].causal, device=device)
     stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
-    if sink_delta(cases[0].distribution) is not None:  # sink:DELTA: the P-collapse fraction too (study.modern)
+    if sink_delta(cases[0].distribution) is not None:  # sink:DELTA: the P-collapse fraction too (for a sink question)
         from flashcheck.measure.collapse import collapse_fraction
 
         stats = stats | {"p_collapse": collapse_fraction(refs.q, refs.k, refs.v)}

@@ -12,9 +12,9 @@ from flashcheck.core.fileio import make_folder
 from flashcheck.reporting import Styler, figure, matplotlib_available
 from flashcheck.reporting.verdicts import Estimate, mean_interval
 from flashcheck.study.cases import CaseRecord
-from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig, Sweep
+from flashcheck.study.config import StudyConfig, Sweep
 from flashcheck.study.points import Point, sweep_points
-from flashcheck.study.stage_figures import draw_stage_question, is_stage_question
+from flashcheck.study.registry import drawer
 
 METRIC = {"max_abs": "max-abs", "mean_abs": "mean-abs", "std": "std", "rmse": "RMSE", "rel_l2": "rel-L2"}
 OWN = "rel-L2 vs FP64 of the rounded inputs"
@@ -46,14 +46,10 @@ def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -
     seeds = len(sw.seeds)
     inputs = ", ".join(dict.fromkeys(p.distribution for p in points)) or sw.distributions[0]
     title = f"{sw.question} ({study} study): {inputs} inputs, {seeds} seed(s); mean and 95% interval"
-    if sw.question == "fa3":
-        with figure(path, ncols=1 + len(sw.head_dims), size=(5.5, 5.6)) as (fig, axes):
-            _draw_fa3(axes, points, sw)
-            fig.suptitle(title)
+    own = drawer(sw.question)
+    if own is not None:  # a question set's own figure of this question (study.registry.QuestionSet.draw)
+        own(sw, points, path, title)
         return
-    label = f"{METRIC.get(sw.metric, sw.metric)} vs FP64 (original inputs)"
-    if is_stage_question(sw.question) and draw_stage_question(sw.question, points, path, x_label=label, title=title):
-        return  # one panel per preset, a row per variant (issue 34: ~45 rotated labels on one axis)
     if not any(p.baseline for p in points):  # no baseline (e.g. the modern sweeps): no ratio panels to draw
         _draw_without_baseline(sw, points, path, title)
         return
@@ -143,7 +139,7 @@ def _xpos(p: Point, x: str, cats: list) -> float:
     return cats.index(p.block if x == "tile" else p.method.partition(":")[2])
 
 
-def _set_x(ax, points: list[Point], x: str) -> None:
+def set_x(ax, points: list[Point], x: str) -> None:
     cats = _categories(points, x)
     if x in ("seq_len", "head_dim"):
         ax.set_xscale("log", base=2)
@@ -156,7 +152,7 @@ def _set_x(ax, points: list[Point], x: str) -> None:
     ax.set_xlabel(X_LABEL[x])
 
 
-def _yerr(ests: list[Estimate | None]) -> tuple[list[float], list[list[float]]]:
+def yerr(ests: list[Estimate | None]) -> tuple[list[float], list[list[float]]]:
     """Values and asymmetric 95% error bars (0 where there is no interval)."""
     ys, lo, hi = [], [], []
     for e in ests:
@@ -182,23 +178,23 @@ def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
     """The metric vs FP64 of the original inputs for every method, baselines included (their own trend)."""
     style, cats = Styler(), _categories(points, x)
     for name, ps in _series(points, x).items():
-        ys, err = _yerr([p.estimate() for p in ps])
+        ys, err = yerr([p.estimate() for p in ps])
         if x == "tile" and ps[0].block == (0, 0):  # a baseline has no tiles: one line across
             st = style(f"{name} (no tiles)")
             ax.axhline(ys[0], color=st["color"], ls="--", lw=1.2, label=st["label"])
             continue
         ps = sorted(ps, key=lambda p: _xpos(p, x, cats))
-        ys, err = _yerr([p.estimate() for p in ps])
+        ys, err = yerr([p.estimate() for p in ps])
         xs = [_xpos(p, x, cats) for p in ps]
         ax.errorbar(xs, ys, yerr=err, capsize=3, ls="none" if x == "policy" else "-", **style(name))
-    _set_x(ax, points, x)
+    set_x(ax, points, x)
     _log_if_decades(ax, [v for p in points for v in p.values])
     ax.set_ylabel(f"{METRIC[sw.metric]} vs FP64 (original inputs)")
     ax.set_title("error, paper's view: vs FP64 of the original inputs", fontsize=9)
-    _legend_below(ax, x)
+    legend_below(ax, x)
 
 
-def _legend_below(ax, x: str, ncol: int = 2) -> None:
+def legend_below(ax, x: str, ncol: int = 2) -> None:
     """The legend under the axes (never over the data), below rotated tick labels where there are some."""
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.42 if x in ("tile", "policy") else -0.2), ncol=ncol)
 
@@ -226,13 +222,13 @@ def _draw_ratios(ax, points: list[Point], x: str, *, own: bool, metric: str) -> 
     for name, ps in _series([p for p in points if p.baseline], x).items():
         ps = sorted(ps, key=lambda p: _xpos(p, x, cats))
         ests = [p.own_ratio_estimate() if own else p.ratio_estimate() for p in ps]
-        ys, err = _yerr(ests)
+        ys, err = yerr(ests)
         base = ps[0].baseline.partition(":")[0] if x == "policy" else ps[0].baseline
         ls = "none" if x == "policy" else "-"
         ax.errorbar([_xpos(p, x, cats) for p in ps], ys, yerr=err, capsize=3, ls=ls, **style(f"{name} ÷ {base}"))
         drawn += [y for y in ys if math.isfinite(y) and y > 0]
     ax.axhline(1.0, color="0.6", lw=0.8)
-    _set_x(ax, points, x)
+    set_x(ax, points, x)
     _log_if_decades(ax, drawn)
     name = OWN if own else f"{METRIC[metric]} vs FP64 of the original inputs"
     ax.set_ylabel(f"{name},\nratio ÷ {_baseline_words(points)}")
@@ -243,40 +239,7 @@ def _draw_ratios(ax, points: list[Point], x: str, *, own: bool, metric: str) -> 
     )
     ax.set_title(f"ratio, {title}", fontsize=9)
     if drawn:
-        _legend_below(ax, x, ncol=1)
-
-
-def _draw_fa3(axes, points: list[Point], sw: Sweep) -> None:
-    """FA3's Table 3: our RMSE (geometric mean over lengths, head dims, seeds) beside the paper's; then RMSE vs
-    the length, one panel per head dim."""
-    methods = list(sw.methods)
-    ours = []
-    for m in methods:
-        vals = [v for p in points if p.method == m for v in p.values if v > 0]
-        ours.append(math.exp(sum(map(math.log, vals)) / len(vals)) if vals else math.nan)
-    idx = range(len(methods))
-    style = Styler()
-    axes[0].bar([i - 0.2 for i in idx], ours, width=0.4, color=style("flashcheck")["color"], label="flashcheck")
-    paper = [FA3_PAPER_RMSE.get(m, math.nan) for m in methods]
-    axes[0].bar([i + 0.2 for i in idx], paper, width=0.4, color=style("FA3 paper")["color"], label="FA3 paper, Table 3")
-    axes[0].set_yscale("log")
-    axes[0].set_xticks(list(idx), methods, rotation=30, ha="right", fontsize=7)
-    axes[0].set_xlabel("method (geometric mean over L, D and seeds)")
-    axes[0].set_ylabel("RMSE vs FP64 of the original inputs")
-    top = max((v for v in [*ours, *paper] if math.isfinite(v)), default=1.0)
-    axes[0].set_ylim(top=top * 20)  # headroom: the legend sits above the bars
-    axes[0].legend(fontsize=7, loc="upper left", ncol=2)
-    for ax, d in zip(axes[1:], sw.head_dims, strict=True):
-        style = Styler()
-        for m in methods:
-            ps = sorted((p for p in points if p.method == m and p.head_dim == d), key=lambda p: p.seq_len)
-            ys, err = _yerr([p.estimate() for p in ps])
-            ax.errorbar([p.seq_len for p in ps], ys, yerr=err, capsize=3, **style(m))
-        _set_x(ax, [p for p in points if p.head_dim == d], "seq_len")
-        ax.set_yscale("log")
-        ax.set_ylabel("RMSE vs FP64 of the original inputs")
-        ax.set_title(f"head dim D={d}", fontsize=9)
-        _legend_below(ax, "seq_len")
+        legend_below(ax, x, ncol=1)
 
 
 def draw_groups(
@@ -301,7 +264,7 @@ def draw_groups(
     style = Styler()
     with figure(path, size=(7.0, 4.2)) as (_, ax):
         for variant, pts in series.items():
-            ys, err = _yerr([e for _, e in pts])
+            ys, err = yerr([e for _, e in pts])
             ax.errorbar([xv for xv, _ in pts], ys, yerr=err, capsize=3, **style(variant))
         if log_x:
             ax.set_xscale("log", base=2)
@@ -341,7 +304,7 @@ def _draw_categories(series: dict[str, list[tuple[int, Estimate]]], path: Path, 
     with figure(path, size=size) as (_, ax):
         for j, (method, cells) in enumerate(by.items()):
             here = [c for c in cats if c in cells]
-            vals, err = _yerr([cells[c] for c in here])
+            vals, err = yerr([cells[c] for c in here])
             pos = [cats.index(c) + (j - (len(by) - 1) / 2) * width for c in here]
             if across:
                 ax.errorbar(vals, pos, xerr=err, capsize=3, ls="none", **style(method))

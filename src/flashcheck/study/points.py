@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from flashcheck.measure.method import baseline_name
-from flashcheck.reporting.verdicts import Estimate, mean_interval, ratio_interval
+from flashcheck.reporting.verdicts import Estimate, Verdict, mean_interval, ratio_interval
 from flashcheck.study.cases import CaseRecord, expand_sweep
 from flashcheck.study.config import Sweep
 
@@ -118,3 +118,54 @@ def sweep_points(sw: Sweep, records: dict[str, CaseRecord]) -> list[Point]:
             )
         )
     return points
+
+
+# --- findings: a verdict as summary.json holds it -----------------------------------------------------
+
+NOT_MEASURED = "not measured in this study"
+
+
+def finding(
+    fid: str, claim: str, measured: str, verdict: Verdict | None, *, paper: str | None = None, section: str = ""
+) -> dict:
+    """A summary.json finding: {id, claim, measured, status, holds, rule, reason, interval, estimate, n, ...}."""
+    est = verdict.estimate if verdict is not None else None
+    finite = est is not None and est.n >= 2 and math.isfinite(est.low)
+    return {
+        "id": fid,
+        "claim": claim,
+        "measured": measured,
+        "status": verdict.status if verdict is not None else "not measured",
+        "holds": verdict.holds if verdict is not None else None,
+        "rule": verdict.rule if verdict is not None else "",
+        "reason": verdict.reason if verdict is not None else "",
+        "estimate": est.value if est is not None else None,
+        "interval": [est.low, est.high] if finite else None,
+        "n": est.n if est is not None else 0,
+        "paper": paper,
+        "section": section,
+    }
+
+
+def ratio_text(est: Estimate | None) -> str:
+    """'21.5x [19.8, 23.3] (n=3)', or 'not measured'."""
+    if est is None or est.n == 0:
+        return "not measured"
+    if est.n < 2 or not math.isfinite(est.low):
+        return f"{est.value:.3g}x (n={est.n}, no interval)"
+    return f"{est.value:.3g}x [{est.low:.3g}, {est.high:.3g}] (n={est.n})"
+
+
+def paired(points: list[Point], a: str, b: str) -> tuple[list[float], list[float]]:
+    """Values of methods a and b paired on the same inputs (length, head dim, distribution, seed)."""
+    bv = {}
+    for p in (p for p in points if p.method == b):
+        for s, v in zip(p.seeds, p.values, strict=True):
+            bv[(p.seq_len, p.head_dim, p.distribution, s)] = v
+    num, den = [], []
+    for p in (p for p in points if p.method == a):
+        for s, v in zip(p.seeds, p.values, strict=True):
+            if (p.seq_len, p.head_dim, p.distribution, s) in bv:
+                num.append(v)
+                den.append(bv[(p.seq_len, p.head_dim, p.distribution, s)])
+    return num, den

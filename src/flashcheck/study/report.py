@@ -1,32 +1,25 @@
-"""The study report, built from stored records only: conclusion, verdicts, figures, report.md/html,
-summary.json. The statistics are in study.findings, the sentences in study.conclusion, the figures in
-study.figures."""
+"""The study report, built from stored records only: the answer, verdicts, conclusion, figures, report.md/html and
+summary.json, assembled from the registered question sets (study.registry: each set's verdicts and report part,
+in the sets' order); the engine draws each question's figure and table where no set draws its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
-from flashcheck.study.answer import answer, draw_headline, measured_first, not_asked, verdict_rows
+from flashcheck.study import registry
 from flashcheck.study.cases import Case, CaseRecord, expand
-from flashcheck.study.conclusion import conclusion
-from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
+from flashcheck.study.config import StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
-from flashcheck.study.findings import findings, ratio_text
-from flashcheck.study.findings_dims import merge_findings
-from flashcheck.study.guide_report import guide_part, guide_sentences
-from flashcheck.study.modern import NOTES as MODERN_NOTES
-from flashcheck.study.modern import THEIRS_VS_OURS, modern_findings, modern_sentences, sage_published_rows
-from flashcheck.study.modern_answer import modern_answer
-from flashcheck.study.points import Point, sweep_points
+from flashcheck.study.part import Part, Study
+from flashcheck.study.points import Point, ratio_text, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
-from flashcheck.study.tables_dims import NOTES as DIMS_NOTES
-from flashcheck.study.tables_dims import dims_sections
 from flashcheck.study.titles import title as question_title
 
-__all__ = ["Point", "build_report", "case_label", "draw_figures", "findings", "sweep_points"]
+__all__ = ["Point", "build_report", "case_label", "draw_figures", "sweep_points"]
 MAX_LISTED = 100  # failed cases listed in summary.json and the reports (all are in records.jsonl)
 
 
@@ -39,7 +32,8 @@ def _mean_text(p: Point) -> str:
 
 
 def _row(p: Point, question: str) -> list[str]:
-    paper = f"{FA3_PAPER_RMSE[p.method]:.1e}" if question == "fa3" and p.method in FA3_PAPER_RMSE else ""
+    published = registry.published(question)  # a paper's value per method (QuestionSet.published)
+    paper = f"{published[p.method]:.1e}" if p.method in published else ""
     ratio = "" if p.baseline is None else f"{ratio_text(p.ratio_estimate())} ÷ {p.baseline}"
     own = "" if p.baseline is None else ratio_text(p.own_ratio_estimate())
     return [p.method, str(p.seq_len), str(p.head_dim), p.label, str(p.n), _mean_text(p), ratio, own, paper]
@@ -47,7 +41,7 @@ def _row(p: Point, question: str) -> list[str]:
 
 def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(question, header, rows): each point's mean and 95% interval over seeds, and its ratios in both views
-    (columns empty in every row left out: fa3's methods are paired in its verdicts, not per point)."""
+    (columns empty in every row left out: e.g. a question whose methods are paired in its verdicts, not per point)."""
     out = []
     for sw in config.sweeps:
         points = sorted(
@@ -133,27 +127,24 @@ def build_report(folder: str | Path) -> dict:
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
-    found = merge_findings(config, ok, findings(config, ok))  # causal, GQA, ..., error model (findings_dims)
-    found += modern_findings(pts, ok)  # FA4, FP8/FP4, SageAttention, P-cast with a sink (study.modern)
+    study = Study(folder=folder, config=config, records=records, ok=ok, points=pts)
+    sets = registry.sets()
+    judges = [s for s in sets if config.name in s.solo and s.findings] or sets  # a solo preset: its verdicts alone
+    found = [f for s in judges if s.findings is not None for f in s.findings(study)]
+    study = dataclasses.replace(study, found=found)
+    parts, lead = report_parts(study)
     n_skipped = sum(s["cases"] for s in skipped)
-    dims_tables, dims_figures, dims_extra = dims_sections(config, ok, folder)
-    figures = draw_figures(config, ok, folder / "figures", skip=frozenset(dims_figures)) | dims_figures
-    env = next(iter(records.values())).env if records else {}
-    guide, guide_blocks = _guide(folder, config, records)
-    failures += guide.get("failures", [])  # the guide's failed tasks (tried again on the next run)
-    said = conclusion(found, pts, (len(failures), n_skipped), guide_sentences(guide) if guide else [])
-    headline = draw_headline(pts.get("seq_len", []), folder / "figures" / "headline.png")
+    own = {q: f for p in parts for q, f in p.figures.items()}
+    figures = draw_figures(config, ok, folder / "figures", skip=frozenset(own)) | own
+    headline = next((p.headline for p in parts if p.headline is not None), None)
     if headline is not None:
-        figures = {"headline": headline} | figures
-    first = modern_sentences(found)  # the modern questions open the conclusion of a modern study
-    if first and pts.get("seq_len"):  # a study of the classic questions too (quick, full): those first
-        said = said + first
-    elif first:
-        said = first + [s for s in said if s[1] != "verdicts"]  # drop "measured none of the questions"
+        figures = {"headline": headline[0]} | figures
+    env = next(iter(records.values())).env if records else {}
+    failures += [f for p in parts for f in p.failures]  # a set's failed tasks (tried again on the next run)
     summary = {
         "study": config.name,
-        "answer": _answer(found, pts, config),
-        "conclusion": [{"text": t, "section": a} for t, a in said],
+        "answer": _answer(parts, lead),
+        "conclusion": [{"text": t, "section": a} for t, a in _conclusion(parts, lead, len(failures), n_skipped)],
         "findings": found,
         "cases": len(records),
         "failed": len(failures),
@@ -163,31 +154,42 @@ def build_report(folder: str | Path) -> dict:
         "environment": env,
         "figures": {q: str(p.relative_to(folder)) for q, p in figures.items()},
     }
-    summary |= dims_extra | ({"guide": guide} if guide else {})
-    header, rows = sage_published_rows(ok)  # SageAttention's published accuracy beside ours (modern studies only)
-    if rows:
-        summary["published"] = [dict(zip(header, r, strict=True)) for r in rows]
-    tables = [t for t in _tables(config, ok) if t[0] not in {d[0] for d in dims_tables}] + dims_tables
+    for p in parts:
+        summary |= p.summary
+    replaced = {t[0] for p in parts for t in p.tables}
+    tables = [t for t in _tables(config, ok) if t[0] not in replaced] + [t for p in parts for t in p.tables]
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
-    write_report(folder, _page(summary, tables, inside, guide_blocks), summary)
+    caption = headline[1] if headline is not None else ""
+    write_report(folder, _page(summary, tables, inside, parts, caption), summary)
     return summary
 
 
-def _answer(found: list[dict], pts: dict[str, list[Point]], config: StudyConfig | None) -> list[str]:
-    """The seq_len answer ("is Flash Attention stable?" for real kernels and the paper's policy) first, then one
-    line over the modern kernels when the study measured them too (quick, full); a study of the modern questions
-    alone opens with their whole answer (not with a sentence saying the seq_len question was not measured)."""
-    rest = answer(found, pts.get("seq_len", []), config)
-    if not pts.get("seq_len"):
-        return modern_answer(found) or rest
-    return rest + modern_answer(found, brief=True)  # one line: the modern rows and the conclusion have the rest
+def report_parts(study: Study) -> tuple[list[Part], Part | None]:
+    """Every registered set's part of the report, in order, and the one that leads the Answer (the first
+    that answers), if any."""
+    parts = [s.report(study) for s in registry.sets() if s.report is not None]
+    return parts, next((p for p in parts if p.answer), None)
 
 
-def _guide(folder: Path, config: StudyConfig, records: dict[str, CaseRecord]) -> tuple[dict, list]:
-    """The production guide's part (study.guide_report) when the study has one: its summary and page blocks."""
-    if config.guide is None:
-        return {}, []
-    return guide_part(folder, config, list(records.values()), config.guide)
+def _answer(parts: list[Part], lead: Part | None) -> list[str]:
+    """The leading set's answer, then every other set's brief line; with no leader, the first fallback."""
+    if lead is None:
+        return next((p.fallback for p in parts if p.fallback), [])
+    return lead.answer + [line for p in parts if p is not lead for line in p.brief]
+
+
+def _conclusion(parts: list[Part], lead: Part | None, failed: int, skipped: int) -> list[tuple[str, str]]:
+    """The sets' sentences (the leading set's first), the failed and skipped cases, or one line saying the
+    study measured none of the questions."""
+    ordered = ([lead] if lead is not None else []) + [p for p in parts if p is not lead]
+    out = [s for p in ordered for s in p.sentences]
+    if failed or skipped:
+        out.append(
+            (f"{failed} case(s) failed and {skipped} were skipped; they are listed with their reasons.", "problems")
+        )
+    if not out:
+        out.append(("This study measured none of the questions the conclusion answers.", "verdicts"))
+    return out
 
 
 def _problem_rows(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -204,23 +206,29 @@ def _problem_rows(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]
     return out
 
 
-NOTES = {
-    "seq_len": "The ratio's growth with L can come from Flash's error growing or from the Baseline's own error "
-    "falling (outputs shrink as L grows): the left panel shows both, and grows_with_seq_len gives both slopes.",
-    "block_area": "In an exact tiled emulation only the key-block size Bc changes a row's arithmetic; Br is "
-    "structural (br_no_effect). The block-area effect is therefore an effect of Bc.",
-    "swapped": "Swapping Br x Bc changes Bc: the comparison is between two key-block sizes (Br has no effect).",
-    "square": "At equal area the tiles differ in Bc; a square tile sits where its Bc puts it.",
-    "backends": "Metric rel-L2. A real backend's baseline is eager PyTorch in the same dtype; the simulator's "
-    "is standard attention under the same policy.",
-    "fa3": "Metric RMSE with outlier inputs; the comparisons are the verdicts fa3_fp16 and fa3_fp8.",
-    "guide_errors": "The production guide's error range and slope (no baseline: its claims judge each method's "
-    "relative L2 error against FP64 directly; see the production guide's claims).",
-}
+def measured_first(found: list[dict]) -> list[dict]:
+    """The findings with the measured ones first (in their order), then those not measured."""
+    return sorted(found, key=lambda f: f.get("status", "not measured") == "not measured")
 
 
-NOTES |= DIMS_NOTES  # the attention-variant questions and the error model (study.tables_dims)
-NOTES |= MODERN_NOTES
+def not_asked(found: list[dict]) -> list[str]:
+    """The claims of the findings this study did not measure (its preset does not ask them), in their order."""
+    return [f["claim"] for f in found if f.get("status", "not measured") == "not measured"]
+
+
+def verdict_rows(found: list[dict], cells: dict[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The measured verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value (a
+    set's cell for that verdict where it has one: QuestionSet.cells), verdict; those not measured are left to
+    one line (not_asked)."""
+    cells = registry.cells() if cells is None else cells
+    header = ["claim", "ours (95% interval)", "paper", "verdict"]
+    rows = []
+    for f in found:
+        if f.get("status", "not measured") == "not measured":
+            continue
+        paper = cells.get(f["id"]) or f.get("paper") or "-"
+        rows.append([f["claim"], f["measured"], paper, f.get("status", "not measured")])
+    return header, rows
 
 
 def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
@@ -234,20 +242,16 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
     return items
 
 
-def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
+def _page(summary: dict, tables, figures: dict[str, Path], parts: list[Part], caption: str) -> Page:
     """The study report as a reporting.Page: the answer in plain sentences, the headline figure and the
-    verdicts as a table first; then the conclusion sentence by sentence, each verdict's rule, the guide's
-    claims (when measured), skipped/failed cases, one section per question, the guide's evidence."""
+    verdicts as a table first (then the sets' top blocks); the conclusion sentence by sentence, each verdict's
+    rule (then the sets' middle blocks), skipped/failed cases, one section per question, the sets' end blocks."""
     page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
     page.add(Heading("Answer", anchor="answer"), *(Text(t) for t in summary["answer"]))
     if "headline" in figures:
-        page.add(Figure(figures["headline"], "Flash / standard attention against the length, both policies"))
+        page.add(Figure(figures["headline"], caption))
     page.add(Heading("Verdicts", anchor="verdicts"), Table(*verdict_rows(summary["findings"])))
-    if summary.get("published"):
-        header = list(summary["published"][0])
-        rows = [[r[h] for h in header] for r in summary["published"]]
-        page.add(Heading("SageAttention beside the published accuracy", anchor="published"), Table(header, rows))
-        page.add(Text(THEIRS_VS_OURS))
+    page.add(*(b for p in parts for b in p.top))
     page.add(
         Heading("Conclusion", anchor="conclusion"),
         Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]),
@@ -265,7 +269,7 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
             "times the lengths, head dims or tiles a row pools over, as the row says)."
         )
     )
-    page.add(*guide[:3])  # the guide's claims table and its rules (study.guide_report.claims_blocks)
+    page.add(*(b for p in parts for b in p.middle))
     if not figures:
         page.add(Text("No figures: matplotlib is not installed (pip install 'flashcheck[plots]')."))
     problems = _problem_rows(summary)
@@ -273,14 +277,15 @@ def _page(summary: dict, tables, figures: dict[str, Path], guide: list) -> Page:
         page.add(Heading(title, anchor="" if n else "problems"), Table(header, rows))
     if not problems:
         page.add(Heading("Skipped and failed cases", anchor="problems"), Text("None."))
+    notes = registry.notes()
     for question, header, rows in tables:
         page.add(Heading(question_title(question), anchor=question))
-        if question in NOTES:
-            page.add(Text(NOTES[question]))
+        if question in notes:
+            page.add(Text(notes[question]))
         if question in figures:
             page.add(Figure(figures[question], question_title(question)))
         page.add(Table(header, rows))
-    page.add(*guide[3:])
+    page.add(*(b for p in parts for b in p.end))
     missing = not_asked(summary["findings"])
     if missing:
         page.add(Heading("Not asked by this preset", anchor="not-asked"))

@@ -14,8 +14,8 @@ from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
-from flashcheck.study.guide import is_guide, run_tasks_locked
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
+from flashcheck.study.registry import sets, solo_set
 from flashcheck.study.store import (
     DamagedFile,
     ResultStore,
@@ -59,9 +59,10 @@ def save_config(path: Path, config: StudyConfig) -> None:
     except DamagedFile as exc:
         warnings.warn(f"{exc}; rewriting it from this run's configuration", stacklevel=2)
         old = None
-    upgrade = old is not None and "guide" not in old and config.guide is not None and is_guide(config)
-    if upgrade:  # a guide folder from before study.json held the guide's settings (guide.json is checked later)
-        old = old | {"guide": new["guide"]}
+    missing = [k for k in config.settings if old is not None and k not in old]
+    upgrade = bool(missing) and solo_set(config.name) is not None
+    if upgrade:  # a solo preset's folder from before study.json held its set's settings (e.g. the guide's)
+        old = old | {k: new[k] for k in missing}
     if old is None:
         write_atomic(path / "study.json", json.dumps(new, indent=2))
         return
@@ -119,8 +120,9 @@ def run_study(
     device: str = "cpu",
 ) -> dict:
     """Compute every case of `config` not yet done in `out`'s store (failed cases again), then, when the
-    config has guide settings, the guide's tasks not yet done (study.guide). Holds the folder's lock while it
-    runs (FolderLocked when another study has it). Returns this run's statistics."""
+    config has a question set's settings, that set's own tasks not yet done (study.registry.QuestionSet.tasks).
+    Holds the folder's lock while it runs (FolderLocked when another study has it). Returns this run's
+    statistics."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
     workers = check_workers(workers)
@@ -135,11 +137,13 @@ def run_study(
         check_store_files(path)
         save_config(path, config)
         stats = _run_locked(config, path, workers, executor, ray_address, quiet, device)
-        if config.guide is None:
-            return stats
-        # the guide's timings and searches, one after another in this process (study.guide), after the cases
-        guide = run_tasks_locked(path, config.guide, quiet=quiet)
-    return stats | {"guide_" + k: v for k, v in guide.items()} | {"seconds": stats["seconds"] + guide["seconds"]}
+        for qs in sets():  # a set's own tasks (e.g. the guide's timings), one after another here, after the cases
+            if qs.tasks is None or qs.settings is None or config.settings.get(qs.settings[0]) is None:
+                continue
+            key = qs.settings[0]
+            done = qs.tasks(path, config.settings[key], quiet)
+            stats = stats | {f"{key}_{k}": v for k, v in done.items()} | {"seconds": stats["seconds"] + done["seconds"]}
+    return stats
 
 
 def _run_locked(

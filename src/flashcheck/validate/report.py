@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, matplotlib_available, write_report
 from flashcheck.reporting.figures import Styler, figure, label_axes
-from flashcheck.validate.result import Comparison, ValidationResult, describe_nonfinite, layer_name
+from flashcheck.validate.result import Comparison, ValidationResult, describe_nonfinite, layer_name, where_text
 
 RULE = (
     "Every run is compared with the reference (eager attention, fp32) and judged against the deviation the "
@@ -42,7 +42,7 @@ def conclusion(result: ValidationResult) -> str:
 
 
 def _why(c: Comparison) -> str:
-    at = f"; attention first leaves its budget at {c.where['text']}" if c.where else ""
+    at = f"; {where_text(c.where)}" if c.where else ""
     return _why_failed(c) + at
 
 
@@ -51,6 +51,8 @@ def _why_failed(c: Comparison) -> str:
         return f"{c.a} crashed ({c.error})"
     if c.nonfinite:
         return f"{c.a} produced NaN/Inf ({describe_nonfinite(c.nonfinite)})"
+    if all(ch.passed for ch in c.checks):
+        return f"{c.a} gives NaN/Inf gradients where {c.b}'s are finite"
     layer = c.first_bad_layer
     where = f", first at {layer_name(layer)}" if layer is not None else ""
     first = next(ch for ch in c.checks if not ch.passed)

@@ -78,7 +78,8 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.nonfinite is None and all(c.passed for c in self.checks)
+        nan_grad = bool(self.where and self.where.get("backward_nonfinite"))  # NaN / Inf dQ, dK or dV
+        return self.error is None and self.nonfinite is None and not nan_grad and all(c.passed for c in self.checks)
 
     @property
     def first_bad_layer(self) -> int | None:
@@ -103,7 +104,7 @@ class Comparison:
             if not c.passed
         ]
         if self.where:
-            out.append(f"where: attention first leaves its budget at {self.where['text']}")
+            out.append(f"where: {where_text(self.where)}")
         return out
 
     def to_dict(self) -> dict:
@@ -218,3 +219,9 @@ def _clean(obj):
     if isinstance(obj, float):
         return _num(obj)
     return obj
+
+
+def where_text(where: dict) -> str:
+    """locate's finding in words: where attention first leaves its budget, or why it could not say."""
+    located = where.get("layer") is not None or where.get("backward")
+    return f"attention first leaves its budget at {where['text']}" if located else where["text"]

@@ -268,24 +268,30 @@ def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> Non
         sess.comparisons.append(_error_row(impl, dtype, "eager:fp32", e))
         return
     cmp = judge(run, ctx)
-    if not cmp.passed:  # say where: the first layer, head and tokens out of budget
-        cmp = dataclasses.replace(cmp, where=_where(sess, model, impl, dtype, cmp.k))
+    # say where: per layer and head, forward when the comparison failed, backward always (a NaN gradient fails it)
+    where = _where(sess, model, impl, dtype, cmp.k, forward=not cmp.passed)
+    if where is not None and (not cmp.passed or where["backward"]):
+        cmp = dataclasses.replace(cmp, where=where)
     sess.comparisons.append(cmp)
 
 
-def _where(sess: _Session, model, impl: str, dtype: str, k: float) -> dict | None:
-    """locate.locate on the first probe batch (the first batch without probes); None where it cannot say."""
-    from flashcheck.validate.locate import locate
+def _where(sess: _Session, model, impl: str, dtype: str, k: float, *, forward: bool) -> dict | None:
+    """locate.locate on the first probe batch (the first batch without probes); None where there is no batch
+    or locate failed (a note says why; a layout it does not understand is said in `where` itself)."""
+    from flashcheck.validate.locate import LayoutUnknown, locate
 
     batch = (sess.plan.probe_batches or sess.plan.batches or [None])[0]
     if batch is None:
         return None
     try:
-        where = locate(model, impl, batch, sess.plan.device, k if k == k else 3.0, DTYPES[dtype])
+        found = locate(model, impl, batch, sess.plan.device, k if k == k else 3.0, DTYPES[dtype], forward=forward)
+    except LayoutUnknown as e:
+        return {"layer": None, "head": None, "tokens": None, "what": None, "text": f"not located: {e}",
+                "backward": None, "backward_nonfinite": False}  # fmt: skip
     except Exception as e:  # localisation is an aid: it never turns a verdict into a crash
         sess.notes.append(f"{impl}:{dtype}: could not locate the divergence ({type(e).__name__}: {e})")
         return None
-    return None if where is None else where.to_dict()
+    return found.to_dict()
 
 
 def _source(model, tokenizer) -> tuple[ModelSource, object]:

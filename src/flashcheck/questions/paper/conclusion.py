@@ -5,35 +5,22 @@ from __future__ import annotations
 
 import math
 
+from flashcheck.questions.paper.findings import MIXED, PAPER, at_longest
 from flashcheck.reporting.verdicts import ratio_interval
-from flashcheck.study.findings import MIXED, PAPER, at_longest, ratio_text
-from flashcheck.study.points import Point
+from flashcheck.study.points import Point, ratio_text
 
 Sentence = tuple[str, str]  # (text, anchor of its section)
 
 
-def conclusion(
-    found: list[dict],
-    pts: dict[str, list[Point]],
-    problems: tuple[int, int] = (0, 0),
-    guide: list[Sentence] | None = None,
-) -> list[Sentence]:
-    """Sentences answering "is Flash Attention stable?" from this study's numbers; problems: (failed, skipped);
-    guide: the production guide's sentences (study.guide_report.guide_sentences) when the study measured it."""
+def conclusion(found: list[dict], pts: dict[str, list[Point]]) -> list[Sentence]:
+    """Sentences answering "is Flash Attention stable?" from this study's numbers (none for a question it did not
+    measure; the engine adds the failed and skipped cases, and a line when no set said anything)."""
     by = {f["id"]: f for f in found}
     out: list[Sentence] = []
     for make in (_realistic, _paper, _length, _tiles, _formats, _backends, _fa3, _advice):
         s = make(by, pts)
         if s:
             out.append(s)
-    out += guide or []
-    failed, skipped = problems
-    if failed or skipped:
-        out.append(
-            (f"{failed} case(s) failed and {skipped} were skipped; they are listed with their reasons.", "problems")
-        )
-    if not out:
-        out.append(("This study measured none of the questions the conclusion answers.", "verdicts"))
     return out
 
 

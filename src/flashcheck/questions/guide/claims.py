@@ -8,6 +8,8 @@ import math
 from collections.abc import Iterable
 
 from flashcheck.core.load import BUSY_FRACTION, busy
+from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
+from flashcheck.questions.guide.presets import GuideSettings
 from flashcheck.reporting.verdicts import (
     Estimate,
     Verdict,
@@ -19,8 +21,6 @@ from flashcheck.reporting.verdicts import (
     structural,
     trend,
 )
-from flashcheck.study.config import GuideSettings
-from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
 
 GPU_COMMAND = "flashcheck study --preset guide --out guide-gpu   # on a machine with a CUDA GPU and flash-attn"
 # The nearest integer exponent: an exponent is "2" when nearer to 2 than to 1 or 3.

@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 
 from flashcheck.core.inputs import sink_delta
-from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
-from flashcheck.study.config import (  # the modern sweeps live with the other presets (one floor, no cycle)
+from flashcheck.questions.modern.presets import (
     FA2,
     FA3_FP8,
     FA4,
@@ -28,8 +27,8 @@ from flashcheck.study.config import (  # the modern sweeps live with the other p
     STAGE_PRESETS,
     sub_raised,
 )
-from flashcheck.study.findings import NOT_MEASURED, _paired, finding, ratio_text
-from flashcheck.study.points import Point
+from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
+from flashcheck.study.points import NOT_MEASURED, Point, finding, paired, ratio_text
 
 # What the papers publish beside each question (quoted, not measured here).
 PUBLISHED = {
@@ -82,7 +81,7 @@ def stage_findings(pts: dict[str, list[Point]]) -> list[dict]:
 
 
 def _ratio(points: list[Point], a: str, b: str, *, square: bool = False) -> Estimate | None:
-    num, den = _paired(points, a, b)
+    num, den = paired(points, a, b)
     if not num:
         return None
     if square:  # a ratio of MSEs from relative L2 errors on the same inputs
@@ -320,6 +319,14 @@ def modern_findings(pts: dict[str, list[Point]], records: dict | None = None) ->
     return out + stage_findings(pts)
 
 
+def _cause(dominant: str) -> str:
+    """The dominant stages' clause, where explain's attribution was measured ('' where not: issue 34)."""
+    if dominant == "not measured":
+        return ""
+    how = "raising it to FP64 lowers the error most, as `flashcheck explain --preset NAME` finds"
+    return f" The stage that causes it ({how}): {dominant}."
+
+
 def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
     """The conclusion's sentences over the modern questions (after the Answer), published figures beside; a
     question the study did not measure (quick measures two of them) has no sentence."""
@@ -340,12 +347,6 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
         done = [f"{n} {said(f'modern_{n}_vs_fa3_fp8')}" for n in names]
         return "; ".join(d for d in done if not d.endswith(" not measured")) or "not measured"
 
-    def cause() -> str:  # the dominant stages' clause, where explain's attribution was measured (issue 34)
-        found = dominant()
-        if found == "not measured":
-            return ""
-        how = "raising it to FP64 lowers the error most, as `flashcheck explain --preset NAME` finds"
-        return f" The stage that causes it ({how}): {found}."
 
     sink = [f for k, f in by.items() if k.startswith("modern_sink_") and f["status"] != "not measured"]
     sink_text = "; ".join(f"{f['claim']}: {f['measured']} ({f['status']})" for f in sink) or "not measured"
@@ -363,7 +364,7 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
             ["modern_fa4_bf16", "modern_fa4_exp2_emulation", "modern_fa4_rescale_threshold"],
         ),
         (
-            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}.{cause()}",
+            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}.{_cause(dominant())}",
             "modern_lowp",
             vs(LOWP[:3]) + dominants,
         ),

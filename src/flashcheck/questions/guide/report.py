@@ -8,15 +8,16 @@ import math
 import re
 from pathlib import Path
 
+import flashcheck.questions.guide.claims as gc
+from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
+from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, guide_sweep
+from flashcheck.questions.guide.tasks import load_results, read_settings
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.figures import Styler, figure, label_axes, log10_axis, matplotlib_available
 from flashcheck.reporting.page import Sentences
 from flashcheck.reporting.verdicts import median_interval
-from flashcheck.study import guide_claims as gc
 from flashcheck.study.cases import expand_sweep
-from flashcheck.study.config import GUIDE_QUESTION, GuideSettings, StudyConfig, guide_sweep
-from flashcheck.study.guide import load_results, read_settings
-from flashcheck.study.guide_measure import OCTAVE_STEPS, twin
+from flashcheck.study.config import StudyConfig
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
 
@@ -34,7 +35,7 @@ def _load(folder: Path) -> tuple[StudyConfig, GuideSettings, list, dict[str, dic
 def is_guide_folder(folder: str | Path) -> bool:
     """Whether `folder` holds a guide-only study (--preset guide, guide-full, guide-tiny: its guide.json, and no
     sweep but the guide's errors); a quick or full study's guide part is in its study report."""
-    from flashcheck.study.guide import SETTINGS_FILE
+    from flashcheck.questions.guide.tasks import SETTINGS_FILE
 
     if not (Path(folder) / SETTINGS_FILE).is_file():
         return False

@@ -9,48 +9,17 @@ from __future__ import annotations
 
 import math
 
-from flashcheck.reporting.verdicts import Estimate, Verdict, compare, ratio_interval, structural, trend
-from flashcheck.study.config import FA3_PAPER_RMSE, StudyConfig
-from flashcheck.study.points import Point, sweep_points
+from flashcheck.questions.paper.presets import FA3_PAPER_RMSE
+from flashcheck.reporting.verdicts import Verdict, compare, ratio_interval, structural, trend
+from flashcheck.study.config import StudyConfig
+from flashcheck.study.points import NOT_MEASURED, Point, finding, paired, ratio_text, sweep_points
 
-NOT_MEASURED = "not measured in this study"
 BR_TEST = "tests/test_kernels.py::test_block_q_does_not_change_forward_rows"
 BR_REASON = (
     "each query row is updated by every key block on its own, so the query-block size Br changes no row's "
     "arithmetic: Br x Bc equals Br' x Bc to the last digit (not so for fp8 per-block scales)"
 )
 PAPER, MIXED = "flash:bf16", "flash:bf16-mixed"
-
-
-def finding(
-    fid: str, claim: str, measured: str, verdict: Verdict | None, *, paper: str | None = None, section: str = ""
-) -> dict:
-    """A summary.json finding: {id, claim, measured, status, holds, rule, reason, interval, estimate, n, ...}."""
-    est = verdict.estimate if verdict is not None else None
-    finite = est is not None and est.n >= 2 and math.isfinite(est.low)
-    return {
-        "id": fid,
-        "claim": claim,
-        "measured": measured,
-        "status": verdict.status if verdict is not None else "not measured",
-        "holds": verdict.holds if verdict is not None else None,
-        "rule": verdict.rule if verdict is not None else "",
-        "reason": verdict.reason if verdict is not None else "",
-        "estimate": est.value if est is not None else None,
-        "interval": [est.low, est.high] if finite else None,
-        "n": est.n if est is not None else 0,
-        "paper": paper,
-        "section": section,
-    }
-
-
-def ratio_text(est: Estimate | None) -> str:
-    """'21.5x [19.8, 23.3] (n=3)', or 'not measured'."""
-    if est is None or est.n == 0:
-        return "not measured"
-    if est.n < 2 or not math.isfinite(est.low):
-        return f"{est.value:.3g}x (n={est.n}, no interval)"
-    return f"{est.value:.3g}x [{est.low:.3g}, {est.high:.3g}] (n={est.n})"
 
 
 def findings(config: StudyConfig, records: dict) -> list[dict]:
@@ -193,28 +162,13 @@ FA3_PAIRS = (
 FA3_BASE = {"flash:fp16-mixed": "standard:fp16", "flash:fa3-fp8": "standard:baseline-fp8"}
 
 
-def _paired(points: list[Point], a: str, b: str) -> tuple[list[float], list[float]]:
-    """Values of methods a and b paired on the same inputs (length, head dim, distribution, seed)."""
-    bv = {}
-    for p in (p for p in points if p.method == b):
-        for s, v in zip(p.seeds, p.values, strict=True):
-            bv[(p.seq_len, p.head_dim, p.distribution, s)] = v
-    num, den = [], []
-    for p in (p for p in points if p.method == a):
-        for s, v in zip(p.seeds, p.values, strict=True):
-            if (p.seq_len, p.head_dim, p.distribution, s) in bv:
-                num.append(v)
-                den.append(bv[(p.seq_len, p.head_dim, p.distribution, s)])
-    return num, den
-
-
 def _fa3_findings(points: list[Point]) -> list[dict]:
     out = []
     for fid, claim, cand in FA3_PAIRS:
         base = FA3_BASE[cand]
         b_rmse, c_rmse = FA3_PAPER_RMSE[base], FA3_PAPER_RMSE[cand]  # in the measured ratio's order
         paper = f"Baseline's RMSE {b_rmse:.1e} / {cand}'s {c_rmse:.1e} = {b_rmse / c_rmse:.1f}x"
-        num, den = _paired(points, base, cand)  # Baseline / candidate: > 1 means the candidate is lower
+        num, den = paired(points, base, cand)  # Baseline / candidate: > 1 means the candidate is lower
         if not num:
             out.append(finding(fid, claim, NOT_MEASURED, None, paper=paper, section="fa3"))
             continue

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+import flashcheck.questions.guide.measure as gm
 from flashcheck.core.fileio import write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.load import load_average, load_record
 from flashcheck.core.progress import progress
-from flashcheck.study import guide_measure as gm
-from flashcheck.study.config import GUIDE_SETTINGS, GuideSettings, StudyConfig
+from flashcheck.questions.guide.presets import GUIDE_SETTINGS, GuideSettings
+from flashcheck.study.config import StudyConfig
 from flashcheck.study.store import append_line, folder_lock, read_jsonl
 
 GUIDE_FILE = "guide.jsonl"

@@ -1,4 +1,4 @@
-"""The Answer of a study that measured the modern questions (study.modern): one plain sentence per question,
+"""The Answer of a study that measured the modern questions (questions.modern): one plain sentence per question,
 the words chosen from the measured verdicts and intervals (a verdict that flips flips its words), the numbers
 with their 95% intervals right after the words. Built from summary.json findings only."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
+from flashcheck.questions.modern.findings import FA3_PUBLISHED, SAGE_PUBLISHED
+from flashcheck.questions.modern.presets import LOWP, SAGE, STAGE_PRESETS
 from flashcheck.reporting.verdicts import EQUIVALENCE_MARGIN, Estimate, difference_words
-from flashcheck.study.config import LOWP, SAGE, STAGE_PRESETS
-from flashcheck.study.modern import FA3_PUBLISHED, SAGE_PUBLISHED
 
 # explain's stage names in words (a name not listed is shown as it is)
 STAGE_WORDS = {

@@ -18,7 +18,7 @@ OUTCOMES = ("zeros", "nan", "other")
 
 
 def _finding(fid: str, claim: str, measured: str, v: Verdict, section: str) -> dict:
-    """The summary.json form of a finding (as study.findings writes them)."""
+    """The summary.json form of a finding (as questions.paper.findings writes them)."""
     est = v.estimate
     finite = est is not None and est.n >= 2 and math.isfinite(est.low)
     return {
@@ -315,7 +315,7 @@ QUESTIONS: dict[str, Callable[..., list[dict]]] = {
 
 def dims_findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[dict]:
     """The verdicts of every question of QUESTIONS the config has (production's first), then the error model's."""
-    from flashcheck.study.errormodel import evaluate, measured_text
+    from flashcheck.questions.variants.errormodel import evaluate, measured_text
 
     have = {sw.question for sw in config.sweeps}
     out = []
@@ -331,11 +331,3 @@ def dims_findings(config: StudyConfig, records: dict[str, CaseRecord]) -> list[d
         )
         out.append(_finding("error_model_within_2x", claim, measured, ev["verdict"], "error_model"))
     return out
-
-
-def merge_findings(config: StudyConfig, records: dict[str, CaseRecord], paper: list[dict]) -> list[dict]:
-    """The report's verdicts: production's alone (first lines of its report), else the paper's then these."""
-    dims = dims_findings(config, records)
-    if config.name == "production":
-        return dims
-    return [*paper, *dims]

@@ -1,16 +1,16 @@
-"""Tables and figures of the attention-variant questions (study.findings_dims) and of the error model."""
+"""Tables and figures of the attention-variant questions (questions.variants.findings) and of the error model."""
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
 
+from flashcheck.questions.variants.errormodel import draw as draw_error_model
+from flashcheck.questions.variants.errormodel import evaluate, kinds_table
+from flashcheck.questions.variants.errormodel import table as error_model_table
+from flashcheck.questions.variants.findings import QUESTIONS, dead_row_table, err, records_of
 from flashcheck.study.cases import Case, CaseRecord
 from flashcheck.study.config import StudyConfig
-from flashcheck.study.errormodel import draw as draw_error_model
-from flashcheck.study.errormodel import evaluate, kinds_table
-from flashcheck.study.errormodel import table as error_model_table
-from flashcheck.study.findings_dims import QUESTIONS, dead_row_table, err, records_of
 
 NOTES = {
     "causal": "Kernel's own error (rel-L2 vs FP64 of the rounded inputs); causal masks are bottom-right aligned.",

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flashcheck.questions.modern.presets import RAISED, STAGE_PRESETS, sub_raised
 from flashcheck.reporting.panels import Panel, draw_panels
-from flashcheck.study.config import RAISED, STAGE_PRESETS, sub_raised
 from flashcheck.study.points import Point
-
-
-def is_stage_question(question: str) -> bool:
-    return question in STAGE_PRESETS
 
 
 def stage_panels(question: str, points: list[Point]) -> list[Panel]:
@@ -32,10 +28,8 @@ def stage_panels(question: str, points: list[Point]) -> list[Panel]:
     return panels
 
 
-def draw_stage_question(question: str, points: list[Point], path: Path, *, x_label: str, title: str) -> bool:
-    """The stage figure into `path`; False when no preset of the question has points (nothing drawn)."""
-    panels = stage_panels(question, points)
-    if not panels:
-        return False
+def draw_stage_question(sw, points: list[Point], path: Path, title: str) -> None:
+    """The stage figure of sweep `sw` into `path` (study.registry's draw: registered for both stage questions)."""
+    panels = stage_panels(sw.question, points)
+    x_label = f"{'rel-L2' if sw.metric == 'rel_l2' else sw.metric} vs FP64 (original inputs)"
     draw_panels(panels, path, x_label=x_label, title=title)
-    return True

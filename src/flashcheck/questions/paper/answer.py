@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from flashcheck.core.fileio import make_folder
+from flashcheck.questions.paper.findings import MIXED, PAPER, at_longest
 from flashcheck.reporting.verdicts import (
     EQUIVALENCE_MARGIN,
     MIN_N,
@@ -18,8 +19,7 @@ from flashcheck.reporting.verdicts import (
     ratio_interval,
 )
 from flashcheck.study.config import StudyConfig
-from flashcheck.study.findings import MIXED, PAPER, at_longest, ratio_text
-from flashcheck.study.points import Point
+from flashcheck.study.points import Point, ratio_text
 
 # arXiv 2405.02803 gives figures only: about 10x at BF16 under the all-bf16 policy, with no length or tile size
 # stated beside it (tiles from FlashAttention-1's Bc = ceil(M / 4d) on its GPU), so it is matched on the policy
@@ -155,29 +155,6 @@ def _paper(by: dict, points: list[Point]) -> str | None:
         f"With every stage in bf16 (the paper's policy) Flash {more}: {ratio_text(p.ratio_estimate())} that of "
         f"standard attention at L={p.seq_len} with {p.label} tiles{trend}. The paper reports {PAPER_CELL}."
     )
-
-
-def measured_first(found: list[dict]) -> list[dict]:
-    """The findings with the measured ones first (in their order), then those not measured."""
-    return sorted(found, key=lambda f: f.get("status", "not measured") == "not measured")
-
-
-def not_asked(found: list[dict]) -> list[str]:
-    """The claims of the findings this study did not measure (its preset does not ask them), in their order."""
-    return [f["claim"] for f in found if f.get("status", "not measured") == "not measured"]
-
-
-def verdict_rows(found: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """The measured verdicts as a table: claim, ours (measured, with its 95% interval), the paper's value,
-    verdict; those not measured are left to one line (not_asked)."""
-    header = ["claim", "ours (95% interval)", "paper", "verdict"]
-    rows = []
-    for f in found:
-        if f.get("status", "not measured") == "not measured":
-            continue
-        paper = PAPER_CELL if f["id"] == "flash_vs_baseline_bf16" else f.get("paper") or "-"
-        rows.append([f["claim"], f["measured"], paper, f.get("status", "not measured")])
-    return header, rows
 
 
 def draw_headline(points: list[Point], path: Path) -> Path | None:

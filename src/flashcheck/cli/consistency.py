@@ -1,0 +1,108 @@
+"""`flashcheck consistency TARGET`: run-to-run, batch, prefill-vs-decode and chunked-prefill certificates."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from flashcheck.cli.app import _fail_usage, _int_range, _names, _out_folder, app
+
+CONSISTENCY_HELP = (
+    "Does one request get the same bits however a server runs it? Certificates of run-to-run determinism, batch "
+    "invariance (batch sizes 1..N, two compositions each), prefill vs decode (row t of a prefill against the decode "
+    "step at KV length t + 1) and chunked prefill. Each names the first run / batch size / KV length / position "
+    "where bits differ and by how much.\n\n"
+    "TARGET: a backend (sdpa-math, sdpa-flash, jax-xla, onnxruntime, ...: `flashcheck backends`), a simulator "
+    "(sim-fa3, sim-fa3-fixed: FA3's "
+    "tile and num_splits rules, fixed splits; sim-flashinfer, sim-flashinfer-fixed: FlashInfer's decode chunking) "
+    "over the --kv cache, or your 'module:function' called as function(q, k, v, causal=bool) with q [B, H, Lq, D], "
+    "k, v [B, Hkv, Lk, D] and bottom-right causal masks.\n\n"
+    "Exit 1 when a certificate does not hold, 2 on bad input."
+)
+
+
+@app.command(help=CONSISTENCY_HELP)
+def consistency(
+    target: str = typer.Argument(..., metavar="TARGET", help="Backend, simulator or module:function."),
+    checks: str = typer.Option("determinism,batch,prefill-decode,chunked", help="Comma-separated checks."),
+    kv: str = typer.Option("fp8", help="Simulators' KV cache: bf16, fp8[/static|calc|amax], fp8-head, fp4, ..."),
+    max_batch: int = typer.Option(
+        16, callback=_int_range("--max-batch", 1, 64), help="Largest batch size of the batch check."
+    ),
+    kv_len: int = typer.Option(
+        512, callback=_int_range("--kv-len", 1, 1 << 20), help="KV length of the decode batches."
+    ),
+    prefill_len: int = typer.Option(
+        160, callback=_int_range("--prefill-len", 1, 8192), help="Tokens of the prefill checks."
+    ),
+    heads: int = typer.Option(4, callback=_int_range("--heads", 1, 256), help="Query heads."),
+    kv_heads: int = typer.Option(0, callback=_int_range("--kv-heads", 0, 256), help="K/V heads (0: as --heads)."),
+    head_dim: int = typer.Option(64, callback=_int_range("--head-dim", 1, 512), help="Head dimension."),
+    dtype: str = typer.Option("bf16", help="Input dtype: bf16, fp16 or fp32."),
+    chunk: int = typer.Option(
+        32, callback=_int_range("--chunk", 1, 8192), help="Queries per chunk of the chunked check."
+    ),
+    runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Runs of the determinism check."),
+    fixed_splits: int = typer.Option(
+        4, callback=_int_range("--fixed-splits", 1, 128), help="sim-fa3-fixed's split count."
+    ),
+    out: str = typer.Option(None, help="Also write summary.json into this folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Certify TARGET: see CONSISTENCY_HELP."""
+    from flashcheck.backends.serving import resolve_target
+    from flashcheck.measure.consistency import certify
+
+    try:
+        shape = _shape(heads, kv_heads, head_dim, (kv_len, prefill_len), dtype)
+        folder = _out_folder(out) if out is not None else None
+        wanted = tuple(_names(checks, "--checks"))
+        fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
+            resolve_target(target)  # fmt: skip
+        certs = certify(fn, target, shape, checks=wanted, max_batch=max_batch, runs=runs, chunk=chunk)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    if not all(c.holds for c in certs):
+        raise typer.Exit(1)
+
+
+def _shape(heads: int, kv_heads: int, head_dim: int, lengths: tuple[int, int], dtype: str):
+    """The certificates' Shape from the options; ValueError naming a bad --dtype or --kv-heads."""
+    import torch
+
+    from flashcheck.measure.consistency import Shape
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise ValueError(f"--dtype {dtype!r} is not allowed; expected one of {', '.join(dtypes)}")
+    kvh = kv_heads or heads
+    if kvh < 1 or heads % kvh:
+        raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
+    return Shape(heads, kvh, head_dim, lengths[0], lengths[1], dtypes[dtype])
+
+
+def _report(target: str, kv: str | None, shape, certs: list, how: tuple) -> None:
+    """summary.json into the --out folder (never through a link), then the JSON object or the certificate lines."""
+    folder, as_json, dtype = how
+    dims = dict(heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, kv_len=shape.kv_len)
+    summary = {
+        "target": target,
+        "kv": kv,
+        "shape": dims | {"prefill_len": shape.prefill_len, "dtype": dtype},
+        "certificates": [c.to_dict() for c in certs],
+    }
+    if folder is not None:
+        from flashcheck.core.fileio import make_folder, write_atomic
+
+        write_atomic(make_folder(folder) / "summary.json", json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    what = target + (f" over a {kv} KV cache" if kv is not None else "")
+    typer.echo(f"consistency of {what}: H={shape.heads} Hkv={shape.kv_heads} D={shape.head_dim} {dtype}, "
+               f"decode KV length {shape.kv_len}, prefill {shape.prefill_len} tokens")  # fmt: skip
+    for c in certs:
+        mark = "holds" if c.holds else "FAILS"
+        typer.echo(f"  {mark:5}  {c.sentence()}" + (f" [{c.note}]" if c.note else ""))

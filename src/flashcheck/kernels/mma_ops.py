@@ -1,0 +1,166 @@
+"""The flash kernel's FP8/FP4 MMAs through kernels.mma (policy knobs qk_mma, pv_mma): the simulators hold
+dequantised operands (codes times scales); a tensor core multiplies the codes and the kernel applies the scales
+afterwards, so each operand is split back into its codes and its per-row (Q, K) or per-column (V) scale.
+
+Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]; an MMA of a [..., M, K] @ b [..., K, N]. An operand
+whose scales are not constant along the product's reduction dim (MX / NVFP4 blocks, per-thread groups), or that
+does not split exactly, takes the model with its dequantised values ("fp32" operands: kernels.mma says how)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
+from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
+from flashcheck.kernels.quantized import uses_quantized_inputs
+
+OPERAND_FORMATS = {Format.FP8_E4M3: "e4m3", Format.FP8_E5M2: "e5m2", Format.FP4_E2M1: "e2m1",
+                   Format.FP6_E2M3: "e2m3", Format.FP6_E3M2: "e3m2"}  # fmt: skip
+SPLIT_TOLERANCE = 2.0**-20  # codes * scale must give the held value to fp32's rounding of the dequantised value
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """values = codes * scale: codes (float64, exact in `fmt`, or the values themselves with fmt "fp32"), scale
+    float64 broadcasting against codes (ones for "fp32")."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    fmt: str
+
+    def rows(self, r0: int, r1: int | None = None) -> Operand:
+        """The operand's rows r0:r1 (dim -2), scale sliced alike where it varies by row."""
+        sc = self.scale[..., r0:r1, :] if self.scale.shape[-2] > 1 else self.scale
+        return Operand(self.codes[..., r0:r1, :], sc, self.fmt)
+
+
+def _values(x: torch.Tensor) -> Operand:
+    return Operand(x.to(torch.float64), torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "fp32")
+
+
+def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0) -> Operand:
+    """x [B, H, L, D] as codes of fmt times one scale per group: "tensor" (one scale), "rows" (blocks of `rows`
+    rows, all columns), "columns" (one per column over the rows). `top`: the code each group's amax maps to
+    (0: fmt's max). The dequantised "fp32" operand when fmt has no codes here or the split is not exact."""
+    name = OPERAND_FORMATS.get(fmt)
+    if name is None or groups not in ("tensor", "rows", "columns"):
+        return _values(x)
+    x64 = x.to(torch.float64)
+    a = x64.abs()
+    if groups == "tensor":
+        amax = a.amax().reshape((1,) * x.dim())
+    elif groups == "columns":
+        amax = a.amax(dim=-2, keepdim=True)
+    else:
+        n = x.shape[-2]
+        blk = max(1, min(rows, n))
+        pad = (-n) % blk
+        ap = torch.nn.functional.pad(a, (0, 0, 0, pad)) if pad else a
+        per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
+        amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
+    scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
+    codes = round_to(x64 / scale, fmt)
+    if not bool(((codes * scale - x64).abs() <= SPLIT_TOLERANCE * a).all()):
+        return _values(x)
+    return Operand(codes, scale, name)
+
+
+def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
+    """(format, groups, rows, top) of Q, K or V as kernels.fp8 / kernels.quantized scale them."""
+    if not uses_quantized_inputs(pol):
+        fmt = pol.input
+        if fmt not in FP8_FORMATS:
+            return fmt, "", 0, 0.0
+        return (fmt, "rows", block, 0.0) if pol.fp8_scaling == "block" else (fmt, "tensor", 0, 0.0)
+    if role == "v":
+        fmt, scaling = pol.v_format or pol.input, pol.v_scaling
+        if scaling == "channel":
+            return fmt, "columns", 0, pol.v_scale_max
+    else:
+        fmt, scaling = pol.input, pol.qk_scaling
+        if pol.smooth_q and role == "q":
+            return fmt, "", 0, 0.0  # the query block mean is added back in fp32: not codes times a scale
+    if scaling in ("", "tensor"):
+        return fmt, "tensor", 0, 0.0
+    if scaling == "block":
+        return fmt, "rows", block, 0.0
+    if scaling == "token":
+        return fmt, "rows", 1, 0.0
+    return fmt, "", 0, 0.0  # mx, nvfp4, per-thread: scales vary along D (or in interleaved groups)
+
+
+@dataclass(frozen=True, slots=True)
+class MMAOperands:
+    """The flash forward's operands split for its tensor-core models (None where the policy has no model)."""
+
+    model_qk: MMAModel | None
+    model_pv: MMAModel | None
+    q: Operand | None
+    k: Operand | None
+    v: Operand | None
+
+    @staticmethod
+    def make(q, k, v, pol: Policy, block_q: int, block_k: int) -> MMAOperands | None:
+        """The split operands of q, k, v (as round_inputs returned them) for pol.qk_mma / pol.pv_mma; None
+        when neither is set or their stages are FP64."""
+        qk = MMA_MODELS[pol.qk_mma] if pol.qk_mma and pol.score != Format.FP64 else None
+        pv = MMA_MODELS[pol.pv_mma] if pol.pv_mma and pol.accum != Format.FP64 else None
+        if qk is None and pv is None:
+            return None
+        qo = ko = vo = None
+        if qk is not None and pol.exact_inputs != "qk":
+            qo, ko = _split_input(q, pol, "q", block_q), _split_input(k, pol, "k", block_k)
+        if pv is not None:
+            vo = _values(v) if pol.exact_inputs == "v" else _split_input(v, pol, "v", block_k)
+        return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo)
+
+    def v_block(self, c0: int, c1: int) -> Operand:
+        """V's rows c0:c1 with one scale per column (a per-row-block scale that changes inside the key block
+        gives the dequantised values)."""
+        blk = self.v.rows(c0, c1)
+        sc = blk.scale
+        if sc.shape[-2] > 1:
+            if not bool((sc == sc[..., :1, :]).all()):
+                return _values(blk.codes * sc)
+            blk = Operand(blk.codes, sc[..., :1, :], blk.fmt)
+        return blk
+
+
+def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int) -> Operand:
+    fmt, groups, rows, top = _input_groups(pol, role, block)
+    return split(x, fmt, groups, rows=rows, top=top)
+
+
+def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.Tensor:
+    """factor * Q K^T [..., Mq, Mk] (float64 holding one fp32 rounding of the descaled product): the MMA of the
+    codes, then the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
+    acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
+    descale = (q.scale * factor) * k.scale.transpose(-1, -2)
+    return (acc.to(torch.float64) * descale).to(torch.float32).to(torch.float64)
+
+
+def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
+    """P as the P·V MMA takes it: quantize_p's values (P x p_scale in pol.p: codes), or with NVFP4 P its
+    dequantised values."""
+    name = OPERAND_FORMATS.get(pol.p)
+    if pol.p_scaling or name is None:
+        return _values(pc)
+    return Operand(pc.to(torch.float64), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
+
+
+def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: Policy, model: MMAModel) -> None:
+    """o += P V / p_scale (o [..., M, Dv], updated in place): the MMA of P's and V's codes with V's per-column
+    scale after it. One level (no acc_promote): the MMA accumulates into O (FA3, FA4), o converted to the
+    MMA's units and back; two levels: the block's product from +0, promoted every acc_promote keys (Sage)."""
+    unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
+    acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
+    fmts = (p.fmt, v.fmt)
+    if pol.acc_promote:
+        part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
+        o.add_((part.to(torch.float64) * unit).to(o.dtype))
+        return
+    c = (o.to(torch.float64) / unit).to(torch.float32)
+    out = mma_matmul(p.codes, v.codes, model, c=c, fmt=fmts, acc=acc)
+    o.copy_((out.to(torch.float64) * unit).to(o.dtype))

@@ -1,0 +1,49 @@
+"""The 2026 kernels: FlashAttention-4, FP8/FP4 attention, SageAttention and the P-cast with a sink: the modern
+preset, verdicts, the Answer (or its one line after another set's), sentences and the published accuracy."""
+
+from __future__ import annotations
+
+from flashcheck.questions.modern.answer import modern_answer
+from flashcheck.questions.modern.figures import draw_stage_question
+from flashcheck.questions.modern.findings import (
+    NOTES,
+    THEIRS_VS_OURS,
+    modern_findings,
+    modern_sentences,
+    sage_published_rows,
+)
+from flashcheck.questions.modern.presets import STAGE_PRESETS, modern
+from flashcheck.reporting import Heading, Table, Text
+from flashcheck.study.part import Part, Study
+from flashcheck.study.registry import QuestionSet
+
+
+def report_part(study: Study) -> Part:
+    """Its answer (whole when it leads, one line after another set's), sentences, and SageAttention's
+    published accuracy beside ours (summary key `published`, a table after the verdicts)."""
+    header, rows = sage_published_rows(study.ok)
+    published = [dict(zip(header, r, strict=True)) for r in rows]
+    return Part(
+        answer=modern_answer(study.found),
+        brief=modern_answer(study.found, brief=True),
+        sentences=modern_sentences(study.found),
+        summary={"published": published} if rows else {},
+        top=[
+            Heading("SageAttention beside the published accuracy", anchor="published"),
+            Table(header, rows),
+            Text(THEIRS_VS_OURS),
+        ]
+        if rows
+        else [],
+    )
+
+
+QUESTION_SET = QuestionSet(
+    name="modern",
+    order=40,
+    presets={"modern": modern},
+    findings=lambda study: modern_findings(study.points, study.ok),
+    report=report_part,
+    notes=NOTES,
+    draw=dict.fromkeys(STAGE_PRESETS, draw_stage_question),  # one panel per preset (issue 34)
+)
