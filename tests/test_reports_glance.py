@@ -1,6 +1,6 @@
 """Reports read at a glance (issue 34, items 11-13): one claim, one number (the Answer's pooled ratio names the
 verdict row's own number and why the two differ); "no measurable difference" only within the equivalence
-margin; the CLI's not-measured verdicts in one line; section headings in words; explain's shares in one
+margin; the CLI's not-measured verdicts in one line; explain's shares in one
 measure; compare says why its "vs rounded inputs" column equals the candidate's."""
 
 from __future__ import annotations
@@ -93,23 +93,6 @@ def test_the_cli_lists_the_questions_not_measured_in_one_line(capsys):
     listed = [line for line in lines if line.startswith("not measured by this study")]
     assert listed == ["not measured by this study (3): modern_sage0_vs_fa3_fp8, modern_sage1_vs_fa3_fp8, "
                       "modern_sage2_vs_fa3_fp8"]  # fmt: skip
-
-
-def test_report_sections_are_headed_in_words(tiny_study_run, tmp_path):
-    """The tiny study's report.md: no heading is a raw question id; each keeps its id as the anchor."""
-    import shutil
-
-    from flashcheck.study.report import build_report
-    from flashcheck.study.titles import TITLES
-
-    folder = tmp_path / "study"
-    shutil.copytree(tiny_study_run.folder, folder)
-    build_report(folder)
-    md = (folder / "report.md").read_text()
-    headings = [line[3:] for line in md.splitlines() if line.startswith("## ")]
-    assert "Sequence length" in headings and "Number formats" in headings
-    assert not set(headings) & set(TITLES), [h for h in headings if h in TITLES]
-    assert '<a id="seq_len"></a>' in md
 
 
 def test_explain_names_the_dominant_stage_with_its_own_share_first(tmp_path):

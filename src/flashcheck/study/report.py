@@ -17,7 +17,6 @@ from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.part import Part, Study
 from flashcheck.study.points import Point, ratio_text, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
-from flashcheck.study.titles import title as question_title
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "sweep_points"]
 MAX_LISTED = 100  # failed cases listed in summary.json and the reports (all are in records.jsonl)
@@ -279,11 +278,11 @@ def _page(summary: dict, tables, figures: dict[str, Path], parts: list[Part], ca
         page.add(Heading("Skipped and failed cases", anchor="problems"), Text("None."))
     notes = registry.notes()
     for question, header, rows in tables:
-        page.add(Heading(question_title(question), anchor=question))
+        page.add(Heading(question, anchor=question))
         if question in notes:
             page.add(Text(notes[question]))
         if question in figures:
-            page.add(Figure(figures[question], question_title(question)))
+            page.add(Figure(figures[question], question))
         page.add(Table(header, rows))
     page.add(*(b for p in parts for b in p.end))
     missing = not_asked(summary["findings"])
