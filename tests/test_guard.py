@@ -56,6 +56,7 @@ class Faulty(Backend):
 
 MATH = get_backend("sdpa-math")
 FLASH = get_backend("sdpa-flash")
+EAGER = get_backend("eager")
 
 
 def healthy(q, k, v, **kw):
@@ -329,31 +330,48 @@ class Gate(Backend):
         return MATH.forward(q, k, v, causal=causal, scale=scale, mask=mask)
 
 
-# Draws of torch.Generator().manual_seed(22), shape (1, 2, 16, 8) fp32, on which a healthy sdpa-math output
-# failed the peers' rule with its own floor alone (issue 22: 5 of 1500; benchmarks/bench_shadow.py counts them).
-FALSE_ALARM_DRAWS = (246, 290, 467, 823, 1259)
+def _false_alarm_draws(count: int = 3000, want: int = 5) -> list[tuple[torch.Tensor, ...]]:
+    """Draws of torch.Generator().manual_seed(22), shape (1, 2, 16, 8) fp32, on which a healthy sdpa-math output
+    fails the peers' rule with its own floor alone, searched on this CPU: which draws false-alarm depends on the
+    machine's last bits (issue 22 found 246, 290, 467, 823, 1259 on one machine; an AMX Xeon 443 in place of 467,
+    issue 34). All draws run as one batch, the 20 nearest the rule's bound are rerun one by one (as the guard
+    calls them), and those that fail alone are kept: about 0.3% of draws, so ~10 of 3000 (benchmarks/
+    bench_shadow.py counts them)."""
+    g = torch.Generator().manual_seed(22)
+    draws = [qkv(g, shape=(1, 2, 16, 8)) for _ in range(count)]
+    q, k, v = (torch.cat(t) for t in zip(*draws, strict=True))
+    out, base, ref = MATH.forward(q, k, v), EAGER.forward(q, k, v), MATH.forward(q.double(), k.double(), v.double())
+
+    def worst(i: int) -> float:
+        res = check_budget(out[i : i + 1], ref[i : i + 1], base[i : i + 1], k=2.0, rule="peers")
+        return max(c.value / c.bound for c in res.checks if c.bound > 0)
+
+    nearest = sorted(range(count), key=worst, reverse=True)[:20]
+    picked = []
+    for i in nearest:
+        x = draws[i]
+        ref_i, base_i = MATH.forward(*(t.double() for t in x)), EAGER.forward(*x)
+        if not check_budget(MATH.forward(*x), ref_i, base_i, k=2.0, rule="peers"):
+            picked.append(x)
+    assert len(picked) >= 2, f"only {len(picked)} of {count} healthy draws failed the peers' floor on this CPU"
+    return picked[:want]
 
 
 def test_healthy_fp32_outputs_that_the_peers_floor_failed_pass_the_shadow_check():
-    """sdpa-math served in fp32 at the issue's shape: the draws that false-alarmed pass with the rounding
-    allowance (guard/allowance.py), each still over the peers' floor alone (the test is not vacuous), and an
+    """sdpa-math served in fp32 at the issue's shape: draws that false-alarmed under the peers' floor alone (found
+    on this CPU, so the test is not vacuous on any) pass with the rounding allowance (guard/allowance.py), and an
     output 1e-4 too large, a hundred times the allowance, still fails."""
-    g = torch.Generator().manual_seed(22)
-    draws = [qkv(g, shape=(1, 2, 16, 8)) for _ in range(FALSE_ALARM_DRAWS[-1] + 1)]
-    picked = [draws[i] for i in FALSE_ALARM_DRAWS]
-    for q, k, v in picked:
-        ref, base = MATH.forward(q.double(), k.double(), v.double()), get_backend("eager").forward(q, k, v)
-        assert not check_budget(MATH.forward(q, k, v), ref, base, k=2.0, rule="peers")
+    picked = _false_alarm_draws()
     cfg = ShadowConfig(every=1, max_overhead=None)
     guard = Guard("sdpa-math", "sdpa-flash", shadow=cfg)
     for x in picked:
         guard(*x)
     sh = guard.stats().shadow
-    assert (sh.checks, sh.failed) == (5, 0) and sh.worst_budget_ratio < 0.5, sh
+    assert (sh.checks, sh.failed) == (len(picked), 0) and sh.worst_budget_ratio < 0.5, sh
     off = Guard(Faulty("gain", lambda q, k, v, **kw: MATH.forward(q, k, v) * (1 + 1e-4)), "sdpa-math", shadow=cfg)
     for x in picked:
         off(*x)
-    assert off.stats().shadow.failed == 5
+    assert off.stats().shadow.failed == len(picked)
 
 
 def test_sdpa_math_lowp_is_checked_at_its_own_working_format():

@@ -186,14 +186,20 @@ def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
 
 def test_enough_values_whose_interval_contains_one_say_no_measurable_difference(monkeypatch):
     """quick's answer on this machine: bf16-mixed 0.99x [0.876, 1.12] (n=15), verdict inconclusive. Fifteen values
-    are not "too few": the answer says no difference either way at 95% confidence (found by a new-user read)."""
+    are not "too few", but an interval that wide is not "no difference" either (issue 34): it reads "between 12%
+    less and 12% more"; one within 10% either way says no measurable difference."""
     from flashcheck.questions.paper import answer as ans
     from flashcheck.reporting.verdicts import Estimate
 
     est = Estimate(0.99, 0.876, 1.12, 15, "geometric mean")
     monkeypatch.setattr(ans, "pooled_mixed", lambda points: (est, [512, 8192]))
     said = ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}})
-    assert said.startswith("No measurable difference for real kernels") and "(n=15)" in said and "512-8192" in said
+    assert said.startswith("Inconclusive for real kernels") and "(n=15)" in said and "512-8192" in said
+    assert "between 12% less and 12% more at 95% confidence" in said
+    close = Estimate(0.99, 0.95, 1.04, 15, "geometric mean")
+    monkeypatch.setattr(ans, "pooled_mixed", lambda points: (close, [512, 8192]))
+    said = ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}})
+    assert said.startswith("No measurable difference for real kernels") and "within 10% either way" in said
     few = Estimate(0.99, 0.5, 1.9, 2, "geometric mean")
     monkeypatch.setattr(ans, "pooled_mixed", lambda points: (few, [64, 128]))
     assert ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}}).startswith("Too few")

@@ -222,10 +222,15 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             for c in summary["conclusion"]:
                 console.print(f"- {escape(c['text'])}")
             console.print("[bold]Verdicts[/] (95% intervals; rule and n in report.md, summary.json)")
+        unmeasured = [f["id"] for f in summary["findings"] if finding_status(f) == "not measured"]
         for f in summary["findings"]:
             status = finding_status(f)
+            if status == "not measured":
+                continue  # one line for all of them, below (quick printed 13 such lines)
             mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
             console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+        if unmeasured:
+            console.print(f"[dim]not measured by this study ({len(unmeasured)}): {escape(', '.join(unmeasured))}[/]")
         if summary.get("guide"):
             console.print("[bold]The production guide's claims[/] (conditions in report.md)")
             _print_claims(summary["guide"]["findings"], console)

@@ -193,14 +193,19 @@ def _print_explain(attr, metric: str) -> None:
 
     pol = attr.policy
     console = _console()
-    line = (
-        f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; output rounding alone explains "
-        f"{100 * attr.output_share:.0f}%; dominant stage (raising it to FP64 removes the most): {attr.dominant}"
+    dom = attr.dominant
+    share = attr.alone[dom] / attr.full if attr.full > 0 else float("nan")
+    line = (  # one measure for both stages (each alone, the others FP64): shares of that kind need not add to 100%
+        f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; dominant stage (raising it to FP64 removes the "
+        f"most): {dom}, which alone (the other stages FP64) gives {100 * share:.0f}% of the full error"
     )
     sub = attr.dominant_substage
     if sub is not None:
-        top, part = attr.raised[attr.dominant] / attr.full, attr.sub_raised[sub] / attr.full
-        line += f" ({top:.3g}x of the full error); within it: {attr.label(sub)} (removing it alone: {part:.3g}x)"
+        top, part = attr.raised[dom] / attr.full, attr.sub_raised[sub] / attr.full
+        line += f" (raised: {top:.3g}x of the full error); within it: {attr.label(sub)} (removing it alone: "
+        line += f"{part:.3g}x)"
+    if dom != "output":
+        line += f"; output rounding alone gives {100 * attr.output_share:.0f}%"
     console.print(escape(line))
     table = Table()
     for col in ("stage", "format", "alone (others FP64)", "raised to FP64 (others as policy)"):

@@ -54,24 +54,37 @@ class Styler:
 
 
 @contextlib.contextmanager
-def figure(path: str | Path, *, ncols: int = 1, size: tuple[float, float] = (7.0, 4.0)) -> Iterator[tuple]:
-    """(fig, axes) to draw on; saved to `path` (folders made) and closed on exit. axes is one Axes for
-    ncols=1, else a list."""
+def figure(
+    path: str | Path, *, ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (7.0, 4.0)
+) -> Iterator[tuple]:
+    """(fig, axes) to draw on, each panel `size` inches; saved to `path` (folders made) and closed on exit.
+    axes is one Axes for one panel, else a list (row by row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(size[0] * ncols, size[1]), squeeze=False)
-    flat = list(axes[0])
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
     try:
-        yield fig, flat[0] if ncols == 1 else flat
+        yield fig, flat[0] if len(flat) == 1 else flat
         fig.tight_layout()
         make_folder(Path(path).parent, "a report's figures folder")
         with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
             fig.savefig(tmp, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
     finally:
         plt.close(fig)
+
+
+def log10_axis(ax, which: str = "x") -> None:
+    """A base-10 log axis labelled at 1, 2 and 5 times each power of ten only: matplotlib labels the minor ticks
+    of an axis spanning less than a decade, and 3x10^-4 beside 4x10^-4 pile up (figure_problems reports it)."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def label_axes(ax, *, x: str, y: str, x_unit: str = "", y_unit: str = "") -> None:
@@ -148,9 +161,10 @@ def figure_problems(fig) -> list[str]:
     labelled series: a missing axis label, repeated tick labels, legend entries that differ from the series
     drawn (a series that draws nothing must not be in the legend), two series with the same colour, marker,
     fill and line style, more than MAX_AT_ONE_X series with a point at one x, markers in several styles with
-    no legend entry, a linear axis over more than two decades. Call it before saving (tests wrap
-    Figure.savefig)."""
-    fig.canvas.draw()
+    no legend entry, a linear axis over more than two decades, tick labels drawn over one another. Call it
+    before saving (tests wrap Figure.savefig)."""
+    fig.draw_without_rendering()  # the layout (text extents) without rasterising every artist
+    renderer = fig.canvas.get_renderer()
     out = []
     for i, ax in enumerate(fig.axes):
         handles, labels = ax.get_legend_handles_labels()
@@ -175,8 +189,54 @@ def figure_problems(fig) -> list[str]:
         if twins:
             out.append(f"{where}: one colour and marker for more than one series ({twins})")
         out += _crowded_x(ax, labels, data, where) + _unlegended_markers(ax, handles, where)
-        out += _decade_problem(ax, data, where)
+        out += _decade_problem(ax, data, where) + _overlapping_ticks(ax, renderer, where)
     return out
+
+
+def _overlapping_ticks(ax, renderer, where: str) -> list[str]:
+    """Tick labels of one axis whose text boxes overlap (e.g. 45 rotated policy names on a 7-inch axis)."""
+    out = []
+    for at, (name, axis, limits) in enumerate((("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim()))):
+        lo, hi = sorted(limits)
+        labels = [*axis.get_ticklabels(), *axis.get_ticklabels(minor=True)]  # a log axis labels minor ticks too
+        shown = [t for t in labels if t.get_visible() and t.get_text() and lo <= t.get_position()[at] <= hi]
+        boxes = [_text_box(t, renderer) for t in shown]
+        hits = [(a, b) for i, a in enumerate(shown) for j, b in enumerate(shown[i + 1 :], i + 1)
+                if _boxes_overlap(boxes[i], boxes[j])]  # fmt: skip
+        if hits:
+            first = hits[0]
+            out.append(f"{where}: {len(hits)} pairs of {name} tick labels overlap "
+                       f"(first {first[0].get_text()!r} and {first[1].get_text()!r})")  # fmt: skip
+    return out
+
+
+def _text_box(text, renderer) -> tuple[float, float, float, float, float]:
+    """(centre x, centre y, width, height, angle in radians) of a text's rotated box, in pixels: the centre of
+    its drawn (axis-aligned) extent, the size of the same text unrotated."""
+    import math
+
+    drawn = text.get_window_extent(renderer)
+    angle = text.get_rotation()
+    text.set_rotation(0)
+    try:
+        flat = text.get_window_extent(renderer)
+    finally:
+        text.set_rotation(angle)
+    cx, cy = (drawn.x0 + drawn.x1) / 2, (drawn.y0 + drawn.y1) / 2
+    return cx, cy, flat.width, flat.height, math.radians(angle)
+
+
+def _boxes_overlap(a: tuple, b: tuple, gap: float = 0.3) -> bool:
+    """Whether two boxes of one angle (the tick labels of one axis) overlap or come closer than `gap` times
+    the text's height (labels closer than that read as one): their centres' offset, turned into the boxes' own
+    frame, is under half their summed sizes plus the gap in both directions."""
+    import math
+
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    cos, sin = math.cos(a[4]), math.sin(a[4])
+    along, across = dx * cos + dy * sin, -dx * sin + dy * cos
+    room = gap * min(a[3], b[3])
+    return abs(along) < (a[2] + b[2]) / 2 + room and abs(across) < (a[3] + b[3]) / 2 + room
 
 
 def _crowded_x(ax, labels: list[str], data, where: str) -> list[str]:
@@ -206,9 +266,17 @@ def _unlegended_markers(ax, handles, where: str) -> list[str]:
 
 
 def _decade_problem(ax, data, where: str) -> list[str]:
+    """Values over more than two decades on a linear axis: the y axis's, or the x axis's where the categories
+    are on y (horizontal error bars: fixed y ticks, free x ticks)."""
     import math
 
-    ys = [y for _, _, yv in data for y in yv if math.isfinite(y) and y > 0]
-    if ys and max(ys) / min(ys) > 100 and ax.get_yscale() != "log":
-        return [f"{where}: values span {max(ys) / min(ys):.0f}x on a linear y axis"]
+    from matplotlib.ticker import FixedLocator
+
+    across = isinstance(ax.yaxis.get_major_locator(), FixedLocator) and not isinstance(
+        ax.xaxis.get_major_locator(), FixedLocator
+    )
+    name, scale = ("x", ax.get_xscale()) if across else ("y", ax.get_yscale())
+    vals = [v for _, xv, yv in data for v in (xv if across else yv) if math.isfinite(v) and v > 0]
+    if vals and max(vals) / min(vals) > 100 and scale != "log":
+        return [f"{where}: values span {max(vals) / min(vals):.0f}x on a linear {name} axis"]
     return []

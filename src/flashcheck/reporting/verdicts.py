@@ -157,6 +157,26 @@ def compare(est: Estimate, *, above: bool = True, threshold: float = 1.0, margin
     return Verdict("inconclusive", rule, f"interval [{lo:.3g}, {hi:.3g}] contains {threshold:g}", est)
 
 
+EQUIVALENCE_MARGIN = 0.10  # "no measurable difference": the whole 95% interval of a ratio within 1 +- 10%, the
+# margin the modern study's FA4-vs-FA2 verdict allows (study.modern); a wider interval that holds 1 settles nothing
+
+
+def difference_words(est: Estimate | None, margin: float = EQUIVALENCE_MARGIN) -> str:
+    """A ratio's interval in words: 'no measurable difference (within 10% either way)' only where the whole
+    interval lies within 1 +- margin; 'inconclusive: between 3% less and 57% more' where it holds 1 but is wider;
+    '57% more' / '30% less' where it excludes 1; 'too few values to say' without an interval."""
+    if est is None or est.n < 2 or not (math.isfinite(est.low) and math.isfinite(est.high)):
+        return "too few values to say"
+    lo, hi = est.low, est.high
+    if lo > 1:
+        return f"{est.value - 1:.0%} more"
+    if hi < 1:
+        return f"{1 - est.value:.0%} less"
+    if 1 - margin <= lo and hi <= 1 + margin:
+        return f"no measurable difference (within {margin:.0%} either way)"
+    return f"inconclusive: between {1 - lo:.0%} less and {hi - 1:.0%} more"
+
+
 def band(est: Estimate, low: float, high: float) -> Verdict:
     """Claim "the value lies in [low, high]" (a published band): holds when the interval lies inside it,
     does not hold when the interval misses it entirely, else inconclusive."""

@@ -51,9 +51,7 @@ def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -
         own(sw, points, path, title)
         return
     if not any(p.baseline for p in points):  # no baseline (e.g. the modern sweeps): no ratio panels to draw
-        with figure(path, ncols=1, size=(7.0, 5.6)) as (fig, ax):
-            _draw_errors(ax, points, sw, x_axis(sw))
-            fig.suptitle(title, fontsize=10)
+        _draw_without_baseline(sw, points, path, title)
         return
     with figure(path, ncols=3, size=(5.4, 5.6)) as (fig, axes):
         x = x_axis(sw)
@@ -61,6 +59,28 @@ def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -
         _draw_ratios(axes[1], points, x, own=False, metric=sw.metric)
         _draw_ratios(axes[2], points, x, own=True, metric=sw.metric)
         fig.suptitle(title)
+
+
+def _draw_without_baseline(sw: Sweep, points: list[Point], path: Path, title: str) -> None:
+    """The error panel alone; one panel per input distribution where one panel would hold more series than a
+    reader can tell apart (full's sink question: 4 methods x 5 sink scores at each length)."""
+    from flashcheck.reporting.figures import MAX_AT_ONE_X
+
+    x = x_axis(sw)
+    dists = list(dict.fromkeys(p.distribution for p in points))
+    if len(_series(points, x)) <= MAX_AT_ONE_X or len(dists) == 1:
+        with figure(path, ncols=1, size=(7.0, 5.6)) as (fig, ax):
+            _draw_errors(ax, points, sw, x)
+            fig.suptitle(title, fontsize=10)
+        return
+    ncols = min(3, len(dists))
+    with figure(path, ncols=ncols, nrows=-(-len(dists) // ncols), size=(5.0, 5.0)) as (fig, axes):
+        for ax, dist in zip(axes, dists, strict=False):
+            _draw_errors(ax, [p for p in points if p.distribution == dist], sw, x)
+            ax.set_title(f"{dist} inputs", fontsize=9)
+        for ax in axes[len(dists) :]:
+            ax.set_axis_off()
+        fig.suptitle(title, fontsize=10)
 
 
 def x_axis(sw: Sweep) -> str:
@@ -264,6 +284,9 @@ def _n_title(ax, series: dict[str, list[tuple[int, Estimate]]]) -> None:
     ax.set_title(f"mean over seeds (n={n}) and its 95% interval", fontsize=9)
 
 
+MAX_CATEGORIES = 12  # categories a 7-inch x axis holds with their names at 20 degrees (figure_problems checks)
+
+
 def _draw_categories(series: dict[str, list[tuple[int, Estimate]]], path: Path, *, x: str, y: str, cases: str) -> None:
     """One series per method (the variant's first word) over categories (the rest of the variant, and x where
     there are several), the methods side by side within a category."""
@@ -276,15 +299,35 @@ def _draw_categories(series: dict[str, list[tuple[int, Estimate]]], path: Path, 
     cats = sorted({c for cells in by.values() for c in cells}, key=lambda c: (c[1], c[0]))
     names = [c[0] if len(xs) == 1 else f"{c[0]}, {c[1]}" for c in cats]
     style, width = Styler(), 0.8 / len(by)
-    with figure(path, size=(7.0, 4.6)) as (_, ax):
+    across = len(cats) > MAX_CATEGORIES  # many categories: one row each (their names read across, never piled)
+    size = (7.0, 1.2 + 0.28 * len(cats)) if across else (7.0, 4.6)
+    with figure(path, size=size) as (_, ax):
         for j, (method, cells) in enumerate(by.items()):
             here = [c for c in cats if c in cells]
-            ys, err = yerr([cells[c] for c in here])
+            vals, err = yerr([cells[c] for c in here])
             pos = [cats.index(c) + (j - (len(by) - 1) / 2) * width for c in here]
-            ax.errorbar(pos, ys, yerr=err, capsize=3, ls="none", **style(method))
-        ax.set_xticks(range(len(cats)), names, rotation=20, ha="right", fontsize=8)
-        _log_if_decades(ax, [e.value for cells in by.values() for e in cells.values()])
-        ax.set_xlabel(f"{cases} (at {x}: {xs[0]})" if len(xs) == 1 else f"{cases}, {x}")
-        ax.set_ylabel(y)
+            if across:
+                ax.errorbar(vals, pos, xerr=err, capsize=3, ls="none", **style(method))
+            else:
+                ax.errorbar(pos, vals, yerr=err, capsize=3, ls="none", **style(method))
+        where = f"{cases} (at {x}: {xs[0]})" if len(xs) == 1 else f"{cases}, {x}"
+        values = [e.value for cells in by.values() for e in cells.values()]
+        if across:
+            ax.set_yticks(range(len(cats)), names, fontsize=8)
+            ax.invert_yaxis()  # the first category on top
+            pos = [v for v in values if math.isfinite(v) and v > 0]
+            if pos and max(pos) / min(pos) > 10:
+                ax.set_xscale("log")
+            else:
+                from matplotlib.ticker import MaxNLocator
+
+                ax.xaxis.set_major_locator(MaxNLocator(4))  # the axis is narrow beside the long names
+            ax.set_xlabel(y)
+            ax.set_ylabel(where)
+        else:
+            ax.set_xticks(range(len(cats)), names, rotation=20, ha="right", fontsize=8)
+            _log_if_decades(ax, values)
+            ax.set_xlabel(where)
+            ax.set_ylabel(y)
         _n_title(ax, series)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -13,7 +13,7 @@ from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
 from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, guide_sweep
 from flashcheck.questions.guide.tasks import load_results, read_settings
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
-from flashcheck.reporting.figures import Styler, figure, label_axes, matplotlib_available
+from flashcheck.reporting.figures import Styler, figure, label_axes, log10_axis, matplotlib_available
 from flashcheck.reporting.page import Sentences
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study.cases import expand_sweep
@@ -411,8 +411,8 @@ def _draw_error_vs_time(path: Path, records, results, members: list[str]) -> boo
             ax.plot([t for t, _, _ in p], [e for _, e, _ in p], **style(m))
             for t, e, n in p:
                 ax.annotate(f"L={n}", (t, e), fontsize=6)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        log10_axis(ax, "x")  # a span under a decade labelled every minor tick, piled up (issue 34)
+        log10_axis(ax, "y")
         label_axes(ax, x="median forward time", y="relative L2 error vs FP64", x_unit="s")
         ax.legend(fontsize=7)
     return True

@@ -4,6 +4,7 @@ preset, verdicts, the Answer (or its one line after another set's), sentences an
 from __future__ import annotations
 
 from flashcheck.questions.modern.answer import modern_answer
+from flashcheck.questions.modern.figures import draw_stage_question
 from flashcheck.questions.modern.findings import (
     NOTES,
     THEIRS_VS_OURS,
@@ -11,7 +12,7 @@ from flashcheck.questions.modern.findings import (
     modern_sentences,
     sage_published_rows,
 )
-from flashcheck.questions.modern.presets import modern
+from flashcheck.questions.modern.presets import STAGE_PRESETS, modern
 from flashcheck.reporting import Heading, Table, Text
 from flashcheck.study.part import Part, Study
 from flashcheck.study.registry import QuestionSet
@@ -44,4 +45,5 @@ QUESTION_SET = QuestionSet(
     findings=lambda study: modern_findings(study.points, study.ok),
     report=report_part,
     notes=NOTES,
+    draw=dict.fromkeys(STAGE_PRESETS, draw_stage_question),  # one panel per preset (issue 34)
 )

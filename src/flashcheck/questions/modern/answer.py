@@ -8,6 +8,7 @@ import math
 
 from flashcheck.questions.modern.findings import FA3_PUBLISHED, SAGE_PUBLISHED, UNLIKE
 from flashcheck.questions.modern.presets import LOWP, SAGE, STAGE_PRESETS
+from flashcheck.reporting.verdicts import EQUIVALENCE_MARGIN, Estimate, difference_words
 
 # explain's stage names in words (a name not listed is shown as it is)
 STAGE_WORDS = {
@@ -101,10 +102,19 @@ def _versus(by: dict, methods: tuple[str, ...]) -> list[str]:
             out.append(f"{who} {span} more ({nums})")
         elif status == "holds":
             out.append(f"{who} less, {span} of its error ({nums})")
-        else:
-            named = _join([_named(n) for n in names])
-            out.append(f"{named} show{'s' * (len(names) == 1)} no measurable difference ({nums})")
+        else:  # inconclusive: "no measurable difference" only within the equivalence margin
+            for n, f in zip(names, rows, strict=True):
+                said = _difference(f)
+                verb = "shows" if said.startswith("no measurable difference") else "is"
+                out.append(f"{_named(n)} {verb} {said} ({_num(f)})")
     return out
+
+
+def _difference(f: dict) -> str:
+    """A ratio finding's interval in words (reporting.verdicts.difference_words)."""
+    iv = f.get("interval")
+    est = Estimate(f["estimate"], iv[0], iv[1], f.get("n", 2), "") if iv else None
+    return difference_words(est)
 
 
 def _join(names: list[str]) -> str:
@@ -281,15 +291,24 @@ def _in_short(by: dict) -> str | None:
         fa4 = {"holds": "is as stable as FA2 (within the 10% the verdict allows)", "does not hold": "is less "
                "stable than FA2 (over 10% more error)"}  # fmt: skip
         parts.append(f"FA4's bf16 kernel {fa4.get(f['status'], 'against FA2 is not settled')}")
-    groups: dict[str, list[tuple[str, float]]] = {"holds": [], "inconclusive": [], "does not hold": []}
+    groups: dict[str, list[tuple[str, float]]] = {"holds": [], "same": [], "inconclusive": [], "does not hold": []}
+    wide = []  # inconclusive and wider than the equivalence margin: each with its range in words
     for m in (*LOWP[:3], *SAGE):
         name = m.split(":", 1)[1]
         g = _measured(by, f"modern_{name}_vs_fa3_fp8")
-        if g is not None and g["status"] in groups:
+        if g is None or g["status"] not in groups:
+            continue
+        if g["status"] == "inconclusive":
+            said = _difference(g)
+            if not said.startswith("no measurable difference"):
+                wide.append(f"{name} against FA3's FP8 path is {said}")
+                continue
+            groups["same"].append((name, g["estimate"]))
+        else:
             groups[g["status"]].append((name, g["estimate"]))
     words = {
         "holds": "deviate{s} less than FA3's FP8 path",
-        "inconclusive": "show{s} no measurable difference from FA3's FP8 path",
+        "same": f"show{{s}} no measurable difference from FA3's FP8 path (within {EQUIVALENCE_MARGIN:.0%})",
         "does not hold": "deviate{s} more than FA3's FP8 path ({span})",
     }
     for status, rows in groups.items():
@@ -298,6 +317,7 @@ def _in_short(by: dict) -> str | None:
             span = f"{ests[0]:.2g}x" if len(ests) == 1 else f"{ests[0]:.2g}-{ests[-1]:.2g}x"
             verb = words[status].format(s="s" if len(rows) == 1 else "", span=span)
             parts.append(f"{_join([n for n, _ in rows])} {verb}")
+    parts += wide
     if not parts:
         return None
     return "In short: " + "; ".join(parts) + ". In detail, with 95% intervals:"

@@ -363,6 +363,14 @@ def modern_findings(pts: dict[str, list[Point]], records: dict | None = None) ->
     return out + stage_findings(pts)
 
 
+def _cause(dominant: str) -> str:
+    """The dominant stages' clause, where explain's attribution was measured ('' where not: issue 34)."""
+    if dominant == "not measured":
+        return ""
+    how = "raising it to FP64 lowers the error most, as `flashcheck explain --preset NAME` finds"
+    return f" The stage that causes it ({how}): {dominant}."
+
+
 def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
     """The conclusion's sentences over the modern questions (after the Answer), published figures beside; a
     question the study did not measure (quick measures two of them) has no sentence."""
@@ -378,9 +386,11 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
         rows = [f for k, f in by.items() if k.endswith("_dominant_stage") and f["status"] != "not measured"]
         return "; ".join(f["claim"].split(":")[0] + " " + f["measured"].split(":")[0] for f in rows) or "not measured"
 
-    def each(methods) -> str:
+    def each(methods) -> str:  # the measured ones only: the report lists what this preset did not ask, once
         names = [m.split(":", 1)[1] for m in methods]
-        return "; ".join(f"{n} {said(f'modern_{n}_vs_fa3_fp8')}" for n in names)
+        done = [f"{n} {said(f'modern_{n}_vs_fa3_fp8')}" for n in names]
+        return "; ".join(d for d in done if not d.endswith(" not measured")) or "not measured"
+
 
     sink = [f for k, f in by.items() if k.startswith("modern_sink_") and f["status"] != "not measured"]
     sink_text = "; ".join(f"{f['claim']}: {f['measured']} ({f['status']})" for f in sink) or "not measured"
@@ -399,8 +409,7 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
             ["modern_fa4_bf16", "modern_fa4_exp2_emulation", "modern_fa4_rescale_threshold"],
         ),
         (
-            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}. The stage that causes it (raising it to "
-            f"FP64 lowers the error most, as `flashcheck explain --preset NAME` finds): {dominant()}.",
+            f"FP8/FP4 kernels against FA3's FP8 path: {each(LOWP[:3])}.{_cause(dominant())}",
             "modern_lowp",
             vs(LOWP[:3]) + dominants,
         ),

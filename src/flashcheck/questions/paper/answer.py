@@ -10,7 +10,14 @@ from pathlib import Path
 
 from flashcheck.core.fileio import make_folder
 from flashcheck.questions.paper.findings import MIXED, PAPER, at_longest
-from flashcheck.reporting.verdicts import MIN_N, Estimate, compare, ratio_interval
+from flashcheck.reporting.verdicts import (
+    EQUIVALENCE_MARGIN,
+    MIN_N,
+    Estimate,
+    compare,
+    difference_words,
+    ratio_interval,
+)
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.points import Point, ratio_text
 
@@ -77,24 +84,32 @@ def _answer(found: list[dict], points: list[Point]) -> list[str]:
 
 
 def _real(points: list[Point], by: dict) -> str | None:
+    """The sentence on real kernels (bf16-mixed): the ratio pooled over every length, and where the verdict row
+    it names judges the longest length alone, that row's number and why the two differ (issue 34: one claim, one
+    number). 'No measurable difference' only where the pooled interval lies within the equivalence margin."""
     est, lengths = pooled_mixed(points)
     if est.n < 2 or not math.isfinite(est.high):
         return None
     v = compare(est, above=True)  # the claim "Flash deviates more than Baseline"
     status = v.status
     finding = by.get("flash_vs_baseline_bf16_mixed", {}).get("status", "not measured")
+    pooled = f"{ratio_text(est)} that of standard attention pooled over lengths {lengths[0]}-{lengths[-1]}"
+    row = _row_words(points, lengths, finding, est.n)
     if status == "inconclusive" and est.n >= MIN_N and finding == "inconclusive":
-        return (  # enough values, and the interval straddles 1: no difference either way at 95% confidence
-            f"No measurable difference for real kernels: with fp32 softmax statistics and accumulator (bf16-mixed) "
-            f"Flash's max-abs error is {ratio_text(est)} that of standard attention over lengths "
-            f"{lengths[0]}-{lengths[-1]}, neither more nor less at 95% confidence ({v.reason}); so the verdict below "
-            f"on 'Flash deviates less than Baseline' (bf16 with fp32 statistics) is inconclusive too."
+        words = difference_words(est)
+        if words.startswith("no measurable difference"):
+            head, how = "No measurable difference", f"within {EQUIVALENCE_MARGIN:.0%} either way at 95% confidence"
+        else:  # the interval holds 1 but is too wide to call the two the same
+            head, how = "Inconclusive", f"{words.removeprefix('inconclusive: ')} at 95% confidence"
+        return (
+            f"{head} for real kernels: with fp32 softmax statistics and accumulator (bf16-mixed) Flash's max-abs "
+            f"error is {pooled}, {how}{row}."
         )
     if status == "inconclusive" and (est.n < MIN_N or finding in ("inconclusive", "not measured")):
         return (  # follow the verdict: too little data is not "indistinguishable"
             f"Too few seeds/lengths to say for real kernels: with fp32 softmax statistics and accumulator "
-            f"(bf16-mixed) Flash's max-abs error is {ratio_text(est)} that of standard attention over lengths "
-            f"{lengths[0]}-{lengths[-1]}, which settles nothing ({v.reason}); the verdict on it below is {finding}."
+            f"(bf16-mixed) Flash's max-abs error is {pooled}, which settles nothing ({v.reason}); the verdict on it "
+            f"below is {finding}{_row_words(points, lengths, finding, est.n, stated=True)}."
         )
     word = "Not entirely" if status == "holds" else "Yes"
     how = {
@@ -104,9 +119,21 @@ def _real(points: list[Point], by: dict) -> str | None:
     }[status]
     return (
         f"{word}, for real kernels: with fp32 softmax statistics and accumulator (bf16-mixed, as real kernels "
-        f"keep them) Flash's max-abs error is {ratio_text(est)} that of standard attention over lengths "
-        f"{lengths[0]}-{lengths[-1]}, {how}."
+        f"keep them) Flash's max-abs error is {pooled}, {how}{row}."
     )
+
+
+def _row_words(points: list[Point], lengths: list[int], finding: str, pooled_n: int, *, stated: bool = False) -> str:
+    """'; the verdict row below judges the longest length alone, L=8192 (its 3 values, not the 15 pooled): 1.05x
+    [0.93, 1.18] (n=3), inconclusive' where the row's number is not the pooled one (several lengths); with
+    `stated` (the sentence names the verdict already) ', judging ...' without it; else ''."""
+    row = at_longest(points, MIXED)
+    if row is None or len(lengths) < 2 or finding == "not measured":
+        return ""
+    est = row.ratio_estimate()
+    values = f"{est.n} value{'s' * (est.n != 1)}"
+    what = f"the longest length alone, L={row.seq_len} (its {values}, not the {pooled_n} pooled): {ratio_text(est)}"
+    return f", judging {what}" if stated else f"; the verdict row below judges {what}, {finding}"
 
 
 def _paper(by: dict, points: list[Point]) -> str | None:

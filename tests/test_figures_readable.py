@@ -1,0 +1,161 @@
+"""Figures read at a glance (issue 34, item 10): reporting.figures.figure_problems reports tick labels drawn over
+one another; the modern study's stage figures draw one panel per preset with a row per variant (were ~45 and ~30
+rotated x labels piled on one axis); every preset's figures pass figure_problems (the tiny and quick presets'
+real figures are audited by their session and module fixtures, tests/conftest.py and test_report_first.py; the
+others here from synthetic records, one figure per distinct sweep layout)."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from tests.helpers import audited_figures
+
+from flashcheck.questions.modern.presets import STAGE_PRESETS, modern_sweeps
+from flashcheck.study.cases import CaseRecord, expand
+from flashcheck.study.config import preset
+from flashcheck.study.registry import presets
+
+pytest.importorskip("matplotlib")
+KEYS = ("max_abs", "mean_abs", "std", "rmse", "rel_l2")
+
+
+def _axes(width: float = 7.0):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, 4))
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    return fig, ax
+
+
+def test_figure_problems_catches_tick_labels_drawn_over_one_another():
+    """45 rotated policy names on a 7-inch axis (the old modern_stages.png), 2x10^-3 .. 6x10^-3 labelled on a
+    log axis within one decade, 30 y labels on a 4-inch axis: each reported; the same labels with room are not."""
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems
+
+    names = [f"fa4-fp8,{s}=fp64" for s in range(45)]
+    fig, ax = _axes()
+    ax.plot(range(45), [1.0] * 45, "o", label="flash")
+    ax.set_xticks(range(45), names, rotation=30, ha="right")
+    ax.legend()
+    (problem,) = figure_problems(fig)
+    assert "pairs of x tick labels overlap" in problem and "'fa4-fp8,0=fp64' and 'fa4-fp8,1=fp64'" in problem
+    plt.close(fig)
+    fig, ax = _axes()
+    ax.plot(range(4), [1.0] * 4, "o", label="flash")
+    ax.set_xticks(range(4), names[:4], rotation=30, ha="right")
+    ax.legend()
+    assert figure_problems(fig) == []
+    plt.close(fig)
+    fig, ax = _axes(3.0)
+    ax.plot([1.1e-3, 6.5e-3], [1, 2], "o", label="flash")
+    ax.set_xscale("log")
+    ax.legend()
+    assert any("x tick labels overlap" in p for p in figure_problems(fig))
+    plt.close(fig)
+    fig, ax = _axes()
+    ax.plot([1.0] * 30, range(30), "o", label="flash")
+    ax.set_yticks(range(30), [f"variant {i}" for i in range(30)], fontsize=12)
+    ax.legend()
+    assert any("y tick labels overlap" in p for p in figure_problems(fig))
+    plt.close(fig)
+
+
+def _records(config) -> dict[str, CaseRecord]:
+    """A record for every case of `config` with made-up errors (1e-3 to 3e-3, fixed by the case's id): the
+    figures' layout depends on the sweeps, not on the numbers."""
+    out = {}
+    for c in expand(config):
+        h = zlib.crc32(c.case_id.encode())
+        errs = {k: 1e-3 * (1 + (h % 97) / 50) for k in KEYS}
+        out[c.case_id] = CaseRecord(c.case_id, c, "ok", errs, dict(errs), 0.0, None, {})
+    return out
+
+
+def test_the_stage_figures_draw_one_panel_per_preset_with_a_row_per_variant(tmp_path):
+    from flashcheck.study.config import StudyConfig
+    from flashcheck.study.figures import draw_figures
+
+    sweeps = tuple(sw for sw in modern_sweeps((1024,), (0, 1, 2), 2) if sw.question in STAGE_PRESETS)
+    cfg = StudyConfig(name="modern", sweeps=sweeps)
+    with audited_figures(save=False) as seen:
+        draw_figures(cfg, _records(cfg), tmp_path)
+    assert sorted(name for name, _, _ in seen) == ["modern_sage_stages.tmp.png", "modern_stages.tmp.png"]
+    for name, problems, ylabels in seen:
+        assert problems == [], (name, problems)
+        question = name.split(".")[0]
+        assert len([y for y in ylabels if y]) == len(STAGE_PRESETS[question]), (name, ylabels)
+
+
+def test_stage_panels_name_each_variant_in_words():
+    from flashcheck.questions.modern.figures import stage_panels
+    from flashcheck.study.points import Point
+
+    def pt(policy: str, v: float) -> Point:
+        return Point(f"flash:{policy}", 1024, 32, (128, 64), "normal", (0, 1), (v, v * 1.1), (v, v), (), (), None)
+
+    pts = [pt("sage1", 2e-3), pt("sage1,input=fp64", 1e-3), pt("sage1,exact_inputs=qk", 1.5e-3)]
+    (panel,) = stage_panels("modern_sage_stages", pts)
+    assert panel.title == "sage1" and [label for label, _ in panel.rows] == [
+        "as is",
+        "input raised to FP64",
+        "input:qk removed",
+    ]
+    assert panel.reference == pytest.approx(pts[0].estimate().value)
+
+
+def _layouts() -> dict[tuple, tuple[str, object]]:
+    """One (preset, sweep) per distinct figure layout of the presets no session fixture runs (tiny: conftest's
+    tiny_study_run; quick: test_report_first's quick_report): sweeps that differ only in their lengths or seeds
+    draw the same categories (the lengths are numbers on a log axis), so the first preset's stands for them."""
+    out: dict[tuple, tuple[str, object]] = {}
+    for name in presets():
+        if name in ("tiny", "quick"):
+            continue
+        for sw in preset(name).sweeps:
+            key = (sw.question, sw.methods, sw.distributions, sw.blocks, sw.head_dims)  # lengths: ticks of one kind
+            out.setdefault(key, (name, sw))
+    return out
+
+
+def test_every_presets_figures_pass_figure_problems(tmp_path):
+    """As build_report draws them: the dims questions' and the error model's figures (tables_dims), then one
+    per other question (study.figures)."""
+    from flashcheck.questions.variants.tables import dims_sections
+    from flashcheck.study.config import StudyConfig
+    from flashcheck.study.figures import draw_figures
+
+    problems, drawn = [], 0
+    for i, (name, sw) in enumerate(_layouts().values()):
+        cfg, folder = StudyConfig(name=name, sweeps=(sw,)), tmp_path / str(i)
+        records = _records(cfg)
+        with audited_figures(save=False) as seen:
+            _, dims, _ = dims_sections(cfg, records, folder)
+            draw_figures(cfg, records, folder / "figures", skip=frozenset(dims))
+        problems += [(name, sw.question, fig, p) for fig, found, _ in seen for p in found]
+        drawn += len(seen)
+    assert drawn >= len(_layouts())
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_a_log_axis_within_one_decade_labels_no_minor_tick():
+    """The guide's error_vs_time figure over less than a decade labelled 3x10^-4 and 4x10^-4 on top of one another
+    (found by figure_problems in the tiny study); reporting.figures.log10_axis labels 1, 2, 5 x 10^k only."""
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems, log10_axis
+
+    fig, ax = _axes(4.0)
+    ax.plot([1.5e-4, 9.0e-4], [1e-3, 2e-3], "o-", label="sdpa")
+    ax.set_xscale("log")
+    ax.legend()
+    assert any("x tick labels overlap" in p for p in figure_problems(fig))
+    log10_axis(ax, "x")
+    assert figure_problems(fig) == []
+    plt.close(fig)
