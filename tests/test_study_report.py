@@ -309,3 +309,21 @@ def test_fa3_paper_values_read_in_the_measured_ratios_order():
     assert found["fa3_fp16"]["paper"].startswith("Baseline's RMSE 3.2e-04 / flash:fp16-mixed's 1.9e-04 = 1.7x (theirs:")
     assert found["fa3_fp8"]["paper"].startswith("Baseline's RMSE 2.4e-02 / flash:fa3-fp8's 9.1e-03 = 2.6x (theirs:")
     assert "length and head dim not stated" in found["fa3_fp8"]["paper"]  # the paper's conditions beside the row
+
+
+def test_section_headings_are_the_question_sets_titles_and_the_ids_stay_anchors(tmp_path):
+    """Issue 34 item 13: a question's table is headed by its set's title, not its raw id (the id is the anchor)."""
+    from flashcheck.study import registry
+
+    cfg = config()
+    write_study(tmp_path, cfg)
+    with audited_figures(save=False):
+        build_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    headings = [line[3:] for line in md.splitlines() if line.startswith("## ")]
+    titles = registry.titles()
+    asked = {s.question for s in cfg.sweeps}
+    assert asked and all(q in titles for q in asked)
+    for q in asked:
+        assert titles[q] in headings and q not in headings
+        assert f'<a id="{q}"></a>\n\n## {titles[q]}' in md

@@ -27,7 +27,8 @@ class QuestionSet:
     'paper' column); draw: question -> draw(sweep, points, path, title), a figure of its own.
     settings: (a table of study.json and TOML, its class with from_dict(data, source) and to_dict()) and
     tasks(folder, settings, quiet) -> statistics: work it runs after the cases when a study has that table.
-    own_report(folder) -> summary: the whole report of its solo presets (owns_folder tells such a folder)."""
+    own_report(folder) -> summary: the whole report of its solo presets (owns_folder tells such a folder).
+    titles: a question's (or table's) id -> the heading a reader sees (the id stays its anchor)."""
 
     name: str
     order: int
@@ -43,6 +44,7 @@ class QuestionSet:
     tasks: Callable[[Path, Any, bool], dict] | None = None
     own_report: Callable[[str | Path], dict] | None = None
     owns_folder: Callable[[str | Path], bool] | None = None
+    titles: Mapping[str, str] = field(default_factory=dict)
 
 
 _SETS: dict[str, QuestionSet] = {}
@@ -104,6 +106,11 @@ def settings_tables() -> dict[str, Any]:
 
 def notes() -> dict[str, str]:
     return {q: text for s in sets() for q, text in s.notes.items()}
+
+
+def titles() -> dict[str, str]:
+    """Every registered question's heading by its id (a question without one is headed by its id)."""
+    return {q: text for s in sets() for q, text in s.titles.items()}
 
 
 def cells() -> dict[str, str]:

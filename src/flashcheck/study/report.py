@@ -276,9 +276,9 @@ def _page(summary: dict, tables, figures: dict[str, Path], parts: list[Part], ca
         page.add(Heading(title, anchor="" if n else "problems"), Table(header, rows))
     if not problems:
         page.add(Heading("Skipped and failed cases", anchor="problems"), Text("None."))
-    notes = registry.notes()
+    notes, titles = registry.notes(), registry.titles()
     for question, header, rows in tables:
-        page.add(Heading(question, anchor=question))
+        page.add(Heading(titles.get(question, question), anchor=question))
         if question in notes:
             page.add(Text(notes[question]))
         if question in figures:

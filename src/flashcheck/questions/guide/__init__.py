@@ -39,12 +39,18 @@ def _tasks(folder: Path, settings: GuideSettings, quiet: bool) -> dict:
     return run_tasks_locked(folder, settings, quiet=quiet)
 
 
+TITLES = {  # the report's headings (each question's id stays its anchor)
+    "guide_errors": "Guide: the error range in both views of error",
+}
+
+
 QUESTION_SET = QuestionSet(
     name="guide",
     order=30,
     presets={"guide": guide, "guide-full": guide_full, "guide-tiny": guide_tiny},
     solo=frozenset({"guide", "guide-full", "guide-tiny"}),
     report=report_part,
+    titles=TITLES,
     notes=NOTES,
     settings=(KEY, GuideSettings),
     tasks=_tasks,

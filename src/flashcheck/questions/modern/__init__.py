@@ -38,12 +38,23 @@ def report_part(study: Study) -> Part:
     )
 
 
+TITLES = {  # the report's headings (each question's id stays its anchor)
+    "modern_fa4": "FlashAttention-4 (bf16) against FA2",
+    "modern_lowp": "FP8 and FP4 kernels against FA3's FP8 path",
+    "modern_sage": "SageAttention kernels",
+    "modern_sink": "P collapse with a sink key",
+    "modern_stages": 'Where the FP8/FP4 kernels" error comes from',
+    "modern_sage_stages": 'Where SageAttention"s error comes from',
+}
+
+
 QUESTION_SET = QuestionSet(
     name="modern",
     order=40,
     presets={"modern": modern},
     findings=lambda study: modern_findings(study.points, study.ok),
     report=report_part,
+    titles=TITLES,
     notes=NOTES,
     draw=dict.fromkeys(STAGE_PRESETS, draw_stage_question),  # one panel per preset (issue 34)
 )

@@ -41,12 +41,24 @@ def report_part(study: Study) -> Part:
     )
 
 
+TITLES = {  # the report's headings (each question's id stays its anchor)
+    "formats": "Number formats",
+    "seq_len": "Sequence length at fixed tiles",
+    "block_area": "Block area",
+    "swapped": "Swapped block dimensions",
+    "square": "Square vs rectangular tiles",
+    "fa3": "FlashAttention-3 Table 3: fp16 and fp8 with outlier inputs",
+    "backends": "Real CPU backends on the same inputs",
+}
+
+
 QUESTION_SET = QuestionSet(
     name="paper",
     order=10,
     presets={"paper": paper, "fa3": fa3},
     findings=lambda study: paper_findings(study.config, study.ok),
     report=report_part,
+    titles=TITLES,
     notes=NOTES,
     cells={"flash_vs_baseline_bf16": PAPER_CELL},
     published={"fa3": FA3_PAPER_RMSE},
