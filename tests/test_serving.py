@@ -228,3 +228,23 @@ def test_captured_values_haystack():
     assert float(v.mean(dim=-2).norm(dim=-1).min()) > 0.1 * float(v.norm(dim=-1).mean())
     rows = measure_cell("bf16", 512, heads=2, values=("captured",))
     assert [r.values for r in rows] == ["captured"] * 3 and all(r.rel_err < 2**-8 for r in rows)
+
+
+def test_serving_and_consistency_refuse_linked_outputs_before_running(tmp_path):
+    runner = CliRunner()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("serving", "report.md", "summary.json", "serving.json", "report.html"):
+        out = tmp_path / f"ss-{name}"
+        out.mkdir()
+        (out / name).symlink_to(elsewhere / name)
+        res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
+        assert res.exit_code == 2 and "symbolic link" in res.output and "Traceback" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and list(elsewhere.iterdir()) == []
+        assert sorted(p.name for p in out.iterdir()) == [name]  # nothing ran
+    cs = tmp_path / "cs"
+    cs.mkdir()
+    (cs / "summary.json").symlink_to(elsewhere / "summary.json")
+    res = runner.invoke(app, ["consistency", "sdpa-math", "--checks", "nope", "--out", str(cs)])
+    assert res.exit_code == 2 and "symbolic link" in res.output and "unknown check" not in res.output
+    assert list(elsewhere.iterdir()) == []

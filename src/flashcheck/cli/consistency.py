@@ -52,18 +52,25 @@ def consistency(
 ) -> None:
     """Certify TARGET: see CONSISTENCY_HELP."""
     from flashcheck.backends.serving import resolve_target
+    from flashcheck.core.fileio import LinkRefused, refuse_link
     from flashcheck.measure.consistency import certify
 
     try:
         shape = _shape(heads, kv_heads, head_dim, (kv_len, prefill_len), dtype)
         folder = _out_folder(out) if out is not None else None
+        if folder is not None:  # linked outputs are refused before anything runs
+            refuse_link(folder, "the --out folder")
+            refuse_link(folder / "summary.json")
         wanted = tuple(_names(checks, "--checks"))
         fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
             resolve_target(target)  # fmt: skip
         certs = certify(fn, target, shape, checks=wanted, max_batch=max_batch, runs=runs, chunk=chunk)
     except ValueError as exc:
         _fail_usage(str(exc))
-    _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    try:
+        _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    except LinkRefused as exc:  # a link made while the checks ran
+        _fail_usage(str(exc))
     if not all(c.holds for c in certs):
         raise typer.Exit(1)
 
