@@ -128,8 +128,11 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
     mod = tmp_path / "my_attn.py"
     mod.write_text(
         "import torch\n"
-        "def attn(q, k, v, causal=False):\n"
+        "def attn(q, k, v, *, causal, scale, mask):\n"
+        "    assert mask is None and abs(scale - q.shape[-1] ** -0.5) < 1e-12\n"
         "    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)\n"
+        "def old(q, k, v, causal=False):\n"
+        "    return q\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     runner = CliRunner()
@@ -147,6 +150,7 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
     assert res.exit_code == 1
     assert "FAILS  prefill-decode: differs from KV length 97 on" in res.output
     for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown backend 'sim-fa9'"),
+                     (["my_attn:old"], "'my_attn:old' does not take scale, mask; expected function(q, k, v, *, "),
                      (["sdpa-math", "--dtype", "fp7"], "--dtype 'fp7' is not allowed"),
                      (["sim-fa3", "--kv", "fp3"], "unknown KV-cache scheme 'fp3'")):  # fmt: skip
         res = runner.invoke(app, ["consistency", *bad])

@@ -16,8 +16,9 @@ CONSISTENCY_HELP = (
     "TARGET: a backend (sdpa-math, sdpa-flash, jax-xla, onnxruntime, ...: `flashcheck backends`), a simulator "
     "(sim-fa3, sim-fa3-fixed: FA3's "
     "tile and num_splits rules, fixed splits; sim-flashinfer, sim-flashinfer-fixed: FlashInfer's decode chunking) "
-    "over the --kv cache, or your 'module:function' called as function(q, k, v, causal=bool) with q [B, H, Lq, D], "
-    "k, v [B, Hkv, Lk, D] and bottom-right causal masks.\n\n"
+    "over the --kv cache, or your 'module:function' called as `flashcheck hunt` calls it: function(q, k, v, *, causal, "
+    "scale, mask) with q [B, H, Lq, D], k, v [B, Hkv, Lk, D], scale 1/sqrt(D), mask None and bottom-right causal "
+    "masks.\n\n"
     "Exit 1 when a certificate does not hold, 2 on bad input."
 )
 
