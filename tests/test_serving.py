@@ -149,7 +149,14 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
                               "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
     assert res.exit_code == 1
     assert "FAILS  prefill-decode: differs from KV length 97 on" in res.output
-    for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown backend 'sim-fa9'"),
+    res = runner.invoke(app, ["consistency", "sim-fa3-fixed", "--kv", "fp8", "--checks", "prefill-decode",
+                              "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
+    assert res.exit_code == 1 and "FAILS  prefill-decode: differs from KV length 97" in res.output
+    assert "'fixed' fixes the split count only, not the tile width: decode visits the keys in tiles of kBlockN 96, " \
+           "the prefill in tiles of 192" in res.output  # fmt: skip
+    for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown target 'sim-fa9'"),
+                     (["nosuch"], "a simulator (sim-fa3, sim-fa3-fixed, sim-flashinfer, sim-flashinfer-fixed) or a "
+                                  "'module:function'"),
                      (["my_attn:old"], "'my_attn:old' does not take scale, mask; expected function(q, k, v, *, "),
                      (["sdpa-math", "--dtype", "fp7"], "--dtype 'fp7' is not allowed"),
                      (["sim-fa3", "--kv", "fp3"], "unknown KV-cache scheme 'fp3'")):  # fmt: skip

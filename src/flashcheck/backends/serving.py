@@ -138,4 +138,9 @@ def resolve_target(spec: str, *, kv: str = "fp8", device: str = "cpu", **sim_opt
         return sim_target(spec, kv, **sim_options)
     if ":" in spec:
         return callable_target(spec)
+    from flashcheck.backends import backend_names
+
+    if spec not in backend_names():
+        raise ValueError(f"unknown target {spec!r}; expected a backend ({', '.join(backend_names())}), a simulator "
+                         f"({', '.join(SIMULATORS)}) or a 'module:function'")  # fmt: skip
     return backend_target(spec, device)
