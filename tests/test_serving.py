@@ -206,7 +206,7 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     lines = res.output.splitlines()
     answer = lines[lines.index("Answer:") + 1 :]
     assert answer[0].startswith("- Is an FP8 / FP4 KV cache safe at long context?")
-    assert "bf16: safe" in answer[0]
+    assert "bf16: the kernel's accumulation is safe" in answer[0]
     assert "sim-fa3 varies from batch size 2 (splits at batch 1..2: 14, 7), sim-fa3-fixed invariant" in answer[1]
     assert "fp8 differs from KV length 97 on, bf16 bit-identical" in answer[2]
     report = (out / "report.md").read_text()
@@ -215,8 +215,9 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     if mma_missing():
         assert "fp8-1level" not in answer[0] and "Not measured" in report
     else:
-        assert "fp8-1level: degraded" in answer[0] or "fp8-1level: collapses" in answer[0]
-        assert "fp8-2level: safe" in answer[0]
+        assert "fp8-1level: the kernel's accumulation is degraded" in answer[0] or \
+            "fp8-1level: the kernel's accumulation is collapses" in answer[0]  # fmt: skip
+        assert "fp8-2level: the kernel's accumulation is safe" in answer[0]
     res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
     assert res.exit_code == 0 and "0 units run, 18 kept from before" in res.output
     assert json.loads((out / "summary.json").read_text())["answer"][0].startswith("Is an FP8")
@@ -259,3 +260,25 @@ def test_serving_and_consistency_refuse_linked_outputs_before_running(tmp_path):
     res = runner.invoke(app, ["consistency", "sdpa-math", "--checks", "nope", "--out", str(cs)])
     assert res.exit_code == 2 and "symbolic link" in res.output and "unknown check" not in res.output
     assert list(elsewhere.iterdir()) == []
+
+
+def test_serving_answer_prints_short_lengths_exactly_and_gives_verdicts_at_matched_conditions_only():
+    from flashcheck.questions.serving.report import _published, answer
+
+    def cell(err: float, cache: float) -> dict:
+        rows = [{"values": v, "needle": nd, "rel_err": err, "cache_err": cache} for v in ("shared-mean", "zero-mean")
+                for nd in ("early", "late", "absent")]  # fmt: skip
+        return {"status": "ok", "rows": rows}
+
+    units = {"longctx-bf16-512": cell(1.1e-4, 0.0), "longctx-fp4-512": cell(2e-3, 0.18)}
+    text = answer(units)[0]
+    assert "worst shared-mean error 0.00011 at 512 keys" in text and "at 0k" not in text
+    assert "fp4: the kernel's accumulation is safe" in text
+    assert "the cache format itself is not safe: it moves the exact output by up to 0.18" in text
+    rows = _published(units)
+    assert "at 512 keys, shared-mean" in rows[0][2]
+    assert rows[0][3] == rows[1][3] == "unlike conditions: no verdict"
+    n = 128 * 1024
+    matched = {f"longctx-{v}-{n}": cell(e, 0.0) for v, e in (("bf16", 1e-4), ("fp8-1level", 0.2),
+                                                              ("fp8-2level", 1e-3), ("b200", 1e-3))}  # fmt: skip
+    assert [r[3] for r in _published(matched)[:2]] == ["agrees", "agrees"]
