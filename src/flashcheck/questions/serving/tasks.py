@@ -101,10 +101,18 @@ def run_serving(folder: str | Path, s: ServingSettings, *, quiet: bool = False) 
     check_writable(folder)
     root = make_folder(make_folder(folder) / "serving")
     write_atomic(Path(folder) / "serving.json", json.dumps(s.to_dict(), indent=2))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the simulators are loops of small ops: threads only add overhead
+    try:
+        return _run_units(root, units(s), quiet)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_units(root: Path, todo: list, quiet: bool) -> dict:
+    """Run and store each unit of `todo` whose file is absent; the counts and the wall time."""
     ran = kept = 0
     t0 = time.perf_counter()
-    torch.set_num_threads(1)  # the simulators are loops of small ops: threads only add overhead
-    todo = units(s)
     for i, (name, run) in enumerate(todo, 1):
         path = root / f"{name}.json"
         if path.exists():
