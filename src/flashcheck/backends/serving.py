@@ -141,6 +141,10 @@ def resolve_target(spec: str, *, kv: str = "fp8", device: str = "cpu", **sim_opt
     from flashcheck.backends import backend_names
 
     if spec not in backend_names():
-        raise ValueError(f"unknown target {spec!r}; expected a backend ({', '.join(backend_names())}), a simulator "
-                         f"({', '.join(SIMULATORS)}) or a 'module:function'")  # fmt: skip
+        import difflib
+
+        close = difflib.get_close_matches(spec, [*backend_names(), *SIMULATORS], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown target {spec!r}{hint}; expected a backend ({', '.join(backend_names())}), a "
+                         f"simulator ({', '.join(SIMULATORS)}) or a 'module:function'")  # fmt: skip
     return backend_target(spec, device)
