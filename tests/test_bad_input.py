@@ -357,7 +357,7 @@ VALIDATE = [  # run only once `flashcheck validate` exists
 
 CONSISTENCY = [
     r("consistency-no-target", "consistency", "TARGET"),
-    r("consistency-unknown-backend", "consistency sdpa-nope", "'sdpa-nope'", "expected one of"),
+    r("consistency-unknown-backend", "consistency sdpa-nope", "'sdpa-nope'", "sim-flashinfer-fixed"),
     r("consistency-bad-check", "consistency sdpa-math --checks nope", "'nope'", "determinism"),
     r("consistency-empty-check", "consistency sdpa-math --checks 'batch,'", "--checks", "empty item"),
     r("consistency-kv-bad", "consistency sim-fa3 --kv fp3", "'fp3'", "fp8"),

@@ -128,8 +128,11 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
     mod = tmp_path / "my_attn.py"
     mod.write_text(
         "import torch\n"
-        "def attn(q, k, v, causal=False):\n"
+        "def attn(q, k, v, *, causal, scale, mask):\n"
+        "    assert mask is None and abs(scale - q.shape[-1] ** -0.5) < 1e-12\n"
         "    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)\n"
+        "def old(q, k, v, causal=False):\n"
+        "    return q\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     runner = CliRunner()
@@ -146,7 +149,15 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
                               "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
     assert res.exit_code == 1
     assert "FAILS  prefill-decode: differs from KV length 97 on" in res.output
-    for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown backend 'sim-fa9'"),
+    res = runner.invoke(app, ["consistency", "sim-fa3-fixed", "--kv", "fp8", "--checks", "prefill-decode",
+                              "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
+    assert res.exit_code == 1 and "FAILS  prefill-decode: differs from KV length 97" in res.output
+    assert "'fixed' fixes the split count only, not the tile width: decode visits the keys in tiles of kBlockN 96, " \
+           "the prefill in tiles of 192" in res.output  # fmt: skip
+    for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown target 'sim-fa9'"),
+                     (["nosuch"], "a simulator (sim-fa3, sim-fa3-fixed, sim-flashinfer, sim-flashinfer-fixed) or a "
+                                  "'module:function'"),
+                     (["my_attn:old"], "'my_attn:old' does not take scale, mask; expected function(q, k, v, *, "),
                      (["sdpa-math", "--dtype", "fp7"], "--dtype 'fp7' is not allowed"),
                      (["sim-fa3", "--kv", "fp3"], "unknown KV-cache scheme 'fp3'")):  # fmt: skip
         res = runner.invoke(app, ["consistency", *bad])
@@ -195,7 +206,7 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     lines = res.output.splitlines()
     answer = lines[lines.index("Answer:") + 1 :]
     assert answer[0].startswith("- Is an FP8 / FP4 KV cache safe at long context?")
-    assert "bf16: safe" in answer[0]
+    assert "bf16: the kernel's accumulation is safe" in answer[0]
     assert "sim-fa3 varies from batch size 2 (splits at batch 1..2: 14, 7), sim-fa3-fixed invariant" in answer[1]
     assert "fp8 differs from KV length 97 on, bf16 bit-identical" in answer[2]
     report = (out / "report.md").read_text()
@@ -204,8 +215,9 @@ def test_study_serving_tiny_answer_first_and_resumes(tmp_path):
     if mma_missing():
         assert "fp8-1level" not in answer[0] and "Not measured" in report
     else:
-        assert "fp8-1level: degraded" in answer[0] or "fp8-1level: collapses" in answer[0]
-        assert "fp8-2level: safe" in answer[0]
+        assert "fp8-1level: the kernel's accumulation is degraded" in answer[0] or \
+            "fp8-1level: the kernel's accumulation is collapses" in answer[0]  # fmt: skip
+        assert "fp8-2level: the kernel's accumulation is safe" in answer[0]
     res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
     assert res.exit_code == 0 and "0 units run, 18 kept from before" in res.output
     assert json.loads((out / "summary.json").read_text())["answer"][0].startswith("Is an FP8")
@@ -228,3 +240,45 @@ def test_captured_values_haystack():
     assert float(v.mean(dim=-2).norm(dim=-1).min()) > 0.1 * float(v.norm(dim=-1).mean())
     rows = measure_cell("bf16", 512, heads=2, values=("captured",))
     assert [r.values for r in rows] == ["captured"] * 3 and all(r.rel_err < 2**-8 for r in rows)
+
+
+def test_serving_and_consistency_refuse_linked_outputs_before_running(tmp_path):
+    runner = CliRunner()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("serving", "report.md", "summary.json", "serving.json", "report.html"):
+        out = tmp_path / f"ss-{name}"
+        out.mkdir()
+        (out / name).symlink_to(elsewhere / name)
+        res = runner.invoke(app, ["study", "--preset", "serving-tiny", "--out", str(out), "--quiet"])
+        assert res.exit_code == 2 and "symbolic link" in res.output and "Traceback" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and list(elsewhere.iterdir()) == []
+        assert sorted(p.name for p in out.iterdir()) == [name]  # nothing ran
+    cs = tmp_path / "cs"
+    cs.mkdir()
+    (cs / "summary.json").symlink_to(elsewhere / "summary.json")
+    res = runner.invoke(app, ["consistency", "sdpa-math", "--checks", "nope", "--out", str(cs)])
+    assert res.exit_code == 2 and "symbolic link" in res.output and "unknown check" not in res.output
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_serving_answer_prints_short_lengths_exactly_and_gives_verdicts_at_matched_conditions_only():
+    from flashcheck.questions.serving.report import _published, answer
+
+    def cell(err: float, cache: float) -> dict:
+        rows = [{"values": v, "needle": nd, "rel_err": err, "cache_err": cache} for v in ("shared-mean", "zero-mean")
+                for nd in ("early", "late", "absent")]  # fmt: skip
+        return {"status": "ok", "rows": rows}
+
+    units = {"longctx-bf16-512": cell(1.1e-4, 0.0), "longctx-fp4-512": cell(2e-3, 0.18)}
+    text = answer(units)[0]
+    assert "worst shared-mean error 0.00011 at 512 keys" in text and "at 0k" not in text
+    assert "fp4: the kernel's accumulation is safe" in text
+    assert "the cache format itself is not safe: it moves the exact output by up to 0.18" in text
+    rows = _published(units)
+    assert "at 512 keys, shared-mean" in rows[0][2]
+    assert rows[0][3] == rows[1][3] == "unlike conditions: no verdict"
+    n = 128 * 1024
+    matched = {f"longctx-{v}-{n}": cell(e, 0.0) for v, e in (("bf16", 1e-4), ("fp8-1level", 0.2),
+                                                              ("fp8-2level", 1e-3), ("b200", 1e-3))}  # fmt: skip
+    assert [r[3] for r in _published(matched)[:2]] == ["agrees", "agrees"]

@@ -7,6 +7,7 @@ q [B, H, Lq, D], k, v [B, Hkv, Lk, D]; causal is bottom-right aligned (a decode 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,7 +98,8 @@ def backend_target(name: str, device: str = "cpu") -> Callable:
 
 
 def callable_target(spec: str) -> Callable:
-    """A user's 'module:function', called as function(q, k, v, causal=bool) with bottom-right causal masks."""
+    """A user's 'module:function', called as `flashcheck hunt` calls one: function(q, k, v, *, causal, scale, mask)
+    with mask None, scale 1/sqrt(D) and bottom-right causal masks; ValueError names a missing parameter."""
     module, _, attr = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)
@@ -105,12 +107,29 @@ def callable_target(spec: str) -> Callable:
         raise ValueError(f"cannot load {spec!r} ({exc}); expected an importable 'module:function'") from None
     if not callable(fn):
         raise ValueError(f"{spec!r} is not callable; expected 'module:function'")
+    _check_signature(spec, fn)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         with torch.no_grad():
-            return fn(q, k, v, causal=causal)
+            return fn(q, k, v, causal=causal, scale=q.shape[-1] ** -0.5, mask=None)
 
     return run
+
+
+def _check_signature(spec: str, fn: Callable) -> None:
+    """ValueError naming what `fn` lacks of (q, k, v, *, causal, scale, mask); a signature Python cannot read passes."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    kinds = [p.kind for p in params.values()]
+    positional = sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+    missing = [] if positional >= 3 or inspect.Parameter.VAR_POSITIONAL in kinds else ["q, k, v (positional)"]
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        missing += [n for n in ("causal", "scale", "mask") if n not in params]
+    if missing:
+        raise ValueError(f"{spec!r} does not take {', '.join(missing)}; expected function(q, k, v, *, causal, scale, "
+                         "mask) as `flashcheck hunt` calls it")  # fmt: skip
 
 
 def resolve_target(spec: str, *, kv: str = "fp8", device: str = "cpu", **sim_options: object) -> Callable:
@@ -119,4 +138,13 @@ def resolve_target(spec: str, *, kv: str = "fp8", device: str = "cpu", **sim_opt
         return sim_target(spec, kv, **sim_options)
     if ":" in spec:
         return callable_target(spec)
+    from flashcheck.backends import backend_names
+
+    if spec not in backend_names():
+        import difflib
+
+        close = difflib.get_close_matches(spec, [*backend_names(), *SIMULATORS], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown target {spec!r}{hint}; expected a backend ({', '.join(backend_names())}), a "
+                         f"simulator ({', '.join(SIMULATORS)}) or a 'module:function'")  # fmt: skip
     return backend_target(spec, device)

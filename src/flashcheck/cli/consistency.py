@@ -15,9 +15,11 @@ CONSISTENCY_HELP = (
     "where bits differ and by how much.\n\n"
     "TARGET: a backend (sdpa-math, sdpa-flash, jax-xla, onnxruntime, ...: `flashcheck backends`), a simulator "
     "(sim-fa3, sim-fa3-fixed: FA3's "
-    "tile and num_splits rules, fixed splits; sim-flashinfer, sim-flashinfer-fixed: FlashInfer's decode chunking) "
-    "over the --kv cache, or your 'module:function' called as function(q, k, v, causal=bool) with q [B, H, Lq, D], "
-    "k, v [B, Hkv, Lk, D] and bottom-right causal masks.\n\n"
+    "tile and num_splits rules; -fixed fixes the split count only, not the tile width kBlockN, so prefill vs decode "
+    "can still differ; sim-flashinfer, sim-flashinfer-fixed: FlashInfer's decode chunking) "
+    "over the --kv cache, or your 'module:function' called as `flashcheck hunt` calls it: function(q, k, v, *, causal, "
+    "scale, mask) with q [B, H, Lq, D], k, v [B, Hkv, Lk, D], scale 1/sqrt(D), mask None and bottom-right causal "
+    "masks.\n\n"
     "Exit 1 when a certificate does not hold, 2 on bad input."
 )
 
@@ -52,18 +54,25 @@ def consistency(
 ) -> None:
     """Certify TARGET: see CONSISTENCY_HELP."""
     from flashcheck.backends.serving import resolve_target
+    from flashcheck.core.fileio import LinkRefused, refuse_link
     from flashcheck.measure.consistency import certify
 
     try:
         shape = _shape(heads, kv_heads, head_dim, (kv_len, prefill_len), dtype)
         folder = _out_folder(out) if out is not None else None
+        if folder is not None:  # linked outputs are refused before anything runs
+            refuse_link(folder, "the --out folder")
+            refuse_link(folder / "summary.json")
         wanted = tuple(_names(checks, "--checks"))
         fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
             resolve_target(target)  # fmt: skip
         certs = certify(fn, target, shape, checks=wanted, max_batch=max_batch, runs=runs, chunk=chunk)
     except ValueError as exc:
         _fail_usage(str(exc))
-    _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    try:
+        _report(target, kv if target.startswith("sim-") else None, shape, certs, (folder, as_json, dtype))
+    except LinkRefused as exc:  # a link made while the checks ran
+        _fail_usage(str(exc))
     if not all(c.holds for c in certs):
         raise typer.Exit(1)
 
@@ -93,6 +102,8 @@ def _report(target: str, kv: str | None, shape, certs: list, how: tuple) -> None
         "shape": dims | {"prefill_len": shape.prefill_len, "dtype": dtype},
         "certificates": [c.to_dict() for c in certs],
     }
+    if why := _fixed_note(target, kv, shape, certs):
+        summary["note"] = why
     if folder is not None:
         from flashcheck.core.fileio import make_folder, write_atomic
 
@@ -106,3 +117,26 @@ def _report(target: str, kv: str | None, shape, certs: list, how: tuple) -> None
     for c in certs:
         mark = "holds" if c.holds else "FAILS"
         typer.echo(f"  {mark:5}  {c.sentence()}" + (f" [{c.note}]" if c.note else ""))
+    if why:
+        typer.echo(f"note: {why}")
+
+
+def _fixed_note(target: str, kv: str | None, shape, certs: list) -> str:
+    """Why a '-fixed' simulator's prefill vs decode can still differ: fixed fixes the split count, not the tile."""
+    pd = next((c for c in certs if c.check == "prefill-decode" and not c.holds), None)
+    if not target.endswith("-fixed") or pd is None:
+        return ""
+    if not target.startswith("sim-fa3"):
+        return ("'fixed' fixes the split size only; the prefill and decode kernels still differ in how they "
+                "accumulate, so prefill vs decode can still differ")
+    from flashcheck.backends.serving import parse_kv_format
+    from flashcheck.kernels.serving_heuristics import fa3_launch_tile
+
+    fp8 = parse_kv_format(kv or "bf16").scheme in ("fp8", "fp8-head")
+    h, hk, d = shape.heads, shape.kv_heads, shape.head_dim
+    dec = fa3_launch_tile(1, h, hk, d, fp8=fp8, causal=True)[1]
+    pre = fa3_launch_tile(shape.prefill_len, h, hk, d, fp8=fp8, causal=True)[1]
+    return (f"'fixed' fixes the split count only, not the tile width: decode visits the keys in tiles of kBlockN "
+            f"{dec}, the prefill in tiles of {pre}, so the sums are grouped differently and prefill vs decode still "
+            "differs" if dec != pre else
+            "'fixed' fixes the split count only; prefill and decode still run different kernels")  # fmt: skip

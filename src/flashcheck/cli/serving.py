@@ -5,20 +5,25 @@ from __future__ import annotations
 import typer
 
 from flashcheck.cli.app import _fail_usage, _out_folder
+from flashcheck.core.fileio import LinkRefused
 
 
 def study_serving(preset: str, out: str, quiet: bool) -> None:
     """Run (or resume) the serving study into `out`, write its report and print its Answer."""
     from flashcheck.questions.serving.report import build_serving_report
     from flashcheck.questions.serving.settings import PRESETS
-    from flashcheck.questions.serving.tasks import run_serving
+    from flashcheck.questions.serving.tasks import check_writable, run_serving
 
     try:
         _out_folder(out)
+        check_writable(out)  # linked outputs are refused before anything runs
     except ValueError as exc:
         _fail_usage(str(exc))
-    stats = run_serving(out, PRESETS[preset], quiet=quiet)
-    summary = build_serving_report(out)
+    try:
+        stats = run_serving(out, PRESETS[preset], quiet=quiet)
+        summary = build_serving_report(out)
+    except LinkRefused as exc:  # a link made while the study ran
+        _fail_usage(str(exc))
     typer.echo(f"serving study ({preset}): {stats['ran']} units run, {stats['kept']} kept from before, "
                f"{stats['seconds']:.0f} s")  # fmt: skip
     print_serving(summary, out)

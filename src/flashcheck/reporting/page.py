@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, write_atomic
 
 VERDICT_WORDS = {True: "holds", False: "does not hold", None: "not measured", "inconclusive": "inconclusive"}
 _VERDICT_CLASS = {
@@ -171,8 +171,7 @@ def render_html(page: Page, folder: Path) -> str:
 
 def write_report(folder: str | Path, page: Page, summary: dict | None = None) -> None:
     """Write report.md, report.html and (when given) summary.json into `folder`, each atomically."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(folder)
     if summary is not None:
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2))
     write_atomic(folder / "report.md", render_markdown(page, folder))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.measure.consistency import Shape, batch_invariance, certify, prefill_decode
 from flashcheck.measure.longcontext import VALUES, VARIANTS, measure_cell
 from flashcheck.questions.serving.settings import ServingSettings
@@ -84,15 +84,35 @@ def _longctx(variant: str, n: int, s: ServingSettings, values: tuple[str, ...] =
     return {"status": "ok", "rows": [r.to_dict() for r in rows]}
 
 
+WRITES = ("serving", "serving.json", "summary.json", "report.md", "report.html")
+
+
+def check_writable(folder: str | Path) -> None:
+    """LinkRefused (a ValueError, one line) when a path the study writes in `folder` is a link: before any work."""
+    for name in WRITES:
+        refuse_link(Path(folder) / name)
+    root = Path(folder) / "serving"
+    for path in sorted(root.glob("*.json")) if root.is_dir() else []:
+        refuse_link(path)
+
+
 def run_serving(folder: str | Path, s: ServingSettings, *, quiet: bool = False) -> dict:
     """Run every unit not yet stored; returns {'ran': n, 'kept': n, 'seconds': wall time}."""
-    root = Path(folder) / "serving"
-    root.mkdir(parents=True, exist_ok=True)
+    check_writable(folder)
+    root = make_folder(make_folder(folder) / "serving")
     write_atomic(Path(folder) / "serving.json", json.dumps(s.to_dict(), indent=2))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the simulators are loops of small ops: threads only add overhead
+    try:
+        return _run_units(root, units(s), quiet)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_units(root: Path, todo: list, quiet: bool) -> dict:
+    """Run and store each unit of `todo` whose file is absent; the counts and the wall time."""
     ran = kept = 0
     t0 = time.perf_counter()
-    torch.set_num_threads(1)  # the simulators are loops of small ops: threads only add overhead
-    todo = units(s)
     for i, (name, run) in enumerate(todo, 1):
         path = root / f"{name}.json"
         if path.exists():
