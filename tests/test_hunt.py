@@ -153,3 +153,19 @@ def test_length_shrinks_to_the_smallest_length_with_the_trigger():
     ):
         found = [find(lengths(), trigger, settings=settings(database=None), random=random.Random(s)) for s in range(20)]
         assert set(found) == {smallest}, found
+
+
+@pytest.mark.parametrize("name", ["findings", "summary.json", "report.md", "report.html"])
+def test_hunt_refuses_a_link_in_out_before_the_run(name, tmp_path):
+    out, elsewhere = tmp_path / "o", tmp_path / "x"
+    out.mkdir(), elsewhere.mkdir()
+    (out / name).symlink_to(elsewhere / name)
+    res = CliRunner().invoke(app, ["hunt", "hunt_bugs:correct", "--budget", "5s", "--out", str(out)])
+    assert res.exit_code == 2 and res.output.startswith("error: ") and "symbolic link" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not list(elsewhere.iterdir())
+
+
+def test_hunt_keeps_hypothesis_files_in_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hunt(parse_target("hunt_bugs:correct"), tmp_path / "o", **(BUDGET | {"rounds": 1}))
+    assert (tmp_path / "o" / "hypothesis-db").is_dir() and not (tmp_path / ".hypothesis").exists()

@@ -8,6 +8,7 @@ import time
 import typer
 
 from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
+from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
     "A backend (sdpa-flash, sdpa-math, jax-xla, onnxruntime:fp16, ...; NAME:FMT for one dtype), a simulator "
@@ -52,15 +53,19 @@ def hunt(
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {2**32 - 1}")
-        from flashcheck.hunt.search import HuntState
+        from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 
+        check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
         tgt = parse_target(target, device)
         HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
-    summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+    try:
+        summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+    except LinkRefused as exc:  # a link made in --out during the run
+        _fail_usage(str(exc))
     if as_json:
         import json
 

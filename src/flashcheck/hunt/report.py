@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, write_atomic
 from flashcheck.hunt.search import Finding, HuntState
 from flashcheck.hunt.semantics import CONVENTION, Probe
 from flashcheck.hunt.target import Target
@@ -66,8 +66,7 @@ SEMANTICS_HEADER = ["probe", "returned", "convention", "verdict"]
 def write(out: Path, target: Target, state: HuntState, table: list[Probe], budget_s: float, rule: str) -> dict:
     """Write summary.json, report.md, report.html and findings/NN-KIND-TENSOR.json; returns the summary."""
     s = summary(target, state, table, budget_s, rule)
-    folder = out / "findings"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(out / "findings", "findings in --out")
     for i, f in enumerate(state.findings, 1):
         write_atomic(folder / f"{i:02d}-{f.kind}-{f.tensor}.json", json.dumps(f.to_dict(target), indent=1) + "\n")
     page = Page(f"flashcheck hunt: {target.name}")

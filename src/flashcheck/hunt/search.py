@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.hunt.case import HuntCase, parse_case
 from flashcheck.hunt.judge import Outcome, evaluate
@@ -24,6 +24,16 @@ from flashcheck.hunt.target import Target
 ROUND_EXAMPLES = 40
 STORE = "findings.json"
 DATABASE = "hypothesis-db"
+STORAGE = "hypothesis-storage"  # Hypothesis's own files (its home directory), kept in --out rather than ./.hypothesis
+WRITTEN = (STORE, "summary.json", "report.md", "report.html")  # plain files a hunt writes into --out
+FOLDERS = ("findings", DATABASE, STORAGE)  # folders a hunt writes into inside --out
+
+
+def check_links(out: Path) -> None:
+    """LinkRefused when --out itself or a file or folder the hunt writes inside it is a symbolic link."""
+    refuse_link(out, "the --out folder")
+    for name in (*WRITTEN, *FOLDERS):
+        refuse_link(out / name, f"{name} in --out")
 
 
 @dataclass
@@ -125,7 +135,8 @@ def hunt(
     rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed."""
     import torch
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "the --out folder")
+    check_links(out)
     state = HuntState.load(out, target)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the cases are small: one intra-op thread is faster than contended ones
@@ -136,9 +147,11 @@ def hunt(
 
 
 def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> HuntState:
+    from hypothesis.configuration import set_hypothesis_home_dir
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    db = DirectoryBasedExampleDatabase(str(out / DATABASE))
+    set_hypothesis_home_dir(str(make_folder(out / STORAGE, f"{STORAGE} in --out")))
+    db = DirectoryBasedExampleDatabase(str(make_folder(out / DATABASE, f"{DATABASE} in --out")))
     clock = time.monotonic() - state.elapsed_s
     shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
     step = on_step or (lambda s, note: None)
