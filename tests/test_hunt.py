@@ -169,3 +169,13 @@ def test_hunt_keeps_hypothesis_files_in_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hunt(parse_target("hunt_bugs:correct"), tmp_path / "o", **(BUDGET | {"rounds": 1}))
     assert (tmp_path / "o" / "hypothesis-db").is_dir() and not (tmp_path / ".hypothesis").exists()
+
+
+def test_preset_targets_take_only_the_formats_the_preset_runs():
+    assert parse_target("sage2-ada").dtypes == ("bf16", "fp16") and parse_target("sage3-fp4").dtypes == ("bf16", "fp16")
+    case = HuntCase(dtype="bf16", heads=2, kv_heads=2, lq=5, lk=7)
+    assert evaluate(parse_target("sage2-ada"), case).error is None  # runs, not "runs fp16, bf16 inputs; got fp32"
+    res = CliRunner().invoke(app, ["hunt", "fa3-fp8", "--budget", "20s"])
+    assert res.exit_code == 2 and "fa3-fp8" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    res = CliRunner().invoke(app, ["hunt", "sage2-ada:fp32", "--budget", "20s"])
+    assert res.exit_code == 2 and "takes bf16, fp16" in res.output, res.output
