@@ -126,6 +126,7 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
         (["hunt", "sdpa-math", "--device", "tpu"], "--device 'tpu'"),
         (["compare", "--case", "lq=3"], "--case needs --backend"),
         (["compare", "--backend", "sdpa-math", "--case", "lq=x"], "'x' is not a valid int"),
+        (["compare", "--backend", "sdpa-math", "--case", "lq=99999999"], "seq_len=99999999"),
     ],
 )
 def test_bad_targets_and_options_are_one_line_exit_2(args, says, tmp_path):

@@ -155,6 +155,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
         if hc.dtype not in tgt.dtypes:
             raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
+        _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))
     outcome = evaluate(tgt, hc)
@@ -166,6 +167,15 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
     else:
         _print_case(tgt.name, hc, outcome)
     raise typer.Exit(0 if outcome.passed else 1)
+
+
+def _check_case_fits(hc, backward: bool) -> None:
+    """InsufficientMemory (a ValueError, one line) when the case's sizes cannot fit here, as --seq-len's check."""
+    from flashcheck.kernels.memory import Footprint, check_fits
+
+    heads = max(hc.heads, hc.kv_heads)
+    fp = Footprint(batch=hc.batch, heads=heads, seq_len=hc.lq, head_dim=hc.head_dim, seq_len_k=hc.lk, backward=backward)
+    check_fits(fp)
 
 
 def _print_case(name: str, hc, outcome) -> None:
