@@ -180,3 +180,28 @@ def test_preset_targets_take_only_the_formats_the_preset_runs():
     assert res.exit_code == 2 and "fa3-fp8" in res.output and len(res.output.strip().splitlines()) == 1, res.output
     res = CliRunner().invoke(app, ["hunt", "sage2-ada:fp32", "--budget", "20s"])
     assert res.exit_code == 2 and "takes bf16, fp16" in res.output, res.output
+
+
+def test_budget_over_7_days_is_refused():
+    res = CliRunner().invoke(app, ["hunt", "sdpa-math", "--budget", "99999999999h"])
+    assert res.exit_code == 2 and "--budget '99999999999h'" in res.output and "7 days" in res.output, res.output
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch):
+    import flashcheck.hunt.judge as judge
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(judge, "evaluate", interrupt)
+    monkeypatch.setattr("flashcheck.hunt.search.evaluate", interrupt)
+    res = CliRunner().invoke(app, ["hunt", "hunt_bugs:correct", "--budget", "20s", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 130 and "interrupted after" in res.output and "@seed" not in res.output, res.output
+
+
+def test_shrinking_stops_at_the_budget(tmp_path):
+    import time
+
+    start = time.monotonic()
+    hunt(parse_target("hunt_bugs:masked_rows_mean"), tmp_path, budget_s=3.0, backward=False, shrink_s=600.0)
+    assert time.monotonic() - start < 15

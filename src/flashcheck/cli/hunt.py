@@ -16,6 +16,7 @@ TARGET_HELP = (
     "scale, mask[, sink]) in [B, H, L, D]."
 )
 BUDGET_HELP = "Time budget: seconds, or a number with s, m or h (5m). A resumed hunt spends what is left of it."
+MAX_BUDGET_S = 7 * 24 * 3600
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
 
 
@@ -25,6 +26,8 @@ def parse_budget(text: str) -> float:
     seconds = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]] if m else 0.0
     if not seconds > 0:
         raise ValueError(f"--budget {text!r} is not allowed; give a positive time such as 90s, 5m or 1h")
+    if seconds > MAX_BUDGET_S:
+        raise ValueError(f"--budget {text!r} is not allowed; give at most 7 days ({MAX_BUDGET_S // 3600}h)")
     return seconds
 
 
@@ -62,10 +65,14 @@ def hunt(
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
+    start = time.monotonic()
     try:
         summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
     except LinkRefused as exc:  # a link made in --out during the run
         _fail_usage(str(exc))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted after {time.monotonic() - start:.0f} s; rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
     if as_json:
         import json
 

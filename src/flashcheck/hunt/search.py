@@ -141,6 +141,10 @@ def hunt(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the cases are small: one intra-op thread is faster than contended ones
     try:
+        if seed is None:  # a seed of our own: Hypothesis then prints no "@seed(...)" advice when interrupted
+            import random
+
+            seed = random.SystemRandom().randrange(2**32)
         return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step)
     finally:
         torch.set_num_threads(threads)
@@ -194,7 +198,8 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
         now = time.monotonic() - clock
         if lock["sig"] is None and now > budget_s:
             return  # out of time: the rest of the round passes without running
-        if lock["sig"] is not None and now - lock["at"] > shrink_s and case != lock["best"].case:
+        done = now - lock["at"] > shrink_s or now > budget_s  # shrinking is bounded by the budget too
+        if lock["sig"] is not None and done and case != lock["best"].case:
             return  # done shrinking: only the smallest case so far still fails
         outcome = evaluate(target, case, rule)
         _count(state, outcome)
@@ -209,8 +214,7 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
             lock["best"] = outcome
             raise _Found
 
-    if seed is not None:
-        prop = fix_seed(seed + state.rounds)(prop)
+    prop = fix_seed(seed + state.rounds)(prop)
     try:
         prop()
     except _Found:
