@@ -205,3 +205,21 @@ def test_shrinking_stops_at_the_budget(tmp_path):
     start = time.monotonic()
     hunt(parse_target("hunt_bugs:masked_rows_mean"), tmp_path, budget_s=3.0, backward=False, shrink_s=600.0)
     assert time.monotonic() - start < 15
+
+
+def test_nan_where_names_only_the_nan_rows_and_budget_findings_show_their_ratio():
+    from flashcheck.hunt.judge import judge_tensor
+    from flashcheck.hunt.report import finding_rows
+    from flashcheck.hunt.search import Finding
+
+    case = HuntCase(lq=3, lk=4)
+    r = torch.randn(1, 1, 3, 16, dtype=torch.float64)
+    o = r.clone()
+    o[0, 0, 0, 0] = float("nan")
+    o[0, 0, 1:] += 10.0  # rows 1-2 over the budget, only row 0 NaN
+    v = judge_tensor("out", o, r, r.clone(), case, "peers")
+    assert v.kind == "nan" and "token 0," in v.where(), v.where()
+    over = judge_tensor("out", r + 1.0, r, r + 1e-3, case, "peers")
+    f = Finding("budget", "out", case, over.where(), over.message, 1.0, 2.0, 0, over.margin)
+    assert over.margin > 1 and finding_rows([f])[0][2] == f"{over.margin:.3g}x"
+    assert Finding.from_dict(f.to_dict()).margin == pytest.approx(over.margin, rel=1e-3)

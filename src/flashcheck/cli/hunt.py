@@ -120,12 +120,19 @@ def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
     from flashcheck.cli.show import print_whole
-    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline, ratio_text
 
     console = _console()
     console.print(escape(headline(summary)))
     rows = [
-        [f["kind"], f["where"], f["describe"], f"{f['found_after_s']:.1f}", f"{f['shrunk_after_s']:.1f}"]
+        [
+            f["kind"],
+            f["where"],
+            ratio_text(f["kind"], f.get("margin", 0.0)),
+            f["describe"],
+            f"{f['found_after_s']:.1f}",
+            f"{f['shrunk_after_s']:.1f}",
+        ]
         for f in summary["findings"]
     ]
     if rows:

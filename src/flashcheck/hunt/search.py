@@ -10,6 +10,7 @@ killed hunt resumes with the budget it had left and without finding the same thi
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Finding:
     found_after_s: float  # hunt time when the first case of this kind was seen
     shrunk_after_s: float  # hunt time when its shrinking ended
     examples_before: int
+    margin: float = 0.0  # the worst check's error / bound (how far over the budget a budget finding is)
 
     @property
     def signature(self) -> tuple[str, str]:
@@ -68,13 +70,14 @@ class Finding:
             "found_after_s": round(self.found_after_s, 2),
             "shrunk_after_s": round(self.shrunk_after_s, 2),
             "examples_before": self.examples_before,
+            "margin": round(self.margin, 4) if math.isfinite(self.margin) else None,  # JSON has no Infinity
         }
         return d | ({"reproducer": self.reproducer(target)} if target else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> Finding:
         keys = ("kind", "tensor", "where", "message", "found_after_s", "shrunk_after_s", "examples_before")
-        return cls(case=parse_case(d["case"]), **{k: d[k] for k in keys})
+        return cls(case=parse_case(d["case"]), margin=float(d.get("margin") or 0.0), **{k: d[k] for k in keys})
 
 
 @dataclass
@@ -221,14 +224,15 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
         pass
     except HypothesisException:  # flaky replay of a non-deterministic target, or an unsatisfiable round
         pass
-    if lock["best"] is None:
-        return None
+    return None if lock["best"] is None else _finding(lock, clock)
+
+
+def _finding(lock: dict, clock: float) -> Finding:
+    """The locked failure's smallest case as a Finding (found when locked, shrunk now)."""
     best: Outcome = lock["best"]
-    verdict = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
+    v = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
     end = time.monotonic() - clock
-    return Finding(
-        verdict.kind, verdict.tensor, best.case, verdict.where(), verdict.message, lock["at"], end, lock["examples"]
-    )
+    return Finding(v.kind, v.tensor, best.case, v.where(), v.message, lock["at"], end, lock["examples"], v.margin)
 
 
 def _count(state: HuntState, outcome: Outcome) -> None:
