@@ -215,3 +215,8 @@ def test_nan_where_names_only_the_nan_rows_and_budget_findings_show_their_ratio(
     f = Finding("budget", "out", case, over.where(), over.message, 1.0, 2.0, 0, over.margin)
     assert over.margin > 1 and finding_rows([f])[0][2] == f"{over.margin:.3g}x"
     assert Finding.from_dict(f.to_dict()).margin == pytest.approx(over.margin, rel=1e-3)
+
+
+def test_a_target_that_refuses_everything_disagrees_with_no_probe():
+    rows = semantics_table(parse_target("hunt_bugs:always_raises"), isolate=False)
+    assert all(p.agrees is None and p.returned.startswith("error: ") for p in rows), [p.to_dict() for p in rows]
