@@ -86,3 +86,8 @@ def tile_off_by_one(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
         else:
             mask = mask + extra
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def always_raises(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """A target that refuses every input (a wrong format): its errors are no semantics."""
+    raise ValueError("this kernel runs fp8 inputs only")

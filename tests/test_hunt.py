@@ -126,6 +126,7 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
         (["hunt", "sdpa-math", "--device", "tpu"], "--device 'tpu'"),
         (["compare", "--case", "lq=3"], "--case needs --backend"),
         (["compare", "--backend", "sdpa-math", "--case", "lq=x"], "'x' is not a valid int"),
+        (["compare", "--backend", "sdpa-math", "--case", "lq=99999999"], "seq_len=99999999"),
     ],
 )
 def test_bad_targets_and_options_are_one_line_exit_2(args, says, tmp_path):
@@ -153,3 +154,69 @@ def test_length_shrinks_to_the_smallest_length_with_the_trigger():
     ):
         found = [find(lengths(), trigger, settings=settings(database=None), random=random.Random(s)) for s in range(20)]
         assert set(found) == {smallest}, found
+
+
+@pytest.mark.parametrize("name", ["findings", "summary.json", "report.md", "report.html"])
+def test_hunt_refuses_a_link_in_out_before_the_run(name, tmp_path):
+    out, elsewhere = tmp_path / "o", tmp_path / "x"
+    out.mkdir(), elsewhere.mkdir()
+    (out / name).symlink_to(elsewhere / name)
+    res = CliRunner().invoke(app, ["hunt", "hunt_bugs:correct", "--budget", "5s", "--out", str(out)])
+    assert res.exit_code == 2 and res.output.startswith("error: ") and "symbolic link" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not list(elsewhere.iterdir())
+
+
+def test_hunt_keeps_hypothesis_files_in_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hunt(parse_target("hunt_bugs:correct"), tmp_path / "o", **(BUDGET | {"rounds": 1}))
+    assert (tmp_path / "o" / "hypothesis-db").is_dir() and not (tmp_path / ".hypothesis").exists()
+
+
+def test_preset_targets_take_only_the_formats_the_preset_runs():
+    assert parse_target("sage2-ada").dtypes == ("bf16", "fp16") and parse_target("sage3-fp4").dtypes == ("bf16", "fp16")
+    case = HuntCase(dtype="bf16", heads=2, kv_heads=2, lq=5, lk=7)
+    assert evaluate(parse_target("sage2-ada"), case).error is None  # runs, not "runs fp16, bf16 inputs; got fp32"
+    res = CliRunner().invoke(app, ["hunt", "fa3-fp8", "--budget", "20s"])
+    assert res.exit_code == 2 and "fa3-fp8" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    res = CliRunner().invoke(app, ["hunt", "sage2-ada:fp32", "--budget", "20s"])
+    assert res.exit_code == 2 and "takes bf16, fp16" in res.output, res.output
+
+
+def test_budget_over_7_days_is_refused():
+    res = CliRunner().invoke(app, ["hunt", "sdpa-math", "--budget", "99999999999h"])
+    assert res.exit_code == 2 and "--budget '99999999999h'" in res.output and "7 days" in res.output, res.output
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch):
+    import flashcheck.hunt.judge as judge
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(judge, "evaluate", interrupt)
+    monkeypatch.setattr("flashcheck.hunt.search.evaluate", interrupt)
+    res = CliRunner().invoke(app, ["hunt", "hunt_bugs:correct", "--budget", "20s", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 130 and "interrupted after" in res.output and "@seed" not in res.output, res.output
+
+
+def test_nan_where_names_only_the_nan_rows_and_budget_findings_show_their_ratio():
+    from flashcheck.hunt.judge import judge_tensor
+    from flashcheck.hunt.report import finding_rows
+    from flashcheck.hunt.search import Finding
+
+    case = HuntCase(lq=3, lk=4)
+    r = torch.randn(1, 1, 3, 16, dtype=torch.float64)
+    o = r.clone()
+    o[0, 0, 0, 0] = float("nan")
+    o[0, 0, 1:] += 10.0  # rows 1-2 over the budget, only row 0 NaN
+    v = judge_tensor("out", o, r, r.clone(), case, "peers")
+    assert v.kind == "nan" and "token 0," in v.where(), v.where()
+    over = judge_tensor("out", r + 1.0, r, r + 1e-3, case, "peers")
+    f = Finding("budget", "out", case, over.where(), over.message, 1.0, 2.0, 0, over.margin)
+    assert over.margin > 1 and finding_rows([f])[0][2] == f"{over.margin:.3g}x"
+    assert Finding.from_dict(f.to_dict()).margin == pytest.approx(over.margin, rel=1e-3)
+
+
+def test_a_target_that_refuses_everything_disagrees_with_no_probe():
+    rows = semantics_table(parse_target("hunt_bugs:always_raises"), isolate=False)
+    assert all(p.agrees is None and p.returned.startswith("error: ") for p in rows), [p.to_dict() for p in rows]

@@ -8,6 +8,7 @@ import time
 import typer
 
 from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
+from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
     "A backend (sdpa-flash, sdpa-math, jax-xla, onnxruntime:fp16, ...; NAME:FMT for one dtype), a simulator "
@@ -15,6 +16,7 @@ TARGET_HELP = (
     "scale, mask[, sink]) in [B, H, L, D]."
 )
 BUDGET_HELP = "Time budget: seconds, or a number with s, m or h (5m). A resumed hunt spends what is left of it."
+MAX_BUDGET_S = 7 * 24 * 3600
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
 
 
@@ -24,6 +26,8 @@ def parse_budget(text: str) -> float:
     seconds = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]] if m else 0.0
     if not seconds > 0:
         raise ValueError(f"--budget {text!r} is not allowed; give a positive time such as 90s, 5m or 1h")
+    if seconds > MAX_BUDGET_S:
+        raise ValueError(f"--budget {text!r} is not allowed; give at most 7 days ({MAX_BUDGET_S // 3600}h)")
     return seconds
 
 
@@ -52,15 +56,23 @@ def hunt(
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {2**32 - 1}")
-        from flashcheck.hunt.search import HuntState
+        from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 
+        check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
         tgt = parse_target(target, device)
         HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
-    summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+    start = time.monotonic()
+    try:
+        summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+    except LinkRefused as exc:  # a link made in --out during the run
+        _fail_usage(str(exc))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted after {time.monotonic() - start:.0f} s; rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
     if as_json:
         import json
 
@@ -108,12 +120,19 @@ def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
     from flashcheck.cli.show import print_whole
-    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline, ratio_text
 
     console = _console()
     console.print(escape(headline(summary)))
     rows = [
-        [f["kind"], f["where"], f["describe"], f"{f['found_after_s']:.1f}", f"{f['shrunk_after_s']:.1f}"]
+        [
+            f["kind"],
+            f["where"],
+            ratio_text(f["kind"], f.get("margin", 0.0)),
+            f["describe"],
+            f"{f['found_after_s']:.1f}",
+            f"{f['shrunk_after_s']:.1f}",
+        ]
         for f in summary["findings"]
     ]
     if rows:
@@ -150,6 +169,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
         if hc.dtype not in tgt.dtypes:
             raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
+        _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))
     outcome = evaluate(tgt, hc)
@@ -161,6 +181,15 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
     else:
         _print_case(tgt.name, hc, outcome)
     raise typer.Exit(0 if outcome.passed else 1)
+
+
+def _check_case_fits(hc, backward: bool) -> None:
+    """InsufficientMemory (a ValueError, one line) when the case's sizes cannot fit here, as --seq-len's check."""
+    from flashcheck.kernels.memory import Footprint, check_fits
+
+    heads = max(hc.heads, hc.kv_heads)
+    fp = Footprint(batch=hc.batch, heads=heads, seq_len=hc.lq, head_dim=hc.head_dim, seq_len_k=hc.lk, backward=backward)
+    check_fits(fp)
 
 
 def _print_case(name: str, hc, outcome) -> None:

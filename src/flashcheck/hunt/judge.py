@@ -168,9 +168,10 @@ def _bad(o, r, res: BudgetResult) -> torch.Tensor:
     return rows
 
 
-def _locate(o, r, res: BudgetResult) -> tuple[tuple[int, int] | None, int | None, int, torch.Tensor]:
-    """(first, last) row out of budget, the first such head, the number of such rows, and which rows [L]."""
-    per_row = _bad(o, r, res)
+def _locate(o, r, res: BudgetResult, only=None) -> tuple[tuple[int, int] | None, int | None, int, torch.Tensor]:
+    """(first, last) row out of budget, the first such head, the number of such rows, and which rows [L];
+    `only` ([B, H, L, D] bool): the rows with such an entry instead (the NaN rows of a NaN finding)."""
+    per_row = _bad(o, r, res) if only is None else only.any(dim=-1)
     along = per_row.any(dim=(0, 1))
     rows = along.nonzero().flatten()
     if rows.numel() == 0:
@@ -215,14 +216,15 @@ def judge_tensor(name: str, o, r, b, case: HuntCase, rule: str, floor: float = 0
     if res.passed:
         n = int((base_bad & ~torch.isfinite(o)).sum())
         return Verdict(name, False, "overflow", 1.0, f"{n} entries not finite, as in the baseline")
-    rows, head, count, bad_rows = _locate(o, r, res)
     finite_ref = torch.isfinite(r)
+    only = None
     if bool((finite_ref & torch.isnan(o)).any()):
-        kind = "nan"
+        kind, only = "nan", finite_ref & torch.isnan(o)
     elif bool((finite_ref & torch.isinf(o)).any()):
-        kind = "inf"
+        kind, only = "inf", finite_ref & torch.isinf(o)
     else:
         kind = "budget"
+    rows, head, count, bad_rows = _locate(o, r, res, only)
     if name in ("out", "dq") and bool(bad_rows.any()) and bool((bad_rows <= keyless_rows(case)).all()):
         kind = "semantics"
     failed = "; ".join(f"{c.name} {c.value:.3g} > {c.bound:.3g}" for c in res.failed())

@@ -4,9 +4,10 @@ and the semantics table beside flashcheck's convention; each finding also as its
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, write_atomic
 from flashcheck.hunt.search import Finding, HuntState
 from flashcheck.hunt.semantics import CONVENTION, Probe
 from flashcheck.hunt.target import Target
@@ -55,19 +56,33 @@ def semantics_rows(table: list[Probe]) -> list[list[str]]:
     return [[p.name, p.returned, CONVENTION, word[p.agrees]] for p in table]
 
 
+def ratio_text(kind: str, margin: float | None) -> str:
+    """'3.2x' (error / bound) for a budget finding; '' for the others (NaN, Inf: no finite ratio)."""
+    return f"{margin:.3g}x" if kind == "budget" and margin and math.isfinite(margin) else ""
+
+
 def finding_rows(findings: list[Finding]) -> list[list[str]]:
-    return [[f.kind, f.where, f.case.describe(), f"{f.found_after_s:.1f}", f"{f.shrunk_after_s:.1f}"] for f in findings]
+    return [
+        [
+            f.kind,
+            f.where,
+            ratio_text(f.kind, f.margin),
+            f.case.describe(),
+            f"{f.found_after_s:.1f}",
+            f"{f.shrunk_after_s:.1f}",
+        ]
+        for f in findings
+    ]
 
 
-FINDING_HEADER = ["kind", "where", "minimal case", "found (s)", "shrunk (s)"]
+FINDING_HEADER = ["kind", "where", "error / bound", "minimal case", "found (s)", "shrunk (s)"]
 SEMANTICS_HEADER = ["probe", "returned", "convention", "verdict"]
 
 
 def write(out: Path, target: Target, state: HuntState, table: list[Probe], budget_s: float, rule: str) -> dict:
     """Write summary.json, report.md, report.html and findings/NN-KIND-TENSOR.json; returns the summary."""
     s = summary(target, state, table, budget_s, rule)
-    folder = out / "findings"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(out / "findings", "findings in --out")
     for i, f in enumerate(state.findings, 1):
         write_atomic(folder / f"{i:02d}-{f.kind}-{f.tensor}.json", json.dumps(f.to_dict(target), indent=1) + "\n")
     page = Page(f"flashcheck hunt: {target.name}")

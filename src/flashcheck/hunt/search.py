@@ -10,12 +10,13 @@ killed hunt resumes with the budget it had left and without finding the same thi
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.hunt.case import HuntCase, parse_case
 from flashcheck.hunt.judge import Outcome, evaluate
@@ -24,6 +25,16 @@ from flashcheck.hunt.target import Target
 ROUND_EXAMPLES = 40
 STORE = "findings.json"
 DATABASE = "hypothesis-db"
+STORAGE = "hypothesis-storage"  # Hypothesis's own files (its home directory), kept in --out rather than ./.hypothesis
+WRITTEN = (STORE, "summary.json", "report.md", "report.html")  # plain files a hunt writes into --out
+FOLDERS = ("findings", DATABASE, STORAGE)  # folders a hunt writes into inside --out
+
+
+def check_links(out: Path) -> None:
+    """LinkRefused when --out itself or a file or folder the hunt writes inside it is a symbolic link."""
+    refuse_link(out, "the --out folder")
+    for name in (*WRITTEN, *FOLDERS):
+        refuse_link(out / name, f"{name} in --out")
 
 
 @dataclass
@@ -38,6 +49,7 @@ class Finding:
     found_after_s: float  # hunt time when the first case of this kind was seen
     shrunk_after_s: float  # hunt time when its shrinking ended
     examples_before: int
+    margin: float = 0.0  # the worst check's error / bound (how far over the budget a budget finding is)
 
     @property
     def signature(self) -> tuple[str, str]:
@@ -58,13 +70,14 @@ class Finding:
             "found_after_s": round(self.found_after_s, 2),
             "shrunk_after_s": round(self.shrunk_after_s, 2),
             "examples_before": self.examples_before,
+            "margin": round(self.margin, 4) if math.isfinite(self.margin) else None,  # JSON has no Infinity
         }
         return d | ({"reproducer": self.reproducer(target)} if target else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> Finding:
         keys = ("kind", "tensor", "where", "message", "found_after_s", "shrunk_after_s", "examples_before")
-        return cls(case=parse_case(d["case"]), **{k: d[k] for k in keys})
+        return cls(case=parse_case(d["case"]), margin=float(d.get("margin") or 0.0), **{k: d[k] for k in keys})
 
 
 @dataclass
@@ -125,20 +138,27 @@ def hunt(
     rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed."""
     import torch
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "the --out folder")
+    check_links(out)
     state = HuntState.load(out, target)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the cases are small: one intra-op thread is faster than contended ones
     try:
+        if seed is None:  # a seed of our own: Hypothesis then prints no "@seed(...)" advice when interrupted
+            import random
+
+            seed = random.SystemRandom().randrange(2**32)
         return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step)
     finally:
         torch.set_num_threads(threads)
 
 
 def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> HuntState:
+    from hypothesis.configuration import set_hypothesis_home_dir
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    db = DirectoryBasedExampleDatabase(str(out / DATABASE))
+    set_hypothesis_home_dir(str(make_folder(out / STORAGE, f"{STORAGE} in --out")))
+    db = DirectoryBasedExampleDatabase(str(make_folder(out / DATABASE, f"{DATABASE} in --out")))
     clock = time.monotonic() - state.elapsed_s
     shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
     step = on_step or (lambda s, note: None)
@@ -181,7 +201,8 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
         now = time.monotonic() - clock
         if lock["sig"] is None and now > budget_s:
             return  # out of time: the rest of the round passes without running
-        if lock["sig"] is not None and now - lock["at"] > shrink_s and case != lock["best"].case:
+        done = now - lock["at"] > shrink_s or now > budget_s  # shrinking is bounded by the budget too
+        if lock["sig"] is not None and done and case != lock["best"].case:
             return  # done shrinking: only the smallest case so far still fails
         outcome = evaluate(target, case, rule)
         _count(state, outcome)
@@ -196,22 +217,22 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
             lock["best"] = outcome
             raise _Found
 
-    if seed is not None:
-        prop = fix_seed(seed + state.rounds)(prop)
+    prop = fix_seed(seed + state.rounds)(prop)
     try:
         prop()
     except _Found:
         pass
     except HypothesisException:  # flaky replay of a non-deterministic target, or an unsatisfiable round
         pass
-    if lock["best"] is None:
-        return None
+    return None if lock["best"] is None else _finding(lock, clock)
+
+
+def _finding(lock: dict, clock: float) -> Finding:
+    """The locked failure's smallest case as a Finding (found when locked, shrunk now)."""
     best: Outcome = lock["best"]
-    verdict = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
+    v = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
     end = time.monotonic() - clock
-    return Finding(
-        verdict.kind, verdict.tensor, best.case, verdict.where(), verdict.message, lock["at"], end, lock["examples"]
-    )
+    return Finding(v.kind, v.tensor, best.case, v.where(), v.message, lock["at"], end, lock["examples"], v.margin)
 
 
 def _count(state: HuntState, outcome: Outcome) -> None:

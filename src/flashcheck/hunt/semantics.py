@@ -73,10 +73,9 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
     try:
         with torch.no_grad():
             out = target.call(q, k, v, **kw)
-    except Exception as exc:  # raising on an empty key set is a semantics too
-        return Probe(
-            name, case, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}", False
-        )
+    except Exception as exc:  # raising on an empty key set is a semantics too; raising on every case is not
+        said = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        return Probe(name, case, said, None if _refuses_plain(target, case.dtype) else False)
     if tuple(out.shape) != (case.batch, case.heads, case.lq, case.head_dim):
         return Probe(name, case, f"other (shape {tuple(out.shape)})", False)
     from flashcheck.hunt.case import keyless_rows
@@ -89,6 +88,19 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
     )
     returned = classify(rows, values)
     return Probe(name, case, returned, returned == CONVENTION)
+
+
+def _refuses_plain(target: Target, dtype: str) -> bool:
+    """The target raises on a plain case too (every key visible): its error is a refusal, not a semantics."""
+    plain = HuntCase(dtype=dtype, lq=4, lk=4)
+    try:
+        with torch.no_grad():
+            target.call(
+                *make_inputs(plain)[:3], dtype=dtype, causal=False, scale=plain.softmax_scale, mask=None, sink=None
+            )
+    except Exception:
+        return True
+    return False
 
 
 def semantics_table(target: Target, *, isolate: bool = True) -> list[Probe]:

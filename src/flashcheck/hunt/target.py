@@ -109,19 +109,40 @@ def _backend_target(text: str, device: str) -> Target:
 
 def _preset_target(text: str, device: str) -> Target:
     from flashcheck.backends import get_backend
-    from flashcheck.kernels.presets import kernel_preset
 
     name, _, fmt = text.partition(":")
-    kernel_preset(name)
     if device != "cpu":
         raise ValueError(f"target {text!r} is a simulator preset: it runs on cpu only")
     sim = get_backend("sim-flash")
-    dtypes = (fmt,) if fmt else ("bf16", "fp16", "fp32")
+    dtypes = preset_dtypes(name)
+    if not dtypes:
+        raise ValueError(
+            f"target {text!r}: preset {name} takes none of the hunt's inputs (bf16, fp16, fp32); "
+            f"judge it with flashcheck compare --preset {name}"
+        )
+    if fmt and fmt not in dtypes:
+        raise ValueError(f"target {text!r}: preset {name} does not take {fmt}; it takes {', '.join(dtypes)}")
+    dtypes = (fmt,) if fmt else dtypes
 
     def forward(q, k, v, *, dtype: str, **kw):
         return sim.configured(preset=name, fmt=dtype).forward(q, k, v, **kw)
 
     return Target(text, "preset", forward, dtypes, device, float64_io=True, notes=("simulated on the CPU",))
+
+
+def preset_dtypes(name: str) -> tuple[str, ...]:
+    """The hunt's case dtypes (bf16, fp16, fp32) that kernel preset `name` runs (its policy accepts)."""
+    from flashcheck.core.numerics import parse_format
+    from flashcheck.kernels.presets import kernel_preset
+
+    preset, taken = kernel_preset(name), []
+    for dtype in ("bf16", "fp16", "fp32"):
+        try:
+            preset.policy(parse_format(dtype))
+        except ValueError:
+            continue
+        taken.append(dtype)
+    return tuple(taken)
 
 
 def _callable_target(text: str, device: str) -> Target:
