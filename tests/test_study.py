@@ -93,7 +93,7 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     assert html.index("Answer") < html.index("<img") < html.index("Verdicts") < html.index("Conclusion")
     md = (out / "report.md").read_text()
     assert "9.1e-03" in md  # the FA3 paper's values beside ours
-    fa3 = md.split("## fa3")[1].split("\n## ")[0]  # paired in verdicts: no empty ratio columns
+    fa3 = md.split('<a id="fa3"></a>')[1].split("\n## ")[1]  # paired in verdicts: no empty ratio columns
     assert "|  |" not in fa3 and "ratio to baseline" not in fa3 and "| 9.1e-03 |" in fa3
     stats = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
     assert stats["reference_computations"] < stats["cases_computed"]
