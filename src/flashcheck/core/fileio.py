@@ -190,11 +190,12 @@ def _no_room(folder: Path) -> bool:
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
-    # os.open applies the umask to 0o666 as open() does; mkstemp would force 0o600
+    # os.open applies the umask to 0o666 as open() does; mkstemp would force 0o600. O_EXCL already refuses a planted
+    # link at the temporary name (EEXIST); O_NOFOLLOW says so where it is read
     for _ in range(100):
         tmp = path.with_name(f".{path.stem}.{secrets.token_hex(6)}.tmp{path.suffix}")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
         except OSError as exc:  # no inode left, or the quota
