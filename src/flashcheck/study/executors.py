@@ -1,8 +1,9 @@
 """Where case groups run: a local process pool (records stream back as each case ends) or Ray.
 
-A worker that dies (killed, out of memory) breaks the local pool: no record already received is
-touched; the cases not reported yet run again on a new pool (see run_local), and only a group that
-kills its worker when run alone is recorded as failed.
+A worker that dies (killed, out of memory) costs only its own group (study.pool: no lock is shared
+between workers): no record already received is touched, the other groups finish, and the cases not
+reported yet run again on a new pool (see run_local); only a group that kills its worker when run alone
+is recorded as failed.
 
 The local pool is memory-aware: each group's peak is estimated before it starts (study.memory, the estimate
 that refuses impossible sizes), and a group starts only while the estimates of the groups running, its own
@@ -14,39 +15,36 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import socket
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
+from flashcheck.study.pool import WorkerPool, send_to_parent
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0
-_QUEUE = None
 _DEVICE = "cpu"
 
 Task = Callable[[list[Case]], int]
 
 
-def _init_worker(q, device: str = "cpu", parent_pid: int | None = None) -> None:
-    global _QUEUE, _DEVICE
-    _QUEUE, _DEVICE = q, device
+def _init_worker(device: str = "cpu", parent_pid: int | None = None) -> None:
+    global _DEVICE
+    _DEVICE = device
     if parent_pid is not None:  # a study killed by SIGKILL takes its workers with it
         exit_with_parent(parent_pid)
 
 
 def _pool_task(cases: list[Case]) -> int:
-    return evaluate_group(cases, lambda rec: _QUEUE.put(rec.to_json()), device=_DEVICE)
+    return evaluate_group(cases, emit, device=_DEVICE)
 
 
 def emit(rec: CaseRecord) -> None:
     """Send a record from a pool worker to the parent (for custom pool tasks)."""
-    _QUEUE.put(rec.to_json())
+    send_to_parent(rec.to_json())
 
 
 def _failed(cases: list[Case], message: str) -> list[CaseRecord]:
@@ -68,9 +66,9 @@ def run_local(
     as it finishes. `task` runs in a worker and reports each record with `emit`; the default task runs the
     simulators and FP64 references on `device`. Returns the FP64 references computed.
 
-    When a worker dies the pool breaks; a new pool runs every case not reported yet. A group that may
-    have been running at two breaks is then run alone, and if it kills its worker alone as well, its
-    unreported cases are recorded as failed."""
+    When a worker dies its pool starts no new group (the running ones finish); a new pool runs every case
+    not reported yet. A group whose worker died twice is then run alone, and if it kills its worker alone
+    as well, its unreported cases are recorded as failed."""
     todo = {i: list(g) for i, g in enumerate(groups) if g}
     avail = available_bytes() if available is None else available
     plan = _Plan({i: max(estimate_case_bytes(c) for c in g) for i, g in todo.items()}, avail, device)
@@ -130,71 +128,59 @@ def _run_pool(
 ) -> tuple[int, list[int], BaseException | None]:
     """One pool over the unfinished cases of `todo`, removing each case whose record arrives and each
     group that raised (its unreported cases are recorded as failed); groups start as `plan` lets them.
-    Returns (references computed, the groups that were running when a worker died, the
-    BrokenProcessPool or None)."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    Once a worker dies no group starts; the others finish. Returns (references computed, the groups whose
+    worker died, the first WorkerDied or None)."""
     owner = {c.case_id: gi for gi, cases in todo.items() for c in cases}
-    refs, broken, finished, errors = 0, None, set(), {}
+    refs, broken, died, errors = 0, None, [], {}
+    waiting, running = list(todo), set()
+
+    def take(line: str) -> None:
+        rec = CaseRecord.from_dict(json.loads(line))
+        gi = owner.pop(rec.case_id, None)
+        if gi is not None:  # else not ours, or already received
+            todo[gi] = [c for c in todo[gi] if c.case_id != rec.case_id]
+            on_record(rec)
+
     slots = max(1, min(workers, len(todo)))
-
-    def drain(wait_s: float) -> None:
-        while True:
-            try:
-                line = q.get(timeout=wait_s) if wait_s else q.get_nowait()
-            except queue_mod.Empty:
-                return
-            rec = CaseRecord.from_dict(json.loads(line))
-            gi = owner.pop(rec.case_id, None)
-            if gi is not None:  # else not ours, or already received
-                todo[gi] = [c for c in todo[gi] if c.case_id != rec.case_id]
-                on_record(rec)
-
-    waiting, pending, started = list(todo), {}, []
-    init = (q, plan.device, os.getpid())
-    with ProcessPoolExecutor(max_workers=slots, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
+    with WorkerPool(slots, mp.get_context("spawn"), _init_worker, (plan.device, os.getpid())) as pool:
         while True:
             if broken is None:
-                _start_fitting(pool, task, todo, waiting, pending, started, plan, slots)
-            if not pending:
+                _start_fitting(pool, task, todo, waiting, running, plan)
+            if not running:
                 break
-            done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-            drain(0)
-            for fut in done:
-                gi = pending.pop(fut)
+            for kind, gi, value in pool.events(0.1):
+                if kind == "emit":
+                    take(value)
+                    continue
+                running.discard(gi)
                 plan.end(gi)
-                try:
-                    refs += fut.result()
-                    finished.add(gi)
-                except BrokenProcessPool as exc:
-                    broken = exc
-                except Exception as exc:  # the group itself raised: deterministic, not retried
-                    errors[gi] = f"worker failed: {type(exc).__name__}: {exc}"
-    drain(0.05)
+                if kind == "done":
+                    refs += value
+                elif kind == "error":  # the group itself raised: deterministic, not retried
+                    errors[gi] = f"worker failed: {value}"
+                else:
+                    broken = broken or value
+                    died.append(gi)
     for gi, message in errors.items():
         _fail_all({gi: todo[gi]}, message, on_record)
     for gi in [gi for gi, cases in todo.items() if not cases] + list(errors):
         todo.pop(gi, None)
-    suspects = [gi for gi in started if gi in todo and gi not in finished] or list(todo)
+    suspects = [gi for gi in died if gi in todo]
     return refs, suspects if broken else [], broken
 
 
-def _start_fitting(pool, task: Task, todo, waiting: list[int], pending: dict, started: list[int], plan, slots) -> None:
-    """Submit waiting groups, in order, while a slot is free and `plan` has room (a group that does not fit
+def _start_fitting(pool: WorkerPool, task: Task, todo, waiting: list[int], running: set[int], plan: _Plan) -> None:
+    """Submit waiting groups, in order, while a worker is idle and `plan` has room (a group that does not fit
     now waits; a smaller one after it may start)."""
     for gi in list(waiting):
-        if len(pending) >= slots:
+        if not pool.idle():
             return
-        if not plan.fits(gi, len(pending)):
+        if not plan.fits(gi, len(running)):
             continue
-        try:
-            fut = pool.submit(task, list(todo[gi]))
-        except BrokenProcessPool:
-            return
-        plan.start(gi, len(pending))
+        pool.submit(gi, task, list(todo[gi]))
+        plan.start(gi, len(running))
         waiting.remove(gi)
-        pending[fut] = gi
-        started.append(gi)
+        running.add(gi)
 
 
 def _host_port(address: str) -> tuple[str, int]:

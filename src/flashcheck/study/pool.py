@@ -1,0 +1,162 @@
+"""A process pool with one private pipe per worker and no lock shared between workers.
+
+concurrent.futures' pool sends every worker's results through one queue guarded by a lock that all workers
+share: a worker killed while it holds that lock (SIGKILL, the OOM killer) can leave the others, and the
+pool's shutdown, waiting forever. Here each worker talks to the parent on its own pipe, so a death at any
+instant costs only that worker's unfinished job: the parent sees the worker's sentinel or the pipe's end,
+reads every whole message sent before it, and never waits on a thread or a lock to stop the pool.
+
+Protocol: the parent sends (key, function, args) or None (stop); the worker answers with any number of
+("emit", payload) messages (`send_to_parent`), then ("done", key, value) or ("error", key, text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+STOP_WAIT_S = 5.0  # how long stop() waits for a worker to exit after None before it kills it
+
+_SEND: Callable[[tuple], None] | None = None
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended while it ran a job (killed, out of memory, crashed)."""
+
+
+def send_to_parent(payload: Any) -> None:
+    """From inside a job: send `payload` to the parent now (it arrives as an ("emit", key, payload) event)."""
+    if _SEND is None:
+        raise RuntimeError("send_to_parent is only for jobs running in a flashcheck pool worker")
+    _SEND(("emit", payload))
+
+
+def _worker_main(conn: Connection, init: Callable[..., None] | None, initargs: tuple) -> None:
+    global _SEND
+    lock = threading.Lock()  # a job may send from several threads; the pipe is this worker's alone
+
+    def send(message: tuple) -> None:
+        with lock:
+            conn.send(message)
+
+    _SEND = send
+    if init is not None:
+        init(*initargs)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if job is None:
+            return
+        key, fn, args = job
+        try:
+            value = fn(*args)
+        except Exception as exc:  # the job's own failure: reported, the worker lives on
+            send(("error", key, f"{type(exc).__name__}: {exc}"))
+        else:
+            send(("done", key, value))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    key: Any = None  # the job it runs now, None when idle
+    busy: bool = False
+    alive: bool = True
+    inbox: list = field(default_factory=list)
+
+
+class WorkerPool:
+    """`size` spawned workers (context `ctx`), each started with init(*initargs). Use as a context manager:
+    leaving it stops every worker (killing those still running a job, or all when an exception left it)."""
+
+    def __init__(self, size: int, ctx, init: Callable[..., None] | None = None, initargs: tuple = ()) -> None:
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(size):
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=_worker_main, args=(child, init, initargs), name="flashcheck-worker")
+                proc.start()
+                child.close()  # the worker holds the only other end: its death ends the pipe
+                self._workers.append(_Worker(proc, parent))
+        except BaseException:
+            self.stop(kill=True)
+            raise
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        self.stop(kill=exc_type is not None)
+
+    def idle(self) -> int:
+        return sum(w.alive and not w.busy for w in self._workers)
+
+    def running(self) -> int:
+        return sum(w.alive and w.busy for w in self._workers)
+
+    def submit(self, key: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Give job `key` (fn(*args), fn importable by name) to an idle worker; ValueError when none is idle."""
+        worker = next((w for w in self._workers if w.alive and not w.busy), None)
+        if worker is None:
+            raise ValueError("no idle worker")
+        worker.conn.send((key, fn, args))
+        worker.key, worker.busy = key, True
+
+    def events(self, timeout: float) -> Iterator[tuple[str, Any, Any]]:
+        """Wait up to `timeout` seconds, then yield what arrived: ("emit", key, payload), ("done", key, value),
+        ("error", key, text) and ("died", key, WorkerDied) for a worker that ended while running job `key`."""
+        live = [w for w in self._workers if w.alive]
+        by_handle = {w.conn: w for w in live} | {w.process.sentinel: w for w in live}
+        for handle in wait(list(by_handle), timeout):
+            worker = by_handle[handle]
+            if worker.alive:
+                yield from self._read(worker)
+
+    def _read(self, worker: _Worker) -> Iterator[tuple[str, Any, Any]]:
+        while True:
+            try:
+                if not worker.conn.poll():
+                    if worker.process.is_alive():
+                        return
+                    raise EOFError
+                message = worker.conn.recv()
+            except (EOFError, OSError):  # the pipe ended: every whole message sent before has been read
+                yield from self._bury(worker)
+                return
+            if message[0] == "emit":
+                yield "emit", worker.key, message[1]
+            else:
+                worker.busy, worker.key = False, None
+                yield message[0], message[1], message[2]
+
+    def _bury(self, worker: _Worker) -> Iterator[tuple[str, Any, Any]]:
+        worker.alive = False
+        worker.process.join(STOP_WAIT_S)
+        code = worker.process.exitcode
+        worker.conn.close()
+        if worker.busy:
+            why = f"worker process {worker.process.pid} ended with exit code {code} while it ran a job"
+            yield "died", worker.key, WorkerDied(why)
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop every worker: idle ones are asked to exit (killed after STOP_WAIT_S); busy ones, or all with
+        `kill`, are killed at once. Never waits on a lock or a thread."""
+        for w in self._workers:
+            if w.alive and not (kill or w.busy):
+                with contextlib.suppress(OSError):
+                    w.conn.send(None)
+        for w in self._workers:
+            if w.alive and not (kill or w.busy):
+                w.process.join(STOP_WAIT_S)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.alive = False
+            w.conn.close()
