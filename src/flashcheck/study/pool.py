@@ -13,6 +13,7 @@ Protocol: the parent sends (key, function, args) or None (stop); the worker answ
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ def _worker_main(conn: Connection, init: Callable[..., None] | None, initargs: t
             conn.send(message)
 
     _SEND = send
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     if init is not None:
         init(*initargs)
     while True:
