@@ -129,5 +129,14 @@ def _run_units(root: Path, todo: list, quiet: bool) -> dict:
 
 
 def load_units(folder: str | Path) -> dict[str, dict]:
-    """The stored units by name."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(folder) / "serving").glob("*.json"))}
+    """The stored units by name, each read through core.jsonguard (never through a link: LinkRefused; bounded
+    nesting) and checked against its unit's schema (questions.serving.schema): ValueError of one line otherwise."""
+    from flashcheck.core.jsonguard import read_json
+    from flashcheck.questions.serving.schema import check_unit
+
+    root = Path(folder) / "serving"
+    refuse_link(root, "the serving/ folder of the study")
+    units = {}
+    for path in sorted(root.glob("*.json")):
+        units[path.stem] = check_unit(path.stem, read_json(path, "a serving study unit", follow=False), str(path))
+    return units
