@@ -138,5 +138,6 @@ def load_units(folder: str | Path) -> dict[str, dict]:
     refuse_link(root, "the serving/ folder of the study")
     units = {}
     for path in sorted(root.glob("*.json")):
-        units[path.stem] = check_unit(path.stem, read_json(path, "a serving study unit", follow=False), str(path))
+        data = read_json(path, "a serving study unit", follow=False, constants=True)  # NaN: a measured value
+        units[path.stem] = check_unit(path.stem, data, str(path))
     return units
