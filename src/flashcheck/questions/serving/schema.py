@@ -8,6 +8,8 @@ import re
 
 from flashcheck.measure.longcontext import VARIANTS
 
+SDPA_TARGETS = ("sdpa-math", "sdpa-flash")  # the real backends certified (units cert-NAME)
+SPLIT_TARGETS = ("sim-fa3", "sim-fa3-fixed", "sim-flashinfer", "sim-flashinfer-fixed")  # units fa1897-NAME
 NUMBER, INT, TEXT, FLAG = "a number", "an integer", "a string", "true or false"
 _KIND = {
     NUMBER: lambda x: isinstance(x, int | float) and not isinstance(x, bool),
@@ -26,8 +28,6 @@ _LONGCTX = re.compile(r"^(longctx|captured)-(.+)-(\d+)$")
 def check_unit(name: str, data: object, where: str) -> dict:
     """`data` (the JSON of unit `name`, read from `where`) when it has the fields its unit writes; ValueError
     naming `where` and the first field that is missing or of the wrong type otherwise."""
-    from flashcheck.questions.serving.tasks import SDPA_TARGETS, SPLIT_TARGETS
-
     _need(data, {}, where)
     if "seconds" in data:
         _need(data, {"seconds": NUMBER}, where)

@@ -15,10 +15,8 @@ import torch
 from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.measure.consistency import Shape, batch_invariance, certify, prefill_decode
 from flashcheck.measure.longcontext import VALUES, VARIANTS, measure_cell
+from flashcheck.questions.serving.schema import SDPA_TARGETS, SPLIT_TARGETS, check_unit
 from flashcheck.questions.serving.settings import ServingSettings
-
-SDPA_TARGETS = ("sdpa-math", "sdpa-flash")
-SPLIT_TARGETS = ("sim-fa3", "sim-fa3-fixed", "sim-flashinfer", "sim-flashinfer-fixed")
 
 
 def mma_missing() -> str | None:
@@ -132,7 +130,6 @@ def load_units(folder: str | Path) -> dict[str, dict]:
     """The stored units by name, each read through core.jsonguard (never through a link: LinkRefused; bounded
     nesting) and checked against its unit's schema (questions.serving.schema): ValueError of one line otherwise."""
     from flashcheck.core.jsonguard import read_json
-    from flashcheck.questions.serving.schema import check_unit
 
     root = Path(folder) / "serving"
     refuse_link(root, "the serving/ folder of the study")
