@@ -130,6 +130,7 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
         (["compare", "--backend", "sdpa-math", "--case", "lq=x"], "'x' is not a valid int"),
         (["compare", "--backend", "sdpa-math", "--case", "lq=99999999"], "seq_len=99999999"),
         (["compare", "--backend", "fa3-fp8", "--case", "dtype=fp16"], "takes fp8-e4m3, fp8-e5m2"),
+        (["compare", "--backend", "fa4-fp8", "--case", "dtype=fp8-e4m3,backward=1"], "judged forward only"),
         (["compare", "--backend", "fa3-fp8", "--case", "dtype=fp8-e4m3,magnitude=200"], "magnitude=200 overflows"),
     ],
 )
@@ -180,6 +181,7 @@ def test_preset_targets_take_only_the_formats_the_preset_runs():
     assert parse_target("sage2-ada").dtypes == ("bf16", "fp16") and parse_target("sage3-fp4").dtypes == ("bf16", "fp16")
     case = HuntCase(dtype="bf16", heads=2, kv_heads=2, lq=5, lk=7)
     assert evaluate(parse_target("sage2-ada"), case).error is None  # runs, not "runs fp16, bf16 inputs; got fp32"
+    assert not parse_target("sage3-fp4").backward and parse_target("fa4-bf16").backward  # quantized: forward only
     res = CliRunner().invoke(app, ["hunt", "fa3-fp8:fp16", "--budget", "20s"])
     assert res.exit_code == 2 and "takes fp8-e4m3, fp8-e5m2" in res.output, res.output
     res = CliRunner().invoke(app, ["hunt", "sage2-ada:fp32", "--budget", "20s"])

@@ -24,6 +24,7 @@ from flashcheck.hunt.case import DTYPES, FP8
 
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(:[\w-]+)?$")
 FP8_NOTE = "FP8 inputs, judged forward only (the FP8 kernels have no backward)"
+QUANT_NOTE = "quantized inputs (INT8 / FP4): judged forward only, as the simulator runs them"
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,20 @@ def _preset_target(text: str, device: str) -> Target:
     def forward(q, k, v, *, dtype: str, **kw):
         return sim.configured(preset=name, fmt=dtype).forward(q, k, v, **kw)
 
-    fp8 = dtypes[0] in FP8
-    notes = ("simulated on the CPU", *((FP8_NOTE,) if fp8 else ()))
-    return Target(text, "preset", forward, dtypes, device, backward=not fp8, float64_io=True, notes=notes)
+    fp8, quantized = dtypes[0] in FP8, _quantizes(name, dtypes[0])
+    notes = ("simulated on the CPU", *((FP8_NOTE,) if fp8 else (QUANT_NOTE,) if quantized else ()))
+    back = not (fp8 or quantized)
+    return Target(text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes)
+
+
+def _quantizes(name: str, dtype: str) -> bool:
+    """Whether preset `name` quantizes its inputs (SageAttention, the FP4 presets): the simulator runs those
+    forward only (kernels.flash refuses autograd through them)."""
+    from flashcheck.core.numerics import parse_format
+    from flashcheck.kernels.presets import kernel_preset
+    from flashcheck.kernels.quantized import uses_quantized_inputs
+
+    return uses_quantized_inputs(kernel_preset(name).policy(parse_format(dtype)))
 
 
 def preset_dtypes(name: str) -> tuple[str, ...]:
