@@ -88,6 +88,29 @@ def tile_off_by_one(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
 
 
+_FP8_FORMATS = {torch.float8_e4m3fn: "fp8-e4m3", torch.float8_e5m2: "fp8-e5m2"}
+
+
+def fp8_preset(q, k, v, *, causal=False, scale=None, mask=None):
+    """A clean FP8 kernel: FP8 q, k, v (as `hunt pkg:fn:fp8-e4m3` hands them) through the simulator's fa4-fp8
+    preset at their format; an additive mask (fp32) and the output float64. Takes no sink (the hunt passes one
+    as a key)."""
+    from flashcheck.backends import get_backend
+
+    sim = get_backend("sim-flash").configured(preset="fa4-fp8", fmt=_FP8_FORMATS[q.dtype])
+    q, k, v = (t.double() for t in (q, k, v))
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
+    return sim.forward(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
+def fp8_fnuz_max(q, k, v, *, causal=False, scale=None, mask=None):
+    """fp8_preset that saturates its inputs at 240, the max of e4m3fnuz (AMD's FP8), not e4m3fn's 448: wrong
+    only where an input exceeds 240 (inputs near e4m3's overflow)."""
+    q, k, v = (t.double().clamp(-240.0, 240.0).to(t.dtype) for t in (q, k, v))
+    return fp8_preset(q, k, v, causal=causal, scale=scale, mask=mask)
+
+
 def always_raises(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     """A target that refuses every input (a wrong format): its errors are no semantics."""
     raise ValueError("this kernel runs fp8 inputs only")

@@ -242,8 +242,12 @@ STUDY = [
 
 REPORT = [
     r("report-empty", "report ''", "''"),
-    r("report-missing", "report {missing}", "{missing}"),
-    r("report-a-file", "report {file}", "{file}"),
+    r("report-missing", "report {missing}", "{missing}", "does not exist"),
+    r("report-a-file", "report {file}", "{file}", "not a folder"),
+    r("report-serving-unit-a-link", "report {serving_link}", "vllm54035-fp8.json", "symbolic link"),
+    r("report-serving-unit-bad-field", "report {serving_bad}", "vllm54035-fp8.json", "'holds'", "true or false"),
+    r("report-serving-unit-unknown", "report {serving_unknown}", "'nosuch'", "not a unit the serving study writes"),
+    r("study-serving-unit-bad-field", "study --preset serving-tiny --out {serving_bad} --quiet", "'holds'"),
     r("report-empty-folder", "report {dir}", "{dir}"),
     r("report-study-json-is-a-directory", "report {study_json_dir}", "study.json"),
     r("report-records-is-a-directory", "report {records_dir}", "records.jsonl"),
@@ -369,6 +373,9 @@ CONSISTENCY = [
     r("consistency-callable-missing", "consistency nomodule_xyz:fn", "'nomodule_xyz:fn'", "module:function"),
     r("consistency-out-is-a-file", "consistency sdpa-math --out {file}", "{file}"),
     r("validate-kv-cache-bad", "validate {dir} --kv-cache fp3", "'fp3'", "fp8"),
+    r("validate-kv-cache-bad-no-model", "validate --kv-cache fp9", "--kv-cache 'fp9'", "fp8"),
+    r("validate-kv-cache-bad-missing-model", "validate {missing} --kv-cache fp9", "--kv-cache 'fp9'"),
+    r("validate-model-missing", "validate {missing}", "{missing}", "does not exist"),
     r("validate-kv-new-tokens-zero", "validate {dir} --kv-cache fp8 --new-tokens 0", "--new-tokens 0"),
 ]
 
@@ -402,6 +409,8 @@ HUNT = [
     r("hunt-budget-zero", "hunt sdpa-math --budget 0s", "--budget", "'0s'"),
     r("hunt-budget-text", "hunt sdpa-math --budget xyz", "'xyz'", "5m"),
     r("hunt-rounds-negative", "hunt sdpa-math --rounds -1", "--rounds", "-1"),
+    r("hunt-fp8-preset-format", "hunt fa3-fp8:fp16", "'fa3-fp8:fp16'", "fp8-e4m3"),
+    r("hunt-callable-format-unknown", "hunt mod:fn:fp9", "'fp9'", "fp8-e4m3"),
 ]
 
 ROWS = [
@@ -504,7 +513,25 @@ def make_files(root: Path) -> dict[str, Path]:
         if inner == "records.jsonl":
             sweep = {"question": "q", "methods": ["flash:bf16"], "seq_lens": [32], "heads": 1}
             (files[name] / "study.json").write_text(json.dumps({"name": "x", "sweeps": [sweep]}))
+    _serving_folders(root, files)
     return files
+
+
+def _serving_folders(root: Path, files: dict[str, Path]) -> None:
+    """Serving study folders whose stored unit is a link, lacks a field, or is not a unit the study writes."""
+    unit = {"check": "prefill-decode", "target": "sim-fa3", "holds": False, "unit": "KV length", "first": 97,
+            "max_abs": 0.01, "compared": 10}  # fmt: skip
+    for name, stem, data in (("serving_link", "vllm54035-fp8", unit), ("serving_bad", "vllm54035-fp8",
+                             {**unit, "holds": "no"}), ("serving_unknown", "nosuch", unit)):  # fmt: skip
+        files[name] = root / name
+        (files[name] / "serving").mkdir(parents=True)
+        (files[name] / "serving.json").write_text("{}")
+        target = files[name] / "serving" / f"{stem}.json"
+        if name == "serving_link":
+            (root / "elsewhere.json").write_text(json.dumps(unit))
+            target.symlink_to(root / "elsewhere.json")
+        else:
+            target.write_text(json.dumps(data))
 
 
 def expand(row: Row, files: dict[str, Path]) -> tuple[list[str], list[str]]:

@@ -117,6 +117,8 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
     [
         (["hunt", "sdpa-flsh"], "did you mean 'sdpa-flash'"),
         (["hunt", "sdpa-math:fp8"], "format 'fp8'"),
+        (["hunt", "hunt_bugs:correct:fp9"], "format 'fp9'"),
+        (["hunt", "sdpa-math:fp8-e4m3"], "does not take fp8-e4m3"),
         (["hunt", "no_such_module:fn"], "cannot import"),
         (["hunt", "sim-flash"], "kernel preset"),
         (["hunt", "sdpa-math", "--budget", "5x"], "--budget '5x'"),
@@ -127,6 +129,9 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
         (["compare", "--case", "lq=3"], "--case needs --backend"),
         (["compare", "--backend", "sdpa-math", "--case", "lq=x"], "'x' is not a valid int"),
         (["compare", "--backend", "sdpa-math", "--case", "lq=99999999"], "seq_len=99999999"),
+        (["compare", "--backend", "fa3-fp8", "--case", "dtype=fp16"], "takes fp8-e4m3, fp8-e5m2"),
+        (["compare", "--backend", "fa4-fp8", "--case", "dtype=fp8-e4m3,backward=1"], "judged forward only"),
+        (["compare", "--backend", "fa3-fp8", "--case", "dtype=fp8-e4m3,magnitude=200"], "magnitude=200 overflows"),
     ],
 )
 def test_bad_targets_and_options_are_one_line_exit_2(args, says, tmp_path):
@@ -176,8 +181,9 @@ def test_preset_targets_take_only_the_formats_the_preset_runs():
     assert parse_target("sage2-ada").dtypes == ("bf16", "fp16") and parse_target("sage3-fp4").dtypes == ("bf16", "fp16")
     case = HuntCase(dtype="bf16", heads=2, kv_heads=2, lq=5, lk=7)
     assert evaluate(parse_target("sage2-ada"), case).error is None  # runs, not "runs fp16, bf16 inputs; got fp32"
-    res = CliRunner().invoke(app, ["hunt", "fa3-fp8", "--budget", "20s"])
-    assert res.exit_code == 2 and "fa3-fp8" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not parse_target("sage3-fp4").backward and parse_target("fa4-bf16").backward  # quantized: forward only
+    res = CliRunner().invoke(app, ["hunt", "fa3-fp8:fp16", "--budget", "20s"])
+    assert res.exit_code == 2 and "takes fp8-e4m3, fp8-e5m2" in res.output, res.output
     res = CliRunner().invoke(app, ["hunt", "sage2-ada:fp32", "--budget", "20s"])
     assert res.exit_code == 2 and "takes bf16, fp16" in res.output, res.output
 
@@ -220,3 +226,52 @@ def test_nan_where_names_only_the_nan_rows_and_budget_findings_show_their_ratio(
 def test_a_target_that_refuses_everything_disagrees_with_no_probe():
     rows = semantics_table(parse_target("hunt_bugs:always_raises"), isolate=False)
     assert all(p.agrees is None and p.returned.startswith("error: ") for p in rows), [p.to_dict() for p in rows]
+
+
+FP8_PRESETS = ("fa3-fp8", "fa4-fp8", "fa3-fp8-fp22")
+
+
+def test_fp8_inputs_are_rounded_to_the_format_and_saturate_at_its_max():
+    from flashcheck.core.numerics import round_to
+
+    for fmt, top in (("fp8-e4m3", 448.0), ("fp8-e5m2", 57344.0)):
+        case = HuntCase(dtype=fmt, heads=4, lq=256, lk=256, head_dim=64, magnitude=top / 4, shift=-90.0)
+        q, k, v, _ = make_inputs(case)
+        for t in (q, k, v):
+            assert torch.equal(round_to(t, fmt), t) and float(t.abs().max()) == top  # 4 sigma: saturated draws
+        mask = make_mask(case).to(case.mask_dtype).double()  # the mask stays fp32, never FP8 (no -inf there)
+        exact = reference_attention(q, k, v, mask=mask, scale=case.softmax_scale)
+        assert torch.equal(reference(case)["out"], exact)  # FP64 of the inputs as rounded to the format
+    with pytest.raises(ValueError, match="at most max / 4"):
+        HuntCase(dtype="fp8-e4m3", magnitude=113.0)
+
+
+@pytest.mark.parametrize("preset", FP8_PRESETS)
+def test_fp8_preset_hunts_its_fp8_formats(preset, tmp_path):
+    target = parse_target(preset)
+    assert target.dtypes == ("fp8-e4m3", "fp8-e5m2") and not target.backward
+    state = hunt(target, tmp_path, **(BUDGET | {"rounds": 1}))
+    judged = state.examples - state.refusals
+    assert judged >= 20, (state.examples, state.refusal_examples)  # fa3: Hadamard refuses non-power-of-two D
+    stored = json.loads((tmp_path / "findings.json").read_text())
+    assert stored["examples"] == state.examples and len(stored["findings"]) == len(state.findings)
+    for f in state.findings:  # what it finds is FP8 and reruns
+        assert f.case.dtype in ("fp8-e4m3", "fp8-e5m2") and not evaluate(target, f.case).passed, f.to_dict()
+
+
+def test_planted_fp8_bug_is_found_and_shrunk_and_compare_reruns_it(tmp_path):
+    """An FP8 kernel wrapper that saturates at e4m3fnuz's 240, not e4m3fn's 448: found on inputs near e4m3's
+    overflow and shrunk to one query and one key at the largest magnitude; `compare --case` reruns it."""
+    target = parse_target("hunt_bugs:fp8_fnuz_max:fp8-e4m3")
+    state = hunt(target, tmp_path, **(BUDGET | {"rounds": 1}))
+    found = [f for f in state.findings if f.kind == "budget"]
+    assert found, [f.to_dict() for f in state.findings]
+    case = found[0].case
+    _, _, v, _ = make_inputs(case)
+    assert case.lq == case.lk == 1 and case.magnitude == 112.0 and float(v.abs().max()) > 240, case.describe()
+    assert evaluate(parse_target("hunt_bugs:fp8_preset:fp8-e4m3"), case).passed  # only the bug fails it
+    runner = CliRunner()
+    again = runner.invoke(app, shlex.split(found[0].reproducer(target))[1:])
+    assert again.exit_code == 1 and "FAIL" in again.output and "fp8-e4m3" in again.output, again.output
+    ok = runner.invoke(app, ["compare", "--backend", "fa4-fp8", "--case", case.to_text()])
+    assert ok.exit_code == 0 and "PASS" in ok.output, ok.output

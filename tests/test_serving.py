@@ -282,3 +282,29 @@ def test_serving_answer_prints_short_lengths_exactly_and_gives_verdicts_at_match
     matched = {f"longctx-{v}-{n}": cell(e, 0.0) for v, e in (("bf16", 1e-4), ("fp8-1level", 0.2),
                                                               ("fp8-2level", 1e-3), ("b200", 1e-3))}  # fmt: skip
     assert [r[3] for r in _published(matched)[:2]] == ["agrees", "agrees"]
+
+
+def test_serving_units_are_checked_against_their_schema():
+    from flashcheck.questions.serving.schema import check_unit
+
+    row = {"variant": "bf16", "kv_len": 1024, "values": "zero-mean", "needle": "late", "rel_err": float("nan"),
+           "rel_err_max": 0.0, "cos_needle": 1.0, "cos_needle_exact": 1.0, "heads": 2, "seconds": 0.1}  # fmt: skip
+    cert = {"check": "batch", "target": "sdpa-math", "holds": True, "unit": "batch size", "first": None,
+            "max_abs": 0.0, "compared": 3}  # fmt: skip
+    good = {"longctx-bf16-1024": {"status": "ok", "rows": [row]}, "cert-sdpa-math": {"certificates": [cert]},
+            "fa1897-sim-fa3": {**cert, "launch": ["splits", [1, 2]]}, "captured-b200-512": {"status": "skipped",
+            "reason": "no MMA model"}}  # fmt: skip
+    for name, data in good.items():
+        assert check_unit(name, data, name) is data
+    short = {k: v for k, v in row.items() if k != "rel_err"}
+    bad = [
+        ("longctx-bf16-1024", {"status": "ok", "rows": [short]}, "'rel_err'"),
+        ("longctx-bf16-1024", {"status": "done"}, "'status'"),
+        ("cert-sdpa-math", {"certificates": [{**cert, "first": "3"}]}, "'first'"),
+        ("fa1897-sim-fa3", {**cert, "launch": ["splits", ["x"]]}, "'launch'"),
+        ("vllm54035-fp8", [cert], "JSON object"),
+        ("longctx-nosuch-1024", {"status": "ok"}, "not a unit"),
+    ]
+    for name, data, says in bad:
+        with pytest.raises(ValueError, match=says):
+            check_unit(name, data, name)

@@ -451,7 +451,7 @@ def test_a_store_file_that_is_a_directory_exits_2(tmp_path, name):
         assert "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("folder,needle", [("", "folder '' is empty"), ("{tmp}/none", "is not a folder")])
+@pytest.mark.parametrize("folder,needle", [("", "folder '' is empty"), ("{tmp}/none", "does not exist")])
 def test_report_of_nothing_exits_2(tmp_path, folder, needle):
     res = runner.invoke(app, ["report", folder.replace("{tmp}", str(tmp_path))])
     assert res.exit_code == 2 and needle in res.output, res.output

@@ -306,7 +306,7 @@ def test_unknown_impl_and_other_bad_input_exit_2(tiny_bert: Path, tmp_path: Path
     (tmp_path / "not_a_model").mkdir()
     (tmp_path / "not_a_model" / "notes.txt").write_text("hello")
     cases = [
-        ([str(tmp_path / "missing")], "is not a folder"),
+        ([str(tmp_path / "missing")], "does not exist"),
         ([str(tmp_path / "not_a_model")], "no config.json"),
         ([str(tiny_bert), "--texts", str(tmp_path / "empty.txt")], "0 non-empty lines"),
         ([str(tiny_bert), "--texts", str(tmp_path / "binary.bin")], "binary"),

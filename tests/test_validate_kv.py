@@ -57,7 +57,7 @@ def test_validate_kv_cache_cli_table(tiny_llama, tmp_path):
     res = runner.invoke(app, ["validate", str(tiny_llama), "--kv-cache", "fp3", "--out", str(tmp_path / "w")])
     assert res.exit_code == 2 and "unknown KV-cache scheme 'fp3'" in res.output
     res = runner.invoke(app, ["validate", str(tmp_path / "none"), "--kv-cache", "fp8", "--out", str(tmp_path / "w")])
-    assert res.exit_code == 2 and "is not a folder" in res.output
+    assert res.exit_code == 2 and "does not exist" in res.output
     from flashcheck.validate.loading import bundled_model_path
 
     res = runner.invoke(app, ["validate", str(bundled_model_path()), "--kv-cache", "fp8", "--out", str(tmp_path / "w")])

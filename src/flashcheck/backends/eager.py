@@ -10,9 +10,12 @@ from flashcheck.kernels.masks import tile_bias
 from flashcheck.kernels.validation import expand_kv_heads
 
 
-def eager_attention(q, k, v, *, causal=False, scale=None, mask=None) -> torch.Tensor:
+def eager_attention(q, k, v, *, causal=False, scale=None, mask=None, nan_to_zero=True) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v with every op in q's dtype; [B, H, L, D] (K/V [B, Hkv, L, D] with
-    grouped-query heads); fully masked rows 0."""
+    grouped-query heads). Rows with no visible key give 0, in the output and in the gradients (their scores are
+    zeroed before the softmax and P after it, so no NaN reaches autograd). `nan_to_zero`: a NaN P left in a row
+    that has keys (scores that overflow the dtype: inf - inf) becomes 0 too, as the peers' baseline does; False
+    keeps it (the hunt's baseline: a non-finite baseline marks an overflow, hunt/judge.py)."""
     k, v = expand_kv_heads(q, k, v)
     lq, lk = q.shape[-2], k.shape[-2]
     s = q.shape[-1] ** -0.5 if scale is None else scale
@@ -20,9 +23,11 @@ def eager_attention(q, k, v, *, causal=False, scale=None, mask=None) -> torch.Te
     bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
     if bias is not None:
         scores = scores + bias.to(scores.device)
-    p = torch.softmax(scores, dim=-1)
-    p = torch.nan_to_num(p, nan=0.0)  # rows with no key left
-    return torch.matmul(p, v)
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    keyless = bool(dead.any())  # no copy of the L x L scores where every row has a key
+    p = torch.softmax(scores.masked_fill(dead, 0.0) if keyless else scores, dim=-1)
+    p = p.masked_fill(dead, 0.0) if keyless else p
+    return torch.nan_to_num(p, nan=0.0).matmul(v) if nan_to_zero else torch.matmul(p, v)
 
 
 class EagerBackend(Backend):

@@ -169,6 +169,8 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
         if hc.dtype not in tgt.dtypes:
             raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
+        if hc.backward and not tgt.backward:
+            raise ValueError(f"--case backward=1: {target} is judged forward only; give backward=0")
         _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))

@@ -12,11 +12,12 @@ def study_serving(preset: str, out: str, quiet: bool) -> None:
     """Run (or resume) the serving study into `out`, write its report and print its Answer."""
     from flashcheck.questions.serving.report import build_serving_report
     from flashcheck.questions.serving.settings import PRESETS
-    from flashcheck.questions.serving.tasks import check_writable, run_serving
+    from flashcheck.questions.serving.tasks import check_writable, load_units, run_serving
 
     try:
         _out_folder(out)
         check_writable(out)  # linked outputs are refused before anything runs
+        load_units(out)  # and so are stored units that are links or not what their unit writes (a resume keeps them)
     except ValueError as exc:
         _fail_usage(str(exc))
     try:

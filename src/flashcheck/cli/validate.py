@@ -202,9 +202,12 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
             if value < 1:
                 raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
+        try:  # every option checked before the model is looked at or loaded
+            formats = expand_formats(kv_cache)
+        except ValueError as exc:
+            raise ValueError(f"--kv-cache {kv_cache!r}: {exc}") from None
         if model is None or not model.strip():
             raise ValueError(f"MODEL {model!r}: --kv-cache needs a decoder model folder (Hugging Face causal LM)")
-        formats = expand_formats(kv_cache)
         _need_transformers()
         from flashcheck.validate.loading import load_model, resolve_model
 

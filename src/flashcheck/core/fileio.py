@@ -203,6 +203,20 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"no free temporary name next to {path}")
 
 
+def folder_problem(path: str | Path) -> str | None:
+    """Why `path` (links followed) is no folder to read: "does not exist", "is a file" (or another kind), or None
+    for a folder. The words after the quoted path in a one-line error ("'/x' does not exist; give ...")."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except (OSError, ValueError) as exc:  # a loop of links, a component that is a file, a NUL in the name
+        return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    if stat.S_ISDIR(mode):
+        return None
+    return f"is {'a file' if stat.S_ISREG(mode) else _kind(mode)}, not a folder"
+
+
 class UnsafeFile(ValueError):
     """A file the tool was about to read is not a regular file, or lies (links followed) outside its folder."""
 

@@ -86,10 +86,10 @@ def loads_bounded(raw: bytes | str, where: str, limit: int = MAX_FILE_NESTING, *
         raise ValueError(f"{where} is not JSON ({str(exc).splitlines()[0][:120]})") from None
 
 
-def read_json(path: str | Path, what: str = "JSON file", *, follow: bool = True) -> object:
+def read_json(path: str | Path, what: str = "JSON file", *, follow: bool = True, constants: bool = False) -> object:
     """The JSON value in file `path` through loads_bounded: ValueError of one line naming the file (unreadable,
     larger than MAX_JSON_FILE, nested too deep, not JSON). follow=False: the tool's own file, never read
-    through a symbolic link (fileio.LinkRefused)."""
+    through a symbolic link (fileio.LinkRefused); `constants`: NaN and Infinity allowed (measurements)."""
     path = Path(path)
     try:
         fd = open_plain(path, os.O_RDONLY, what=what) if not follow else os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -104,4 +104,4 @@ def read_json(path: str | Path, what: str = "JSON file", *, follow: bool = True)
         raise
     except OSError as exc:
         raise ValueError(f"cannot read {str(path)!r} ({what}): {exc.strerror or exc}") from None
-    return loads_bounded(raw, f"{str(path)!r} ({what})")
+    return loads_bounded(raw, f"{str(path)!r} ({what})", constants=constants)

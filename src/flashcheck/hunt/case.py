@@ -1,7 +1,9 @@
 """One hunted input configuration: its fields, its one-line text form (`--case` of compare) and its tensors.
 
 Legend: q [B, H, Lq, D]; k, v [B, Hkv, Lk, D]; mask [B, 1, Lq, Lk] (bool True = keep, or additive float);
-every tensor built here is float64 on the CPU, holding values already rounded to the case's dtype."""
+every tensor built here is float64 on the CPU, holding values already rounded to the case's dtype. FP8 cases
+(fp8-e4m3, fp8-e5m2: the inputs of the FP8 kernel presets) round Q, K, V saturating at the format's max (448,
+57344), as FP8 casts do; their mask and sink stay fp32, the format FP8 kernels hold scores in."""
 
 from __future__ import annotations
 
@@ -11,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {
+    "fp64": torch.float64,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8-e4m3": torch.float8_e4m3fn,
+    "fp8-e5m2": torch.float8_e5m2,
+}
+FP8 = ("fp8-e4m3", "fp8-e5m2")
 _SHORT = {"b": "batch", "h": "heads", "hkv": "kv_heads", "d": "head_dim", "mag": "magnitude"}
 _LONG = {v: k for k, v in _SHORT.items()}
 
@@ -54,12 +64,18 @@ class HuntCase:
         finite = [self.shift, self.scale, self.magnitude] + ([] if self.sink is None else [self.sink])
         if not all(math.isfinite(x) for x in finite) or self.magnitude <= 0:
             raise ValueError("shift, scale and sink must be finite, magnitude positive and finite")
-        if self.magnitude * 8 > torch.finfo(DTYPES[self.dtype]).max:
-            raise ValueError(f"magnitude={self.magnitude:g} overflows {self.dtype} (at most max / 8)")
+        if self.magnitude > max_magnitude(self.dtype):
+            top = "max / 4: draws past the max saturate" if self.dtype in FP8 else "max / 8"
+            raise ValueError(f"magnitude={self.magnitude:g} overflows {self.dtype} (at most {top})")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def mask_dtype(self) -> torch.dtype:
+        """The dtype of the additive mask and the sink as the target receives them: fp32 for FP8 cases."""
+        return torch.float32 if self.dtype in FP8 else DTYPES[self.dtype]
 
     @property
     def has_mask(self) -> bool:
@@ -93,6 +109,12 @@ class HuntCase:
         parts += [] if self.sink is None else [f"sink {self.sink:g}"]
         parts += [f"{n} x{v:g}" for n, v in (("scale", self.scale), ("magnitude", self.magnitude)) if v != 1]
         return ", ".join(parts)
+
+
+def max_magnitude(dtype: str) -> float:
+    """The largest magnitude a case allows in `dtype`: N(0, 1) x magnitude stays finite to 8 sigma (max / 8),
+    or for FP8, whose casts saturate, to 4 sigma (max / 4: 112 for e4m3, 14336 for e5m2)."""
+    return torch.finfo(DTYPES[dtype]).max / (4 if dtype in FP8 else 8)
 
 
 def parse_case(text: str) -> HuntCase:
@@ -157,7 +179,7 @@ def make_mask(case: HuntCase) -> torch.Tensor | None:
 
 def make_inputs(case: HuntCase) -> tuple[torch.Tensor, ...]:
     """(q, k, v, dout) float64 on the CPU, each value representable in the case's dtype (q, k, v scaled by the
-    magnitude, then rounded; dout N(0, 1) rounded), drawn from the case's seed."""
+    magnitude, then rounded, saturating at the max for FP8; dout N(0, 1) rounded), drawn from the case's seed."""
     g = torch.Generator().manual_seed(case.seed)
     b, h, hkv, d = case.batch, case.heads, case.kv_heads, case.head_dim
     shapes = ((b, h, case.lq, d), (b, hkv, case.lk, d), (b, hkv, case.lk, d), (b, h, case.lq, d))
@@ -165,5 +187,12 @@ def make_inputs(case: HuntCase) -> tuple[torch.Tensor, ...]:
     out = []
     for i, shape in enumerate(shapes):
         t = torch.randn(shape, generator=g, dtype=torch.float64) * (case.magnitude if i < 3 else 1.0)
-        out.append(t.to(low).to(torch.float64))
+        out.append(_round(t, case.dtype) if case.dtype in FP8 else t.to(low).to(torch.float64))
     return tuple(out)
+
+
+def _round(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """t rounded to an FP8 format, saturating at its max (core.numerics.round_to), as float64."""
+    from flashcheck.core.numerics import round_to
+
+    return round_to(t, dtype)

@@ -6,6 +6,10 @@ peers' out_pt), called the way the target is; of it, the same with Q.K^T summed 
 reversed), and for bf16 / fp16 the same in fp32 rounded to the dtype, the one with the largest max error: one
 plain run can be exact by chance (a tiny output whose scores cancel, a one-hot softmax whose bf16 dQ is 0),
 while a correct kernel that sums in another order or accumulates in fp32 (as PyTorch's math backend) is not.
+FP8 cases, which plain PyTorch cannot run, take compare's FP8 baseline instead: the standard kernel under policy
+baseline-fp8 (per-tensor scales, the case's FP8 input format; measure.method's Method.baseline), and its
+head-dim-reversed twin; their budget is the one compare applies to an FP8 backend (the peers' rule at the FP8
+dtype: k = 2, the fp16 rounding floor).
 Each of out (and dq, dk, dv with a backward) is judged by
 core.budget.check_budget (the peers' rule by default: max error <= k x the baseline's + floor, mean error,
 no NaN / Inf where the reference is finite). Rows with no visible key follow flashcheck's convention (zeros,
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.budget import BudgetResult, check_budget, rounding_floor
-from flashcheck.hunt.case import HuntCase, keyless_rows, make_inputs, make_mask
+from flashcheck.hunt.case import FP8, HuntCase, keyless_rows, make_inputs, make_mask
 from flashcheck.hunt.target import Target, sink_as_key
 
 TENSORS = ("out", "dq", "dk", "dv")
@@ -84,11 +88,12 @@ class Outcome:
 
 
 def _rounded(case: HuntCase):
-    """The mask and sink as the target receives them (an additive mask and the sink rounded to the dtype)."""
+    """The mask and sink as the target receives them (an additive mask and the sink rounded to the dtype, fp32
+    for FP8 cases)."""
     mask = make_mask(case)
     if mask is not None and mask.is_floating_point():
-        mask = mask.to(case.torch_dtype).to(torch.float64)
-    sink = None if case.sink is None else float(torch.tensor(case.sink).to(case.torch_dtype))
+        mask = mask.to(case.mask_dtype).to(torch.float64)
+    sink = None if case.sink is None else float(torch.tensor(case.sink).to(case.mask_dtype))
     return mask, sink
 
 
@@ -130,31 +135,38 @@ def outputs(target: Target, case: HuntCase) -> dict[str, torch.Tensor]:
 
 
 def plain_attention(q, k, v, *, causal=False, scale=None, mask=None) -> torch.Tensor:
-    """softmax(scale q k^T + mask) v with every op in q's dtype (backends.eager's arithmetic), rows with no
-    visible key 0 in the output and in the gradients (eager's NaN-then-zero softmax gives NaN gradients)."""
-    from flashcheck.kernels.masks import tile_bias
-    from flashcheck.kernels.validation import expand_kv_heads
+    """backends.eager's attention with every op in q's dtype, rows with no visible key 0 in the output and in the
+    gradients, and a NaN of scores that overflow kept (the judge calls a non-finite baseline an overflow)."""
+    from flashcheck.backends.eager import eager_attention
 
-    k, v = expand_kv_heads(q, k, v)
-    lq, lk = q.shape[-2], k.shape[-2]
-    s = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-1, -2)) * s
-    bias = tile_bias((0, lq), (0, lk), lq, lk, causal=causal, mask=mask, dtype=scores.dtype)
-    if bias is not None:
-        scores = scores + bias.to(scores.device)
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    p = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-    return torch.matmul(p, v)
+    return eager_attention(q, k, v, causal=causal, scale=scale, mask=mask, nan_to_zero=False)
 
 
 def _flipped(q, k, v, **kw) -> torch.Tensor:
     return plain_attention(q.flip(-1), k.flip(-1), v, **kw)
 
 
-def baseline_target(flip: bool = False) -> Target:
+def baseline_target(flip: bool = False, dtype: str = "fp32") -> Target:
     """Plain PyTorch attention in the case's dtype, on the CPU (the peers' baseline); `flip`: the same with the
-    head dim of Q and K reversed (the same scores in exact arithmetic, summed in the other order)."""
+    head dim of Q and K reversed (the same scores in exact arithmetic, summed in the other order). An FP8
+    `dtype`: the standard kernel under baseline-fp8 at that input format (simulated, float64 in and out)."""
+    if dtype in FP8:
+        name = f"standard:baseline-fp8@{dtype}"
+        return Target(name, "backend", _fp8_baseline(dtype, flip), (dtype,), float64_io=True)
     return Target("eager", "backend", _flipped if flip else plain_attention, ("fp64", "fp32", "bf16", "fp16"))
+
+
+def _fp8_baseline(dtype: str, flip: bool):
+    from flashcheck.core.numerics import parse_policy
+    from flashcheck.kernels import standard_attention
+
+    policy = parse_policy(f"baseline-fp8,input={dtype}")
+
+    def fn(q, k, v, **kw):
+        q, k = (q.flip(-1), k.flip(-1)) if flip else (q, k)
+        return standard_attention(q, k, v, policy=policy, **kw)
+
+    return fn
 
 
 def _bad(o, r, res: BudgetResult) -> torch.Tensor:
@@ -254,11 +266,12 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers") -> Outcome:
         got = outputs(target, case)
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)
         return Outcome(case, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
-    ref = representable(reference(case), case.torch_dtype)
-    base = outputs(baseline_target(), case)
-    flipped = outputs(baseline_target(flip=True), case)
+    fp8 = case.dtype in FP8
+    ref = representable(reference(case), torch.float16 if fp8 else case.torch_dtype)  # FP8 kernels: 16-bit out
+    base = outputs(baseline_target(dtype=case.dtype), case)
+    flipped = outputs(baseline_target(flip=True, dtype=case.dtype), case)
     base = {n: _worse(base[n], flipped[n], ref[n]) for n in base}
-    if case.torch_dtype.itemsize < 4:  # the larger error of plain attention in the dtype and in fp32
+    if case.torch_dtype.itemsize < 4 and not fp8:  # the larger error of plain attention in the dtype and in fp32
         up = outputs(baseline_target(), dataclasses.replace(case, dtype="fp32"))
         base = {n: _worse(base[n], up[n].to(case.torch_dtype).double(), ref[n]) for n in base}
     floors = arithmetic_floors(case, ref)

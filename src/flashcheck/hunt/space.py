@@ -11,11 +11,13 @@ shrinker moves one index, and the lengths between 65 and 257 that it tries need 
 stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
 include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
 rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks up
-to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows."""
+to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows, and for
+FP8 inputs up to a quarter of the format's max (112 for e4m3, 14336 for e5m2: the draws past 4 sigma saturate at
+448 or 57344, as FP8 casts do)."""
 
 from __future__ import annotations
 
-from flashcheck.hunt.case import DTYPES, HuntCase
+from flashcheck.hunt.case import FP8, HuntCase, max_magnitude
 from flashcheck.hunt.target import Target
 
 TILES = (64, 96, 128, 176, 192, 256)
@@ -61,8 +63,9 @@ def cases(target: Target, *, backward: bool = True):
         dead = min(lq, draw(plain_or(0, DEAD_ROWS))) if masks else 0
         shift = draw(plain_or(0.0, SHIFTS)) if masks else 0.0
         sink = draw(plain_or(None, SINKS)) if masks or target.native_sink else None
-        top = _max_magnitude(dtype)
-        magnitude = draw(plain_or(1.0, [m for m in MAGNITUDES if m <= top]))
+        top = max_magnitude(dtype)
+        near = [top] if dtype in FP8 else []  # FP8's near-overflow draw: the largest it allows
+        magnitude = draw(plain_or(1.0, [m for m in MAGNITUDES if m <= top] + near))
         scale = draw(plain_or(1.0, SCALES))
         seed = draw(st.integers(0, 2**16))
         back = draw(st.booleans()) if backward and target.backward else False
@@ -79,10 +82,3 @@ def lengths():
 
     tile = st.builds(lambda base, offset: max(1, base + offset), st.sampled_from(BASES), st.sampled_from(OFFSETS))
     return st.one_of(tile, tile, st.integers(1, 320))
-
-
-def _max_magnitude(dtype: str) -> float:
-    """The largest magnitude the case allows in `dtype` (HuntCase: magnitude * 8 <= the format's max)."""
-    import torch
-
-    return torch.finfo(DTYPES[dtype]).max / 8

@@ -5,7 +5,9 @@ A target is called as forward(q, k, v, *, causal, scale, mask[, sink]) with q [B
 backends (backends/base.py). It is called directly, never through Backend.run, so that what the target
 itself does with an empty key set is what the semantics table sees. A target without a `sink` parameter
 gets a sink as one extra key (K and V rows of zeros) whose score is the sink logit, given through the
-additive mask with the causal triangle folded in: exactly the sink's softmax column."""
+additive mask with the causal triangle folded in: exactly the sink's softmax column. FP8 targets (the FP8
+kernel presets, a callable named with :fp8-e4m3 or :fp8-e5m2) get Q, K, V in that format, the mask in fp32, and
+are judged forward only: FA3's and FA4's FP8 paths are forward (inference) kernels."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.hunt.case import DTYPES
+from flashcheck.hunt.case import DTYPES, FP8
 
-_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(:[\w-]+)?$")
+FP8_NOTE = "FP8 inputs, judged forward only (the FP8 kernels have no backward)"
+QUANT_NOTE = "quantized inputs (INT8 / FP4): judged forward only, as the simulator runs them"
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,8 @@ class Target:
         """The target's output for float64 CPU inputs (autograd flows back to them), as float64 on the CPU."""
         dt, dev = self.run_dtype(dtype), torch.device(self.device)
         q, k, v = (t.to(dev, dt) for t in (q, k, v))
-        mask = None if mask is None else mask.to(dev, dt if mask.is_floating_point() else torch.bool)
+        mdt = torch.float32 if dt.itemsize == 1 else dt  # FP8 kernels hold scores (and so the mask) in fp32
+        mask = None if mask is None else mask.to(dev, mdt if mask.is_floating_point() else torch.bool)
         kw = {"causal": causal, "scale": scale, "mask": mask} | ({"dtype": dtype} if self.kind == "preset" else {})
         if sink is not None and self.native_sink:
             kw["sink"] = sink
@@ -60,17 +65,18 @@ class Target:
 
 def sink_as_key(q, k, v, mask, causal: bool, sink: float):
     """K, V with one zero row appended and the additive mask [B|1, 1, Lq, Lk + 1] whose last column is the
-    sink logit (causal bottom-right over the real keys folded in)."""
+    sink logit (causal bottom-right over the real keys folded in); the mask in q's dtype, fp32 for FP8 q."""
     b, hkv, lk, d = k.shape
     lq = q.shape[-2]
     zeros = k.new_zeros(b, hkv, 1, d)
-    bias = torch.zeros(1, 1, lq, lk, dtype=q.dtype, device=q.device)
+    mdt = torch.float32 if q.dtype.itemsize == 1 else q.dtype
+    bias = torch.zeros(1, 1, lq, lk, dtype=mdt, device=q.device)
     if mask is not None:
-        bias = bias + (mask if mask.is_floating_point() else torch.where(mask, 0.0, -math.inf).to(q.dtype))
+        bias = bias + (mask.to(mdt) if mask.is_floating_point() else torch.where(mask, 0.0, -math.inf).to(mdt))
     if causal:
         keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         bias = bias.masked_fill(~keep, -math.inf)
-    column = torch.full((*bias.shape[:-1], 1), sink, dtype=q.dtype, device=q.device)
+    column = torch.full((*bias.shape[:-1], 1), sink, dtype=mdt, device=q.device)
     return (
         torch.cat([k, zeros], dim=-2),
         torch.cat([v, v.new_zeros(b, hkv, 1, v.shape[-1])], dim=-2),
@@ -117,7 +123,7 @@ def _preset_target(text: str, device: str) -> Target:
     dtypes = preset_dtypes(name)
     if not dtypes:
         raise ValueError(
-            f"target {text!r}: preset {name} takes none of the hunt's inputs (bf16, fp16, fp32); "
+            f"target {text!r}: preset {name} takes none of the hunt's inputs ({', '.join(DTYPES)}); "
             f"judge it with flashcheck compare --preset {name}"
         )
     if fmt and fmt not in dtypes:
@@ -127,16 +133,33 @@ def _preset_target(text: str, device: str) -> Target:
     def forward(q, k, v, *, dtype: str, **kw):
         return sim.configured(preset=name, fmt=dtype).forward(q, k, v, **kw)
 
-    return Target(text, "preset", forward, dtypes, device, float64_io=True, notes=("simulated on the CPU",))
+    fp8, quantized = dtypes[0] in FP8, _quantizes(name, dtypes[0])
+    notes = ("simulated on the CPU", *((FP8_NOTE,) if fp8 else (QUANT_NOTE,) if quantized else ()))
+    back = not (fp8 or quantized)
+    return Target(text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes)
+
+
+def _quantizes(name: str, dtype: str) -> bool:
+    """Whether preset `name` quantizes its inputs (SageAttention, the FP4 presets): the simulator runs those
+    forward only (kernels.flash refuses autograd through them)."""
+    from flashcheck.core.numerics import parse_format
+    from flashcheck.kernels.presets import kernel_preset
+    from flashcheck.kernels.quantized import uses_quantized_inputs
+
+    return uses_quantized_inputs(kernel_preset(name).policy(parse_format(dtype)))
 
 
 def preset_dtypes(name: str) -> tuple[str, ...]:
-    """The hunt's case dtypes (bf16, fp16, fp32) that kernel preset `name` runs (its policy accepts)."""
+    """The hunt's case dtypes that kernel preset `name` runs: of bf16, fp16 and fp32 those its policy accepts;
+    a preset whose own format is FP8 (fa3-fp8, fa4-fp8, fa3-fp8-fp22, as compare runs it) its FP8 formats
+    instead, its own first."""
     from flashcheck.core.numerics import parse_format
     from flashcheck.kernels.presets import kernel_preset
 
     preset, taken = kernel_preset(name), []
-    for dtype in ("bf16", "fp16", "fp32"):
+    own = preset.default_format
+    order = (own, *(f for f in FP8 if f != own)) if own in FP8 else ("bf16", "fp16", "fp32")
+    for dtype in order:
         try:
             preset.policy(parse_format(dtype))
         except ValueError:
@@ -147,6 +170,9 @@ def preset_dtypes(name: str) -> tuple[str, ...]:
 
 def _callable_target(text: str, device: str) -> Target:
     mod, _, attr = text.partition(":")
+    attr, _, fmt = attr.partition(":")
+    if fmt and fmt not in DTYPES:
+        raise ValueError(f"target {text!r}: format {fmt!r} is not allowed; expected one of {', '.join(DTYPES)}")
     try:
         fn = getattr(importlib.import_module(mod), attr)
     except (ImportError, AttributeError) as exc:
@@ -158,12 +184,15 @@ def _callable_target(text: str, device: str) -> Target:
     varkw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if not varkw and not {"causal", "scale", "mask"} <= takes:
         raise ValueError(f"target {text!r}: {attr} must take q, k, v and keywords causal, scale, mask (and sink)")
-    return Target(text, "callable", fn, ("fp32", "bf16", "fp16", "fp64"), device, native_sink=varkw or "sink" in takes)
+    dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
+    sink = varkw or "sink" in takes
+    return Target(text, "callable", fn, dtypes, device, native_sink=sink, backward=not fp8, notes=(FP8_NOTE,) * fp8)
 
 
 def parse_target(text: str, device: str = "cpu") -> Target:
     """A backend name (optionally NAME:FMT), a kernel preset of the simulator (PRESET or PRESET:FMT) or a user
-    callable package.module:function; ValueError names the value and what is allowed."""
+    callable package.module:function (with :FMT, one format: fp8-e4m3 and fp8-e5m2 hand it FP8 tensors);
+    ValueError names the value and what is allowed."""
     from flashcheck.backends import backend_names
     from flashcheck.kernels.presets import KERNEL_PRESETS
 

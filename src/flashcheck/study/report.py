@@ -8,6 +8,7 @@ import dataclasses
 import warnings
 from pathlib import Path
 
+from flashcheck.core.fileio import folder_problem
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
 from flashcheck.study import registry
@@ -67,8 +68,8 @@ def _tables(config: StudyConfig, records: dict[str, CaseRecord]) -> list[tuple[s
 
 
 def _load_config(folder: Path) -> StudyConfig:
-    if not folder.is_dir():
-        raise ValueError(f"{str(folder)!r} is not a folder; give the --out folder of `flashcheck study`")
+    if why := folder_problem(folder):
+        raise ValueError(f"{str(folder)!r} {why}; give the --out folder of `flashcheck study`")
     data = read_study_json(folder)
     if data is None:
         raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --out` first")

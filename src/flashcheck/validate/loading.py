@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import inside_folder, load_refusal, regular_file
+from flashcheck.core.fileio import folder_problem, inside_folder, load_refusal, regular_file
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.modelconfig import read_model_config
 
@@ -142,8 +142,8 @@ def resolve_model(model: str | Path | None) -> ModelInfo:
     """Describe the model in `model` (a folder; None: the bundled MiniLM). ValueError for a missing folder
     or one that holds no model (no config.json or no weights)."""
     folder = bundled_model_path() if model is None else Path(model)
-    if not folder.is_dir():
-        raise ValueError(f"MODEL {str(folder)!r} is not a folder; give a Hugging Face or sentence-transformers folder")
+    if why := folder_problem(folder):
+        raise ValueError(f"MODEL {str(folder)!r} {why}; give a Hugging Face or sentence-transformers folder")
     st = (folder / "modules.json").is_file()
     _check_files(folder)
     tpath, pooling, normalize, seq = _sentence_transformers_layout(folder) if st else (folder, "mean", False, None)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import flashcheck.questions.guide.claims as gc
+from flashcheck.core.fileio import folder_problem
 from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
 from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, guide_sweep
 from flashcheck.questions.guide.tasks import load_results, read_settings
@@ -22,8 +23,8 @@ from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
 
 def _load(folder: Path) -> tuple[StudyConfig, GuideSettings, list, dict[str, dict]]:
-    if not folder.is_dir():
-        raise ValueError(f"{str(folder)!r} is not a folder; give the --out folder of `flashcheck study --preset guide`")
+    if why := folder_problem(folder):
+        raise ValueError(f"{str(folder)!r} {why}; give the --out folder of `flashcheck study --preset guide`")
     data = read_study_json(folder)
     if data is None:
         raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --preset guide`")

@@ -15,10 +15,8 @@ import torch
 from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.measure.consistency import Shape, batch_invariance, certify, prefill_decode
 from flashcheck.measure.longcontext import VALUES, VARIANTS, measure_cell
+from flashcheck.questions.serving.schema import SDPA_TARGETS, SPLIT_TARGETS, check_unit
 from flashcheck.questions.serving.settings import ServingSettings
-
-SDPA_TARGETS = ("sdpa-math", "sdpa-flash")
-SPLIT_TARGETS = ("sim-fa3", "sim-fa3-fixed", "sim-flashinfer", "sim-flashinfer-fixed")
 
 
 def mma_missing() -> str | None:
@@ -129,5 +127,14 @@ def _run_units(root: Path, todo: list, quiet: bool) -> dict:
 
 
 def load_units(folder: str | Path) -> dict[str, dict]:
-    """The stored units by name."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(folder) / "serving").glob("*.json"))}
+    """The stored units by name, each read through core.jsonguard (never through a link: LinkRefused; bounded
+    nesting) and checked against its unit's schema (questions.serving.schema): ValueError of one line otherwise."""
+    from flashcheck.core.jsonguard import read_json
+
+    root = Path(folder) / "serving"
+    refuse_link(root, "the serving/ folder of the study")
+    units = {}
+    for path in sorted(root.glob("*.json")):
+        data = read_json(path, "a serving study unit", follow=False, constants=True)  # NaN: a measured value
+        units[path.stem] = check_unit(path.stem, data, str(path))
+    return units
