@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 
 import torch
+from tests.helpers import audited_figures
 
 from flashcheck.core.inputs import InputSpec, make_qkv, sink_delta
 from flashcheck.core.metrics import cos_sim, rel_l1
 from flashcheck.measure.collapse import closed_form
 from flashcheck.questions.modern.answer import modern_answer
+from flashcheck.questions.modern.figures import draw_sink_question, sink_gains
 from flashcheck.questions.modern.findings import (
     SAGE_PUBLISHED,
     conditions_text,
@@ -139,7 +141,7 @@ def test_sink_sweep_judges_moderate_scores_and_the_closed_form_predicts_the_meas
     assert found["modern_sink_static_scale_d7"]["estimate"] > 10  # no collapse left at S = 2^8
 
 
-def test_sink4_at_the_papers_setting_judges_its_closed_form_and_the_refined_form_explains_the_miss():
+def test_sink4_at_the_papers_setting_judges_its_closed_form_and_the_refined_form_explains_the_miss(tmp_path):
     """A tiny real sweep at 2606.06521's own setting (4 sink tokens, i.i.d. scores): at score 6 its leading-order form
     Phi(Delta + delta_k - 6.93), delta_k = E[max of 4 normals], predicts the collapsed fraction within 10%; at score 4
     it misses by over 1.5x (E[Phi(Delta + M - 6.93)] over the sinks' maximum M is far larger in the tail), and the
@@ -164,3 +166,9 @@ def test_sink4_at_the_papers_setting_judges_its_closed_form_and_the_refined_form
     (text,) = modern_answer(list(found.values()))
     own, _, paper = text.partition("At 2606.06521's own setting (4 sink tokens, i.i.d. scores): ")
     assert "within 10% at scores 6" in own and "not at 4 (" in paper and "the form averaged over the 4 sinks'" in paper
+    series = dict(sink_gains(sweep_points(sw, records)))  # the figure: each fix's gain per setting and score
+    assert [d for d, _ in series["S = 2^8, 4 sink tokens (the paper's)"]] == [4.0, 6.0]
+    assert series["reverse KV order, one sink key"][0][1].value == found["modern_sink_reverse_d6"]["estimate"]
+    with audited_figures(save=False) as seen:
+        draw_sink_question(sw, sweep_points(sw, records), tmp_path / "modern_sink.png", "modern_sink")
+    assert [problems for _, problems, _ in seen] == [[]]

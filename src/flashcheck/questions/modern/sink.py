@@ -29,7 +29,7 @@ SETTINGS = {
 SINK_IDS = tuple(f"{prefix}_" for prefix, _, _ in SETTINGS.values())  # every sink finding's id starts with one
 
 
-def _ratio(points: list[Point], a: str, b: str) -> Estimate | None:
+def mse_ratio(points: list[Point], a: str, b: str) -> Estimate | None:
     """MSE of a / MSE of b from their relative L2 errors on the same inputs."""
     num, den = paired(points, a, b)
     return ratio_interval([x * x for x in num], [x * x for x in den]) if num else None
@@ -53,7 +53,7 @@ def sink_findings(points: list[Point], records: dict | None = None) -> list[dict
             said = f"a {kind} sink{where} (score {delta:g}{spread}: the closed form collapses {phi:.1%} of P)"
             for key, method, what in SINK_FIXES:
                 fid = f"{prefix}_{key}_d{delta:g}"
-                out.append(_fix_finding(fid, said, kind, what, _ratio(at, P_FP8, method)))
+                out.append(_fix_finding(fid, said, kind, what, mse_ratio(at, P_FP8, method)))
             out.append(_collapse_finding(delta, n_sinks, records or {}))
     return out
 
