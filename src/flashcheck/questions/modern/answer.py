@@ -262,18 +262,25 @@ def _sink_at(by: dict, prefix: str) -> str | None:
             text.append(f"At a {kind} sink (score {_join(sorted({f'{_score(f):g}' for f in got}))}): {said}.")
     coll = [f for f in rows if f["id"].startswith(f"{prefix}collapse_d")]
     if coll:
-        good = [f for f in coll if f["status"] == "holds"]
-        bad = [f for f in coll if f["status"] != "holds"]
-        at = _join([f"{_score(f):g}" for f in good]) if good else "no score"
-        nums = ", ".join(_num(f) for f in good)
-        tail = f", not at {_join([f'{_score(f):g} ({_num(f)}{_refined(f)})' for f in bad])}" if bad else ""
-        text.append(
-            f"2606.06521's closed form predicts the fraction of P that collapses to zero within 10% at scores {at}"
-            + (f" (measured / closed form {nums})" if nums else "")
-            + tail
-            + "."
-        )
+        text.append(_collapse_sentence(coll))
     return " ".join(text) or None
+
+
+def _collapse_sentence(coll: list[dict]) -> str:
+    """The closed form against the measured collapse, by verdict: within 10% at some scores, missing at others, and
+    where the interval crosses the band's edge (inconclusive), each miss with the form refined for the inputs."""
+    by: dict[str, list[dict]] = {"holds": [], "does not hold": [], "inconclusive": []}
+    for f in coll:
+        by.setdefault(f["status"], []).append(f)
+    parts = []
+    if by["holds"]:
+        scores, nums = _join([f"{_score(f):g}" for f in by["holds"]]), ", ".join(map(_num, by["holds"]))
+        parts.append(f"holds within 10% at scores {scores} (measured / closed form {nums})")
+    for status, words in (("does not hold", "misses by more than 10% at"),
+                          ("inconclusive", "cannot be told within 10% (the interval crosses the band's edge) at")):
+        if by[status]:
+            parts.append(f"{words} {_join([f'{_score(f):g} ({_num(f)}{_refined(f)})' for f in by[status]])}")
+    return "2606.06521's closed form of the fraction of P that collapses to zero " + "; it ".join(parts) + "."
 
 
 def _refined(f: dict) -> str:
