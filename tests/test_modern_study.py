@@ -37,19 +37,21 @@ def test_modern_findings_and_conclusion_from_points():
     pts = {
         "modern_fa4": [_pt(FA2, [1.0, 2.0, 3.0]), _pt(FA4, [1.01, 2.0, 3.02])],
         "modern_lowp": [_pt(FA3_FP8, [1.0, 1.0, 1.0]), _pt("flash:fa4-fp4", [3.0, 3.3, 2.9])],
-        "modern_sage": [_pt("flash:sage2", [0.5, 0.6, 0.55])],
+        "modern_sage": [_pt("flash:sage2-hopper", [0.5, 0.6, 0.55])],
         "modern_sink": [_pt(P_FP8, [2.0, 2.2, 1.9], "sink"), _pt(SINK_METHODS[2], [0.2, 0.21, 0.2], "sink")],
     }
     by = {f["id"]: f for f in modern_findings(pts)}
     assert by["modern_fa4_bf16"]["status"] == "holds"
     assert by["modern_fa4-fp4_vs_fa3_fp8"]["status"] == "does not hold"
-    assert by["modern_sage2_vs_fa3_fp8"]["status"] == "holds"
+    assert by["modern_sage2-hopper_vs_fa3_fp8"]["status"] == "holds"
     assert math.isclose(by["modern_sink_static_scale_d8"]["estimate"], 100.0, rel_tol=0.05)  # MSE: squared ratio
     assert by["modern_sink_reverse_d8"]["status"] == "not measured"
-    assert by["modern_sage2_dominant_stage"]["status"] == "not measured"
-    stages = [_pt("flash:sage2", [1.0, 1.1, 0.9])]
-    stages += [_pt(f"flash:sage2,{s}=fp64", [x * (0.3 if s == "p" else 0.99) for x in (1.0, 1.1, 0.9)]) for s in RAISED]
-    f = {f["id"]: f for f in modern_findings(pts | {"modern_sage_stages": stages})}["modern_sage2_dominant_stage"]
+    assert by["modern_sage2-hopper_dominant_stage"]["status"] == "not measured"
+    hopper = "flash:sage2-hopper"  # SageAttention2 named by its GPU (alias sage2)
+    stages = [_pt(hopper, [1.0, 1.1, 0.9])]
+    stages += [_pt(f"{hopper},{s}=fp64", [x * (0.3 if s == "p" else 0.99) for x in (1.0, 1.1, 0.9)]) for s in RAISED]
+    found = {f["id"]: f for f in modern_findings(pts | {"modern_sage_stages": stages})}
+    f = found["modern_sage2-hopper_dominant_stage"]
     assert f["measured"].startswith("dominant stage p") and f["status"] == "holds"
     said = modern_sentences(list(by.values()))
     assert said[0][1] == "modern_fa4" and "2606.06521" in said[-1][0]

@@ -34,14 +34,15 @@ def test_the_modern_answer_calls_a_wide_interval_inconclusive_with_its_range():
     from flashcheck.questions.modern.answer import _in_short, _versus
 
     by = {f["id"]: f for f in (_modern_finding("fa4-fp8", 1.23, (0.967, 1.57), "inconclusive"),
-                               _modern_finding("sage2", 1.0, (0.95, 1.04), "inconclusive"))}  # fmt: skip
+                               _modern_finding("sage2-hopper", 1.0, (0.95, 1.04), "inconclusive"))}  # fmt: skip
     short = _in_short(by)
     assert "fa4-fp8 against FA3's FP8 path is inconclusive: between 3% less and 57% more" in short
-    assert "sage2 shows no measurable difference from FA3's FP8 path (within 10%)" in short
+    assert "sage2-hopper shows no measurable difference from FA3's FP8 path (within 10%)" in short
     assert "fa4-fp8 shows no measurable difference" not in short
-    clauses = _versus(by, ("flash:fa4-fp8", "flash:sage2"))
+    clauses = _versus(by, ("flash:fa4-fp8", "flash:sage2-hopper"))
     assert any(c.startswith("FA4's FP8 path (fa4-fp8) is inconclusive: between 3% less and 57% more") for c in clauses)
-    assert any("(sage2) shows no measurable difference (within 10% either way)" in c for c in clauses)
+    assert any("on Hopper (H100, sm90: FP22 accumulator) (sage2-hopper) shows no measurable difference (within 10% "
+               "either way)" in c for c in clauses)  # the report says the GPU
 
 
 def _mixed_points(ratios_by_length: dict[int, list[float]]):

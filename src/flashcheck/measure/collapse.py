@@ -10,6 +10,7 @@ import threading
 
 import torch
 
+from flashcheck.core.inputs import sink_delta, sink_tokens
 from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash_attention
 
@@ -45,19 +46,51 @@ def closed_form(delta: float, p_scale: float = 1.0, delta_k: float = 0.0, sigma:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
+def _max_density(k_sink: int) -> tuple[list[float], list[float], float]:
+    """The density of the maximum of k_sink i.i.d. N(0, 1) on a grid over [-8, 8]: (points, density, step)."""
+    xs = [-8.0 + 16.0 * i / 4000 for i in range(4001)]
+    cdf = [0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) for x in xs]
+    norm = 1.0 / math.sqrt(2 * math.pi)
+    dens = [k_sink * f ** (k_sink - 1) * math.exp(-x * x / 2) * norm for x, f in zip(xs, cdf, strict=True)]
+    return xs, dens, xs[1] - xs[0]
+
+
+def expected_max(k_sink: int) -> float:
+    """E[max of k_sink i.i.d. N(0, 1)] by quadrature: the paper's delta_k (1.029 for 4 sinks; 0 for one sink key
+    scored Delta exactly, the study's "sink:DELTA")."""
+    if k_sink == 1:
+        return 0.0
+    xs, dens, h = _max_density(k_sink)
+    return sum(x * w for x, w in zip(xs, dens, strict=True)) * h
+
+
 def closed_form_sinks(delta: float, k_sink: int = 4, p_scale: float = 1.0) -> tuple[float, float]:
     """At the paper's setting (k_sink sinks scored delta + N(0, 1), the other scores N(0, 1), forward order):
     (its leading-order form Phi(Delta + delta_k - 6.93 - ln S) with delta_k = E[max of k_sink normals], the
     expectation E[Phi(Delta + M - 6.93 - ln S)] over that maximum M), the second by quadrature."""
-    xs = [-8.0 + 16.0 * i / 4000 for i in range(4001)]
-    phi = [0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) for x in xs]
-    dens = [
-        k_sink * f ** (k_sink - 1) * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) for x, f in zip(xs, phi, strict=True)
-    ]
-    h = xs[1] - xs[0]
-    mean_max = sum(x * w for x, w in zip(xs, dens, strict=True)) * h
+    xs, dens, h = _max_density(k_sink)
     expect = sum(closed_form(delta + x, p_scale) * w for x, w in zip(xs, dens, strict=True)) * h
-    return closed_form(delta, p_scale, mean_max), expect
+    return closed_form(delta, p_scale, expected_max(k_sink)), expect
+
+
+def paper_form(delta: float, k_sink: int, p_scale: float = 1.0) -> float:
+    """2606.06521's closed form as it states it: Phi(Delta + delta_k - 6.93 - ln S), delta_k the expected maximum
+    of the k_sink sinks' N(0, 1) score parts (0 for one sink key scored Delta exactly: the study's "sink:DELTA")."""
+    return closed_form(delta, p_scale, expected_max(k_sink))
+
+
+def refined_form(q: torch.Tensor, k: torch.Tensor, distribution: str, p_scale: float = 1.0) -> float:
+    """The closed form refined for these inputs' own setting, where the paper's leading order misses: for
+    "sink4:DELTA" E[Phi(Delta + M - 6.93 - ln S)] over the sinks' maximum M, times (Lk - 4) / (Lk - 1) (three of the
+    four sinks count as non-sink P values and never flush); for "sink:DELTA" the mean over rows of their spreads
+    (closed_form_rows). q [B, H, Lq, D], k [B, H, Lk, D]."""
+    delta, n = sink_delta(distribution), sink_tokens(distribution)
+    if delta is None:
+        raise ValueError(f"distribution={distribution!r} is not a sink distribution (sink:DELTA or sink4:DELTA)")
+    if n == 1:
+        return closed_form_rows(q, delta, p_scale)
+    lk = k.shape[-2]
+    return closed_form_sinks(delta, n, p_scale)[1] * (lk - n) / (lk - 1)
 
 
 def closed_form_rows(q: torch.Tensor, delta: float, p_scale: float = 1.0) -> float:

@@ -250,10 +250,11 @@ def _evaluate_group(cases: list[Case], emit: Callable[[CaseRecord], None], devic
         return 0
     refs = References(cases[0].input_spec(), causal=cases[0].causal, device=device)
     stats = input_stats(refs.q, refs.k, refs.v, causal=refs.causal, mask=refs.mask)
-    if sink_delta(cases[0].distribution) is not None:  # sink:DELTA: the P-collapse fraction too (for a sink question)
-        from flashcheck.measure.collapse import collapse_fraction
+    if sink_delta(cases[0].distribution) is not None:  # sink inputs: the P-collapse fraction and its closed form too
+        from flashcheck.measure.collapse import collapse_fraction, refined_form
 
-        stats = stats | {"p_collapse": collapse_fraction(refs.q, refs.k, refs.v)}
+        form = refined_form(refs.q, refs.k, cases[0].distribution)
+        stats = stats | {"p_collapse": collapse_fraction(refs.q, refs.k, refs.v), "p_collapse_form": form}
     for c in cases:
         rec = run_case(c.measure_case(device), refs)
         errs, errs_r = dict(rec.candidate), dict(rec.candidate_rounded)

@@ -4,7 +4,7 @@ preset, verdicts, the Answer (or its one line after another set's), sentences an
 from __future__ import annotations
 
 from flashcheck.questions.modern.answer import modern_answer
-from flashcheck.questions.modern.figures import draw_stage_question
+from flashcheck.questions.modern.figures import draw_sink_question, draw_stage_question
 from flashcheck.questions.modern.findings import (
     NOTES,
     THEIRS_VS_OURS,
@@ -42,9 +42,9 @@ TITLES = {  # the report's headings (each question's id stays its anchor)
     "modern_fa4": "FlashAttention-4 (bf16) against FA2",
     "modern_lowp": "FP8 and FP4 kernels against FA3's FP8 path",
     "modern_sage": "SageAttention kernels",
-    "modern_sink": "P collapse with a sink key",
-    "modern_stages": 'Where the FP8/FP4 kernels" error comes from',
-    "modern_sage_stages": 'Where SageAttention"s error comes from',
+    "modern_sink": "P collapse with a sink: one sink key and the paper's 4 sink tokens",
+    "modern_stages": "Where the FP8/FP4 kernels' error comes from",
+    "modern_sage_stages": "Where SageAttention's error comes from",
 }
 
 
@@ -56,5 +56,5 @@ QUESTION_SET = QuestionSet(
     report=report_part,
     titles=TITLES,
     notes=NOTES,
-    draw=dict.fromkeys(STAGE_PRESETS, draw_stage_question),  # one panel per preset (issue 34)
+    draw=dict.fromkeys(STAGE_PRESETS, draw_stage_question) | {"modern_sink": draw_sink_question},
 )

@@ -25,8 +25,10 @@ PLAIN = {  # the presets in words (kernels.presets_modern cites each one's sourc
     "fa4-fp4": "FA4's FP4 path",
     "sage3-fp4": "SageAttention3",
     "sage1": "SageAttention",
-    "sage2": "SageAttention2's 8-bit kernel",
-    "sage2pp": "SageAttention2++",
+    "sage2-hopper": "SageAttention2's 8-bit kernel on Hopper (H100, sm90: FP22 accumulator)",
+    "sage2-ada": "SageAttention2's 8-bit kernel on Ada (RTX 4090, sm89: SageAttention2++'s fp16 accumulator)",
+    "sage2": "SageAttention2's 8-bit kernel (alias of sage2-hopper)",
+    "sage2pp": "SageAttention2++ (alias of sage2-ada)",
     "sage2-4b": "SageAttention2's INT4 kernel",
 }
 
@@ -227,7 +229,16 @@ def _score(f: dict) -> float:
 
 
 def _sink(by: dict) -> str | None:
-    rows = sorted((f for k, f in by.items() if k.startswith("modern_sink_") and f.get("status") != "not measured"),
+    """The sink sentences at the study's own setting (one sink key), then at 2606.06521's (four sink tokens)."""
+    own = _sink_at(by, "modern_sink_")
+    paper = _sink_at(by, "modern_sink4_")
+    if paper:
+        paper = f"At 2606.06521's own setting (4 sink tokens, i.i.d. scores): {paper[0].lower()}{paper[1:]}"
+    return " ".join(t for t in (own, paper) if t) or None
+
+
+def _sink_at(by: dict, prefix: str) -> str | None:
+    rows = sorted((f for k, f in by.items() if k.startswith(prefix) and f.get("status") != "not measured"),
                   key=_score)  # fmt: skip
     if not rows:
         return None
@@ -237,7 +248,7 @@ def _sink(by: dict) -> str | None:
     if moderate:
         parts = []
         for key, what in fixes:
-            got = [f for f in rows if f["id"].startswith(f"modern_sink_{key}_d") and _score(f) in moderate]
+            got = [f for f in rows if f["id"].startswith(f"{prefix}{key}_d") and _score(f) in moderate]
             if got:
                 parts.append(f"{what} " + ", ".join(f"{_num(f)} at {_score(f):g} ({_band_words(f)})" for f in got))
         scores = _join([f"{d:g}" for d in moderate])
@@ -246,23 +257,36 @@ def _sink(by: dict) -> str | None:
     for kind in ("weak", "strong"):
         got = [f for f in rows if f["claim"].startswith(f"with a {kind} sink") and "_collapse_" not in f["id"]]
         if got:
-            said = "; ".join(f"{dict(fixes)[f['id'].split('_d')[0].removeprefix('modern_sink_')]} {_num(f)}"
+            said = "; ".join(f"{dict(fixes)[f['id'].split('_d')[0].removeprefix(prefix)]} {_num(f)}"
                              for f in got)  # fmt: skip
             text.append(f"At a {kind} sink (score {_join(sorted({f'{_score(f):g}' for f in got}))}): {said}.")
-    coll = [f for f in rows if f["id"].startswith("modern_sink_collapse_d")]
+    coll = [f for f in rows if f["id"].startswith(f"{prefix}collapse_d")]
     if coll:
-        good = [f for f in coll if f["status"] == "holds"]
-        bad = [f for f in coll if f["status"] != "holds"]
-        at = _join([f"{_score(f):g}" for f in good]) if good else "no score"
-        nums = ", ".join(_num(f) for f in good)
-        tail = f", not at {_join([f'{_score(f):g} ({_num(f)})' for f in bad])}" if bad else ""
-        text.append(
-            f"2606.06521's closed form predicts the fraction of P that collapses to zero within 10% at scores {at}"
-            + (f" (measured / closed form {nums})" if nums else "")
-            + tail
-            + "."
-        )
+        text.append(_collapse_sentence(coll))
     return " ".join(text) or None
+
+
+def _collapse_sentence(coll: list[dict]) -> str:
+    """The closed form against the measured collapse, by verdict: within 10% at some scores, missing at others, and
+    where the interval crosses the band's edge (inconclusive), each miss with the form refined for the inputs."""
+    by: dict[str, list[dict]] = {"holds": [], "does not hold": [], "inconclusive": []}
+    for f in coll:
+        by.setdefault(f["status"], []).append(f)
+    parts = []
+    if by["holds"]:
+        scores, nums = _join([f"{_score(f):g}" for f in by["holds"]]), ", ".join(map(_num, by["holds"]))
+        parts.append(f"holds within 10% at scores {scores} (measured / closed form {nums})")
+    for status, words in (("does not hold", "misses by more than 10% at"),
+                          ("inconclusive", "cannot be told within 10% (the interval crosses the band's edge) at")):
+        if by[status]:
+            parts.append(f"{words} {_join([f'{_score(f):g} ({_num(f)}{_refined(f)})' for f in by[status]])}")
+    return "2606.06521's closed form of the fraction of P that collapses to zero " + "; it ".join(parts) + "."
+
+
+def _refined(f: dict) -> str:
+    """'; the form averaged over ...: 0.93x [...]' from a collapse finding's measured text ('' where it has none)."""
+    refined = f["measured"].partition("; measured / the form ")[2].partition("; measured / closed form")[0]
+    return f"; the form {refined}" if refined else ""
 
 
 def modern_answer(found: list[dict], *, brief: bool = False) -> list[str]:

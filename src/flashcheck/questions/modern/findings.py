@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-from flashcheck.core.inputs import sink_delta
 from flashcheck.questions.modern.presets import (
     FA2,
     FA3_FP8,
@@ -19,23 +18,23 @@ from flashcheck.questions.modern.presets import (
     FA4_THR,
     FP22,
     LOWP,
-    P_FP8,
     QUESTIONS,
     RAISED,
     SAGE,
-    SINK_METHODS,
     STAGE_PRESETS,
     sub_raised,
 )
-from flashcheck.reporting.verdicts import Estimate, band, ratio_interval
+from flashcheck.questions.modern.sink import PUBLISHED as SINK_PUBLISHED
+from flashcheck.questions.modern.sink import SINK_IDS, sink_findings
+from flashcheck.questions.paper.presets import FA3_TABLE3_SOURCE, FA3_TABLE3_UNSTATED
+from flashcheck.reporting.verdicts import Estimate, ratio_interval
 from flashcheck.study.points import NOT_MEASURED, Point, finding, paired, ratio_text
 
 # What the papers publish beside each question (quoted, not measured here).
 PUBLISHED = {
     "fa4": "FlashAttention-4 (flash_attn/cute) ships the emulated exp2 and rescale_threshold 8 as speed "
     "features; no accuracy figure is published for them",
-    "sink": "arXiv 2606.06521: 3-10x lower MSE at moderate sink strengths from reverse KV order or S = 2^8, "
-    "the two fixes saturating to the same floor",
+    "sink": SINK_PUBLISHED,
     "fp8": "no accuracy figure is published for FA4's FP8/FP4 path; FA3 (arXiv 2407.08608, Table 3) reports "
     "FP8 RMSE 9.1e-03 with block quantisation + Hadamard against 2.4e-02 per tensor (outlier inputs)",
     "fp22": "SageAttention2 (arXiv 2411.10958): the FP8 MMA accumulator on Ada/Hopper keeps 13 mantissa bits "
@@ -95,13 +94,6 @@ def _judged(fid: str, claim: str, est: Estimate | None, what: str, verdict, pape
     return finding(fid, claim, f"{what}: {ratio_text(est)}", verdict(est), paper=paper, section=section)
 
 
-# arXiv 2606.06521: forward order scales P by exp(z - Delta) * S against the sink's running max; e4m3 flushes
-# what falls below 2^-10 (half its smallest subnormal), so z < Delta + delta_k - 10 ln 2 - ln S collapses to zero.
-E4M3_FLUSH = 10 * math.log(2)  # 6.93
-MODERATE = (0.01, 0.6)  # a "moderate" sink (the paper gives no number): the closed form collapses 1% to 60% of P
-COLLAPSE_BAND = (0.9, 1.1)  # "predicts": measured / closed form within 10%
-SINK_FIXES = (("reverse", SINK_METHODS[1], "reverse KV order"), ("static_scale", SINK_METHODS[2], "S = 2^8"))
-
 # SageAttention's published accuracy (cos-sim and relative L1 of the attention output against full precision),
 # at the condition closest to each preset; None where no figure was found in the stored copies of the papers.
 # 2411.10958 v1's Table 4 was read from a transcription of its tables (its INT4 + FP16 row, 99.45% / 0.0649 /
@@ -117,10 +109,10 @@ SAGE_PUBLISHED: dict[str, tuple[float, float, str] | None] = {
 SAGE_UNPUBLISHED = {
     "flash:sage1": "SageAttention (arXiv 2410.02367) reports cos-sim, relative L1 and RMSE for its data-type "
     "choices averaged over layers; its figure for this kernel was not found in the stored copies",
-    "flash:sage2": "SageAttention2 (arXiv 2411.10958) reports its 8-bit kernel (SageAttn2-8b) by end-to-end "
+    "flash:sage2-hopper": "SageAttention2 (arXiv 2411.10958) reports its 8-bit kernel (SageAttn2-8b) by end-to-end "
     "metrics; no cos-sim for it was found",
-    "flash:sage2pp": "SageAttention2++ (arXiv 2505.21136): 'the same attention accuracy as SageAttention2', no "
-    "figure of its own",
+    "flash:sage2-ada": "SageAttention2++ (arXiv 2505.21136; its fp16 accumulator is what sageattn runs on Ada): 'the "
+    "same attention accuracy as SageAttention2', no figure of its own",
     "flash:sage3-fp4": "SageAttention3 (arXiv 2505.11594): no cos-sim or relative-L1 figure found in the stored copies",
 }
 SAGE_ROWS = (*SAGE, "flash:sage3-fp4")
@@ -128,67 +120,6 @@ THEIRS_VS_OURS = (
     "Theirs: real model layers (CogvideoX video tokens, head dim 64, GPU kernels, against full-precision "
     "attention); ours: simulated kernels on Gaussian, outlier and captured MiniLM inputs (L=1024, D=32) against FP64."
 )
-
-
-def closed_form(delta: float, p_scale: float = 1.0, delta_k: float = 0.0) -> float:
-    """2606.06521's collapsed fraction Phi(Delta + delta_k - 6.93 - ln S) of non-sink P values (scores ~ N(0, 1))."""
-    x = delta + delta_k - E4M3_FLUSH - math.log(p_scale)
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
-def _sink_strength(delta: float) -> tuple[float, str]:
-    phi = closed_form(delta)
-    kind = "moderate" if MODERATE[0] <= phi <= MODERATE[1] else "weak" if phi < MODERATE[0] else "strong"
-    return phi, kind
-
-
-def sink_findings(points: list[Point], records: dict | None = None) -> list[dict]:
-    """Per sink score: each fix's MSE gain (judged against the paper's 3-10x at moderate scores, else only "it
-    lowers the MSE"), and the measured collapsed fraction (record stats p_collapse) against the closed form."""
-    from flashcheck.reporting.verdicts import compare
-
-    out = []
-    for delta in sorted({d for p in points if (d := sink_delta(p.distribution)) is not None}):
-        at = [p for p in points if sink_delta(p.distribution) == delta]
-        phi, kind = _sink_strength(delta)
-        where = f"a {kind} sink (score {delta:g}: the closed form collapses {phi:.1%} of P)"
-        for key, method, what in SINK_FIXES:
-            est = _ratio(at, P_FP8, method, square=True)
-            if kind == "moderate":
-                claim, verdict = f"with {where}, {what} lowers the P-cast MSE by the paper's 3-10x", _band_3_10
-            else:
-                claim = f"with {where}, outside the paper's moderate range, {what} lowers the P-cast MSE"
-                verdict = lambda e: compare(e, above=True)  # noqa: E731
-            fid = f"modern_sink_{key}_d{delta:g}"
-            what_ratio = f"MSE of forward S=1 / {what}"
-            out.append(_judged(fid, claim, est, what_ratio, verdict, PUBLISHED["sink"], "modern_sink"))
-        out.append(_collapse_finding(delta, phi, records or {}))
-    return out
-
-
-def _band_3_10(est: Estimate):
-    return band(est, 3.0, 10.0)
-
-
-def _collapse_finding(delta: float, phi: float, records: dict) -> dict:
-    fracs = sorted(
-        ((r.case.seed, r.stats["p_collapse"]) for r in records.values()
-         if r.case.method == P_FP8 and sink_delta(r.case.distribution) == delta and "p_collapse" in (r.stats or {})),
-    )  # fmt: skip
-    seen = dict(fracs)  # one per input set
-    claim = (
-        f"2606.06521's closed form Phi(Delta + delta_k - 6.93 - ln S) predicts the collapsed fraction we measure "
-        f"within 10% (score {delta:g}, forward order, S = 1, delta_k = 0 for one sink key: {phi:.3g})"
-    )
-    paper = "arXiv 2606.06521: a fraction Phi(Delta + delta_k - 6.93 - ln S) of non-sink P values underflows e4m3"
-    fid = f"modern_sink_collapse_d{delta:g}"
-    if not seen or phi <= 0:
-        return finding(fid, claim, NOT_MEASURED, None, paper=paper, section="modern_sink")
-    vals = list(seen.values())
-    est = ratio_interval(vals, [phi] * len(vals))
-    measured = f"{sum(vals) / len(vals):.3g} of non-sink P flushed; measured / closed form: {ratio_text(est)}"
-    verdict = band(est, *COLLAPSE_BAND)
-    return finding(fid, claim, measured, verdict, paper=paper, section="modern_sink")
 
 
 def _geo(xs: list[float]) -> Estimate:
@@ -249,15 +180,19 @@ PUBLISHED_CONDITIONS: dict[str, dict[str, object]] = {
                        "seq_len": None, "metric": "relative L1 against full precision, GPU kernel"},
     FA3_FP8: {"inputs": "N(0, 1) + N(0, 100) x Bernoulli(0.001) in every entry of Q, K, V",
               "ours_inputs": "outliers", "head_dim": None, "seq_len": None,
-              "metric": "RMSE (absolute) against an FP64 reference"},
+              "metric": "RMSE (absolute) against an FP64 reference",
+              "also_unstated": tuple(x for x in FA3_TABLE3_UNSTATED if x not in ("sequence length", "head dim")),
+              "source": FA3_TABLE3_SOURCE},
 }  # fmt: skip
 
 
 def conditions_text(cond: dict) -> str:
-    """The paper's conditions in words, 'not stated' where it gives none."""
+    """The paper's conditions in words, 'not stated' where it gives none (and what else it leaves unstated)."""
     size = ", ".join(f"{k.replace('_', ' ')} {cond[k] if cond[k] is not None else 'not stated'}"
                      for k in ("seq_len", "head_dim"))  # fmt: skip
-    return f"{cond['inputs']}; {size}; {cond['metric']}"
+    more = f"; also not stated: {', '.join(cond['also_unstated'])}" if cond.get("also_unstated") else ""
+    where = f" ({cond['source']})" if cond.get("source") else ""
+    return f"{cond['inputs']}; {size}; {cond['metric']}{more}{where}"
 
 
 def matched(cond: dict, dist: str, seq_lens: set[int], head_dims: set[int]) -> bool:
@@ -391,8 +326,7 @@ def modern_sentences(found: list[dict]) -> list[tuple[str, str]]:
         done = [f"{n} {said(f'modern_{n}_vs_fa3_fp8')}" for n in names]
         return "; ".join(d for d in done if not d.endswith(" not measured")) or "not measured"
 
-
-    sink = [f for k, f in by.items() if k.startswith("modern_sink_") and f["status"] != "not measured"]
+    sink = [f for k, f in by.items() if k.startswith(SINK_IDS) and f["status"] != "not measured"]
     sink_text = "; ".join(f"{f['claim']}: {f['measured']} ({f['status']})" for f in sink) or "not measured"
 
     def vs(methods) -> list[str]:
@@ -436,9 +370,12 @@ NOTES = {
     "statistics; fa4-bf16 adds FA4's emulated exp2 (ex2_emu_freq 10), rescale_threshold 8 and rcp.approx.",
     "modern_lowp": "Metric rel-L2 vs FP64 of the original inputs (so FP8/FP4 input rounding counts). Presets: "
     "kernels.presets_modern (each cites its source).",
-    "modern_sage": "SageAttention presets at their own tiles (128 x 64): INT8/INT4 Q, K with smoothing, "
-    "FP8 or fp16 P and V, the FP22 / fp16 accumulators.",
-    "modern_sink": "The sink distributions sink:DELTA: every row scores key 0 at DELTA and the rest ~ N(0, 1). Q, K, "
-    "V in fp32; only P is cast to e4m3 (2606.06521's kernel-faithful setting). A sink counts as moderate where "
-    "the closed form collapses 1-60% of P (the paper gives no number).",
+    "modern_sage": "SageAttention presets at 128 x 64 tiles (SageAttention1's and the Ada kernels' own; the Hopper "
+    "kernel's are 64 x 128, run here at Ada's so that one sweep holds all four): INT8/INT4 Q, K with smoothing, FP8 "
+    "or fp16 P and V, the FP22 (sage2-hopper, H100) / fp16 (sage2-ada, RTX 4090: SageAttention2++) accumulators.",
+    "modern_sink": "Two sink settings. The study's own, sink:DELTA: every row scores key 0 at DELTA and the rest ~ "
+    "N(0, |q|^2 / D), a spread that differs by row. The paper's, sink4:DELTA (arXiv 2606.06521): keys 0-3 scored "
+    "DELTA + N(0, 1), every other score i.i.d. N(0, 1). Q, K, V in fp32; only P is cast to e4m3 (the paper's "
+    "kernel-faithful setting). A sink counts as moderate where the closed form collapses 1-60% of P (the paper gives "
+    "no number).",
 }

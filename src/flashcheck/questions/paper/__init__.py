@@ -9,7 +9,7 @@ from flashcheck.questions.paper.answer import answer as paper_answer  # aliased:
 from flashcheck.questions.paper.conclusion import conclusion as paper_conclusion
 from flashcheck.questions.paper.figures import draw_fa3
 from flashcheck.questions.paper.findings import findings as paper_findings
-from flashcheck.questions.paper.presets import FA3_PAPER_RMSE, fa3, paper
+from flashcheck.questions.paper.presets import FA3_PAPER_RMSE, FA3_TABLE3_SOURCE, FA3_TABLE3_UNSTATED, fa3, paper
 from flashcheck.study.part import Part, Study
 from flashcheck.study.registry import QuestionSet
 
@@ -23,7 +23,10 @@ NOTES = {
     "square": "At equal area the tiles differ in Bc; a square tile sits where its Bc puts it.",
     "backends": "Metric rel-L2. A real backend's baseline is eager PyTorch in the same dtype; the simulator's "
     "is standard attention under the same policy.",
-    "fa3": "Metric RMSE with outlier inputs; the comparisons are the verdicts fa3_fp16 and fa3_fp8.",
+    "fa3": "Metric RMSE with outlier inputs; the comparisons are the verdicts fa3_fp16 and fa3_fp8. The paper column "
+    f"is Table 3 ({FA3_TABLE3_SOURCE}), which states its inputs, metric and baselines but not its "
+    f"{', '.join(FA3_TABLE3_UNSTATED)}: an absolute RMSE beside ours is at unlike conditions (no verdict); the "
+    "verdicts judge the ratios Baseline / FA2 FP16 and Baseline FP8 / FA3 FP8.",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from flashcheck.questions.paper.presets import FA3_PAPER_RMSE
+from flashcheck.questions.paper.presets import FA3_PAPER_RMSE, FA3_TABLE3_SOURCE, FA3_TABLE3_STATED, FA3_TABLE3_UNSTATED
 from flashcheck.reporting.verdicts import Verdict, compare, ratio_interval, structural, trend
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.points import NOT_MEASURED, Point, finding, paired, ratio_text, sweep_points
@@ -162,9 +162,7 @@ FA3_PAIRS = (
 FA3_BASE = {"flash:fp16-mixed": "standard:fp16", "flash:fa3-fp8": "standard:baseline-fp8"}
 # Table 3's conditions as the paper states them (the ratios are compared; its absolute RMSE moves with the head
 # dim and the length, which it does not state)
-FA3_CONDITIONS = (
-    "theirs: N(0, 1) + N(0, 100) x Bernoulli(0.001) inputs, RMSE against FP64, length and head dim not stated"
-)
+FA3_CONDITIONS = f"theirs: {FA3_TABLE3_STATED}; not stated: {', '.join(FA3_TABLE3_UNSTATED)} ({FA3_TABLE3_SOURCE})"
 
 
 def _join_sizes(xs) -> str:
