@@ -1,4 +1,4 @@
-"""study.pool: a worker killed at any instant costs only its own job, and the pool always stops."""
+"""core.pool: a worker killed at any instant costs only its own job, and the pool always stops."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from flashcheck.study.pool import WorkerDied, WorkerPool, send_to_parent
+from flashcheck.core.pool import WorkerDied, WorkerPool, send_to_parent
 
 CTX = mp.get_context("spawn")
 

@@ -1,6 +1,6 @@
 """Where case groups run: a local process pool (records stream back as each case ends) or Ray.
 
-A worker that dies (killed, out of memory) costs only its own group (study.pool: no lock is shared
+A worker that dies (killed, out of memory) costs only its own group (core.pool: no lock is shared
 between workers): no record already received is touched, the other groups finish, and the cases not
 reported yet run again on a new pool (see run_local); only a group that kills its worker when run alone
 is recorded as failed.
@@ -22,7 +22,7 @@ from pathlib import Path
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
-from flashcheck.study.pool import WorkerPool, send_to_parent
+from flashcheck.core.pool import WorkerPool, send_to_parent
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0
