@@ -118,9 +118,8 @@ def test_float32_inputs_skip_the_float64_round_trip_bit_for_bit(policy):
 def test_doctor_reports_the_rounding(monkeypatch):
     from typer.testing import CliRunner
 
-    from flashcheck.cli import app
-
     import flashcheck.backends as backends_mod
+    from flashcheck.cli import app
 
     monkeypatch.setattr(backends_mod, "all_backends", lambda: [])  # their probes take seconds; not this test's
     native._library.cache_clear()

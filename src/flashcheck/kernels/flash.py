@@ -10,6 +10,7 @@ The backward's loop runs over key blocks only. Suffixes: _r rows of a step, _j t
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -130,16 +131,36 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     tiles' ops are so already (see _run_tiles), and the few ops around them are element-wise or exact
     (amax, amin), so no bit moves; each parallel region would wait on a descheduled thread (measured at
     load 8-13 on 2 cores, L=2048: 3.1 s at 2 threads with the tiles serial, 1.3 s at 1 thread)."""
-    b, h, lq, _ = q.shape
-    lk, work = k.shape[-2], q.dtype
     if tile_rows is None:
-        tile_rows = rows_per_chunk(lq, b * h * min(cfg.block_k, lk) * work.itemsize, TILE_BYTES)
-    threads = torch.get_num_threads()
-    if q.device.type != "cpu" or threads == 1 or len(row_chunks(lq, tile_rows)) == 1 or free_cores() >= threads:
+        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, q.dtype)
+    if not _busy(q, tile_rows):
         return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+    with _one_thread():
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+
+
+def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype) -> int:
+    """Query rows per tile: a step's score block [B, H, rows, block_k] within TILE_BYTES."""
+    b, h, lq, _ = q_shape
+    return rows_per_chunk(lq, b * h * min(block_k, lk) * work.itemsize, TILE_BYTES)
+
+
+def _busy(q: torch.Tensor, tile_rows: int) -> bool:
+    """True when a forward of several query tiles on the CPU should run single-threaded throughout: fewer cores
+    are free than intra-op threads (see _forward; a single tile keeps its thread count, which its BLAS products
+    may depend on)."""
+    threads = torch.get_num_threads()
+    if q.device.type != "cpu" or threads == 1 or len(row_chunks(q.shape[-2], tile_rows)) == 1:
+        return False
+    return free_cores() < threads
+
+
+@contextlib.contextmanager
+def _one_thread():
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+        yield
     finally:
         torch.set_num_threads(threads)
 
@@ -443,16 +464,19 @@ class _FlashFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cfg: FlashConfig):
         pol = cfg.policy
-        qr, kr, vr, rot = round_inputs(
-            q.detach(),
-            k.detach(),
-            v.detach(),
-            pol,
-            block_q=cfg.block_q,
-            block_k=cfg.block_k,
-            hadamard_seed=cfg.hadamard_seed,
-        )
-        out_hi, out, lse = _forward(qr, kr, vr, cfg, pol)
+        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, pol.work_dtype)
+        # busy: the input rounding (element-wise, so bit for bit on any thread count) single-threaded too
+        with _one_thread() if _busy(q, tile_rows) else contextlib.nullcontext():
+            qr, kr, vr, rot = round_inputs(
+                q.detach(),
+                k.detach(),
+                v.detach(),
+                pol,
+                block_q=cfg.block_q,
+                block_k=cfg.block_k,
+                hadamard_seed=cfg.hadamard_seed,
+            )
+            out_hi, out, lse = _forward(qr, kr, vr, cfg, pol, tile_rows)
         ctx.save_for_backward(qr, kr, vr, out_hi, lse)
         ctx.cfg, ctx.rot, ctx.dtypes = cfg, rot, (q.dtype, k.dtype, v.dtype)
         ctx.mark_non_differentiable(lse)
