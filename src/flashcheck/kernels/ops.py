@@ -8,7 +8,7 @@ import math
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
-from flashcheck.kernels import native
+from flashcheck.kernels.native import round_ as native_round
 from flashcheck.kernels.validation import check_scale
 
 _NATIVE = (Format.BF16, Format.FP16)
@@ -26,7 +26,7 @@ def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | No
     narrow = info(fmt).dtype
     if narrow == x.dtype:
         return x
-    if fmt in _NATIVE and native.round_(x, narrow):  # one pass in place, the casts' very bits (kernels.native)
+    if fmt in _NATIVE and native_round(x, narrow):  # one pass in place, the casts' very bits (kernels.native)
         return x
     if scratch is not None and x.dtype == torch.float32 and fmt not in FP8_FORMATS:
         narrow = scratch[: x.numel()].view(x.shape)
