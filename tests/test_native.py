@@ -133,3 +133,41 @@ def test_doctor_reports_the_rounding(monkeypatch):
     finally:
         native._library.cache_clear()
     assert "simulator's P rounding: FLASHCHECK_NATIVE=0" in out
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+def test_fused_max_step_gives_torchs_values():
+    """max_sub_ equals amax, maximum, -inf -> 0 and sub_ in torch: rows of -inf, a -inf running max, ragged widths."""
+    g = torch.Generator().manual_seed(3)
+    for width in (128, 37):
+        s = torch.randn(2, 3, 50, width, generator=g) * 30
+        s[0, 0, :5] = -torch.inf  # fully masked rows
+        s[1, 2, 7, ::3] = -torch.inf
+        m = torch.randn(2, 3, 50, 1, generator=g) * 30
+        m[0, 0, :3] = -torch.inf  # no key seen yet
+        want_s = s.clone()
+        m_new = torch.maximum(m, want_s.amax(dim=-1, keepdim=True))
+        ms = torch.where(torch.isneginf(m_new), 0.0, m_new)
+        want_s.sub_(ms)
+        got = native.max_sub_(s, m)
+        assert got is not None
+        assert torch.equal(got[0], m_new) and torch.equal(got[1], ms) and torch.equal(s, want_s)
+    assert native.max_sub_(torch.randn(4, 8)[:, ::2], torch.zeros(4, 1)) is None  # not contiguous: declined
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_fused_max_step_moves_no_bit(causal, monkeypatch):
+    import flashcheck.kernels.flash as flash_mod
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 260, 64, generator=g) for _ in range(3))
+    used = []
+    real = flash_mod.max_sub_
+    monkeypatch.setattr(flash_mod, "max_sub_", lambda s, m: used.append(1) or real(s, m))
+    fast = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)
+    assert used  # D = 64: the scale folds, so the scores are NaN-free and the fused step ran
+    monkeypatch.setattr(flash_mod, "max_sub_", lambda s, m: None)
+    slow = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))

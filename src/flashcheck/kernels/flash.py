@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import Format, Policy, parse_policy
+from flashcheck.core.numerics import Format, Policy, info, parse_policy
 from flashcheck.kernels.fastmath import emulated_columns, exp2_fa4, mm_accumulate, rcp_approx
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
+from flashcheck.kernels.native import max_sub_
 from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
@@ -266,6 +267,8 @@ def _query_tile(
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
+    if step is _fa2_step and fold and cfg.mask is None:  # fold: finite inputs, no overflow (ops.prescale_is_exact)
+        extra["nan_free"] = True
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
@@ -323,20 +326,31 @@ def _tile_scores(
     return s
 
 
-def _fa2_step(s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, tie_beta: float | None = None):
+def _fa2_step(
+    s, v_j, o, m, l, pol: Policy, exp, untiled: int, bufs, tie_beta: float | None = None, nan_free: bool = False
+):
     """Rescale the unnormalised accumulator o (updated in place; returns m, l); P~ stays in the working
     dtype until the P·V product. bufs: the p-stage scratch and the P·V output (see _Scratch).
 
     With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
-    (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged."""
-    mt = s.amax(dim=-1, keepdim=True)
-    if tie_beta is not None:
-        tied = (s == mt).sum(dim=-1, keepdim=True) >= 2
-        mt = torch.where(tied, torch.where(mt > 0, tie_beta * mt, torch.zeros_like(mt)), mt)
-    m_new = rnd(torch.maximum(m, mt), pol, "stats")
-    ms = safe_max(m_new)
+    (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged.
+    nan_free: no score can be NaN (finite inputs, no overflow, no float mask), so the max step may run fused in
+    one pass (kernels.native.max_sub_) where the stats stage is the working dtype."""
+    fused = None
+    if nan_free and tie_beta is None and info(pol.stats).dtype == s.dtype:
+        fused = max_sub_(s, m)
+    if fused is not None:
+        m_new, ms = fused
+    else:
+        mt = s.amax(dim=-1, keepdim=True)
+        if tie_beta is not None:
+            tied = (s == mt).sum(dim=-1, keepdim=True) >= 2
+            mt = torch.where(tied, torch.where(mt > 0, tie_beta * mt, torch.zeros_like(mt)), mt)
+        m_new = rnd(torch.maximum(m, mt), pol, "stats")
+        ms = safe_max(m_new)
+        s.sub_(ms)
     alpha = rnd(exp(m - ms), pol, "stats")
-    p = exp(s.sub_(ms), out=s)
+    p = exp(s, out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
     pv = rnd_(mm_rows(rnd_(p, pol, "p", bufs[0]), v_j, pol, untiled, out=bufs[1]), pol, "accum")
     rnd_(rnd_(o.mul_(alpha), pol, "accum").add_(pv), pol, "accum")

@@ -33,6 +33,9 @@ import torch
 SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 /* x[i] rounded to bf16 (nearest, ties to even) in place; NaN left as it is. Returns 1 if it saw a NaN. */
 int fc_round_bf16(float *x, int64_t n) {
@@ -45,6 +48,27 @@ int fc_round_bf16(float *x, int64_t n) {
         u[i] = is_nan ? v : ((v + 0x7FFFu + ((v >> 16) & 1u)) & 0xFFFF0000u);
     }
     return nan;
+}
+
+/* Per row r of s [rows, n]: m_new[r] = max(m_old[r], max_j s[r, j]), ms[r] = m_new[r] (0 where -inf), and
+   s[r, :] -= ms[r], the row still in cache. For NaN-free s and m_old only (the caller's guarantee). */
+void fc_max_sub(float *s, int64_t rows, int64_t n, const float *m_old, float *m_new, float *ms) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = s + r * n;
+        int64_t j = 0;
+        float mx = -__builtin_inff();
+#ifdef __AVX512F__
+        __m512 vm = _mm512_set1_ps(-__builtin_inff());
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
+        mx = _mm512_reduce_max_ps(vm);
+#endif
+        for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+        float mn = m_old[r] > mx ? m_old[r] : mx;
+        float sub = mn == -__builtin_inff() ? 0.0f : mn;
+        m_new[r] = mn;
+        ms[r] = sub;
+        for (int64_t j = 0; j < n; j++) row[j] = row[j] - sub;
+    }
 }
 
 #ifdef __FLT16_MAX__
@@ -136,6 +160,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"the C rounding routine did not build with {cc}: {why[0][:200]}"
     for name in ("fc_round_bf16", "fc_round_fp16"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = _ARGS, ctypes.c_int
+    lib.fc_max_sub.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *(ctypes.c_void_p,) * 3)
+    lib.fc_max_sub.restype = None
     for dtype in (torch.bfloat16, torch.float16):
         if dtype == torch.float16 and not lib.fc_has_fp16():
             continue
@@ -173,3 +199,19 @@ def round_(x: torch.Tensor, dtype: torch.dtype) -> bool:
     if _call(lib, dtype, x):  # a NaN: torch's casts give it their own bits (the rounded values stay)
         x.copy_(x.to(dtype))
     return True
+
+
+def max_sub_(s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The online softmax's max step for NaN-free float32 CPU tensors s [..., R, N] (contiguous) and m [..., R, 1]:
+    returns (m_new, ms) with m_new = max(m, s.amax(-1)), ms = m_new with -inf as 0, and s -= ms in place, in
+    one pass (each row while in cache). The values torch's amax, maximum, where and sub_ give, up to the sign of a
+    zero maximum (exp takes either to 1). None (s untouched) where the routine is unavailable or does not apply."""
+    ok = s.dtype == m.dtype == torch.float32 and s.device.type == m.device.type == "cpu"
+    if not (ok and s.is_contiguous() and m.is_contiguous() and s.shape[:-1] == m.shape[:-1] and s.shape[-1] > 0):
+        return None
+    lib = _library()[0]
+    if lib is None or s.requires_grad:
+        return None
+    m_new, ms = torch.empty_like(m), torch.empty_like(m)
+    lib.fc_max_sub(s.data_ptr(), m.numel(), s.shape[-1], m.data_ptr(), m_new.data_ptr(), ms.data_ptr())
+    return m_new, ms
