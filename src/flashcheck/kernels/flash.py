@@ -490,7 +490,7 @@ class _FlashFunction(torch.autograd.Function):
                 block_k=cfg.block_k,
                 hadamard_seed=cfg.hadamard_seed,
             )
-            out_hi, out, lse = _forward(qr, kr, vr, cfg, pol, tile_rows)
+            out_hi, out, lse = _forward(qr, kr, vr, cfg, pol)
         ctx.save_for_backward(qr, kr, vr, out_hi, lse)
         ctx.cfg, ctx.rot, ctx.dtypes = cfg, rot, (q.dtype, k.dtype, v.dtype)
         ctx.mark_non_differentiable(lse)
