@@ -115,4 +115,12 @@ def diagnose(
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         },
         "backends": backends,
+        "simulator_rounding": _native_rounding(),
     }
+
+
+def _native_rounding() -> dict:
+    """kernels.native's status: the simulators' one-pass C rounding of P, or why they cast through torch."""
+    from flashcheck.kernels import native
+
+    return native.status()
