@@ -115,4 +115,12 @@ def diagnose(
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         },
         "backends": backends,
+        "simulator_mma": _native_mma(),
     }
+
+
+def _native_mma() -> dict:
+    """Whether kernels.mma's tensor-core chain runs in C here (kernels.mma_native), or why it runs in torch."""
+    from flashcheck.kernels.mma import native_status
+
+    return native_status()

@@ -270,6 +270,8 @@ def doctor(
     for b in report["backends"]:
         version = f" ({escape(b['version'])})" if b.get("version") else ""
         c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}{version}")
+    mma = report["simulator_mma"]
+    c.print(f"simulator's tensor-core MMA model: {'C routine' if mma['available'] else escape(mma['reason'])}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:
