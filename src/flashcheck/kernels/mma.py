@@ -256,7 +256,7 @@ def _start(c, shape: tuple[int, ...], model: MMAModel, fmts, fp16: bool, native:
         dtype = work_dtype(model, fmts)
     if c is None:
         return torch.zeros(shape, dtype=dtype, device=device)
-    start = c.to(torch.float32).expand(shape).to(dtype, copy=True).add_(0.0)  # -0 + 0: a zero c is +0
+    start = c.to(torch.float32).expand(shape).to(dtype) + 0.0  # a new tensor; -0 + 0: a zero c is +0
     return start.to(torch.float16).to(dtype) if fp16 else start
 
 

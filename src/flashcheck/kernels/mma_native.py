@@ -22,7 +22,7 @@ from flashcheck.kernels.mma_c import SOURCE
 
 # significand bits (mantissa + 1) of the narrow operand formats: their products are exact in float32
 SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3}
-MIN_ROWS_PER_THREAD = 1 << 15  # products (rows x N x K / threads) below which one thread does the call
+MIN_ROWS_PER_THREAD = 1 << 21  # products per thread below which one thread does the call (a decoding step)
 _ARGS = [ctypes.c_void_p, *[ctypes.c_int64] * 3] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 9
 
 

@@ -23,8 +23,8 @@ SPLIT_TOLERANCE = 2.0**-20  # codes * scale must give the held value to fp32's r
 
 @dataclass(frozen=True, slots=True)
 class Operand:
-    """values = codes * scale: codes (float64, exact in `fmt`, or the values themselves with fmt "fp32"), scale
-    float64 broadcasting against codes (ones for "fp32")."""
+    """values = codes * scale: codes (float32 holding values exact in `fmt`, or the values themselves in float64
+    with fmt "fp32"), scale float64 broadcasting against codes (ones for "fp32")."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -64,7 +64,7 @@ def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: floa
     codes = round_to(x64 / scale, fmt)
     if not bool(((codes * scale - x64).abs() <= SPLIT_TOLERANCE * a).all()):
         return _values(x)
-    return Operand(codes, scale, name)
+    return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
@@ -134,11 +134,11 @@ def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int) -> Operand
 
 
 def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.Tensor:
-    """factor * Q K^T [..., Mq, Mk] (float64 holding one fp32 rounding of the descaled product): the MMA of the
-    codes, then the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
+    """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
+    the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
     descale = (q.scale * factor) * k.scale.transpose(-1, -2)
-    return (acc.to(torch.float64) * descale).to(torch.float32).to(torch.float64)
+    return (acc.to(torch.float64) * descale).to(torch.float32)
 
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
@@ -147,7 +147,7 @@ def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
     name = OPERAND_FORMATS.get(pol.p)
     if pol.p_scaling or name is None:
         return _values(pc)
-    return Operand(pc.to(torch.float64), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
+    return Operand(pc.to(torch.float32), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
 
 
 def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: Policy, model: MMAModel) -> None:
