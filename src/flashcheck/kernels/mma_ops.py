@@ -61,10 +61,18 @@ def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: floa
         per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
-    codes = round_to(x64 / scale, fmt)
+    codes = _codes(x64 / scale, fmt)
     if not bool(((codes * scale - x64).abs() <= SPLIT_TOLERANCE * a).all()):
         return _values(x)
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
+
+
+def _codes(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """x rounded to fmt's nearest values: FP8 by torch's cast (many times faster than round_to). Where x lies
+    within SPLIT_TOLERANCE of a code, the only case split keeps, both give that code (a double rounding through
+    float32 cannot move a value that near a code off it), so the split's outcome is round_to's."""
+    fast = {Format.FP8_E4M3: torch.float8_e4m3fn, Format.FP8_E5M2: torch.float8_e5m2}.get(fmt)
+    return round_to(x, fmt) if fast is None else x.to(fast).to(torch.float64)
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
