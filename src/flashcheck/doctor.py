@@ -116,6 +116,7 @@ def diagnose(
         },
         "backends": backends,
         "simulator_rounding": _native_rounding(),
+        "simulator_mma": _native_mma(),
     }
 
 
@@ -124,3 +125,10 @@ def _native_rounding() -> dict:
     from flashcheck.kernels import native
 
     return native.status()
+
+
+def _native_mma() -> dict:
+    """Whether kernels.mma's tensor-core chain runs in C here (kernels.mma_native), or why it runs in torch."""
+    from flashcheck.kernels.mma import native_status
+
+    return native_status()
