@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import parse_policy
-from flashcheck.kernels import flash_attention, native
+from flashcheck.kernels import cbuild, flash_attention, native
 from flashcheck.kernels import ops as ops_mod
 from flashcheck.kernels.fp8 import round_inputs
 
-HAS_CC = native._compiler() is not None
+HAS_CC = cbuild.compiler() is not None
 
 
 @pytest.fixture
@@ -171,3 +171,19 @@ def test_the_fused_max_step_moves_no_bit(causal, monkeypatch):
     slow = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)
     for a, b in zip(fast, slow, strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+def test_a_linked_or_shared_cache_folder_is_not_loaded_from(fresh_native, tmp_path):
+    """The cache folder a link planted elsewhere, or writable by others: nothing is built or loaded there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "native").symlink_to(elsewhere)
+    st = fresh_native.status()
+    assert not st["available"] and "symbolic link" in st["reason"] and not list(elsewhere.iterdir())
+    (tmp_path / "native").unlink()
+    (tmp_path / "native").mkdir(mode=0o777)
+    (tmp_path / "native").chmod(0o777)
+    fresh_native._library.cache_clear()
+    st = fresh_native.status()
+    assert not st["available"] and "writable by others" in st["reason"]

@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from flashcheck.core.fileio import make_folder
+
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
 
 
@@ -49,12 +51,22 @@ def _key(source: str, flags: tuple[str, ...], cc: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _private(path: Path) -> None:
+    """OSError unless `path` (not followed) is this user's and nobody else may write it: a library loaded
+    from a folder others can write into would run their code."""
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(f"{path} is writable by others or not yours: not loaded")
+
+
 def build(name: str, source: str, cc: str, flags: tuple[str, ...] = FLAGS) -> Path:
-    """The compiled library's path (built now unless cached). OSError or SubprocessError on failure."""
-    folder = cache_root()
-    folder.mkdir(parents=True, exist_ok=True)
+    """The compiled library's path (built now unless cached). OSError, ValueError (a linked cache folder) or
+    SubprocessError on failure."""
+    folder = make_folder(cache_root(), "flashcheck's cache of compiled routines")
+    _private(folder)
     lib = folder / f"{name}-{_key(source, flags, cc)}.so"
     if lib.is_file() and not lib.is_symlink():
+        _private(lib)
         return lib
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
@@ -73,7 +85,7 @@ def load(name: str, source: str, what: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"no C compiler ($CC, cc, gcc or clang) on PATH: {what} (slower)"
     try:
         return ctypes.CDLL(str(build(name, source, cc))), ""
-    except (OSError, subprocess.SubprocessError) as err:
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", b"") or b""
         why = detail.decode(errors="replace").strip().splitlines()[-1:] or [str(err)]
         return None, f"{name} did not build with {cc}: {why[0][:200]}; {what}"

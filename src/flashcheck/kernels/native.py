@@ -11,24 +11,18 @@ NaN is left as it is and reported, and the caller then applies torch's casts as 
 idempotent, so the already rounded values stay, and NaN gets torch's own bits). At load a self-test compares
 the routine with torch's casts on ties, subnormals, overflow and random values; any difference disables it.
 
-Built with $CC (else cc, gcc or clang on PATH) into $FLASHCHECK_CACHE/native (else ~/.cache/flashcheck/native),
-keyed by the source, the flags and the machine; written atomically, so concurrent processes are safe. Where
-there is no compiler, the build fails, the cache is not writable or FLASHCHECK_NATIVE=0, `status()` says why
-and the callers keep torch's casts (same bits, slower). `flashcheck doctor` reports the status."""
+Built and cached by kernels.cbuild (as kernels.mma_native's chain is). Where there is no compiler, the build
+fails, the cache is not writable or FLASHCHECK_NATIVE=0, `status()` says why and the callers keep torch's
+casts (same bits, slower). `flashcheck doctor` reports the status."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
+
+from flashcheck.kernels import cbuild
 
 SOURCE = r"""
 #include <stdint.h>
@@ -89,46 +83,7 @@ int fc_round_fp16(float *x, int64_t n) { (void)x; (void)n; return -1; }
 int fc_has_fp16(void) { return 0; }
 #endif
 """
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
 _ARGS = (ctypes.c_void_p, ctypes.c_int64)
-
-
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc)
-    return next((p for p in (shutil.which(c) for c in ("cc", "gcc", "clang")) if p), None)
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("FLASHCHECK_CACHE") or Path.home() / ".cache" / "flashcheck"
-    return Path(root) / "native"
-
-
-def _machine_key(cc: str) -> str:
-    """The source, flags, compiler and CPU the library is built for (-march=native ties it to the CPU)."""
-    h = hashlib.sha256(SOURCE.encode() + " ".join(FLAGS).encode() + cc.encode() + platform.machine().encode())
-    try:
-        with open("/proc/cpuinfo") as f:
-            h.update(next((ln for ln in f if ln.startswith("flags")), "").encode())
-    except OSError:
-        h.update(platform.processor().encode())
-    return h.hexdigest()[:16]
-
-
-def _build(cc: str) -> Path:
-    """The compiled library's path (built now unless cached). OSError or CalledProcessError on failure."""
-    folder = _cache_root()
-    folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"round-{_machine_key(cc)}.so"
-    if lib.is_file() and not lib.is_symlink():
-        return lib
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src, out = Path(tmp) / "round.c", Path(tmp) / "round.so"
-        src.write_text(SOURCE)
-        subprocess.run([cc, *FLAGS, "-o", str(out), str(src)], check=True, capture_output=True, timeout=120)
-        os.replace(out, lib)  # atomic: a concurrent build replaces it with the same bytes
-    return lib
 
 
 def _probe(dtype: torch.dtype) -> torch.Tensor:
@@ -147,17 +102,9 @@ def _probe(dtype: torch.dtype) -> torch.Tensor:
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why not)."""
-    if os.environ.get("FLASHCHECK_NATIVE", "1").strip() in ("0", "off", "no", "false"):
-        return None, "FLASHCHECK_NATIVE=0: P is rounded by two torch casts"
-    cc = _compiler()
-    if cc is None:
-        return None, "no C compiler ($CC, cc, gcc or clang) on PATH: P is rounded by two torch casts (slower)"
-    try:
-        lib = ctypes.CDLL(str(_build(cc)))
-    except (OSError, subprocess.SubprocessError) as err:
-        detail = getattr(err, "stderr", b"") or b""
-        why = detail.decode(errors="replace").strip().splitlines()[-1:] or [str(err)]
-        return None, f"the C rounding routine did not build with {cc}: {why[0][:200]}"
+    lib, why = cbuild.load("round", SOURCE, "P is rounded by two torch casts")
+    if lib is None:
+        return None, why
     for name in ("fc_round_bf16", "fc_round_fp16"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = _ARGS, ctypes.c_int
     lib.fc_max_sub.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *(ctypes.c_void_p,) * 3)
