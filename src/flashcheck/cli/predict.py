@@ -254,10 +254,7 @@ def predict(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=bk,
             splits=splits, f_score=fs, f_p=fp, f_out=f_out,
         )  # fmt: skip
-        _check_scale(setting, qkv, drawing)
-        setting, ranged = _with_range(setting, qkv, causal)
-        acc_qkv = qkv or (_draw_qkv(distribution, Draw(), seq_len, lk, head_dim) if setting.policy.pv_mma else ())
-        setting, _ = _with_accumulator(setting, acc_qkv, distribution, causal) if acc_qkv else (setting, None)
+        setting, ranged = _terms(setting, qkv, drawing, distribution, (seq_len, lk, head_dim, causal))
     except ValueError as exc:
         _fail_usage(str(exc))
     data = _prediction(setting, kernel, block_k, (seq_len, lk), (fs, fp, source, ranged))
@@ -281,6 +278,18 @@ def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, i
         "statistics": source, "f_out": setting.f_out, "range": ranged, "contributions": model.contributions(setting),
         "coefficients": model.COEFFS, "training": model.TRAINING,
     }  # fmt: skip
+
+
+def _terms(setting, qkv: tuple, drawing: Draw | None, distribution: str, shape: tuple):
+    """(setting, range statistics or None) with the --scale check, the range terms and the tensor-core accumulator
+    term; shape (Lq, Lk, D, causal)."""
+    lq, lk, d, causal = shape
+    _check_scale(setting, qkv, drawing)
+    setting, ranged = _with_range(setting, qkv, causal)
+    acc_qkv = qkv or (_draw_qkv(distribution, Draw(), lq, lk, d) if setting.policy.pv_mma else ())
+    if acc_qkv:
+        setting, _ = _with_accumulator(setting, acc_qkv, distribution, causal)
+    return setting, ranged
 
 
 def _accumulator_words(setting, drawn: bool) -> str | None:

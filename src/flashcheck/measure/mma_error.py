@@ -194,14 +194,14 @@ def pv_mma_stats(
         x = round_to(x, policy.p)
     gm = torch.exp(torch.where(live, m - m[..., -1:], 0.0)).nan_to_num(1.0)  # [B, h, r, Lk]
     fmt = (pf, vo.fmt)
+    acc = "fp16" if policy.acc_nearest and policy.acc_bits == 10 else "fp32"
     num = den = 0.0
     for bi in range(s.shape[0]):
         for hi in range(h):
             vs = vscale[min(bi, vscale.shape[0] - 1), min(hi, vscale.shape[1] - 1)]  # [Lk, n]
             g = gm[bi, hi].unsqueeze(1) * vs.t().unsqueeze(0)  # [r, n, Lk]
             a, b = x[bi, hi], codes[bi, hi]
-            bias, var = chain_moments(a, b, model, fmt=fmt, g=g, promote_every=policy.acc_promote or None,
-                                      acc="fp16" if policy.acc_nearest and policy.acc_bits == 10 else "fp32")  # fmt: skip
+            bias, var = chain_moments(a, b, model, fmt=fmt, g=g, promote_every=policy.acc_promote or None, acc=acc)
             exact = (a.unsqueeze(1) * b.t().unsqueeze(0) * g).sum(-1)
             num += float((bias.square() + var).sum())
             den += float(exact.square().sum())

@@ -1,0 +1,74 @@
+"""The error model's tensor-core accumulator term (measure.mma_error) against kernels.mma on synthetic products.
+
+P: softmax numerators exp(s - max) x 2^8 (s ~ N(0, 2^2)) as the flash kernels cast them (e4m3 / e5m2), V ~ N(0, 1)
+quantised per tensor to the same format (amax at the format's top; 2.25 for Ada's fp16 register, as SageAttention2
+maps it). Measured: sum (mma_matmul - exact)^2 over sum exact^2; predicted: chain_moments' bias^2 + variance.
+
+Budget on predicted / measured relative error: MODEL x (1 + 4 / sqrt(2 n)) either way. 4 / sqrt(2 n): four standard
+deviations of the root of a mean of n squared Gaussian errors (n outputs). MODEL = 1.4: empirical, the largest
+ratio seen on a fit set (R=8 rows, N=16 columns, seeds = the key count; 0.95 to 1.32 over hopper / ada / b200, e4m3
+/ e5m2, one / two levels, 128 to 65,536 keys: the uniform-low-bits assumption over-counts the low bits of 4-bit x
+4-bit products); this set uses other seeds and shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashcheck.core.numerics import Format, round_to
+from flashcheck.kernels.mma import MMA_MODELS, mma_matmul
+from flashcheck.measure.mma_error import chain_moments, cut_moments
+
+FORMATS = {"e4m3": (Format.FP8_E4M3, 448.0), "e5m2": (Format.FP8_E5M2, 57344.0)}
+MODEL = 1.4
+ROWS, COLS = 4, 16
+
+
+def _operands(keys: int, fmt: str, seed: int, top: float | None = None):
+    g = torch.Generator().manual_seed(1000 + seed)
+    f, fmax = FORMATS[fmt]
+    s = torch.randn(ROWS, keys, generator=g, dtype=torch.float64) * 2
+    p = round_to(torch.exp(s - s.amax(-1, keepdim=True)) * 256, f)
+    v = torch.randn(keys, COLS, generator=g, dtype=torch.float64)
+    return p, round_to(v / v.abs().amax() * (top or fmax), f)
+
+
+CASES = [  # (model, format, keys, promote_every, accumulator register)
+    *[("hopper", "e4m3", n, None, "fp32") for n in (128, 1024, 8192, 65536)],
+    *[("hopper", "e5m2", n, None, "fp32") for n in (128, 8192)],
+    *[("hopper", "e4m3", n, 128, "fp32") for n in (1024, 65536)],
+    ("hopper", "e5m2", 8192, 128, "fp32"),
+    ("ada", "e4m3", 8192, 64, "fp16"),
+    ("b200", "e4m3", 8192, None, "fp32"),
+]
+
+
+@pytest.mark.parametrize(("name", "fmt", "keys", "promote", "acc"), CASES)
+def test_accumulator_term_predicts_the_hardware_model(name, fmt, keys, promote, acc):
+    model = MMA_MODELS[name]
+    p, v = _operands(keys, fmt, keys + (promote or 0), top=2.25 if acc == "fp16" else None)
+    out = mma_matmul(p, v, model, fmt=fmt, promote_every=promote, acc=acc).double()
+    exact = p @ v
+    measured = math.sqrt(float((out - exact).square().sum() / exact.square().sum()))
+    bias, var = chain_moments(p, v, model, fmt=(fmt, fmt), promote_every=promote, acc=acc)
+    predicted = math.sqrt(float((bias.square() + var).sum() / exact.square().sum()))
+    budget = MODEL * (1 + 4 / math.sqrt(2 * ROWS * COLS))
+    assert measured > 0
+    assert 1 / budget <= predicted / measured <= budget, (predicted, measured, budget)
+
+
+def test_cut_moments_closed_form_matches_enumeration():
+    """A value with k bits below the grid, each pattern equally likely: the mean and second moment of what a
+    truncation toward zero loses, enumerated, equal (g - delta) / 2 and (g - delta)(2 g - delta) / 6."""
+    for k in (1, 3, 6):
+        delta, grid = 2.0**-k, 1.0
+        losses = torch.arange(2**k, dtype=torch.float64) * delta
+        m, s2 = cut_moments(torch.tensor([5.0]), torch.tensor([delta]), torch.tensor([grid]))
+        assert float(m) == pytest.approx(float(losses.mean()), rel=1e-12)
+        assert float(s2) == pytest.approx(float(losses.square().mean()), rel=1e-12)
+    m, s2 = cut_moments(torch.tensor([0.25]), torch.tensor([2.0**-6]), torch.tensor([1.0]))  # lost whole
+    assert (float(m), float(s2)) == (0.25, 0.0625)
+    m, s2 = cut_moments(torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([1.0]))  # no bit below the grid
+    assert (float(m), float(s2)) == (0.0, 0.0)
