@@ -72,3 +72,32 @@ def test_cut_moments_closed_form_matches_enumeration():
     assert (float(m), float(s2)) == (0.25, 0.0625)
     m, s2 = cut_moments(torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([1.0]))  # no bit below the grid
     assert (float(m), float(s2)) == (0.0, 0.0)
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_errormodel_heldout.py"
+    spec = importlib.util.spec_from_file_location("bench_errormodel_heldout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_heldout_slice_within_2x():
+    """A small slice of the held-out benchmark (a seed and shape the fit never saw): SageAttention2 on Hopper,
+    32 queries against 512 keys, causal; the prediction with the tensor-core accumulator term within 2x."""
+    r = _bench().one_case("sage2-hopper", "fp16", 32, 64, 1.0, 977, True, 512)
+    assert 0.5 <= r["predicted"] / r["measured"] <= 2.0, r
+
+
+def test_classic_predictions_ignore_the_tensor_core_term():
+    """A policy without a P·V tensor-core model predicts as before, whatever f_acc a setting carries."""
+    import dataclasses
+
+    from flashcheck.measure.predict import parse_setting, predict
+
+    for pol in ("bf16-mixed", "fp16-mixed", "fp32"):
+        s = parse_setting("flash", pol, visible=4096, head_dim=64)
+        assert predict(dataclasses.replace(s, f_acc=0.25)) == predict(s)
