@@ -87,8 +87,8 @@ def _bench():
 
 def test_heldout_slice_within_2x():
     """A small slice of the held-out benchmark (a seed and shape the fit never saw): SageAttention2 on Hopper,
-    32 queries against 512 keys, causal; the prediction with the tensor-core accumulator term within 2x."""
-    r = _bench().one_case("sage2-hopper", "fp16", 32, 64, 1.0, 977, True, 512)
+    32 queries against 256 keys, causal; the prediction with the tensor-core accumulator term within 2x."""
+    r = _bench().one_case("sage2-hopper", "fp16", 32, 64, 1.0, 977, True, 256)
     assert 0.5 <= r["predicted"] / r["measured"] <= 2.0, r
 
 
@@ -101,3 +101,26 @@ def test_classic_predictions_ignore_the_tensor_core_term():
     for pol in ("bf16-mixed", "fp16-mixed", "fp32"):
         s = parse_setting("flash", pol, visible=4096, head_dim=64)
         assert predict(dataclasses.replace(s, f_acc=0.25)) == predict(s)
+
+
+def test_study_records_carry_the_term_and_the_error_model_uses_it():
+    """A modern study's case with a P·V tensor-core model records f_acc beside the range statistics; the error
+    model's view of the record (questions.variants.errormodel.setting_of) carries it into the prediction."""
+    import dataclasses
+
+    from flashcheck.measure.case import References
+    from flashcheck.measure.predict import accumulator_term
+    from flashcheck.questions.variants.errormodel import setting_of
+    from flashcheck.study.cases import Case, CaseRecord, case_range_stats
+
+    c = Case(kernel="flash", policy="sage2-hopper@fp16", algorithm="", block_q=64, block_k=128, batch=1, heads=2,
+             seq_len=128, head_dim=64, causal=False, distribution="normal", seed=3)  # fmt: skip
+    refs = References(c.input_spec(), causal=False)
+    st = case_range_stats(c, refs)
+    assert st["f_acc"] > 0
+    plain = dataclasses.replace(c, policy="fa3-fp8")
+    assert "f_acc" not in case_range_stats(plain, refs)  # no tensor-core model: no term
+    stats = st | {"visible": 128.0, "f_score": 5.0, "f_p": 1.0}
+    rec = CaseRecord(c.case_id, c, "ok", {}, {"rel_l2": 0.01}, 0.0, "", {}, 0, stats)
+    s = setting_of(rec)
+    assert s.f_acc == st["f_acc"] and accumulator_term(s) == st["f_acc"]
