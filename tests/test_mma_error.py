@@ -124,3 +124,22 @@ def test_study_records_carry_the_term_and_the_error_model_uses_it():
     rec = CaseRecord(c.case_id, c, "ok", {}, {"rel_l2": 0.01}, 0.0, "", {}, 0, stats)
     s = setting_of(rec)
     assert s.f_acc == st["f_acc"] and accumulator_term(s) == st["f_acc"]
+
+
+def test_predict_names_the_tensor_core_term():
+    """`flashcheck predict` for a preset with a P·V tensor-core model says where its accumulator term comes from
+    (the model, inputs drawn for it), in the human output and in --json; a classic policy prints no such line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    out = CliRunner().invoke(app, ["predict", "--preset", "sage2-hopper", "--seq-len", "128"])
+    assert out.exit_code == 0, out.output
+    assert "P·V tensor-core accumulator (hopper model" in out.output and "inputs drawn for it" in out.output
+    js = CliRunner().invoke(app, ["predict", "--preset", "sage2-hopper", "--seq-len", "128", "--draw", "--json"])
+    data = json.loads(js.output)
+    assert "the drawn inputs" in data["accumulator"] and data["contributions"]["acc_trunc"] > 0
+    plain = CliRunner().invoke(app, ["predict", "--numerics", "bf16-mixed", "--seq-len", "128"])
+    assert plain.exit_code == 0 and "accumulator" not in plain.output
