@@ -286,7 +286,12 @@ def _terms(setting, qkv: tuple, drawing: Draw | None, distribution: str, shape: 
     lq, lk, d, causal = shape
     _check_scale(setting, qkv, drawing)
     setting, ranged = _with_range(setting, qkv, causal)
-    acc_qkv = qkv or (_draw_qkv(distribution, Draw(), lq, lk, d) if setting.policy.pv_mma else ())
+    acc_qkv = qkv
+    if not qkv and setting.kernel == "flash" and setting.policy.pv_mma:
+        try:  # inputs drawn for the tensor-core term alone; too large to draw here: the FP22 formula stands in
+            acc_qkv = _draw_qkv(distribution, Draw(), lq, lk, d)
+        except ValueError:
+            acc_qkv = ()
     if acc_qkv:
         setting, _ = _with_accumulator(setting, acc_qkv, distribution, causal)
     return setting, ranged
@@ -301,6 +306,11 @@ def _accumulator_words(setting, drawn: bool) -> str | None:
         where = "the drawn inputs" if drawn else "inputs drawn for it (seed 0, 2 heads)"
         return (f"P·V tensor-core accumulator ({pol.pv_mma} model, measure.mma_error) on {where}: relative "
                 f"error {setting.f_acc**0.5:.3g}")  # fmt: skip
+    if pol.pv_mma and not pol.acc_bits:
+        return f"P·V tensor-core accumulator ({pol.pv_mma} model): inputs too large to draw here, the term is left out"
+    if pol.pv_mma:
+        return (f"P·V tensor-core accumulator ({pol.pv_mma} model): inputs too large to draw here, so the FP22 / fp16 "
+                f"formula of {pol.acc_bits} bits stands in (an upper estimate for long one-level chains)")  # fmt: skip
     return f"P·V accumulator of {pol.acc_bits} bits (FP22 / fp16 formula)"
 
 
