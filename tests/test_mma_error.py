@@ -143,3 +143,26 @@ def test_predict_names_the_tensor_core_term():
     assert "the drawn inputs" in data["accumulator"] and data["contributions"]["acc_trunc"] > 0
     plain = CliRunner().invoke(app, ["predict", "--numerics", "bf16-mixed", "--seq-len", "128"])
     assert plain.exit_code == 0 and "accumulator" not in plain.output
+
+
+def test_the_term_predicts_the_accumulator_inside_the_flash_kernel():
+    """fa3-fp8-fp22 (Hopper's chain into O, key blocks last to first, block-scaled e4m3, P x 2^8), fp32 output so
+    that nothing rounds after the MMA: the kernel's output with its tensor-core P·V against the same kernel with
+    an exact P·V, over the output's norm, against pv_mma_stats' f_acc (sampled rows, columns and heads: n = 2
+    heads x 16 rows x 16 columns in the sampling allowance of the budget)."""
+    from flashcheck.core.inputs import InputSpec, make_qkv
+    from flashcheck.kernels.flash import flash_attention
+    from flashcheck.kernels.presets import resolve
+    from flashcheck.measure.mma_error import pv_mma_stats
+
+    q, k, v = make_qkv(InputSpec(heads=2, seq_len=16, seq_len_k=512, head_dim=64, seed=5))
+    kw = resolve("fa3-fp8-fp22", "fp8-e4m3", 16, 512, 64, False)
+    pol = kw["policy"].replace(output=Format.FP32)
+    exact = pol.replace(name=pol.name, pv_mma="", acc_bits=0)
+    with torch.no_grad():
+        o1 = flash_attention(q, k, v, **(kw | {"policy": pol})).double()
+        o0 = flash_attention(q, k, v, **(kw | {"policy": exact})).double()
+    measured = float((o1 - o0).norm() / o0.norm())
+    predicted = pv_mma_stats(q, k, v, pol, block_k=kw["block_k"])["f_acc"] ** 0.5
+    budget = MODEL * (1 + 4 / math.sqrt(2 * 2 * 16 * 16))
+    assert 1 / budget <= predicted / measured <= budget, (predicted, measured)
