@@ -5,7 +5,8 @@ saved for a bit-for-bit before/after comparison of two source trees (a speed cha
     PYTHONPATH=src python benchmarks/bit_identity.py save /tmp/after.pt
     python benchmarks/bit_identity.py compare /tmp/before.pt /tmp/after.pt    # exit 1 on any difference
 
-Shapes are small but span two query tiles (so the tile thread pool runs) at 2 threads.
+Shapes are small but span two query tiles (so the tile thread pool runs) at 2 threads. Inputs are float64,
+except the float32-inputs cases (the float32 tensors a model passes).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def _cases():
         yield f"{pol}/ragged-gqa", (190, 333, 4, 2, 24), {"policy": pol, "block_k": 64}
         yield f"{pol}/fa1", (200, 260, 2, 2, 16), {"policy": pol, "algorithm": "fa1"}
         yield f"{pol}/exp2-causal-ragged", (150, 400, 2, 2, 16), {"policy": pol, "exp2": True, "causal": True}
+        yield f"{pol}/float32-inputs", (520, 300, 2, 2, 64), {"policy": pol, "causal": True}
     mask = torch.rand(1, 1, 200, 260, generator=torch.Generator().manual_seed(3)) > 0.3
     yield "bf16-mixed/mask", (200, 260, 2, 2, 16), {"policy": "bf16-mixed", "mask": mask}
     for name in KERNEL_PRESETS:
@@ -56,6 +58,8 @@ def save(path: str) -> None:
     out: dict[str, torch.Tensor] = {}
     for i, (name, (lq, lk, h, hkv, d), kw) in enumerate(_cases()):
         q, k, v = _inputs(lq, lk, h, hkv, d, i)
+        if "float32-inputs" in name:  # the caller's float32 tensors (kernels.fp8: no float64 round trip)
+            q, k, v = (t.float() for t in (q, k, v))
         try:
             o, lse = flash_attention(q, k, v, return_lse=True, **kw)
         except ValueError as err:

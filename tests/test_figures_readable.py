@@ -159,3 +159,22 @@ def test_a_log_axis_within_one_decade_labels_no_minor_tick():
     log10_axis(ax, "x")
     assert figure_problems(fig) == []
     plt.close(fig)
+
+
+def test_figure_problems_reads_a_shaded_band_in_the_legend():
+    """A legend entry that is a patch (axhspan: one face colour, not one per item) is read, not a crash."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [1, 2, 4], "o-", label="measured")
+    ax.axhspan(3, 10, color="0.85", label="the paper's 3-10x")
+    ax.set_xlabel("score")
+    ax.set_ylabel("gain [x]")
+    ax.legend()
+    assert figure_problems(fig) == []
+    plt.close(fig)

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from flashcheck.kernels.mma import ADA, B200, HOPPER, MMA_MODELS, MMAModel, mma_matmul
+from flashcheck.kernels.mma import ADA, B200, HOPPER, MMA_MODELS, MMAModel, _matmul, mma_matmul, native_library
 
 mmaemu_chain = pytest.importorskip("mmaemu.model.chain")
 mmaemu_plan = pytest.importorskip("mmaemu.model.plan")
@@ -159,6 +159,22 @@ def test_accumulating_into_c_bit_equal(model):
     assert same == n
 
 
+@pytest.mark.parametrize("model", [ADA, HOPPER, B200], ids=lambda m: m.name)
+def test_c_alone_in_a_block_of_zero_products_bit_equal(model):
+    """A block whose products are all zero aligns c to its own exponent (at least min_exp): a small c stays, in
+    the C chain and in both torch chains (the float32 one once floored E at 2^(-29 - frac) and gave 0)."""
+    a, b = torch.zeros(1, model.nfma, dtype=torch.float64), torch.zeros(model.nfma, 4, dtype=torch.float64)
+    c = torch.tensor([[1.5 * 2.0**-60, -(2.0**-120), 2.0**-30 * 1.25, 0.0]], dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        name = {"ada": "ada", "hopper": "hopper", "b200": "b200_mma_sync"}[model.name]
+        fmts = ("e4m3", "e4m3")
+        want = mmaemu_chain.dot(a[:, None, :].expand(1, 4, model.nfma), b.T[None], c, preset=name, fmt=fmts)
+    for lib in (None, native_library()):
+        same, n = _bits_equal(_matmul(a, b, model, c, None, fmts, False, lib), want)
+        assert same == n
+
+
 def test_batched_broadcast_matches_per_matrix():
     """Batch dims broadcast; each matrix's result is the one computed alone."""
     p, v = p_and_v(8, 96, 16, ("e4m3", "e4m3"), seed=5)
@@ -213,6 +229,6 @@ def test_flash_operands_split_into_codes_and_scales(name):
             continue
         assert op.fmt == ("fp32" if name == "fa4-fp4" else "e4m3")
         if op.fmt == "e4m3":
-            assert torch.equal(op.codes, op.codes.to(torch.float8_e4m3fn).double())  # exact e4m3 values
+            assert torch.equal(op.codes.double(), op.codes.to(torch.float8_e4m3fn).double())  # exact e4m3 values
         assert torch.allclose(op.codes * op.scale, held.double(), rtol=2.0**-20, atol=0)
     assert ops.v is not None and (ops.q is not None) == bool(pol.qk_mma)

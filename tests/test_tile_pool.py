@@ -78,3 +78,25 @@ def test_single_tile_keeps_the_intra_op_threads(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert seen == [2]  # one tile: its ops on every intra-op thread, busy or not (the BLAS's sums stay as they were)
+
+
+def test_busy_rounds_the_inputs_single_threaded(monkeypatch):
+    """Busy, several tiles: the input rounding runs on one thread too (element-wise casts: no bit moves); idle, on
+    every intra-op thread."""
+    monkeypatch.setattr(flash_mod, "TILE_BYTES", 2 * 32 * 4 * 24)
+    real, seen = flash_mod.round_inputs, []
+    monkeypatch.setattr(
+        flash_mod, "round_inputs", lambda *a, **kw: seen.append(torch.get_num_threads()) or real(*a, **kw)
+    )
+    q, k, v = (torch.randn(1, 2, 90, 16, dtype=torch.float64) for _ in range(3))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outs = []
+        for free in (1, 2):
+            monkeypatch.setattr(flash_mod, "free_cores", lambda free=free: free)
+            outs.append(flash_attention(q, k, v, policy="bf16-mixed", block_k=32))
+            assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2] and torch.equal(outs[0], outs[1])

@@ -115,4 +115,20 @@ def diagnose(
             "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         },
         "backends": backends,
+        "simulator_rounding": _native_rounding(),
+        "simulator_mma": _native_mma(),
     }
+
+
+def _native_rounding() -> dict:
+    """kernels.native's status: the simulators' one-pass C rounding of P, or why they cast through torch."""
+    from flashcheck.kernels import native
+
+    return native.status()
+
+
+def _native_mma() -> dict:
+    """Whether kernels.mma's tensor-core chain runs in C here (kernels.mma_native), or why it runs in torch."""
+    from flashcheck.kernels.mma import native_status
+
+    return native_status()

@@ -270,6 +270,11 @@ def doctor(
     for b in report["backends"]:
         version = f" ({escape(b['version'])})" if b.get("version") else ""
         c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}{version}")
+    native = report["simulator_rounding"]
+    how = f"C routine ({', '.join(native['formats'])})" if native["available"] else escape(native["reason"])
+    c.print(f"simulator's P rounding: {how}")
+    mma = report["simulator_mma"]
+    c.print(f"simulator's tensor-core MMA model: {'C routine' if mma['available'] else escape(mma['reason'])}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:

@@ -53,6 +53,8 @@ def round_inputs(
     qk_scaling, v_format, ...) take kernels.quantized's path. With policy.hadamard, Q and K are rotated by M first (see
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
     keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it."""
+    if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
+        return *(_fresh(round_to(t, policy.input), t) for t in (q, k, v)), None
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
     if policy.hadamard:
@@ -64,6 +66,21 @@ def round_inputs(
     elif policy.exact_inputs == "v":
         vr = v
     return qr, kr, vr, rot
+
+
+def _plain_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
+    """float32 inputs that the policy only casts (to a float format of at most float32's width, in float32)."""
+    plain = policy.work_dtype == torch.float32 and not policy.hadamard and not policy.exact_inputs
+    plain = plain and policy.input in _CASTS and not uses_quantized_inputs(policy)
+    return plain and all(t.dtype == torch.float32 for t in (q, k, v))
+
+
+_CASTS = (Format.FP32, Format.BF16, Format.FP16)
+
+
+def _fresh(rounded: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """rounded, never the caller's own tensor (round_to returns its input when the stage is its dtype)."""
+    return rounded.clone() if rounded is source else rounded
 
 
 def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None):

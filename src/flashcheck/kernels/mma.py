@@ -20,6 +20,7 @@ instruction model (tests/test_mma.py), which this module matches bit for bit; it
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -218,39 +219,131 @@ def mma_matmul(
     result is added to an fp32 accumulator with round-to-nearest and the chain restarts from +0. Inputs finite.
     acc "fp16": the MMA's accumulator register is fp16 (mma.sync ... .f16.e4m3.e4m3.f16, SageAttention2++'s
     "fp32+fp16"): each block result, formed as above, is rounded to the nearest fp16 (no oracle models this
-    unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16")."""
-    fa, fb = _checked_formats(a, b, fmt, acc, promote_every)
-    k, nf = a.shape[-1], model.nfma
+    unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16").
+    The chain runs in C (kernels.mma_native) where it built and passed its self-test, else in torch: same bits."""
+    fmts = _checked_formats(a, b, fmt, acc, promote_every)
+    return _matmul(a, b, model, c, promote_every, fmts, acc == "fp16", native_library())
+
+
+def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str, str], fp16: bool, lib):
+    """mma_matmul with its arguments checked; lib: kernels.mma_native's library, or None for the torch chain."""
+    k = a.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    native = lib is not None and a.device.type == "cpu"
+    start = _start(c, (*batch, a.shape[-2], b.shape[-1]), model, fmts, fp16, native, a.device)
+    if native:
+        segment = _native_segments(a, b, model, fmts, fp16, lib)
+    else:
+        segment, start = _torch_segments(a, b, batch, model, fmts, fp16, start)
+    seg = promote_every or max(k, 1)
+    run, outer = start, start.to(torch.float32)
+    for s0 in range(0, k, seg):
+        s1 = min(k, s0 + seg)
+        if promote_every is None:
+            run = segment(s0, s1, run)
+        else:  # the chain from +0, its result added to the fp32 accumulator
+            outer = outer + segment(s0, s1, torch.zeros_like(start)).to(torch.float32)
+    return run.to(torch.float32) if promote_every is None else outer
+
+
+def _start(c, shape: tuple[int, ...], model: MMAModel, fmts, fp16: bool, native: bool, device) -> torch.Tensor:
+    """The chain's first accumulator [shape]: c's fp32 values (fp16 ones with an fp16 register) or +0, in float64
+    (the torch chain) or in kernels.mma_native's working dtype."""
+    dtype = torch.float64
+    if native:
+        from flashcheck.kernels.mma_native import work_dtype
+
+        dtype = work_dtype(model, fmts)
+    if c is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    start = c.to(torch.float32).expand(shape).to(dtype) + 0.0  # a new tensor; -0 + 0: a zero c is +0
+    return start.to(torch.float16).to(dtype) if fp16 else start
+
+
+def _native_segments(a, b, model: MMAModel, fmts: tuple[str, str], fp16: bool, lib):
+    """The chain over k in s0:s1 from acc (updated in place), by kernels.mma_native (ragged last blocks as zero
+    padded ones)."""
+    from flashcheck.kernels.mma_native import chain
+
+    emins = (EMIN[fmts[0]], EMIN[fmts[1]])
+
+    def segment(s0: int, s1: int, acc: torch.Tensor) -> torch.Tensor:
+        return chain(lib, a[..., s0:s1], b[..., s0:s1, :], acc, model, fmts, emins, fp16)
+
+    return segment
+
+
+def _torch_segments(a, b, batch, model: MMAModel, fmts: tuple[str, str], fp16: bool, start: torch.Tensor):
+    """(the chain over k in s0:s1 from acc in torch, the start as that chain holds it): whole blocks (the last
+    one zero padded), float32 where the products are narrow and c has no value below 2^-100 (_chain_fast)."""
+    fa, fb = fmts
+    k, nf = a.shape[-1], model.nfma
     # products of two narrow values have at most 8 significant bits within 2^-32 .. 2^34: exact in float32
     work = torch.float64 if "fp32" in (fa, fb) else torch.float32
     a64 = a.to(work).expand(*batch, *a.shape[-2:])
     bt64 = b.to(work).transpose(-1, -2).expand(*batch, b.shape[-1], k)  # [..., N, K]
-    out_shape = (*batch, a.shape[-2], b.shape[-1])
-    start = torch.zeros(out_shape, dtype=torch.float64, device=a.device)
-    if c is not None:
-        start = start + c.to(torch.float32).to(torch.float64)
-    seg = promote_every or max(k, 1)
-    fp16 = acc == "fp16"
-    if fp16:
-        start = start.to(torch.float16).to(torch.float64)
+    # _chain_fast floors the products' E at 2^(-29 - frac): a block without a product would align a smaller c
+    # to that floor, not to its own exponent (c then comes out 0); such a c takes the float64 chain
     tiny = start.abs()
-    fast = work == torch.float32 and not bool(((tiny > 0) & (tiny < 2.0**-100)).any())
+    low = 2.0 ** max(model.min_exp, -29 - model.frac)
+    fast = work == torch.float32 and not bool(((tiny > 0) & (tiny < low)).any())
     chain = _chain_fast if fast else _chain
-    if fast:
-        start = start.to(torch.float32)
-    run = start if promote_every is None else torch.zeros_like(start)
-    outer = start.to(torch.float32)
-    for s0 in range(0, k, seg):
-        s1 = min(k, s0 + seg)
+
+    def segment(s0: int, s1: int, acc: torch.Tensor) -> torch.Tensor:
         pad = (-(s1 - s0)) % nf  # zero padding to whole blocks (zero products change nothing)
         aa, bb = a64[..., s0:s1], bt64[..., s0:s1]
         if pad:
             aa, bb = torch.nn.functional.pad(aa, (0, pad)), torch.nn.functional.pad(bb, (0, pad))
-        ea, eb = _exponents(aa, EMIN[fa]), _exponents(bb, EMIN[fb])
-        if promote_every is None:
-            run = chain(aa, ea, bb, eb, run, model, fp16)
-        else:
-            part = chain(aa, ea, bb, eb, torch.zeros_like(start), model, fp16)
-            outer = outer + part.to(torch.float32)
-    return run.to(torch.float32) if promote_every is None else outer
+        return chain(aa, _exponents(aa, EMIN[fa]), bb, _exponents(bb, EMIN[fb]), acc, model, fp16)
+
+    return segment, start.to(torch.float32) if fast else start
+
+
+def _selftest_cases():
+    """(name, a, b, c, model, promote_every, fmts, fp16) exercising every rule of the chain on small shapes."""
+    from flashcheck.kernels.mma_native import operands
+
+    e4 = ("e4m3", "e4m3")
+    cases = [
+        ("hopper", HOPPER, None, e4, False, 0.0), ("hopper+c", HOPPER, None, e4, False, 1.0),
+        ("ada fp16 promoted", ADA, 64, ("e2m1", "e2m3"), True, 1.0), ("ada fp16 overflow", ADA, None, e4, True, 1.0),
+        ("b200 late c", B200, None, e4, False, 1.0), ("b200 promoted", B200, 64, ("e5m2", "e4m3"), False, 0.0),
+        ("ada e2m1", ADA, None, ("e2m1", "e3m2"), False, 1.0), ("hopper small c", HOPPER, None, e4, False, 2.0**-70),
+        ("hopper fp32 operands", HOPPER, None, ("fp32", "e4m3"), False, 1.0),
+        ("b200 fp32", B200, 96, ("fp32",) * 2, False, 1.0), ("ada fp32 fp16", ADA, None, ("fp32", "e2m3"), True, 1.0),
+    ]  # fmt: skip
+    for i, (name, model, promote, fmts, fp16, c_on) in enumerate(cases):
+        a = operands(fmts[0], (2, 5, 200), 3 * i)
+        b = operands(fmts[1], (2, 200, 36), 3 * i + 1)
+        a[0, 1], b[1, :40] = 0.0, 0.0  # a zero row; blocks of zero products
+        c = operands("fp32", (2, 5, 36), 3 * i + 2) * c_on
+        c[0, 0, :4] = torch.tensor([2.0**-60, -(2.0**-140), 1e30, -3.0])  # c alone in a block: tiny, subnormal
+        yield name, a, b, c.to(torch.float32), model, promote, fmts, fp16
+
+
+@functools.cache
+def _native() -> tuple[object | None, str]:
+    """(kernels.mma_native's library, "") once it built and matched the torch chain bit for bit on
+    _selftest_cases, else (None, why not)."""
+    from flashcheck.kernels.mma_native import load
+
+    lib, why = load()
+    if lib is None:
+        return None, why
+    for name, a, b, c, model, promote, fmts, fp16 in _selftest_cases():
+        want = _matmul(a, b, model, c, promote, fmts, fp16, None)
+        got = _matmul(a, b, model, c, promote, fmts, fp16, lib)
+        if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+            return None, f"the C MMA chain differs from the torch chain here (case {name!r}): the torch chain runs"
+    return lib, ""
+
+
+def native_library():
+    """kernels.mma_native's self-tested library, or None (mma_matmul then runs its torch chain)."""
+    return _native()[0]
+
+
+def native_status() -> dict:
+    """{"available": bool, "reason": str}: whether mma_matmul runs in C here, for `flashcheck doctor`."""
+    lib, why = _native()
+    return {"available": lib is not None, "reason": why}

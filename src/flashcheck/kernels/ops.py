@@ -8,7 +8,10 @@ import math
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
+from flashcheck.kernels.native import round_ as native_round
 from flashcheck.kernels.validation import check_scale
+
+_NATIVE = (Format.BF16, Format.FP16)
 
 
 def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
@@ -20,7 +23,10 @@ def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | No
     """rnd in place: x holds its value rounded to the format of `stage` (and is returned). `scratch`, a flat
     buffer of that format's dtype with at least x.numel() elements, spares the cast's allocation."""
     fmt = policy.stage(stage)
-    if info(fmt).dtype == x.dtype:
+    narrow = info(fmt).dtype
+    if narrow == x.dtype:
+        return x
+    if fmt in _NATIVE and native_round(x, narrow):  # one pass in place, the casts' very bits (kernels.native)
         return x
     if scratch is not None and x.dtype == torch.float32 and fmt not in FP8_FORMATS:
         narrow = scratch[: x.numel()].view(x.shape)
@@ -73,14 +79,20 @@ def prescale_is_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     if mant != 0.5 or q.numel() == 0 or k.numel() == 0 or q.dtype not in wide or k.dtype not in wide:
         return False
     qa, ka = q.detach().abs(), k.detach().abs()
-    big = float(qa.amax()) * float(ka.amax()) * q.shape[-1] * max(scale, 1.0)
+    (q_lo, q_hi), (k_lo, k_hi) = (tuple(float(x) for x in torch.aminmax(a)) for a in (qa, ka))
+    big = q_hi * k_hi * q.shape[-1] * max(scale, 1.0)
     if not math.isfinite(big) or big >= 2.0**126:
         return False
-    tiny = [float(torch.where(a == 0, torch.full_like(a, math.inf), a).amin()) for a in (qa, ka)]
+    tiny = [lo if lo > 0 else _least_nonzero(a) for lo, a in ((q_lo, qa), (k_lo, ka))]
     if not all(math.isfinite(t) for t in tiny):
         return True  # one operand is all zeros: every product is 0 either way
     quantum = math.prod(2.0 ** (math.frexp(t)[1] - 1 - 23) for t in tiny) * min(scale, 1.0)
     return quantum >= 2.0**-126 and min(tiny) * min(scale, 1.0) >= 2.0**-102  # scaled operands stay normal
+
+
+def _least_nonzero(a: torch.Tensor) -> float:
+    """The least nonzero entry of a (inf when every entry is zero)."""
+    return float(torch.where(a == 0, torch.full_like(a, math.inf), a).amin())
 
 
 @functools.cache

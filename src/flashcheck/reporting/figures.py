@@ -109,6 +109,8 @@ def _handle_data(handle) -> tuple[tuple, list[float], list[float]]:
         colour = to_rgba(faces[0]) if len(faces) else to_rgba(edges[0]) if len(edges) else (0, 0, 0, 0)
         pts = [tuple(map(float, o)) for o in handle.get_offsets()]
         return colour, [x for x, _ in pts], [y for _, y in pts]
+    if hasattr(handle, "get_height") and hasattr(handle, "get_y"):  # a shaded band (axhspan): its y extent
+        return to_rgba(handle.get_facecolor()), [], [handle.get_y(), handle.get_y() + handle.get_height()]
     return to_rgba(handle.get_facecolor()[0]), [], []
 
 

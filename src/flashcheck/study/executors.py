@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flashcheck.core.lifeline import exit_with_parent
+from flashcheck.core.pool import WorkerPool, send_to_parent
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
-from flashcheck.core.pool import WorkerPool, send_to_parent
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0

@@ -1,0 +1,296 @@
+"""The C source of kernels.mma_native: kernels.mma's block-FMA chain, one output row at a time (its rules and
+why each step is exact are in kernels.mma's docstring; this file only says how the loops are laid out).
+
+Per output row r (a row of a [M, K] against b [K, N], batch = r / M) and up to NB outputs at once, per block of
+nfma k: pass 1 takes the largest product exponent E (int32 sums of the operands' clamped exponents; a zero
+operand's exponent ZEXP keeps its products out), pass 2 sums the truncated terms trunc(a_i b_j 2^(frac - E))
+as integers (int32 partial sums of `sub` k, so no partial sum can overflow, into int64), then the block's result
+is formed per output in float64 and truncated to frac_out bits. The inner loops run over the N outputs
+(contiguous in b), so they vectorise; a zero a_i skips its whole k.
+
+- f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
+  clamped exponent sum >= -28, frac <= 25): 2^(frac - E) is a normal float32, each scaled product is exact
+  (or below 1 and truncated to 0), the accumulator is float32. A block without a nonzero product takes the
+  float64 rule (E from c alone, at least min_exp).
+- f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
+  does, the accumulator float64 holding fp32 values."""
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define ZEXP (-30000)     /* the exponent of a zero operand: its products' sums stay below NOPROD */
+#define NOPROD (-20000)
+#define NONE (-(1 << 30))
+
+static inline float pow2f(int e) { uint32_t u = (uint32_t)(e + 127) << 23; float f; memcpy(&f, &u, 4); return f; }
+static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
+
+static inline double mask_out(double d, int frac_out) {
+    uint64_t u; memcpy(&u, &d, 8);
+    u &= ~((UINT64_C(1) << (52 - frac_out)) - 1);
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+/* d truncated toward zero to frac_out fraction bits of its exponent, at least fp32's -126 */
+static inline double trunc_out(double d, int frac_out) {
+    if (fabs(d) < 0x1p-126) return trunc(d * pow2d(126 + frac_out)) * pow2d(-126 - frac_out);
+    return mask_out(d, frac_out);
+}
+
+/* x rounded to the nearest fp16 (ties to even, overflow to inf), as a float */
+static inline float round_half(float x) {
+    float ax = fabsf(x);
+    if (!(ax < 65520.0f)) return ax != ax ? x : copysignf(INFINITY, x);
+    if (ax < 0x1p-14f) return copysignf(nearbyintf(ax * 0x1p24f) * 0x1p-24f, x);
+    int e; frexpf(ax, &e); e -= 1;
+    return copysignf(nearbyintf(ax * pow2f(10 - e)) * pow2f(e - 10), x);
+}
+
+static void exps_f32(const float *x, int32_t *e, int64_t n, int emin) {
+    for (int64_t i = 0; i < n; i++) {
+        int t = 0;
+        if (x[i] == 0.0f) { e[i] = ZEXP; continue; }
+        frexpf(x[i], &t);
+        e[i] = t - 1 < emin ? emin : t - 1;
+    }
+}
+
+static void exps_f64(const double *x, int32_t *e, int64_t n, int emin) {
+    for (int64_t i = 0; i < n; i++) {
+        int t = 0;
+        if (x[i] == 0.0) { e[i] = ZEXP; continue; }
+        frexp(x[i], &t);
+        e[i] = t - 1 < emin ? emin : t - 1;
+    }
+}
+
+typedef struct { int nf, frac, frac_out, min_exp, late_c, fp16, sub; } model_t;
+
+/* GCC / clang vector extensions: one zmm register where the CPU has AVX-512, split by the compiler elsewhere */
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef double vd __attribute__((vector_size(64)));
+typedef int64_t vl __attribute__((vector_size(64)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+typedef float vf8 __attribute__((vector_size(32)));
+#define VF 16  /* float lanes per vector */
+#define VD 8   /* double lanes per vector */
+#define TV 4   /* vectors per tile of outputs */
+#define INLINE static inline __attribute__((always_inline))
+#define LO8(x) __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7)
+#define HI8(x) __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15)
+#define JOIN(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+#if defined(__AVX512F__)
+INLINE vi vmax(vi a, vi b) { return (vi)_mm512_max_epi32((__m512i)a, (__m512i)b); }
+INLINE vi8 vmax8(vi8 a, vi8 b) { return (vi8)_mm256_max_epi32((__m256i)a, (__m256i)b); }
+#else
+INLINE vi vmax(vi a, vi b) { vi g = a > b; return (a & g) | (b & ~g); }
+INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
+#endif
+INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
+INLINE int any(vi m) { int r = 0; for (int k = 0; k < VF; k++) r |= m[k]; return r; }
+INLINE int any8(vl m) { long r = 0; for (int k = 0; k < VD; k++) r |= m[k]; return r != 0; }
+
+/* round_half on 16 lanes: |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14: subnormals'
+   2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
+INLINE vf vround_half(vf x) {
+    const vi u = (vi)x, sign = u & (int32_t)0x80000000u;
+    const vf ax = (vf)(u & 0x7FFFFFFF);
+    vi e = vmax(((u >> 23) & 0xFF) - 127, (vi){} - 14);
+    e = e - ((e - 16) & (e > 16));  /* at most 16: larger values overflow below */
+    const vf big = (vf)((e + 140) << 23) * 1.5f;
+    const vi r = (vi)((ax + big) - big), over = ax >= 65520.0f;
+    return (vf)(((r & ~over) | (0x7F800000 & over)) | sign);
+}
+
+/* a block without a nonzero product: c alone (early c), aligned to max(its exponent, min_exp) */
+static double lone_c(double c, const model_t *m) {
+    if (m->late_c) return (double)(0.0f + (float)c);
+    if (c == 0.0) return 0.0;
+    int e; frexp(c, &e); e -= 1;
+    if (e < m->min_exp) e = m->min_exp;
+    double q = pow2d(e - m->frac);
+    return trunc_out(trunc(c / q) * q, m->frac_out) + 0.0;
+}
+
+/* one block's sums of truncated terms over k0..k1, 16 outputs per vector, from float32 operands: sd (two
+   float64 halves per vector) starts from c's term; int32 partial sums of m->sub k cannot overflow */
+INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0, int64_t k1, const vf *sc,
+                      vd *sd, const int nt, const model_t *m) {
+    for (int64_t s0 = k0; s0 < k1; s0 += m->sub) {
+        const int64_t s1 = s0 + m->sub < k1 ? s0 + m->sub : k1;
+        vi s[TV];
+        for (int t = 0; t < nt; t++) s[t] = (vi){};
+        for (int64_t i = s0; i < s1; i++) {
+            const float ai = ar[i];
+            for (int t = 0; t < nt; t++) {
+                vf b; memcpy(&b, bm + i * ldb + t * VF, 64);
+                s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            sd[2 * t] += __builtin_convertvector(LO8(s[t]), vd);
+            sd[2 * t + 1] += __builtin_convertvector(HI8(s[t]), vd);
+        }
+    }
+}
+
+/* nt vectors of outputs acc[0 .. nt VF), float32 operands */
+INLINE void tile_f32(const float *ar, const int32_t *ea, const float *bm, const int32_t *eb, int64_t ldb,
+                     float *acc, const int nt, int64_t K, const model_t *m) {
+    const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
+    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+        const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
+        vi ep[TV], E[TV];
+        vf c[TV], sc[TV];
+        vd sd[2 * TV];
+        for (int t = 0; t < nt; t++) ep[t] = (vi){} + NONE;
+        for (int64_t i = k0; i < k1; i++) {
+            const int32_t e = ea[i];
+            for (int t = 0; t < nt; t++) { vi x; memcpy(&x, eb + i * ldb + t * VF, 64); ep[t] = vmax(ep[t], e + x); }
+        }
+        for (int t = 0; t < nt; t++) {
+            memcpy(&c[t], acc + t * VF, 64);
+            const vi u = (vi)c[t], zero = c[t] == 0.0f, fin = (u & 0x7F800000) != 0x7F800000;
+            /* c's exponent (a subnormal's reads -127: below any product's E; alone it takes lone_c) */
+            const vi ec = m->late_c ? (vi){} + NONE : ((((u >> 23) & 0xFF) - 127) & ~zero) | (NONE & zero);
+            E[t] = vmax(vmax(ep[t], ec), (vi){} + m->min_exp);
+            sc[t] = (vf)((m->frac - vmax(E[t], (vi){} - 28) + 127) << 23);  /* no product: any finite scale */
+            const vi ct = m->late_c ? (vi){} : __builtin_convertvector((vf)(u & fin) * sc[t], vi);
+            sd[2 * t] = __builtin_convertvector(LO8(ct), vd);
+            sd[2 * t + 1] = __builtin_convertvector(HI8(ct), vd);
+        }
+        terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
+        for (int t = 0; t < nt; t++) {
+            const vi ef = E[t] - m->frac;
+            const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
+            const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
+            vf r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
+            if (m->late_c) r = r + c[t];
+            if (m->fp16) r = vround_half(r);
+            memcpy(acc + t * VF, &r, 64);
+            const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
+            const vi odd = (ep[t] <= NOPROD) | (m->late_c ? (vi){} : ~fin);
+            if (!any(odd)) continue;
+            for (int k = 0; k < VF; k++) {
+                if (!odd[k]) continue;
+                float x = !m->late_c && !fin[k] ? c[t][k] : (float)lone_c((double)c[t][k], m);
+                acc[t * VF + k] = m->fp16 ? round_half(x) : x;  /* an infinite c (fp16 overflow) stays */
+            }
+        }
+    }
+}
+
+/* the float64 rule for one output (any c, any result): the special lanes of tile_f64 */
+static double out_f64(int64_t s, int32_t e, double c, const model_t *m) {
+    double d = trunc_out((double)s * pow2d(e - m->frac), m->frac_out);
+    if (!m->late_c && !isfinite(c)) d = c;
+    d = m->late_c ? (double)((float)d + (float)c) : d + 0.0;
+    return m->fp16 ? (double)round_half((float)d) : d;
+}
+
+/* nt vectors of outputs acc[0 .. nt VD), float64 operands */
+INLINE void tile_f64(const double *ar, const int32_t *ea, const double *bm, const int32_t *eb, int64_t ldb,
+                     double *acc, const int nt, int64_t K, const model_t *m) {
+    const int64_t keep = (int64_t)~((UINT64_C(1) << (52 - m->frac_out)) - 1);
+    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+        const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
+        vi8 ep[TV], E[TV];
+        vd c[TV], sc[TV];
+        vl s[TV];
+        for (int t = 0; t < nt; t++) ep[t] = (vi8){} + NONE;
+        for (int64_t i = k0; i < k1; i++) {
+            const int32_t e = ea[i];
+            for (int t = 0; t < nt; t++) { vi8 x; memcpy(&x, eb + i * ldb + t * VD, 32); ep[t] = vmax8(ep[t], e + x); }
+        }
+        for (int t = 0; t < nt; t++) {
+            memcpy(&c[t], acc + t * VD, 64);
+            const vl u = (vl)c[t], zero = c[t] == 0.0;
+            const vl fin = (u & 0x7FF0000000000000) != 0x7FF0000000000000;
+            const vl ec = m->late_c ? (vl){} + NONE : ((((u >> 52) & 0x7FF) - 1023) & ~zero) | (NONE & zero);
+            E[t] = vmax8(vmax8(ep[t], __builtin_convertvector(ec, vi8)), (vi8){} + m->min_exp);
+            sc[t] = pow2v(m->frac - E[t]);
+            s[t] = m->late_c ? (vl){} : __builtin_convertvector((vd)(u & fin) * sc[t], vl);
+        }
+        for (int64_t i = k0; i < k1; i++) {
+            const double ai = ar[i];
+            for (int t = 0; t < nt; t++) {
+                vd b; memcpy(&b, bm + i * ldb + t * VD, 64);
+                s[t] += __builtin_convertvector((ai * b) * sc[t], vl);
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            const vd d = __builtin_convertvector(s[t], vd) * pow2v(E[t] - m->frac);
+            const vl fin = ((vl)c[t] & 0x7FF0000000000000) != 0x7FF0000000000000;
+            const vl tiny = (d != 0.0) & (d < 0x1p-126) & (d > -0x1p-126);  /* trunc_out's fixed grid: scalar */
+            const vl odd = tiny | (m->late_c ? (vl){} : ~fin) | ((vl){} - m->fp16);  /* fp16: every lane scalar */
+            vd r = (vd)((vl)d & keep) + 0.0;
+            if (m->late_c) {  /* c + the block's result: one fp32 addition */
+                const vf8 sum = __builtin_convertvector(r, vf8) + __builtin_convertvector(c[t], vf8);
+                r = __builtin_convertvector(sum, vd);
+            }
+            memcpy(acc + t * VD, &r, 64);
+            if (!any8(odd)) continue;
+            for (int k = 0; k < VD; k++) if (odd[k]) acc[t * VD + k] = out_f64(s[t][k], E[t][k], c[t][k], m);
+        }
+    }
+}
+
+/* one output row's N outputs (N a multiple of 16) in tiles of TV vectors */
+#define ROW(NAME, T, TILE, VL)                                                                                 \
+static void NAME(const T *ar, const int32_t *ea, const T *bm, const int32_t *eb, int64_t N, T *acc, int64_t K, \
+                 const model_t *m) {                                                                           \
+    for (int64_t n0 = 0; n0 < N; n0 += TV * VL) {                                                              \
+        const int64_t left = (N - n0) / VL;                                                                    \
+        const T *b = bm + n0; const int32_t *e = eb + n0; T *c = acc + n0;                                     \
+        if (left >= 4) TILE(ar, ea, b, e, N, c, 4, K, m);                                                      \
+        else if (left == 3) TILE(ar, ea, b, e, N, c, 3, K, m);                                                 \
+        else if (left == 2) TILE(ar, ea, b, e, N, c, 2, K, m);                                                 \
+        else TILE(ar, ea, b, e, N, c, 1, K, m);                                                                \
+    }                                                                                                          \
+}
+ROW(row_f32, float, tile_f32, VF)
+ROW(row_f64, double, tile_f64, VD)
+
+/* rows r0..r1 (of Bt M) of acc [Bt, M, N] continued over a [Bt, M, K] and b [Bt, K, N], each given by its three
+   strides (in elements): b's matrix and each row of a and of acc are copied into buffers, N padded with zero
+   columns to whole vectors (their outputs are dropped). 0, or -1 when out of memory */
+#define CHAIN(NAME, T, EXPS, ROW)                                                                              \
+int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
+         T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
+         int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
+    const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub};                                      \
+    const int64_t np = (N + 15) / 16 * 16, kk = K > 0 ? K : 1;                                                \
+    T *ar = malloc(sizeof(T) * kk), *bs = calloc((size_t)(kk * np), sizeof(T)), *cr = calloc(np, sizeof(T)); \
+    int32_t *ea = malloc(4 * kk), *eb = malloc(4 * kk * np);                                                  \
+    int64_t have = -1, rc = 0;                                                                                \
+    if (!ar || !bs || !cr || !ea || !eb) rc = -1;                                                             \
+    for (int64_t r = r0; r < r1 && !rc; r++) {                                                                \
+        const int64_t bt = r / M, i = r % M;                                                                  \
+        if (bt != have) {                                                                                     \
+            for (int64_t k = 0; k < K; k++)                                                                   \
+                for (int64_t n = 0; n < N; n++) bs[k * np + n] = b[bt * b0 + k * b1 + n * b2];                \
+            EXPS(bs, eb, K * np, emin_b);                                                                     \
+            have = bt;                                                                                        \
+        }                                                                                                     \
+        for (int64_t k = 0; k < K; k++) ar[k] = a[bt * a0 + i * a1 + k * a2];                                 \
+        EXPS(ar, ea, K, emin_a);                                                                              \
+        for (int64_t n = 0; n < N; n++) cr[n] = acc[bt * c0 + i * c1 + n * c2];                               \
+        ROW(ar, ea, bs, eb, np, cr, K, &m);                                                                   \
+        for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[n];                               \
+    }                                                                                                         \
+    free(ar); free(bs); free(cr); free(ea); free(eb);                                                         \
+    return (int)rc;                                                                                           \
+}
+
+CHAIN(fc_mma_chain_f32, float, exps_f32, row_f32)
+CHAIN(fc_mma_chain_f64, double, exps_f64, row_f64)
+"""
