@@ -128,3 +128,14 @@ def crash_at_tile(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGSEGV)
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def abort_on_masked_rows(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that it aborts its process (SIGABRT) when a query row has every key masked."""
+    if mask is not None and k.shape[-2]:
+        kept = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+        if bool((~kept.any(dim=-1)).any()):
+            import os
+
+            os.abort()
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)

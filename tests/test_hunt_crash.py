@@ -78,3 +78,12 @@ def test_why_line_and_signal_name():
         "exit code 3",
         "unknown exit",
     )
+
+
+def test_a_semantics_probe_that_kills_its_process_reads_crash_and_the_others_are_measured():
+    from flashcheck.hunt.semantics import semantics_table
+
+    rows = {p.name: p for p in semantics_table(parse_target("hunt_bugs:abort_on_masked_rows"))}
+    dead = "crash: the process died of SIGABRT"
+    assert rows["fully masked rows"].returned == dead and rows["fully masked rows"].agrees is False
+    assert rows["Lk = 0"].returned == "zeros" and rows["causal, Lq > Lk"].agrees is True, rows
