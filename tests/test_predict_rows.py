@@ -74,3 +74,11 @@ def test_compare_names_the_error_predict_predicts():
     res = runner.invoke(app, ["compare", "--seq-len", "64", "--heads", "1", "--head-dim", "16"])
     assert res.exit_code in (0, 1), res.output
     assert "flashcheck predict predicts the rel_l2 of the column 'vs FP64 of rounded inputs'" in res.output
+
+
+def test_compare_of_an_fp8_preset_says_predict_leaves_out_the_kernels_own_quantisation():
+    """fa3-fp8-fp22 quantises its inputs inside: both columns hold that step, predict's figure does not."""
+    res = runner.invoke(app, ["compare", "--preset", "fa3-fp8-fp22", "--seq-len", "64", "--heads", "1"])
+    assert res.exit_code in (0, 1), res.output
+    assert "predicts the error after the kernel's own input quantisation" in res.output
+    assert "predicts the rel_l2 of the column" not in res.output

@@ -207,6 +207,8 @@ def test_readme_command_runs(line: str, tmp_path: Path, tiny_study: Path, reques
     expected = int("FAIL" in res.stdout) if "--backend" in words and "--json" not in words else 0
     if words[1] == "consistency":  # documented: exit 1 when a certificate does not hold, and it then says FAILS
         expected = int("FAILS" in res.stdout)
+    if words[1] == "hunt":  # documented: exit 1 when it finds something, and it then says FAIL
+        expected = int("FAIL:" in res.stdout)
     assert res.returncode == expected, shown
     assert "Traceback" not in res.stdout + res.stderr, shown
     assert "USDT" not in res.stderr and "\x1b[" not in res.stdout + res.stderr, shown
