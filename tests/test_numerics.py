@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
+from flashcheck.core import numerics
 from flashcheck.core.numerics import (
     Format,
     Policy,
@@ -190,3 +193,28 @@ def test_policy_errors(spec, match):
 def test_policy_rejects_low_precision_matmul():
     with pytest.raises(ValueError, match="matmul"):
         Policy(matmul="bf16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fmt", ["fp4-e2m1", "fp6-e2m3", "fp6-e3m2", "int8", "int4", "fp8-e4m3", "fp16", "bf16"])
+def test_round_exact_by_bits_matches_the_frexp_spacing(fmt, dtype):
+    """_round_exact's ulp from the exponent bits gives spacing()'s rounding bit for bit: random bit patterns
+    (subnormals, zeros, inf, NaN), ties and values around every format's limits, clamped and not."""
+    fmt = numerics.parse_format(fmt)
+    if dtype == torch.float32 and fmt not in numerics.EMULATED:
+        pytest.skip("float32 values reach _round_exact only for the emulated formats")
+    g = torch.Generator().manual_seed(5)
+    patterns = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, 2.5, 0.25, 0.75, 1.75, 5.0, 7.0, 127.5, 448, 65520]
+    x = torch.cat([patterns.view(torch.float32).to(dtype), torch.randn(20000, generator=g, dtype=dtype) * 4,
+                   torch.tensor(edges, dtype=dtype)])  # fmt: skip
+    fi = numerics.info(fmt)
+    itype = torch.int32 if dtype == torch.float32 else torch.int64
+    for xs in (x, torch.clamp(x, -fi.max, fi.max)):
+        ulp = numerics.spacing(xs, fmt).to(dtype)
+        want = torch.round(xs / ulp) * ulp
+        want = torch.where(want.abs() > fi.max, torch.sign(want) * math.inf, want)
+        want = torch.where(torch.isfinite(xs), want, xs)
+        got = numerics._round_exact(xs, fmt)
+        same = (got.view(itype) == want.view(itype)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), xs[~same][:5]

@@ -186,12 +186,38 @@ def widen_fp8(narrow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+# (integer view, exponent shift, exponent mask, frexp's exponent minus the biased one, bias) of the float dtypes
+_FLOAT_BITS = {torch.float32: (torch.int32, 23, 0xFF, -126, 127), torch.float64: (torch.int64, 52, 0x7FF, -1022, 1023)}
+
+
+def _ulp_bits(x: torch.Tensor, fmt: Format) -> torch.Tensor | None:
+    """spacing(x, fmt).to(x.dtype) for a float32 / float64 x by integer ops on its bits (no float64 frexp and
+    ldexp): the biased exponent E gives frexp's exponent E - 126 (float32; E - 1022 for float64) for every normal
+    x; zeros, subnormals (E = 0) and non-finite x get other ulps than spacing's, and _round_exact's result for
+    them is the same (+-0 rounds to itself at any ulp; subnormals of x's dtype lie far below every narrow format's
+    min_exp, so both clamp to it; non-finite x is returned as it is). None for other dtypes."""
+    bits = _FLOAT_BITS.get(x.dtype)
+    if bits is None:
+        return None
+    itype, shift, mask, offset, bias = bits
+    fi = _INFO[fmt]
+    e = torch.bitwise_right_shift(x.view(itype), shift).bitwise_and_(mask).add_(offset - fi.precision + bias)
+    e.clamp_(min=fi.min_exp - fi.precision + bias, max=2 * bias)  # the clamp at min_exp; max: inf/NaN stay finite
+    return e.bitwise_left_shift_(shift).view(x.dtype)
+
+
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     """Round-to-nearest-even of x to fmt by scaling to integers: exact for precision <= x's precision."""
     fi = _INFO[fmt]
-    ulp = spacing(x, fmt).to(x.dtype)
-    out = torch.round(x / ulp) * ulp  # torch.round rounds half to even
-    out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
+    if fmt in INT_FORMATS:
+        out = torch.round(x)  # spacing 1: x / 1 and round(.) * 1 are x and round(x), bit for bit
+    else:
+        ulp = _ulp_bits(x, fmt) if x.is_contiguous() else None
+        ulp = spacing(x, fmt).to(x.dtype) if ulp is None else ulp
+        out = torch.div(x, ulp).round_().mul_(ulp)  # round rounds half to even
+    big = out.abs() > fi.max
+    if bool(big.any()):
+        out = torch.where(big, torch.sign(out) * math.inf, out)
     return torch.where(torch.isfinite(x), out, x)
 
 
