@@ -146,7 +146,7 @@ def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.T
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
     descale = (q.scale * factor) * k.scale.transpose(-1, -2)
-    return (acc.to(torch.float64) * descale).to(torch.float32)
+    return acc.to(torch.float64).mul_(descale).to(torch.float32)
 
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
@@ -167,8 +167,8 @@ def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: 
     fmts = (p.fmt, v.fmt)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        o.add_((part.to(torch.float64) * unit).to(o.dtype))
+        o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
         return
-    c = (o.to(torch.float64) / unit).to(torch.float32)
+    c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64
     out = mma_matmul(p.codes, v.codes, model, c=c, fmt=fmts, acc=acc)
-    o.copy_((out.to(torch.float64) * unit).to(o.dtype))
+    o.copy_(out.to(torch.float64).mul_(unit))  # copy_ rounds float64 to o's dtype as .to does
