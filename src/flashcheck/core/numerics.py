@@ -156,6 +156,8 @@ def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
         x = torch.clamp(x, -fi.max, fi.max)
     if fmt in EMULATED:
         return _round_exact(x, fmt)
+    if x.dtype == torch.float64 and fmt in FP8_FORMATS and x.device.type == "cpu":
+        return _fp8_from_float64(x, fmt)
     if x.dtype == torch.float64 and fi.precision < 24:
         # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
         # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
@@ -204,6 +206,23 @@ def _ulp_bits(x: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     e = torch.bitwise_right_shift(x.view(itype), shift).bitwise_and_(mask).add_(offset - fi.precision + bias)
     e.clamp_(min=fi.min_exp - fi.precision + bias, max=2 * bias)  # the clamp at min_exp; max: inf/NaN stay finite
     return e.bitwise_left_shift_(shift).view(x.dtype)
+
+
+_STICKY = (1 << 29) - 1  # the float64 significand bits below float32's
+
+
+def _fp8_from_float64(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """_round_exact(x, fmt) for float64 x already clamped to fp8's range, by torch's cast: x first rounded to
+    24 significant bits by round-to-odd (the bits below cut, their OR kept in the last bit: exact in float32, so
+    the cast's pass through float32 rounds nothing), then rounded once to the fp8 format (round-to-odd at p + 2
+    or more bits, then to nearest at p bits, is a single rounding to nearest). Below 2^-126 the 24 bits are
+    not exact in float32, but every such value rounds to +-0 in fp8 either way. NaN stays x's own NaN."""
+    bits = x.contiguous().view(torch.int64)
+    low = torch.bitwise_and(bits, _STICKY).ne_(0).to(torch.int64).bitwise_left_shift_(29)
+    odd = torch.bitwise_and(bits, ~_STICKY).bitwise_or_(low).view(torch.float64)
+    out = widen_fp8(odd.to(_INFO[fmt].dtype), torch.float64)
+    nan = torch.isnan(x)
+    return torch.where(nan, x, out) if bool(nan.any()) else out
 
 
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
@@ -62,7 +62,8 @@ def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: floa
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
     codes = _codes(x64 / scale, fmt)
-    if not bool(((codes * scale - x64).abs() <= SPLIT_TOLERANCE * a).all()):
+    err = codes.mul(scale).sub_(x64).abs_()  # in place: the same values as (codes * scale - x64).abs()
+    if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
         return _values(x)
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
@@ -72,7 +73,7 @@ def _codes(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     within SPLIT_TOLERANCE of a code, the only case split keeps, both give that code (a double rounding through
     float32 cannot move a value that near a code off it), so the split's outcome is round_to's."""
     fast = {Format.FP8_E4M3: torch.float8_e4m3fn, Format.FP8_E5M2: torch.float8_e5m2}.get(fmt)
-    return round_to(x, fmt) if fast is None else x.to(fast).to(torch.float64)
+    return round_to(x, fmt) if fast is None else widen_fp8(x.to(fast), torch.float64)
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
