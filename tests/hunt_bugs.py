@@ -114,3 +114,28 @@ def fp8_fnuz_max(q, k, v, *, causal=False, scale=None, mask=None):
 def always_raises(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     """A target that refuses every input (a wrong format): its errors are no semantics."""
     raise ValueError("this kernel runs fp8 inputs only")
+
+
+def crash_at_tile(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that it kills its process (SIGSEGV, after a fatal-check line on stderr, as XLA's
+    ynn_emitter check failure did with SIGABRT) when Lk % 128 == 64."""
+    if k.shape[-2] % 128 == 64:
+        import os
+        import signal
+        import sys
+
+        sys.stderr.write(f"F1206 planted.cc:1] Check failed: Lk % 128 != 64 (Lk = {k.shape[-2]})\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def abort_on_masked_rows(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that it aborts its process (SIGABRT) when a query row has every key masked."""
+    if mask is not None and k.shape[-2]:
+        kept = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+        if bool((~kept.any(dim=-1)).any()):
+            import os
+
+            os.abort()
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)

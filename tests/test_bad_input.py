@@ -346,6 +346,12 @@ PREDICT = [
         "head_dim=48",
         "power-of-two",
     ),
+    r("predict-numerics-empty", "predict --numerics '' --seq-len 8", "--numerics", "empty"),
+    r("predict-heads-zero", "predict --seq-len 8 --heads 0", "--heads 0", ">= 1"),
+    r("predict-kv-heads-not-divisor", "predict --seq-len 8 --heads 4 --kv-heads 3", "--kv-heads 3", "divisor"),
+    r("predict-seed-huge", "predict --seq-len 8 --seed 99999999999999999999", "--seed", "9223372036854775807"),
+    r("predict-scale-overflow", "predict --seq-len 8 --scale 1e30", "--scale", "overflow", "largest scale"),
+    r("predict-scale-overflow-fp16", "predict --numerics fp16-mixed --seq-len 8 --scale 1e6", "fp16", "largest scale"),
 ]
 
 VALIDATE = [  # run only once `flashcheck validate` exists

@@ -120,7 +120,7 @@ def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
     from flashcheck.cli.show import print_whole
-    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, headline, ratio_text
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, crash_text, headline, ratio_text
 
     console = _console()
     console.print(escape(headline(summary)))
@@ -138,6 +138,8 @@ def _print(summary: dict, folder) -> None:
     if rows:
         print_whole(console, tuple(FINDING_HEADER), rows)
         for f in summary["findings"]:
+            if f["kind"] == "crash":
+                console.print(f"crash: {escape(crash_text(f))}", soft_wrap=True)
             console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
     sem = [
         [
@@ -149,6 +151,8 @@ def _print(summary: dict, folder) -> None:
         for p in summary["semantics"]
     ]
     print_whole(console, tuple(SEMANTICS_HEADER), sem)
+    if summary.get("crashes"):
+        console.print(f"{summary['crashes']} cases killed the target's process; the hunt went on with a fresh worker")
     if summary["refusals"]:
         console.print(
             escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}")
@@ -163,7 +167,6 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         if not target:
             raise ValueError("--case needs --backend: the hunt TARGET to rerun it on")
         from flashcheck.hunt.case import parse_case
-        from flashcheck.hunt.judge import evaluate
         from flashcheck.hunt.target import parse_target
 
         tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
@@ -174,7 +177,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))
-    outcome = evaluate(tgt, hc)
+    outcome = _evaluate_isolated(tgt, hc)
     if as_json:
         import json
 
@@ -183,6 +186,20 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
     else:
         _print_case(tgt.name, hc, outcome)
     raise typer.Exit(0 if outcome.passed else 1)
+
+
+def _evaluate_isolated(tgt, hc):
+    """evaluate(tgt, hc), the target run in a worker when it may kill its process: a crash is a verdict."""
+    import tempfile
+    from pathlib import Path
+
+    from flashcheck.hunt.isolate import IsolatedTarget, isolates
+    from flashcheck.hunt.judge import evaluate
+
+    if not isolates(tgt):
+        return evaluate(tgt, hc)
+    with tempfile.TemporaryDirectory(prefix="flashcheck-case-") as tmp, IsolatedTarget(tgt, Path(tmp) / "stderr") as w:
+        return evaluate(tgt, hc, run=w.outputs)
 
 
 def _check_case_fits(hc, backward: bool) -> None:
@@ -203,6 +220,10 @@ def _print_case(name: str, hc, outcome) -> None:
     console.print(escape(f"{name} on {hc.describe()} (peers' rule, FP64 reference)"))
     if outcome.error is not None:
         console.print(escape(f"FAIL: the target raised {outcome.error}"))
+        return
+    crash = next((v for v in outcome.failures if v.kind == "crash"), None)
+    if crash is not None:  # run in a worker: the process that died was the worker's, not this one
+        console.print(escape(f"FAIL: the target crashed: {crash.where()}; its stderr said: {crash.message}"))
         return
     rows = [
         [v.tensor, "ok" if v.passed else "FAIL", "" if v.passed else v.where(), v.message] for v in outcome.verdicts

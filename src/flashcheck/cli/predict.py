@@ -40,13 +40,32 @@ def _draw_options(draw: bool, heads, kv_heads, seed, scale) -> Draw | None:
     if not draw and all(x is None for x in (heads, kv_heads, seed, scale)):
         return None
     h = 2 if heads is None else heads
-    if h < 1 or (kv_heads is not None and (kv_heads < 1 or h % kv_heads)):
-        raise ValueError(f"--heads {h} / --kv-heads {kv_heads}: give heads >= 1 and kv-heads a divisor of heads")
-    if seed is not None and seed < 0:
-        raise ValueError(f"--seed {seed} is not allowed; give an integer >= 0")
+    if h < 1:
+        raise ValueError(f"--heads {h} is not allowed; give an integer >= 1")
+    if kv_heads is not None and (kv_heads < 1 or h % kv_heads):
+        raise ValueError(f"--kv-heads {kv_heads} is not allowed with --heads {h}; give a divisor of {h}")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {MAX_SEED}")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"--scale {scale} is not allowed; give a finite number > 0 (the inputs' factor)")
     return Draw(h, kv_heads, seed or 0, 1.0 if scale is None else scale)
+
+
+MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
+
+
+def _draw_qkv(distribution: str, draw: Draw, lq: int, lk: int, d: int) -> tuple:
+    """(q, k, v) drawn now (times draw.scale), after the memory check compare uses."""
+    from flashcheck.core.inputs import InputSpec, make_qkv
+    from flashcheck.kernels.memory import Footprint, check_fits
+
+    try:  # --draw materialises inputs and their scores: the same memory check compare uses
+        check_fits(Footprint(batch=1, heads=draw.heads, seq_len=lq, seq_len_k=lk, head_dim=d))
+    except ValueError as exc:
+        raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
+    spec = InputSpec(heads=draw.heads, kv_heads=draw.kv_heads, seq_len=lq, seq_len_k=lk, head_dim=d,
+                     distribution=distribution, seed=draw.seed)  # fmt: skip
+    return tuple(t * draw.scale for t in make_qkv(spec)) if draw.scale != 1.0 else make_qkv(spec)
 
 
 def _stats(distribution: str, draw: Draw | None, lq: int, lk: int, d: int, causal: bool) -> tuple:
@@ -62,19 +81,52 @@ def _stats(distribution: str, draw: Draw | None, lq: int, lk: int, d: int, causa
             )
         fs, fp = DEFAULT_STATS[distribution]
         return fs, fp, "built-in table", (), 1.0
-    from flashcheck.core.inputs import InputSpec, make_qkv
-    from flashcheck.kernels.memory import Footprint, check_fits
     from flashcheck.measure.inputstats import input_stats
 
-    try:  # --draw materialises inputs and their scores: the same memory check compare uses
-        check_fits(Footprint(batch=1, heads=draw.heads, seq_len=lq, seq_len_k=lk, head_dim=d))
-    except ValueError as exc:
-        raise ValueError(f"--draw cannot draw inputs this large here ({exc}); leave out --draw") from None
-    spec = InputSpec(heads=draw.heads, kv_heads=draw.kv_heads, seq_len=lq, seq_len_k=lk, head_dim=d,
-                     distribution=distribution, seed=draw.seed)  # fmt: skip
-    qkv = tuple(t * draw.scale for t in make_qkv(spec)) if draw.scale != 1.0 else make_qkv(spec)
+    qkv = _draw_qkv(distribution, draw, lq, lk, d)
     st = input_stats(*qkv, causal=causal)
     return st["f_score"], st["f_p"], draw.text(), qkv, st["f_out"]
+
+
+def _with_accumulator(setting, qkv: tuple, distribution: str, causal: bool):
+    """(setting, where f_acc came from or None): a flash policy with a P·V tensor-core model (pv_mma) gets the
+    model's derived accumulator term (measure.mma_error) on the drawn inputs, or on inputs drawn now for it alone
+    (seed 0, 2 heads) when --draw is not given."""
+    import dataclasses
+
+    from flashcheck.measure.mma_error import pv_mma_stats
+
+    pol = setting.policy
+    if setting.kernel != "flash" or not pol.pv_mma:
+        return setting, None
+    lq, lk, d = qkv[0].shape[-2], qkv[1].shape[-2], qkv[0].shape[-1]
+    st = pv_mma_stats(*qkv, pol, block_k=setting.block_k, causal=causal)
+    return dataclasses.replace(setting, f_acc=st["f_acc"]), (lq, lk, d)
+
+
+def _check_scale(setting, qkv: tuple, draw: Draw | None) -> None:
+    """ValueError when the drawn inputs times --scale overflow the input format (unscaled 16/32-bit inputs) or
+    their scores the score stage's format, naming the largest scale that fits."""
+    from flashcheck.core.numerics import FP8_FORMATS, Format, info
+
+    if draw is None or not qkv:
+        return
+    pol = setting.policy
+    q, k = qkv[0].double(), qkv[1].double()
+    amax = max(float(t.abs().amax()) for t in qkv)
+    smax = float(q.norm(dim=-1).amax() * k.norm(dim=-1).amax()) / q.shape[-1] ** 0.5  # a bound on |score|
+    fits = []
+    if pol.input in (Format.BF16, Format.FP16, Format.FP32) and pol.input not in FP8_FORMATS and amax > 0:
+        fits.append((info(pol.input).max / amax, f"inputs in {pol.input.value}"))
+    if smax > 0:
+        fits.append(((info(pol.score).max / smax) ** 0.5, f"scores in {pol.score.value}"))
+    for top, what in fits:
+        if top < 1.0:
+            largest = draw.scale * top
+            raise ValueError(
+                f"--scale {draw.scale:g} is not allowed: the {what} overflow the format; the largest scale "
+                f"allowed here is {largest:.3g}"
+            )
 
 
 def _with_range(setting, qkv: tuple, causal: bool):
@@ -138,6 +190,8 @@ def _known_preset(value: str | None) -> str | None:
 def _preset_setting(preset, numerics, kernel: str, shape: tuple, block_k: int):
     """(numerics, block_k) for the model: the preset's policy at its format and its key block, or the given ones
     (default numerics bf16-mixed for the simulators, bf16 for a backend)."""
+    if numerics is not None and not numerics.strip():
+        raise ValueError("--numerics '' is empty; give a policy (bf16-mixed, fa3-fp8, ...) or leave the option out")
     if preset is None:
         return numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16"), block_k
     if kernel != "flash":
@@ -182,7 +236,8 @@ def predict(
 ) -> None:
     """Predict the kernel's relative L2 error against FP64 of its rounded inputs from the unit roundoff of
     each stage's format, the rescalings (Lk / Bc), L, D and input statistics (flashcheck.measure.predict).
-    Range terms: a narrow P·V accumulator (FP22, fp16; acc_bits) always; with --draw and P in fp8/fp4, the
+    Range terms: a narrow P·V accumulator always (a preset's tensor-core model: derived on drawn inputs); with
+    --draw and P in fp8/fp4, the
     P values that underflow (their lost mass) and the subnormal and exact ones, measured on the drawn inputs."""
     from flashcheck.measure import predict as model
 
@@ -199,10 +254,11 @@ def predict(
             kernel, numerics, visible=_visible(seq_len, lk, causal), head_dim=head_dim, block_k=bk,
             splits=splits, f_score=fs, f_p=fp, f_out=f_out,
         )  # fmt: skip
-        setting, ranged = _with_range(setting, qkv, causal)
+        setting, ranged = _terms(setting, qkv, drawing, distribution, (seq_len, lk, head_dim, causal))
     except ValueError as exc:
         _fail_usage(str(exc))
     data = _prediction(setting, kernel, block_k, (seq_len, lk), (fs, fp, source, ranged))
+    data["accumulator"] = _accumulator_words(setting, bool(qkv))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -222,6 +278,40 @@ def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, i
         "statistics": source, "f_out": setting.f_out, "range": ranged, "contributions": model.contributions(setting),
         "coefficients": model.COEFFS, "training": model.TRAINING,
     }  # fmt: skip
+
+
+def _terms(setting, qkv: tuple, drawing: Draw | None, distribution: str, shape: tuple):
+    """(setting, range statistics or None) with the --scale check, the range terms and the tensor-core accumulator
+    term; shape (Lq, Lk, D, causal)."""
+    lq, lk, d, causal = shape
+    _check_scale(setting, qkv, drawing)
+    setting, ranged = _with_range(setting, qkv, causal)
+    acc_qkv = qkv
+    if not qkv and setting.kernel == "flash" and setting.policy.pv_mma:
+        try:  # inputs drawn for the tensor-core term alone; too large to draw here: the FP22 formula stands in
+            acc_qkv = _draw_qkv(distribution, Draw(), lq, lk, d)
+        except ValueError:
+            acc_qkv = ()
+    if acc_qkv:
+        setting, _ = _with_accumulator(setting, acc_qkv, distribution, causal)
+    return setting, ranged
+
+
+def _accumulator_words(setting, drawn: bool) -> str | None:
+    """Where the P·V accumulator term comes from (None without a narrow accumulator)."""
+    pol = setting.policy
+    if setting.kernel != "flash" or not (pol.pv_mma or pol.acc_bits):
+        return None
+    if pol.pv_mma and setting.f_acc is not None:
+        where = "the drawn inputs" if drawn else "inputs drawn for it (seed 0, 2 heads)"
+        return (f"P·V tensor-core accumulator ({pol.pv_mma} model, measure.mma_error) on {where}: relative "
+                f"error {setting.f_acc**0.5:.3g}")  # fmt: skip
+    if pol.pv_mma and not pol.acc_bits:
+        return f"P·V tensor-core accumulator ({pol.pv_mma} model): inputs too large to draw here, the term is left out"
+    if pol.pv_mma:
+        return (f"P·V tensor-core accumulator ({pol.pv_mma} model): inputs too large to draw here, so the FP22 / fp16 "
+                f"formula of {pol.acc_bits} bits stands in (an upper estimate for long one-level chains)")  # fmt: skip
+    return f"P·V accumulator of {pol.acc_bits} bits (FP22 / fp16 formula)"
 
 
 def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int) -> None:
@@ -261,4 +351,6 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
 
         if narrow_p(setting.policy):
             typer.echo("P is cast to a narrow format: add --draw to count the P values that underflow (range terms)")
+    if data.get("accumulator"):
+        typer.echo(data["accumulator"])
     typer.echo(f"model: {TRAINING}")

@@ -26,7 +26,12 @@ _SEND: Callable[[tuple], None] | None = None
 
 
 class WorkerDied(RuntimeError):
-    """A worker process ended while it ran a job (killed, out of memory, crashed)."""
+    """A worker process ended while it ran a job (killed, out of memory, crashed); `exitcode`: the process's
+    exit code (-N: killed by signal N), None when unknown."""
+
+    def __init__(self, message: str, exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
 
 
 def send_to_parent(payload: Any) -> None:
@@ -145,7 +150,7 @@ class WorkerPool:
         worker.conn.close()
         if worker.busy:
             why = f"worker process {worker.process.pid} ended with exit code {code} while it ran a job"
-            yield "died", worker.key, WorkerDied(why)
+            yield "died", worker.key, WorkerDied(why, code)
 
     def stop(self, kill: bool = False) -> None:
         """Stop every worker: idle ones are asked to exit (killed after STOP_WAIT_S); busy ones, or all with

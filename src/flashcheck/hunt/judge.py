@@ -25,10 +25,10 @@ import torch
 
 from flashcheck.core.budget import BudgetResult, check_budget, rounding_floor
 from flashcheck.hunt.case import FP8, HuntCase, keyless_rows, make_inputs, make_mask
-from flashcheck.hunt.target import Target, sink_as_key
+from flashcheck.hunt.target import Target, TargetCrashed, TargetRaised, sink_as_key
 
 TENSORS = ("out", "dq", "dk", "dv")
-KINDS = ("nan", "inf", "overflow", "budget", "semantics")  # a failure's kind; overflow: the baseline too
+KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash")  # overflow: the baseline too; crash: process died
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ class Verdict:
     def where(self) -> str:
         """'head 3, tokens 64-127, dq NaN' (what failed where), or the tensor and kind alone."""
         what = {"nan": "NaN", "inf": "Inf", "overflow": "overflow"}.get(self.kind, self.kind)
+        if self.kind == "crash":
+            return f"the process died of {self.tensor}"
         if self.rows is None:
             return f"{self.tensor} {what}"
         a, b = self.rows
@@ -259,11 +261,21 @@ def _worse(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return b if ea.numel() and float(eb.max()) > float(ea.max()) else a
 
 
-def evaluate(target: Target, case: HuntCase, rule: str = "peers") -> Outcome:
+def crash_verdict(exc: TargetCrashed) -> Verdict:
+    """A dead target process as a failure: kind crash, the signal's name in place of a tensor."""
+    return Verdict(exc.signal, False, "crash", 1.0, exc.line or "(nothing on stderr)")
+
+
+def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> Outcome:
     """Run the target, the reference and the baseline on `case` and judge every tensor; an exception from the
-    target is recorded as its error (a refusal), not raised."""
+    target is recorded as its error (a refusal), not raised. `run`: case -> the target's outputs, in place of
+    outputs(target, case) (hunt.isolate: in a worker; its TargetCrashed is a crash verdict)."""
     try:
-        got = outputs(target, case)
+        got = outputs(target, case) if run is None else run(case)
+    except TargetCrashed as exc:
+        return Outcome(case, (crash_verdict(exc),))
+    except TargetRaised as exc:  # raised in the worker: already 'Type: message'
+        return Outcome(case, error=(str(exc).splitlines() or [""])[0][:300])
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)
         return Outcome(case, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
     fp8 = case.dtype in FP8

@@ -19,6 +19,7 @@ KIND_WORDS = {
     "overflow": "non-finite, as the same-precision baseline is too",
     "budget": "error over the budget of the same-precision baseline",
     "semantics": "differs from the convention (zeros) only on rows with no visible key",
+    "crash": "the target's process died (the signal; the line of its stderr that says why)",
 }
 
 
@@ -36,6 +37,7 @@ def summary(target: Target, state: HuntState, table: list[Probe], budget_s: floa
         "examples": state.examples,
         "refusals": state.refusals,
         "refusal_examples": state.refusal_examples,
+        "crashes": state.crashes,
         "rounds": state.rounds,
         "findings": [f.to_dict(target) for f in state.findings],
         "semantics": [p.to_dict() for p in table],
@@ -75,6 +77,11 @@ def finding_rows(findings: list[Finding]) -> list[list[str]]:
     ]
 
 
+def crash_text(f: dict) -> str:
+    """'died of SIGABRT on Lk=64 ...; stderr: F... Check failed: ...' for a crash finding (a dict of to_dict)."""
+    return f"died of {f['tensor']} on {f['describe']}; stderr: {f['message']}"
+
+
 FINDING_HEADER = ["kind", "where", "error / bound", "minimal case", "found (s)", "shrunk (s)"]
 SEMANTICS_HEADER = ["probe", "returned", "convention", "verdict"]
 
@@ -88,6 +95,8 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     page = Page(f"flashcheck hunt: {target.name}")
     page.add(Text(headline(s) + "."))
     notes = [f"dtypes {', '.join(target.dtypes)} on {target.device}", *target.notes]
+    if state.crashes:
+        notes.append(f"{state.crashes} cases killed the target's process (each a fresh worker after it)")
     if state.refusals:
         notes.append(f"{state.refusals} cases refused by the target (not judged), e.g. {state.refusal_examples[0]}")
     page.add(Bullets([("", None, n) for n in notes], with_verdict=False))
@@ -95,6 +104,9 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     if state.findings:
         page.add(Table(FINDING_HEADER, finding_rows(state.findings)))
         page.add(Bullets([(f.kind, None, f"`{f.reproducer(target)}`") for f in state.findings], with_verdict=False))
+        crashes = [(f.kind, None, crash_text(f.to_dict())) for f in state.findings if f.kind == "crash"]
+        if crashes:
+            page.add(Bullets(crashes, with_verdict=False))
         page.add(Bullets([(k, None, w) for k, w in KIND_WORDS.items()], with_verdict=False))
     else:
         page.add(Text("None: every case judged kept within the budget, without NaN or Inf."))

@@ -5,10 +5,17 @@ towards larger error / budget ratios, its shrinker, and its example database in 
 failure that a killed run found but had not stored). A round locks onto the first failure of a kind not yet
 found (kind x tensor, judge.KINDS) and shrinks it; after `shrink_s` it stops shrinking (the smallest case so far
 is kept). Findings, the examples run and the time spent are stored atomically after every round, so that a
-killed hunt resumes with the budget it had left and without finding the same thing twice."""
+killed hunt resumes with the budget it had left and without finding the same thing twice.
+
+A target that may kill its process (hunt.isolate.isolates: backends, user callables) runs in a worker; a case
+that kills it is a `crash` finding, stored at once (before the progress line, before shrinking: marked
+provisional until its round ends with the shrunk case), and the next case gets a fresh worker. The property
+raises on a crash like on any failure, so Hypothesis shrinks it (each crashing step costs a worker restart),
+and its example database replays it on resume, where it is a crash again, recorded once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -19,6 +26,7 @@ from pathlib import Path
 from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.hunt.case import HuntCase, parse_case
+from flashcheck.hunt.isolate import STDERR, IsolatedTarget, isolates
 from flashcheck.hunt.judge import Outcome, evaluate
 from flashcheck.hunt.target import Target
 
@@ -26,7 +34,7 @@ ROUND_EXAMPLES = 40
 STORE = "findings.json"
 DATABASE = "hypothesis-db"
 STORAGE = "hypothesis-storage"  # Hypothesis's own files (its home directory), kept in --out rather than ./.hypothesis
-WRITTEN = (STORE, "summary.json", "report.md", "report.html")  # plain files a hunt writes into --out
+WRITTEN = (STORE, "summary.json", "report.md", "report.html", STDERR)  # plain files a hunt writes into --out
 FOLDERS = ("findings", DATABASE, STORAGE)  # folders a hunt writes into inside --out
 
 
@@ -50,6 +58,7 @@ class Finding:
     shrunk_after_s: float  # hunt time when its shrinking ended
     examples_before: int
     margin: float = 0.0  # the worst check's error / bound (how far over the budget a budget finding is)
+    provisional: bool = False  # a crash stored when first seen, before its round shrank it
 
     @property
     def signature(self) -> tuple[str, str]:
@@ -71,13 +80,14 @@ class Finding:
             "shrunk_after_s": round(self.shrunk_after_s, 2),
             "examples_before": self.examples_before,
             "margin": round(self.margin, 4) if math.isfinite(self.margin) else None,  # JSON has no Infinity
-        }
+        } | ({"provisional": True} if self.provisional else {})
         return d | ({"reproducer": self.reproducer(target)} if target else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> Finding:
         keys = ("kind", "tensor", "where", "message", "found_after_s", "shrunk_after_s", "examples_before")
-        return cls(case=parse_case(d["case"]), margin=float(d.get("margin") or 0.0), **{k: d[k] for k in keys})
+        margin, provisional = float(d.get("margin") or 0.0), bool(d.get("provisional", False))
+        return cls(case=parse_case(d["case"]), margin=margin, provisional=provisional, **{k: d[k] for k in keys})
 
 
 @dataclass
@@ -88,12 +98,14 @@ class HuntState:
     elapsed_s: float = 0.0
     examples: int = 0
     refusals: int = 0
+    crashes: int = 0  # cases that killed the target's process (isolated targets)
     rounds: int = 0
     refusal_examples: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
     def save(self, out: Path, target: Target) -> None:
-        d = {k: getattr(self, k) for k in ("target", "elapsed_s", "examples", "refusals", "rounds", "refusal_examples")}
+        keys = ("target", "elapsed_s", "examples", "refusals", "crashes", "rounds", "refusal_examples")
+        d = {k: getattr(self, k) for k in keys}
         d["findings"] = [f.to_dict(target) for f in self.findings]
         write_atomic(out / STORE, json.dumps(d, indent=1) + "\n")
 
@@ -112,7 +124,7 @@ class HuntState:
         if d.get("target") != target.name:
             raise ValueError(f"{out} holds a hunt of {d.get('target')!r}, not {target.name!r}; give another --out")
         findings = [Finding.from_dict(f) for f in d.get("findings", [])]
-        keys = ("elapsed_s", "examples", "refusals", "rounds", "refusal_examples")
+        keys = ("elapsed_s", "examples", "refusals", "crashes", "rounds", "refusal_examples")
         return cls(target.name, findings=findings, **{k: d[k] for k in keys if k in d})
 
 
@@ -131,11 +143,13 @@ def hunt(
     shrink_s: float | None = None,
     rounds: int | None = None,
     on_step: Callable[[HuntState, str], None] | None = None,
+    isolate: bool | None = None,
 ) -> HuntState:
     """Hunt `target` for `budget_s` seconds in all (a resumed hunt spends what its store has left), storing
     into `out`. `seed`: Hypothesis's seed of round i is seed + i (None: random); `shrink_s`: the most time
     one finding's shrinking takes (None: a fifth of the budget, at least 10 s); `rounds`: stop after that many
-    rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed."""
+    rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed;
+    `isolate`: run the target in a worker process (None: isolate.isolates(target))."""
     import torch
 
     make_folder(out, "the --out folder")
@@ -148,12 +162,15 @@ def hunt(
             import random
 
             seed = random.SystemRandom().randrange(2**32)
-        return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step)
+        if not (isolates(target) if isolate is None else isolate):
+            return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, None)
+        with IsolatedTarget(target, out / STDERR) as worker:
+            return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, worker)
     finally:
         torch.set_num_threads(threads)
 
 
-def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> HuntState:
+def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step, worker) -> HuntState:
     from hypothesis.configuration import set_hypothesis_home_dir
     from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -163,17 +180,22 @@ def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step) -> Hunt
     shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
     step = on_step or (lambda s, note: None)
     while time.monotonic() - clock < budget_s and (rounds is None or state.rounds < rounds):
-        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step)
+        run = None if worker is None else worker.outputs
+        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step, (run, out))
         state.rounds += 1
         state.elapsed_s = time.monotonic() - clock
         if found is not None:
-            state.findings.append(found)
+            same = [i for i, f in enumerate(state.findings) if f.signature == found.signature]
+            if same:  # the crash stored when first seen, now shrunk
+                state.findings[same[0]] = found
+            else:
+                state.findings.append(found)
         state.save(out, target)
         step(state, f"round {state.rounds}" + (f": found {found.kind} in {found.tensor}" if found else ""))
     return state
 
 
-def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Finding | None:
+def _round(target, state: HuntState, db, clock: float, times, opts, step, io) -> Finding | None:
     """One Hypothesis search; the shrunk finding of the first new kind of failure, or None."""
     from hypothesis import HealthCheck, Phase, given, reject, settings
     from hypothesis import seed as fix_seed
@@ -184,7 +206,8 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
 
     budget_s, shrink_s = times
     seed, rule, backward = opts
-    known = {f.signature for f in state.findings}
+    run, out = io
+    known = {f.signature for f in state.findings if not f.provisional}
     lock: dict = {"sig": None, "best": None, "at": 0.0, "examples": 0}
 
     @settings(
@@ -204,8 +227,9 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step) -> Fin
         done = now - lock["at"] > shrink_s or now > budget_s  # shrinking is bounded by the budget too
         if lock["sig"] is not None and done and case != lock["best"].case:
             return  # done shrinking: only the smallest case so far still fails
-        outcome = evaluate(target, case, rule)
+        outcome = evaluate(target, case, rule, run)
         _count(state, outcome)
+        _store_crash(state, outcome, now, lambda: state.save(out, target))
         step(state, case.describe())
         if outcome.error is not None:
             reject()
@@ -233,6 +257,19 @@ def _finding(lock: dict, clock: float) -> Finding:
     v = next(v for v in best.failures if (v.kind, v.tensor) == lock["sig"])
     end = time.monotonic() - clock
     return Finding(v.kind, v.tensor, best.case, v.where(), v.message, lock["at"], end, lock["examples"], v.margin)
+
+
+def _store_crash(state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
+    """A crash of a kind not stored yet: stored now (provisional, unshrunk), before anything else happens."""
+    crash = next((v for v in outcome.failures if v.kind == "crash"), None)
+    if crash is None:
+        return
+    state.crashes += 1
+    if (crash.kind, crash.tensor) in {f.signature for f in state.findings}:
+        return
+    f = Finding("crash", crash.tensor, outcome.case, crash.where(), crash.message, now, now, state.examples, 1.0)
+    state.findings.append(dataclasses.replace(f, provisional=True))
+    save()
 
 
 def _count(state: HuntState, outcome: Outcome) -> None:

@@ -104,19 +104,25 @@ def _refuses_plain(target: Target, dtype: str) -> bool:
 
 
 def semantics_table(target: Target, *, isolate: bool = True) -> list[Probe]:
-    """Every probe, in the target's fp32 (else its first dtype). With `isolate`, the Lk = 0 probe runs in a
-    child process (spawned: fork is unsafe once JAX or a BLAS pool runs), since a kernel may kill its process
-    on an empty key set (torch 2.13's CPU flash kernel dies of SIGFPE at Lk = 0): a probe that kills its child
-    reads "crash"."""
+    """Every probe, in the target's fp32 (else its first dtype). With `isolate`, probes that may kill their
+    process run in a child (never plain fork: unsafe once JAX or a BLAS pool runs): every probe of a target the
+    hunt isolates (isolate.isolates: backends, callables), all in one child and, when it dies, each in its own
+    to tell which; of a simulator preset the Lk = 0 probe (torch 2.13's CPU flash kernel dies of SIGFPE at
+    Lk = 0). A probe that kills its child reads "crash: the process died of SIGNAL"."""
+    from flashcheck.hunt.isolate import isolates
+
     dtype = "fp32" if "fp32" in target.dtypes else target.dtypes[0]
-    rows = []
-    for name, case in probe_cases(dtype).items():
-        if not (isolate and case.lk == 0):
-            rows.append(probe(target, name, case))
-            continue
+    cases = probe_cases(dtype)
+    risky = [n for n, c in cases.items() if isolate and (c.lk == 0 or isolates(target))]
+    done = {n: probe(target, n, c) for n, c in cases.items() if n not in risky}
+    together = _in_child(target, risky) if len(risky) > 1 else None
+    if isinstance(together, list):
+        done |= {p.name: p for p in together}
+    for name in (n for n in risky if n not in done):
         one = _in_child(target, [name])
-        rows += one if isinstance(one, list) else [Probe(name, case, f"crash: the process died of {one}", False)]
-    return rows
+        crash = Probe(name, cases[name], f"crash: the process died of {one}", False)
+        done[name] = one[0] if isinstance(one, list) else crash
+    return [done[n] for n in cases]
 
 
 def _child(conn, text: str, device: str, names: list[str]) -> None:
@@ -130,11 +136,10 @@ def _child(conn, text: str, device: str, names: list[str]) -> None:
 
 
 def _in_child(target: Target, names: list[str]) -> list[Probe] | str:
-    """The probes `names` run in a spawned process: their rows, or the signal (or exit code) it died of."""
-    import multiprocessing
-    import signal
+    """The probes `names` run in a child process: their rows, or the signal (or exit code) it died of."""
+    from flashcheck.hunt.isolate import signal_name, worker_context
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()  # forked from the fork server (torch loaded), else spawned
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, target.name, target.device, names), daemon=True)
     proc.start()
@@ -145,5 +150,4 @@ def _in_child(target: Target, names: list[str]) -> list[Probe] | str:
     proc.join(60)
     if rows is not None:
         return rows
-    code = proc.exitcode
-    return signal.Signals(-code).name if code is not None and code < 0 else f"exit code {code}"
+    return signal_name(proc.exitcode)

@@ -27,6 +27,19 @@ FP8_NOTE = "FP8 inputs, judged forward only (the FP8 kernels have no backward)"
 QUANT_NOTE = "quantized inputs (INT8 / FP4): judged forward only, as the simulator runs them"
 
 
+class TargetCrashed(RuntimeError):
+    """The target's process died on a case (hunt.isolate): `signal` ('SIGABRT', or 'exit code N'), `line`: what
+    its stderr said last of why ('' when nothing)."""
+
+    def __init__(self, signal: str, line: str = "") -> None:
+        super().__init__(f"the target's process died of {signal}" + (f": {line}" if line else ""))
+        self.signal, self.line = signal, line
+
+
+class TargetRaised(RuntimeError):
+    """The target raised in its worker process; the message is 'Type: message' as the worker reported it."""
+
+
 @dataclass(frozen=True)
 class Target:
     """A hunted implementation. `dtypes`: the case dtypes it takes (names of case.DTYPES); `masks`: it takes a

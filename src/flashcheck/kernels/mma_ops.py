@@ -40,10 +40,13 @@ def _values(x: torch.Tensor) -> Operand:
     return Operand(x.to(torch.float64), torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "fp32")
 
 
-def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0) -> Operand:
+def split(
+    x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0, exact: bool = True
+) -> Operand:
     """x [B, H, L, D] as codes of fmt times one scale per group: "tensor" (one scale), "rows" (blocks of `rows`
     rows, all columns), "columns" (one per column over the rows). `top`: the code each group's amax maps to
-    (0: fmt's max). The dequantised "fp32" operand when fmt has no codes here or the split is not exact."""
+    (0: fmt's max). The dequantised "fp32" operand when fmt has no codes here or the split is not exact;
+    exact=False: x not yet quantised, its codes are x / scale rounded to fmt (the error model's view)."""
     name = OPERAND_FORMATS.get(fmt)
     if name is None or groups not in ("tensor", "rows", "columns"):
         return _values(x)
@@ -61,10 +64,11 @@ def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: floa
         per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
-    codes = _codes(x64 / scale, fmt)
-    err = codes.mul(scale).sub_(x64).abs_()  # in place: the same values as (codes * scale - x64).abs()
-    if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
-        return _values(x)
+    codes = _codes(x64 / scale, fmt) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
+    if exact:  # in place: the same values as (codes * scale - x64).abs() <= SPLIT_TOLERANCE * a
+        err = codes.mul(scale).sub_(x64).abs_()
+        if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
+            return _values(x)
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
 
@@ -137,9 +141,15 @@ class MMAOperands:
         return blk
 
 
-def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int) -> Operand:
+def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, exact: bool = True) -> Operand:
     fmt, groups, rows, top = _input_groups(pol, role, block)
-    return split(x, fmt, groups, rows=rows, top=top)
+    return split(x, fmt, groups, rows=rows, top=top, exact=exact)
+
+
+def v_codes(v: torch.Tensor, pol: Policy, block_k: int) -> Operand:
+    """V [B, H, Lk, Dv] (unquantised) as the P·V MMA would take it under pol: its codes and scales (the
+    dequantised "fp32" operand where its scales vary along the keys inside a group the MMA cannot split)."""
+    return _split_input(v, pol, "v", block_k, exact=False)
 
 
 def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.Tensor:

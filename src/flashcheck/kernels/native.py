@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from flashcheck.kernels import cbuild
+import flashcheck.kernels.cbuild as cbuild
 
 SOURCE = r"""
 #include <stdint.h>

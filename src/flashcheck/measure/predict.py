@@ -32,8 +32,9 @@ blocks in the kernel's order, times p_scale; the values that land on the format'
 max or an NVFP4 tile's max, are exact; subnormal values weigh 4 per binade below the normal range) and adds
 `flush`, the squared relative error of the probability mass that underflows (P~ S below half the smallest
 subnormal: the collapsed fraction of arXiv 2606.06521, Phi(Delta + delta_k - 6.93 - ln S) with a sink, in
-forward KV order); `acc_trunc` is the narrow P·V accumulator's (accumulator_term: FP22 truncation, fp16 round
-to nearest, the adds between promotions).
+forward KV order); `acc_trunc` is the narrow P·V accumulator's (accumulator_term: with a tensor-core model,
+pv_mma, the term measure.mma_error derives from the products' magnitudes; else FP22 truncation, fp16 round to
+nearest, the adds between promotions).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class Setting:
     """What the model needs about one case: kernel (flash, standard, splitkv), policy, the mean number of
     keys a query row sees (`visible`), head_dim, block_k (Bc), splits (splitkv's S), and the input
     statistics f_score, f_p and f_out (measure.inputstats; f_out the share of sum |o|^2 outside one-hot rows,
-    whose output is one V row, not rounded when the output format holds V: exact_rows); score_roundings,
+    whose output is one V row, not rounded when the output format holds V: exact_rows); f_acc (policies with a
+    P·V tensor-core model, pv_mma: the MMA chain's relative squared error, measure.mma_error); score_roundings,
     p_roundings: how often the scores and P are rounded to their stage's format (0: the kernel's own count, 1
     for scores, 2 for standard's P, else 1)."""
 
@@ -100,6 +102,7 @@ class Setting:
     f_p_range: float | None = None
     f_flush: float = 0.0
     f_out: float = 1.0
+    f_acc: float | None = None
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -114,7 +117,8 @@ class Setting:
                 raise ValueError(f"{name}={v!r} must be an integer >= 0 (0: the kernel's own count)")
         if not (isinstance(self.f_out, int | float) and 0.0 <= self.f_out <= 1.0):
             raise ValueError(f"f_out={self.f_out!r} must be a number in [0, 1]")
-        for name in ("f_score", "f_p", "f_flush", *(("f_p_range",) if self.f_p_range is not None else ())):
+        opt = tuple(n for n in ("f_p_range", "f_acc") if getattr(self, n) is not None)
+        for name in ("f_score", "f_p", "f_flush", *opt):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}={v!r} must be a finite number >= 0")
@@ -195,9 +199,16 @@ def accumulator_term(s: Setting) -> float:
     (k+1)(2k+1)/6 |S_k|^2, the fluctuations in quadrature, sum_i |S_i|^2 = (k+1)/2 |S_k|^2:
         rel^2 = u^2 [mu^2 (k+1)(2k+1)/6 + sigma^2 (k+1)/2],
     the same for every promoted block (each block's error relative to its own sum, blocks independent).
-    k = acc_promote / MMA_K, or every add of the row (visible / MMA_K) when the MMA accumulates into O."""
+    k = acc_promote / MMA_K, or every add of the row (visible / MMA_K) when the MMA accumulates into O.
+    A policy with a P·V tensor-core model (pv_mma) takes that model's derived term f_acc instead (measure.mma_error:
+    block FMAs aligned to the block's largest exponent, sign-symmetric term truncation), when the setting has it;
+    without it (a record of an older study) the FP22 formula above stands in."""
     pol = s.policy
-    if not pol.acc_bits or pol.accum == Format.FP64 or s.kernel != "flash":
+    if pol.accum == Format.FP64 or s.kernel != "flash":
+        return 0.0
+    if pol.pv_mma and s.f_acc is not None:
+        return s.f_acc
+    if not pol.acc_bits:
         return 0.0
     u2 = 4.0**-pol.acc_bits
     if pol.acc_promote:

@@ -19,6 +19,7 @@ from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
 from flashcheck.measure import Case as MeasureCase
 from flashcheck.measure.inputstats import input_stats, narrow_p, range_stats
+from flashcheck.measure.mma_error import pv_mma_stats
 from flashcheck.study.config import StudyConfig, Sweep
 
 STATUSES = ("ok", "skipped", "failed")
@@ -280,8 +281,11 @@ def case_range_stats(c: Case, refs: References) -> dict[str, float]:
     if pol is None or not narrow_p(pol):
         return {}
     order = pol.kv_order or "forward"
-    return range_stats(refs.q, refs.k, refs.v, pol, block_k=m.block_k or 128, order=order, causal=refs.causal,
-                       mask=refs.mask, kernel=c.kernel)  # fmt: skip
+    out = range_stats(refs.q, refs.k, refs.v, pol, block_k=m.block_k or 128, order=order, causal=refs.causal,
+                      mask=refs.mask, kernel=c.kernel)  # fmt: skip
+    if pol.pv_mma and c.kernel == "flash":  # the tensor-core P·V chain's derived term (measure.mma_error)
+        out |= pv_mma_stats(refs.q, refs.k, refs.v, pol, block_k=m.block_k or 128, causal=refs.causal, mask=refs.mask)
+    return out
 
 
 def _trial_error(kernel: str, policy: str, head_dim: int, sw: Sweep) -> str | None:

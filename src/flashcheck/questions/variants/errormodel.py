@@ -42,6 +42,7 @@ def setting_of(rec: CaseRecord) -> Setting | None:
         f_p=st["f_p"],
         **({"f_p_range": st["f_p_range"], "f_flush": st["f_flush"]} if "f_p_range" in st else {}),
         **({"f_out": st["f_out"]} if "f_out" in st else {}),
+        **({"f_acc": st["f_acc"]} if "f_acc" in st else {}),
     )
 
 
