@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
+from flashcheck.core import numerics
 from flashcheck.core.numerics import (
     Format,
     Policy,
@@ -190,3 +193,53 @@ def test_policy_errors(spec, match):
 def test_policy_rejects_low_precision_matmul():
     with pytest.raises(ValueError, match="matmul"):
         Policy(matmul="bf16")
+
+
+_EMULATED_NAMES = ("fp4-e2m1", "fp6-e2m3", "fp6-e3m2", "int8", "int4")
+
+
+@pytest.mark.parametrize(  # float32 values reach _round_exact only for the emulated formats
+    "fmt,dtype",
+    [(f, torch.float32) for f in _EMULATED_NAMES]
+    + [(f, torch.float64) for f in (*_EMULATED_NAMES, "fp8-e4m3", "fp16", "bf16")],
+)
+def test_round_exact_by_bits_matches_the_frexp_spacing(fmt, dtype):
+    """_round_exact's ulp from the exponent bits gives spacing()'s rounding bit for bit: random bit patterns
+    (subnormals, zeros, inf, NaN), ties and values around every format's limits, clamped and not."""
+    fmt = numerics.parse_format(fmt)
+    g = torch.Generator().manual_seed(5)
+    patterns = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, 2.5, 0.25, 0.75, 1.75, 5.0, 7.0, 127.5, 448, 65520]
+    x = torch.cat([patterns.view(torch.float32).to(dtype), torch.randn(20000, generator=g, dtype=dtype) * 4,
+                   torch.tensor(edges, dtype=dtype)])  # fmt: skip
+    fi = numerics.info(fmt)
+    itype = torch.int32 if dtype == torch.float32 else torch.int64
+    for xs in (x, torch.clamp(x, -fi.max, fi.max)):
+        ulp = numerics.spacing(xs, fmt).to(dtype)
+        want = torch.round(xs / ulp) * ulp
+        want = torch.where(want.abs() > fi.max, torch.sign(want) * math.inf, want)
+        want = torch.where(torch.isfinite(xs), want, xs)
+        got = numerics._round_exact(xs, fmt)
+        same = (got.view(itype) == want.view(itype)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), xs[~same][:5]
+
+
+@pytest.mark.parametrize("fmt", [Format.FP8_E4M3, Format.FP8_E5M2])
+def test_fp8_from_float64_rounds_once_like_round_exact(fmt):
+    """round_to's float64 -> fp8 path (round-to-odd at 24 bits, then torch's cast) gives _round_exact's bits:
+    values a hair off each tie (where a cast through float32 rounds twice), random float64 bit patterns (NaN,
+    subnormals), signed zeros and values below float32's normal range, clamped to the format as round_to does."""
+    fi = info(fmt)
+    vals = numerics._fp8_table(fi.dtype, torch.float64)
+    grid = vals[torch.isfinite(vals)].sort().values
+    mids = (grid[1:] + grid[:-1]) / 2
+    off = torch.tensor([2.0**-30, -(2.0**-30), 2.0**-45, -(2.0**-45), 2.0**-52, -(2.0**-52)], dtype=torch.float64)
+    near = (mids[:, None] * (1 + off)).reshape(-1)
+    g = torch.Generator().manual_seed(9)
+    patterns = torch.randint(-(2**62), 2**62, (20000,), generator=g, dtype=torch.int64).view(torch.float64)
+    tiny = torch.tensor([0.0, -0.0, math.nan, 1e-300, -1e-300, 1e-45, -3e-39, 2.0**-10, 2.0**-17], dtype=torch.float64)
+    x = torch.clamp(torch.cat([near, -near, mids, patterns, tiny]), -fi.max, fi.max)
+    twice = near.clamp(-fi.max, fi.max)
+    assert not torch.equal(twice.to(torch.float32).to(fi.dtype).double(), numerics._round_exact(twice, fmt))  # trap
+    got = round_to(x, fmt)
+    assert torch.equal(got.view(torch.int64), numerics._round_exact(x, fmt).view(torch.int64))

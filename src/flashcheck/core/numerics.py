@@ -156,6 +156,8 @@ def _round_value(x: torch.Tensor, fmt: Format) -> torch.Tensor:
         x = torch.clamp(x, -fi.max, fi.max)
     if fmt in EMULATED:
         return _round_exact(x, fmt)
+    if x.dtype == torch.float64 and fmt in FP8_FORMATS and x.device.type == "cpu":
+        return _fp8_from_float64(x, fmt)
     if x.dtype == torch.float64 and fi.precision < 24:
         # torch casts float64 to 16- and 8-bit formats through float32, rounding twice
         # (e.g. 830.2500067 -> 830.25 -> 830.0 in fp16, not 830.5); round once, exactly.
@@ -186,12 +188,55 @@ def widen_fp8(narrow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+# (integer view, exponent shift, exponent mask, frexp's exponent minus the biased one, bias) of the float dtypes
+_FLOAT_BITS = {torch.float32: (torch.int32, 23, 0xFF, -126, 127), torch.float64: (torch.int64, 52, 0x7FF, -1022, 1023)}
+
+
+def _ulp_bits(x: torch.Tensor, fmt: Format) -> torch.Tensor | None:
+    """spacing(x, fmt).to(x.dtype) for a float32 / float64 x by integer ops on its bits (no float64 frexp and
+    ldexp): the biased exponent E gives frexp's exponent E - 126 (float32; E - 1022 for float64) for every normal
+    x; zeros, subnormals (E = 0) and non-finite x get other ulps than spacing's, and _round_exact's result for
+    them is the same (+-0 rounds to itself at any ulp; subnormals of x's dtype lie far below every narrow format's
+    min_exp, so both clamp to it; non-finite x is returned as it is). None for other dtypes."""
+    bits = _FLOAT_BITS.get(x.dtype)
+    if bits is None:
+        return None
+    itype, shift, mask, offset, bias = bits
+    fi = _INFO[fmt]
+    e = torch.bitwise_right_shift(x.view(itype), shift).bitwise_and_(mask).add_(offset - fi.precision + bias)
+    e.clamp_(min=fi.min_exp - fi.precision + bias, max=2 * bias)  # the clamp at min_exp; max: inf/NaN stay finite
+    return e.bitwise_left_shift_(shift).view(x.dtype)
+
+
+_STICKY = (1 << 29) - 1  # the float64 significand bits below float32's
+
+
+def _fp8_from_float64(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """_round_exact(x, fmt) for float64 x already clamped to fp8's range, by torch's cast: x first rounded to
+    24 significant bits by round-to-odd (the bits below cut, their OR kept in the last bit: exact in float32, so
+    the cast's pass through float32 rounds nothing), then rounded once to the fp8 format (round-to-odd at p + 2
+    or more bits, then to nearest at p bits, is a single rounding to nearest). Below 2^-126 the 24 bits are
+    not exact in float32, but every such value rounds to +-0 in fp8 either way. NaN stays x's own NaN."""
+    bits = x.contiguous().view(torch.int64)
+    low = torch.bitwise_and(bits, _STICKY).ne_(0).to(torch.int64).bitwise_left_shift_(29)
+    odd = torch.bitwise_and(bits, ~_STICKY).bitwise_or_(low).view(torch.float64)
+    out = widen_fp8(odd.to(_INFO[fmt].dtype), torch.float64)
+    nan = torch.isnan(x)
+    return torch.where(nan, x, out) if bool(nan.any()) else out
+
+
 def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     """Round-to-nearest-even of x to fmt by scaling to integers: exact for precision <= x's precision."""
     fi = _INFO[fmt]
-    ulp = spacing(x, fmt).to(x.dtype)
-    out = torch.round(x / ulp) * ulp  # torch.round rounds half to even
-    out = torch.where(out.abs() > fi.max, torch.sign(out) * math.inf, out)
+    if fmt in INT_FORMATS:
+        out = torch.round(x)  # spacing 1: x / 1 and round(.) * 1 are x and round(x), bit for bit
+    else:
+        ulp = _ulp_bits(x, fmt) if x.is_contiguous() else None
+        ulp = spacing(x, fmt).to(x.dtype) if ulp is None else ulp
+        out = torch.div(x, ulp).round_().mul_(ulp)  # round rounds half to even
+    big = out.abs() > fi.max
+    if bool(big.any()):
+        out = torch.where(big, torch.sign(out) * math.inf, out)
     return torch.where(torch.isfinite(x), out, x)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
@@ -65,8 +65,10 @@ def split(
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
     codes = _codes(x64 / scale, fmt) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
-    if exact and not bool(((codes * scale - x64).abs() <= SPLIT_TOLERANCE * a).all()):
-        return _values(x)
+    if exact:  # in place: the same values as (codes * scale - x64).abs() <= SPLIT_TOLERANCE * a
+        err = codes.mul(scale).sub_(x64).abs_()
+        if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
+            return _values(x)
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
 
@@ -75,7 +77,7 @@ def _codes(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     within SPLIT_TOLERANCE of a code, the only case split keeps, both give that code (a double rounding through
     float32 cannot move a value that near a code off it), so the split's outcome is round_to's."""
     fast = {Format.FP8_E4M3: torch.float8_e4m3fn, Format.FP8_E5M2: torch.float8_e5m2}.get(fmt)
-    return round_to(x, fmt) if fast is None else x.to(fast).to(torch.float64)
+    return round_to(x, fmt) if fast is None else widen_fp8(x.to(fast), torch.float64)
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
@@ -155,7 +157,7 @@ def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.T
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
     descale = (q.scale * factor) * k.scale.transpose(-1, -2)
-    return (acc.to(torch.float64) * descale).to(torch.float32)
+    return acc.to(torch.float64).mul_(descale).to(torch.float32)
 
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
@@ -176,8 +178,8 @@ def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: 
     fmts = (p.fmt, v.fmt)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        o.add_((part.to(torch.float64) * unit).to(o.dtype))
+        o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
         return
-    c = (o.to(torch.float64) / unit).to(torch.float32)
+    c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64
     out = mma_matmul(p.codes, v.codes, model, c=c, fmt=fmts, acc=acc)
-    o.copy_((out.to(torch.float64) * unit).to(o.dtype))
+    o.copy_(out.to(torch.float64).mul_(unit))  # copy_ rounds float64 to o's dtype as .to does
