@@ -126,12 +126,16 @@ def test_doctor_reports_the_rounding(monkeypatch):
     from flashcheck.cli import app
 
     monkeypatch.setattr(backends_mod, "all_backends", lambda: [])  # their probes take seconds; not this test's
+    from flashcheck.kernels import mma
+
     native._library.cache_clear()
+    mma._native.cache_clear()
     monkeypatch.setenv("FLASHCHECK_NATIVE", "0")
     try:
         out = CliRunner().invoke(app, ["doctor", "--seq-len", "64"]).output
     finally:
         native._library.cache_clear()
+        mma._native.cache_clear()  # doctor loaded the tensor-core chain too, with the switch off: forget that
     assert "simulator's P rounding: FLASHCHECK_NATIVE=0" in out
 
 
@@ -182,8 +186,13 @@ def test_a_linked_or_shared_cache_folder_is_not_loaded_from(fresh_native, tmp_pa
     st = fresh_native.status()
     assert not st["available"] and "symbolic link" in st["reason"] and not list(elsewhere.iterdir())
     (tmp_path / "native").unlink()
-    (tmp_path / "native").mkdir(mode=0o777)
-    (tmp_path / "native").chmod(0o777)
+    (tmp_path / "native").mkdir()
+    (tmp_path / "native").chmod(0o777)  # ours but open to others (a umask of 0): tightened, then built
+    fresh_native._library.cache_clear()
+    assert fresh_native.status()["available"] and (tmp_path / "native").stat().st_mode & 0o022 == 0
+    lib = next((tmp_path / "native").glob("round-*.so"))
+    assert lib.stat().st_mode & 0o022 == 0
+    lib.chmod(0o777)  # a library others may write: not loaded
     fresh_native._library.cache_clear()
     st = fresh_native.status()
     assert not st["available"] and "writable by others" in st["reason"]

@@ -14,6 +14,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -52,11 +53,15 @@ def _key(source: str, flags: tuple[str, ...], cc: str) -> str:
 
 
 def _private(path: Path) -> None:
-    """OSError unless `path` (not followed) is this user's and nobody else may write it: a library loaded
-    from a folder others can write into would run their code."""
+    """OSError unless `path` (not followed) is this user's; a folder others may write into is tightened (it is
+    ours), a library others may write is refused: code loaded from there could be theirs."""
     st = os.lstat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise OSError(f"{path} is writable by others or not yours: not loaded")
+    if st.st_uid != os.getuid():
+        raise OSError(f"{path} is not yours: not loaded")
+    if st.st_mode & 0o022:
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(f"{path} is writable by others: not loaded")
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
 
 
 def build(name: str, source: str, cc: str, flags: tuple[str, ...] = FLAGS) -> Path:
@@ -72,6 +77,7 @@ def build(name: str, source: str, cc: str, flags: tuple[str, ...] = FLAGS) -> Pa
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         src.write_text(source)
         subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], check=True, capture_output=True, timeout=120)
+        os.chmod(out, 0o755)  # whatever the umask: a library others can write is never loaded (_private)
         os.replace(out, lib)  # atomic: a concurrent build replaces it with the same bytes
     return lib
 
