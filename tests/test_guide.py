@@ -490,3 +490,12 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
 
     assert shown_status(f).startswith("inconclusive: the machine was busy (1 of 1 timings ran under a load average 12")
     assert shown_status(latency_claim({"t": task | {"load": quiet}}, TINY)) == "holds"
+
+
+def test_fp16_claim_before_any_search_is_stored_is_not_measured_yet():
+    """A study still writing (no fp16 search stored yet) says 'not measured yet', not 'does not hold' (fixa2-1)."""
+    from flashcheck.questions.guide.claims import boundary_claims
+
+    s = GuideSettings(boundary_methods=("flash:fp16",), sum_methods=("flash:fp16",), sum_keys=(65519, 65520))
+    [f] = boundary_claims({}, s)
+    assert f["status"] == "inconclusive" and f["verdict"]["reason"] == "not measured yet"

@@ -357,3 +357,19 @@ def test_a_misspelt_preset_is_named_before_a_missing_seq_len():
     res = CliRunner().invoke(app, ["predict", "--preset", "nosuch"])
     assert res.exit_code == 2 and "unknown kernel preset 'nosuch'" in res.output and "sage2" in res.output, res.output
     assert "--seq-len" not in res.output, res.output
+
+
+def test_an_inconclusive_within_2x_says_why():
+    """'inconclusive — 100% of 19 held-out cases within 2x' said no reason (fixa2-3): the share's exact interval
+    [82%, 100%] still holds the 90% target, too few held-out cases."""
+    from flashcheck.questions.variants.errormodel import TARGET, _why_inconclusive
+    from flashcheck.reporting.verdicts import compare, share_interval
+
+    ev = {"verdict": compare(share_interval(19, 19), threshold=TARGET), "held_out": {"n": 19}}
+    assert ev["verdict"].status == "inconclusive"
+    assert _why_inconclusive(ev) == (
+        "; inconclusive: too few held-out cases (19) — the share's 95% interval [82%, 100%] (Clopper-Pearson) "
+        "still holds the 90% target"
+    )
+    ev = {"verdict": compare(share_interval(99, 100), threshold=TARGET), "held_out": {"n": 100}}
+    assert _why_inconclusive(ev) == ""

@@ -327,3 +327,53 @@ def test_real_backends_in_a_sweep(tmp_path):
         Sweep(question="x", methods=("sdpa-flsh:bf16",))
     with pytest.raises(ValueError, match="number format"):
         Sweep(question="x", methods=("sdpa-flash:bf16-mixed",))
+
+
+def test_report_of_a_half_written_study_covers_the_records_so_far(tiny_study_run, tmp_path):
+    """A study stopped early (its first 20 records, no guide task yet): every figure and section tolerates the
+    missing data (a panel says 'not measured yet'), no matplotlib error about log-scaling (fixa2-1)."""
+    src = tiny_study_run.folder
+    folder = tmp_path / "half"
+    folder.mkdir()
+    for name in ("study.json", "runs.jsonl"):
+        shutil.copy(src / name, folder / name)
+    lines = (src / "records.jsonl").read_text().splitlines(keepends=True)
+    (folder / "records.jsonl").write_text("".join(lines[:20]))
+    res = runner.invoke(app, ["report", str(folder)])
+    assert res.exit_code == 0, res.output
+    assert "not measured yet" in (folder / "report.md").read_text()
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job starts with SIGINT ignored
+
+
+def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path):
+    """Ctrl-C (SIGINT to the process group) mid-sweep: exit 130, one line naming the cases stored and how to
+    resume, no traceback, no lock file left behind (fixa2-2)."""
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        'name = "intr"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
+        "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--config", str(cfg), "--out", str(out)]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "1", "--quiet"],
+        start_new_session=True,
+        preexec_fn=_sigint_default,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    store = out / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    total = len(expand(load_config(cfg)))
+    stored = len(ResultStore(out).load())
+    assert proc.returncode == 130, err
+    assert f"interrupted: {stored} of {total} cases stored in {out}; run the same command again" in err, err
+    assert "Traceback" not in err
+    assert not (out / ".flashcheck.lock").exists()

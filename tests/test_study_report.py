@@ -329,3 +329,16 @@ def test_section_headings_are_the_question_sets_titles_and_the_ids_stay_anchors(
     for q in asked:
         assert titles[q] in headings and q not in headings
         assert f'<a id="{q}"></a>\n\n## {titles[q]}' in md
+
+
+def test_what_to_do_cites_no_bound_from_an_inconclusive_ratio():
+    """The tiny study's "What to do" cited 0.868x [0.63, 1.2] (n=2) as "at most 20% above it" while the answer
+    says it settles nothing (fixa2-3): too few values, or an interval wider than the margin, is said so."""
+    from flashcheck.questions.paper.conclusion import _within
+    from flashcheck.reporting.verdicts import Estimate
+
+    assert _within(Estimate(0.868, 0.63, 1.2, 2, "ratio")).startswith("too few values to settle it: n=2")
+    assert _within(Estimate(1.08, 0.947, 1.23, 6, "ratio")) == (
+        "inconclusive: between 5% less and 23% more at 95% confidence"
+    )
+    assert _within(Estimate(1.0, 0.95, 1.05, 6, "ratio")) == "at most 5% above it at 95% confidence"

@@ -78,7 +78,13 @@ def study(
         stats = run_study(cfg, out, quiet=quiet, **kw)
         return stats, _room(build_report, out)
 
-    stats, summary = _guarded(run)
+    from flashcheck.study.runner import StudyInterrupted
+
+    try:
+        stats, summary = _guarded(run)
+    except StudyInterrupted as exc:  # one line, no traceback (fixa2-2)
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(130) from None
     _print_study(summary, stats, out, quiet)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -25,22 +26,45 @@ def folder_lock(folder: str | Path, command: str = "study") -> Iterator[None]:
     SIGKILL. `command` (study, train-study) is what this holder is called in the lock file. A lock file that is a
     symbolic link is refused (LinkRefused): its target is never truncated."""
     path = Path(folder) / LOCK_NAME
-    fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644, what="the folder's lock")
+    fd = _take(path, folder)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            pid, _, other = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")
-            raise FolderLocked(
-                f"--out {str(folder)!r} is in use by another flashcheck {other.strip() or 'study'} "
-                f"(PID {pid.strip() or 'unknown'}); wait for it to finish or use another --out folder"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n{command}\n".encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):  # removed while still held: no lock file is left behind (fixa2-2)
+            if _same_file(fd, path):
+                os.unlink(path)
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _take(path: Path, folder: str | Path) -> int:
+    """The lock file's descriptor, flocked; a file its holder removed before we locked it is opened again."""
+    while True:
+        fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644, what="the folder's lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            pid, _, other = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")
+            os.close(fd)
+            raise FolderLocked(
+                f"--out {str(folder)!r} is in use by another flashcheck {other.strip() or 'study'} "
+                f"(PID {pid.strip() or 'unknown'}); wait for it to finish or use another --out folder"
+            ) from None
+        if _same_file(fd, path):
+            return fd
         os.close(fd)
 
 

@@ -4,6 +4,7 @@ reused within one axes, matplotlib imported lazily (reports work without it, min
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,12 +69,36 @@ def figure(
     flat = [ax for row in axes for ax in row]
     try:
         yield fig, flat[0] if len(flat) == 1 else flat
+        for ax in fig.axes:
+            mark_empty(ax)
         fig.tight_layout()
         make_folder(Path(path).parent, "a report's figures folder")
         with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
             fig.savefig(tmp, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
     finally:
         plt.close(fig)
+
+
+NOT_MEASURED = "not measured yet"
+
+
+def mark_empty(ax) -> bool:
+    """A panel with no point to draw (a study still writing: no record of it yet) says NOT_MEASURED on linear
+    axes: matplotlib refuses to lay out a log axis without a positive value. True where it was empty."""
+    lim = ax.dataLim
+    bounds = (lim.x0, lim.x1, lim.y0, lim.y1)
+    empty = not all(math.isfinite(v) for v in bounds)
+    empty = empty or (ax.get_xscale() == "log" and lim.x1 <= 0) or (ax.get_yscale() == "log" and lim.y1 <= 0)
+    if not empty or not ax.axison:
+        return False
+    if ax.get_legend() is not None:  # entries for series that draw nothing
+        ax.get_legend().remove()
+    ax.set_xscale("linear")
+    ax.set_yscale("linear")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, NOT_MEASURED, transform=ax.transAxes, ha="center", va="center", color="#666666")
+    return True
 
 
 def log10_axis(ax, which: str = "x") -> None:

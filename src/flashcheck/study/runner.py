@@ -133,6 +133,24 @@ def run_study(
             raise ValueError(f"--ray-address {ray_address!r} is empty; give HOST:PORT, or leave it out for a local Ray")
         check_ray_address(ray_address)
     path = prepare_out(out)
+    try:
+        return _run_in(config, path, workers, executor, ray_address, quiet, device)
+    except KeyboardInterrupt:  # Ctrl-C: every line written stays whole; the lock is released (folder_lock)
+        cases = expand(config)
+        stored = ResultStore(path).load() if (path / "records.jsonl").is_file() else {}
+        n = sum(_done(stored.get(c.case_id)) for c in cases)
+        raise StudyInterrupted(
+            f"interrupted: {n} of {len(cases)} cases stored in {path}; run the same command again to resume"
+        ) from None
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a study; its message says how many cases are stored and how to resume."""
+
+
+def _run_in(
+    config: StudyConfig, path: Path, workers: int, executor: str, ray_address: str | None, quiet: bool, device: str
+) -> dict:
     with folder_lock(path):
         check_store_files(path)
         save_config(path, config)

@@ -69,6 +69,7 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
         *gc.gpu_claims(results),
     ]
     figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
+    drawn = {DRAWN: folder} if matplotlib_available() else {}  # figures drawn: a missing one was not measured
     answer = gc.answer(records, results)
     claims = [{**c, "shown": shown_status(c)} for c in claims]  # summary.json says what the table says
     part = {
@@ -83,7 +84,7 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
         "figures": {k: str(p.relative_to(folder)) for k, p in figures.items()},
     }
     part = _strict(part)
-    rel = {k: p.relative_to(folder) for k, p in figures.items()}
+    rel = {**drawn, **{k: p.relative_to(folder) for k, p in figures.items()}}
     return part, [*claims_blocks(part), *_evidence(part, results, s, explains, rel)]
 
 
@@ -234,7 +235,7 @@ def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Pa
         ]
     out += [
         Heading("Guide: cost against length", anchor="cost"),
-        *([Figure(rel["cost"], "time and memory vs L")] if "cost" in rel else []),
+        *_figure(rel, "cost", "time and memory vs L"),
     ]
     out.append(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
     out += [
@@ -246,16 +247,23 @@ def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Pa
         Heading("Guide: latency variance", anchor="latency"),
         Table(["method", "L", "CV over blocks (geometric mean)", "median", "calls"], gc.latency_rows(results, s)),
         Heading("Guide: fp16 overflow boundaries", anchor="fp16"),
-        *([Figure(rel["boundary"], "input scale x length, finite or not, per policy")] if "boundary" in rel else []),
+        *_figure(rel, "boundary", "input scale x length, finite or not, per policy"),
         Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)),
         Table(["method", "first bad Lk (keys at the max)", "outcome", "Lk tried"], _sum_rows(results)),
         Heading("Guide: error against length and its reason", anchor="error"),
-        *([Figure(rel["slope"], "relative error vs L")] if "slope" in rel else []),
+        *_figure(rel, "slope", "relative error vs L"),
         Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)),
         Heading("Guide: not measured here", anchor="gpu"),
         Text(f"Claims needing a CUDA GPU; to measure them: {gc.GPU_COMMAND}"),
     ]
     return out
+
+
+def _figure(rel: dict[str, Path], key: str, caption: str) -> list:
+    """The figure, or where the figures were drawn but this one had nothing to draw, a line saying so."""
+    if key in rel:
+        return [Figure(rel[key], caption)]
+    return [Text(f"No figure of {caption}: not measured yet.")] if rel.get(DRAWN) is not None else []
 
 
 def _cost_rows(results: dict[str, dict]) -> list[list[str]]:
@@ -307,11 +315,19 @@ def _explain_rows(explains: dict[int, dict]) -> list[list[str]]:
     ]
 
 
+DRAWN = "_drawn"  # a key of _evidence's figures: present where matplotlib drew them
+
+
 def _figures(out: Path, records, results, s: GuideSettings, methods) -> dict[str, Path]:
-    figs = {"cost": out / "cost.png", "boundary": out / "boundary.png", "slope": out / "slope.png"}
-    _draw_cost(figs["cost"], results, s)
-    _draw_boundary(figs["boundary"], results, s)
-    _draw_slope(figs["slope"], records, methods)
+    """The figures drawn; one with nothing to draw yet (a study still writing, issue fixa2-1) is left out."""
+    figs = {}
+    for key, ok in (
+        ("cost", lambda p: _draw_cost(p, results, s)),
+        ("boundary", lambda p: _draw_boundary(p, results, s)),
+        ("slope", lambda p: _draw_slope(p, records, methods)),
+    ):
+        if ok(out / f"{key}.png"):
+            figs[key] = out / f"{key}.png"
     for fam, members in (("sdpa", ("sdpa-math:bf16", "sdpa-flash:bf16")), ("simulator", ("flash:bf16-mixed",))):
         path = out / f"error_vs_time_{fam}.png"
         if _draw_error_vs_time(path, records, results, [m for m in members if m in s.cost_methods]):
@@ -319,22 +335,34 @@ def _figures(out: Path, records, results, s: GuideSettings, methods) -> dict[str
     return figs
 
 
-def _draw_cost(path: Path, results, s: GuideSettings) -> None:
+def _positive(xs, ys) -> bool:
+    """Whether a series has a point a log-log axis can draw (matplotlib refuses an axis of values <= 0)."""
+    return any(x > 0 and y > 0 for x, y in zip(xs, ys, strict=True))
+
+
+def _draw_cost(path: Path, results, s: GuideSettings) -> bool:
+    series = {
+        (m, bwd, what): gc.cost_series(results, m, bwd, what)
+        for m in s.cost_methods
+        for bwd in (False, True)
+        for what in ("time", "memory")
+    }
+    if not all(any(_positive(*v) for k, v in series.items() if k[2] == w) for w in ("time", "memory")):
+        return False
     with figure(path, ncols=2) as (_, (ax_t, ax_m)):
         style = Styler()
-        for m in s.cost_methods:
-            for bwd in (False, True):
-                label = f"{m} {'fwd+bwd' if bwd else 'fwd'}"
-                for ax, what in ((ax_t, "time"), (ax_m, "memory")):
-                    xs, ys = gc.cost_series(results, m, bwd, what)
-                    ls = sorted(set(xs))
-                    med = [median_interval([y for x, y in zip(xs, ys, strict=True) if x == n]).value for n in ls]
-                    ax.plot(ls, med, linestyle="--" if bwd else "-", **style(label))
+        for (m, bwd, what), (xs, ys) in series.items():
+            if _positive(xs, ys):
+                ax = ax_t if what == "time" else ax_m
+                ls = sorted(set(xs))
+                med = [median_interval([y for x, y in zip(xs, ys, strict=True) if x == n]).value for n in ls]
+                ax.plot(ls, med, linestyle="--" if bwd else "-", **style(f"{m} {'fwd+bwd' if bwd else 'fwd'}"))
         for ax, what, unit in ((ax_t, "median time", "s"), (ax_m, "peak tensor memory", "bytes")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             label_axes(ax, x="sequence length", y=what, x_unit="tokens", y_unit=unit)
             ax.legend(fontsize=6)
+    return True
 
 
 BOUNDARY_STYLE = {  # (finite?, the fp16 method or its bf16 twin): colour, marker, filled
@@ -345,10 +373,13 @@ BOUNDARY_STYLE = {  # (finite?, the fp16 method or its bf16 twin): colour, marke
 }
 
 
-def _draw_boundary(path: Path, results, s: GuideSettings) -> None:
+def _draw_boundary(path: Path, results, s: GuideSettings) -> bool:
     """Per fp16 method: each input scale tried at each length, finite (green) or not (red), the fp16 method
-    filled and its bf16 twin hollow beside it, with a legend for the four kinds of marker."""
+    filled and its bf16 twin hollow beside it, with a legend for the four kinds of marker. False (nothing
+    drawn) before any search is stored."""
     n = len(s.boundary_methods)
+    if not n or not any(_ok(r, "scale") and r["result"]["points"] for r in results.values()):
+        return False
     with figure(path, ncols=n, size=(3.6, 3.4)) as (_, axes):
         axes = axes if n > 1 else [axes]
         for ax, m in zip(axes, s.boundary_methods, strict=True):
@@ -377,13 +408,17 @@ def _draw_boundary(path: Path, results, s: GuideSettings) -> None:
             label_axes(ax, x="L", y="input scale sigma", x_unit="tokens")
             if ax.collections:
                 ax.legend(fontsize=6, loc="lower left")
+    return True
 
 
-def _draw_slope(path: Path, records, methods) -> None:
+def _draw_slope(path: Path, records, methods) -> bool:
+    series = {m: gc.error_series(records, m) for m in methods}
+    series = {m: v for m, v in series.items() if _positive(*v)}
+    if not series:
+        return False
     with figure(path) as (_, ax):
         style = Styler()
-        for m in methods:
-            xs, ys = gc.error_series(records, m)
+        for m, (xs, ys) in series.items():
             ls = sorted(set(xs))
             ax.plot(ls, [gc.log_mean([y for x, y in zip(xs, ys, strict=True) if x == n]).value for n in ls], **style(m))
         ax.axhspan(1e-3, 1e-2, color="#dddddd", alpha=0.5)  # no legend entry: a band, not a measured series
@@ -392,6 +427,7 @@ def _draw_slope(path: Path, records, methods) -> None:
         ax.set_yscale("log")
         label_axes(ax, x="sequence length", y="relative L2 error vs FP64", x_unit="tokens")
         ax.legend(fontsize=7)
+    return True
 
 
 def _draw_error_vs_time(path: Path, records, results, members: list[str]) -> bool:

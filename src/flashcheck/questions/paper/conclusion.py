@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flashcheck.questions.paper.findings import MIXED, PAPER, at_longest
-from flashcheck.reporting.verdicts import ratio_interval
+from flashcheck.reporting.verdicts import MIN_N, difference_words, ratio_interval
 from flashcheck.study.points import Point, ratio_text
 
 Sentence = tuple[str, str]  # (text, anchor of its section)
@@ -132,12 +132,27 @@ def _advice(by: dict, pts: dict) -> Sentence | None:
     own = ratio_interval([v for p in mixed for v in p.own], [v for p in mixed for v in p.base_own])
     if est.n < 2 or not math.isfinite(est.high):
         return None
-    within = f"at most {100 * (est.high - 1):.0f}% above" if est.high > 1 else "below"
+    within = _within(est)
     return (
         f"What to do: keep softmax statistics and accumulation in fp32 (every real kernel does); then Flash's "
         f"max-abs error is {ratio_text(est)} that of standard attention over lengths "
-        f"{min(p.seq_len for p in mixed)}-{max(p.seq_len for p in mixed)} ({within} it at 95% confidence), "
+        f"{min(p.seq_len for p in mixed)}-{max(p.seq_len for p in mixed)} ({within}), "
         f"and its own error on the rounded inputs {ratio_text(own)}. The paper's ~10x needs every stage in bf16, "
         "a small key block (Bc=16) and long sequences.",
         "seq_len",
+    )
+
+
+def _within(est) -> str:
+    """The pooled ratio's bound in words, as the answer judges it: an interval that holds 1 but is wider than
+    the no-effect margin, or one from fewer than MIN_N values, settles nothing and is not cited as a bound."""
+    if est.n < MIN_N:
+        return f"too few values to settle it: n={est.n}, a verdict needs {MIN_N} or more"
+    words = difference_words(est)
+    if words.startswith("inconclusive"):
+        return f"{words} at 95% confidence"
+    return (
+        f"at most {100 * (est.high - 1):.0f}% above it at 95% confidence"
+        if est.high > 1
+        else "below it at 95% confidence"
     )

@@ -177,6 +177,22 @@ def measured_text(ev: dict) -> str:
         f"backends: {ev['within_2x']:.0%}); prediction/measured median {ev['median_ratio']:.2f}, 90th percentile of "
         f"the fold error {ev['p90_fold']:.2f}; outside 2x by kind: {outside(ev)}"
         + (f"; not modelled: {', '.join(ev['not_modelled'])}" if ev["not_modelled"] else "")
+        + _why_inconclusive(ev)
+    )
+
+
+def _why_inconclusive(ev: dict) -> str:
+    """Why the within-2x verdict settles nothing (fixa2-3): the share's exact 95% interval still holds the
+    target, i.e. too few held-out cases; '' for any other verdict."""
+    v = ev["verdict"]
+    if v.status != "inconclusive":
+        return ""
+    est, n = v.estimate, ev["held_out"]["n"]
+    if est is None or not (math.isfinite(est.low) and math.isfinite(est.high)):
+        return f"; inconclusive: {v.reason}"
+    return (
+        f"; inconclusive: too few held-out cases ({n}) — the share's 95% interval [{est.low:.0%}, {est.high:.0%}] "
+        f"(Clopper-Pearson) still holds the {TARGET:.0%} target"
     )
 
 
