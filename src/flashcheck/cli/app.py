@@ -241,12 +241,15 @@ def _splits_fit(splits: list[int], lk: int, block_k: int) -> int:
 
 def _out_folder(out: str, flag: str = "--out") -> Path:
     """The folder a command writes into, checked before any work and without creating anything: not empty,
-    not a file, writable. A missing folder is created later, but only as the last part of the path (like
-    mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
+    not a symbolic link, not a file, writable. A missing folder is created later, but only as the last part of
+    the path (like mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
     ValueError names the value and what is wrong."""
     if not str(out).strip():
         raise ValueError(f"{flag} {out!r} is empty; give a folder")
     path = Path(out).expanduser()
+    from flashcheck.core.fileio import refuse_link
+
+    refuse_link(path, f"{flag} folder")  # a link (dangling or not) is refused before any work: nothing written via it
     full = path.absolute()
     lowest = next(p for p in [full, *full.parents] if p.exists())  # the deepest part that exists
     if not lowest.is_dir():

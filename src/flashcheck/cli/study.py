@@ -97,10 +97,13 @@ def report(
     folder: str = typer.Argument(..., metavar="FOLDER", help="A study folder (--out of `flashcheck study`)."),
 ) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
+    from flashcheck.core.fileio import refuse_link
     from flashcheck.core.lock import lock_holder
     from flashcheck.study.registry import sets
     from flashcheck.study.report import build_report
 
+    # report rewrites the folder's report and figures: a link is refused (dangling or not), as study's --out is
+    _guarded(lambda: refuse_link(folder, "FOLDER, which report rewrites"))
     if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
         _console(stderr=True).print(
             f"note: {folder} is in use by {holder}, still running: this report covers the records stored so far "
