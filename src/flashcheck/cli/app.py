@@ -266,6 +266,32 @@ def _out_folder(out: str, flag: str = "--out") -> Path:
     return path
 
 
+STUDY_FILES = ("records.jsonl", "study.json")  # a study's store: no other command writes into such a folder
+WHOSE = dict.fromkeys(STUDY_FILES, "`flashcheck study`")
+
+
+def _not_others(folder: Path, command: str, keys: set[str], flag: str = "--out") -> None:
+    """ValueError when `folder` holds another command's output that `command` would overwrite: a study's records
+    (STUDY_FILES), or a summary.json without all of `keys` (those of `command`'s own summary.json). Checked before
+    any work; an absent folder or summary.json is fine."""
+    import json
+
+    from flashcheck.core.fileio import read_plain
+
+    taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
+    if taken is None and os.path.lexists(folder / "summary.json"):
+        try:
+            data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
+        except (OSError, ValueError):
+            data = None
+        taken = None if isinstance(data, dict) and keys <= data.keys() else "summary.json"
+    if taken is not None:
+        raise ValueError(
+            f"{flag} {str(folder)!r} holds {taken}, {WHOSE.get(taken, 'another command')}'s output, which "
+            f"`flashcheck {command}` would overwrite: give another {flag} (a new folder, or one {command} wrote)"
+        )
+
+
 def default_out(base: str, preset: str, config: str | None = None) -> str:
     """A command's default folder: `base` for the quick preset, `base-PRESET` for another, `base-NAME` for a
     custom sweep NAME.toml, so that running two of them one after the other needs no --out."""
