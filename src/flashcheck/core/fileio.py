@@ -52,7 +52,7 @@ def refuse_link(path: str | Path, what: str = "a file flashcheck writes") -> Non
     """LinkRefused when `path` itself (its last component, not followed) is a symbolic link; absent is fine."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (or under a file: the caller says so)
         return
     if stat.S_ISLNK(st.st_mode):
         raise _refusal(path, what, "a symbolic link")
