@@ -498,3 +498,17 @@ def test_report_says_a_linked_folder_is_a_link(tmp_path, dangling):
     (tmp_path / "lnk").symlink_to(real)
     res = runner.invoke(app, ["report", str(tmp_path / "lnk")])
     assert res.exit_code == 2 and "is a symbolic link" in res.output and "does not exist" not in res.output
+
+
+def test_study_never_overwrites_another_commands_summary(tmp_path, monkeypatch):
+    other = tmp_path / "E"
+    other.mkdir()
+    (other / "summary.json").write_text('{"policy": {}}')  # explain's
+
+    def no_work(*a, **k):
+        raise AssertionError("the study ran")
+
+    monkeypatch.setattr(study_runner, "run_study", no_work)
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(other)])
+    assert res.exit_code == 2 and "holds summary.json" in res.output, res.output
+    assert sorted(p.name for p in other.iterdir()) == ["summary.json"]
