@@ -270,7 +270,7 @@ STUDY_FILES = ("records.jsonl", "study.json")  # a study's store: no other comma
 WHOSE = dict.fromkeys(STUDY_FILES, "`flashcheck study`")
 
 
-def _not_others(folder: Path, command: str, keys: set[str], flag: str = "--out") -> None:
+def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], flag: str = "--out") -> None:
     """ValueError when `folder` holds another command's output that `command` would overwrite: a study's records
     (STUDY_FILES), or a summary.json without all of `keys` (those of `command`'s own summary.json). Checked before
     any work; an absent folder or summary.json is fine."""
@@ -284,7 +284,8 @@ def _not_others(folder: Path, command: str, keys: set[str], flag: str = "--out")
             data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
         except (OSError, ValueError):
             data = None
-        taken = None if isinstance(data, dict) and keys <= data.keys() else "summary.json"
+        shapes = keys if isinstance(keys, list) else [keys]  # the command's summaries (validate has two)
+        taken = None if isinstance(data, dict) and any(k <= data.keys() for k in shapes) else "summary.json"
     if taken is not None:
         raise ValueError(
             f"{flag} {str(folder)!r} holds {taken}, {WHOSE.get(taken, 'another command')}'s output, which "

@@ -16,6 +16,9 @@ from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, 
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
 
 
+VALIDATE_KEYS = [{"model", "rows", "new_tokens"}, {"comparisons", "environment"}]  # --kv-cache's, the main one's
+
+
 def _names(text: str, flag: str) -> list[str]:
     names = [x.strip() for x in str(text).split(",") if x.strip()]
     if not names:
@@ -146,7 +149,7 @@ def validate(
     from flashcheck.validate import validate_model
 
     try:
-        _not_others(_out_folder(out), "validate", {"comparisons", "environment"})  # not a study's summary.json
+        _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None and not pin.strip():
@@ -199,7 +202,7 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
 
     try:
         folder = _out_folder(out)
-        _not_others(folder, "validate", {"model", "rows", "new_tokens"})  # not a study's summary.json
+        _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
             if value < 1:
                 raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
