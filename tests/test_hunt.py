@@ -275,3 +275,18 @@ def test_planted_fp8_bug_is_found_and_shrunk_and_compare_reruns_it(tmp_path):
     assert again.exit_code == 1 and "FAIL" in again.output and "fp8-e4m3" in again.output, again.output
     ok = runner.invoke(app, ["compare", "--backend", "fa4-fp8", "--case", case.to_text()])
     assert ok.exit_code == 0 and "PASS" in ok.output, ok.output
+
+
+def test_hunt_and_mutants_never_overwrite_a_study_or_another_commands_summary(tmp_path):
+    study = tmp_path / "T"
+    study.mkdir()
+    (study / "records.jsonl").write_text("")
+    other = tmp_path / "E"
+    other.mkdir()
+    (other / "summary.json").write_text('{"policy": {}, "metric": "rel_l2"}')  # explain's
+    for cmd in (["hunt", "sdpa-math", "--budget", "1m"], ["mutants", "--size", "tiny"]):
+        for out, name in ((study, "records.jsonl"), (other, "summary.json")):
+            res = CliRunner().invoke(app, [*cmd, "--out", str(out)])
+            assert res.exit_code == 2 and f"holds {name}" in res.output, res.output
+    assert sorted(p.name for p in study.iterdir()) == ["records.jsonl"]
+    assert (other / "summary.json").read_text() == '{"policy": {}, "metric": "rel_l2"}'

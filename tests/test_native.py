@@ -78,7 +78,7 @@ def test_no_compiler_falls_back_with_a_reason(fresh_native, monkeypatch):
     """Without a compiler: status says so, rnd_ casts through torch, and the values are the casts'."""
     monkeypatch.setenv("CC", "no-such-compiler-here")
     st = fresh_native.status()
-    assert not st["available"] and "no C compiler" in st["reason"]
+    assert not st["available"] and "$CC=no-such-compiler-here: not found" in st["reason"], st["reason"]
     x = torch.randn(1000) * 1e3
     want = x.to(torch.bfloat16).float()
     assert torch.equal(ops_mod.rnd_(x, parse_policy("bf16-mixed"), "p"), want)
@@ -95,6 +95,11 @@ def test_the_switch_and_a_failed_build_are_reported(fresh_native, monkeypatch, t
     monkeypatch.setenv("CC", str(broken))
     st = fresh_native.status()
     assert not st["available"] and "did not build" in st["reason"] and "broken" in st["reason"]
+    assert f"the compiler {broken} failed (exit 1): cc: error: this compiler is broken" in st["reason"], st["reason"]
+    fresh_native._library.cache_clear()
+    monkeypatch.setenv("CC", "/bin/false")  # no message: no Python repr either
+    why = fresh_native.status()["reason"]
+    assert "the compiler /bin/false failed (exit 1): no message" in why and "Command '" not in why, why
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler here")

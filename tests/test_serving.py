@@ -308,3 +308,12 @@ def test_serving_units_are_checked_against_their_schema():
     for name, data, says in bad:
         with pytest.raises(ValueError, match=says):
             check_unit(name, data, name)
+
+
+def test_consistency_never_overwrites_a_study_summary(tmp_path):
+    study = tmp_path / "T"
+    study.mkdir()
+    (study / "summary.json").write_text('{"findings": []}')
+    res = CliRunner().invoke(app, ["consistency", "sdpa-math", "--checks", "batch", "--out", str(study)])
+    assert res.exit_code == 2 and "holds summary.json" in res.output, res.output
+    assert (study / "summary.json").read_text() == '{"findings": []}'

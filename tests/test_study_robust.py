@@ -472,3 +472,43 @@ def test_a_ray_address_that_never_answers_fails_within_the_timeout(tmp_path, mon
         run_study(ONE, tmp_path, executor="ray", ray_address=address, quiet=True)
     assert time.monotonic() - start < 5
     silent.close()
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_linked_out_is_refused_before_any_work_and_nothing_is_written_through_it(tmp_path, monkeypatch, dangling):
+    real = tmp_path / "real"
+    if not dangling:
+        real.mkdir()
+    (tmp_path / "lnk").symlink_to(real)
+
+    def no_work(*a, **k):
+        raise AssertionError("the study ran")
+
+    monkeypatch.setattr(study_runner, "run_study", no_work)
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(tmp_path / "lnk")])
+    assert res.exit_code == 2 and "is a symbolic link" in res.output and "File exists" not in res.output
+    assert not real.exists() or not any(real.iterdir())
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_report_says_a_linked_folder_is_a_link(tmp_path, dangling):
+    real = tmp_path / "real"
+    if not dangling:
+        real.mkdir()
+    (tmp_path / "lnk").symlink_to(real)
+    res = runner.invoke(app, ["report", str(tmp_path / "lnk")])
+    assert res.exit_code == 2 and "is a symbolic link" in res.output and "does not exist" not in res.output
+
+
+def test_study_never_overwrites_another_commands_summary(tmp_path, monkeypatch):
+    other = tmp_path / "E"
+    other.mkdir()
+    (other / "summary.json").write_text('{"policy": {}}')  # explain's
+
+    def no_work(*a, **k):
+        raise AssertionError("the study ran")
+
+    monkeypatch.setattr(study_runner, "run_study", no_work)
+    res = runner.invoke(app, ["study", "--preset", "tiny", "--out", str(other)])
+    assert res.exit_code == 2 and "holds summary.json" in res.output, res.output
+    assert sorted(p.name for p in other.iterdir()) == ["summary.json"]

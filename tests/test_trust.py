@@ -475,3 +475,23 @@ def test_the_guard_docstring_names_an_implementation_it_accepts():
     assert names
     for name in names:
         _check_name(name)  # ValueError for a name transformers would load as FlashAttention
+
+
+def test_explain_never_overwrites_a_study_folder_nor_writes_through_a_link(tmp_path):
+    """explain --out STUDY (or another command's summary.json, or a link) is refused before any work; its own
+    folder is rewritten (issue fixb2 item 2)."""
+    study = tmp_path / "T"
+    study.mkdir()
+    (study / "records.jsonl").write_text("")
+    (study / "summary.json").write_text('{"findings": []}')
+    other = tmp_path / "H"
+    other.mkdir()
+    (other / "summary.json").write_text('{"target": "x"}')
+    (tmp_path / "lnk").symlink_to(tmp_path / "E")
+    args = ["explain", "--numerics", "bf16", "--seq-len", "16", "--heads", "1", "--json", "--out"]
+    for out, words in ((study, "holds records.jsonl"), (other, "holds summary.json"), (tmp_path / "lnk", "link")):
+        res = runner.invoke(app, [*args, str(out)])
+        assert res.exit_code == 2 and words in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert (study / "summary.json").read_text() == '{"findings": []}' and not (tmp_path / "E").exists()
+    for _ in range(2):  # explain's own folder: rewritten
+        assert runner.invoke(app, [*args, str(tmp_path / "own")]).exit_code == 0

@@ -62,3 +62,9 @@ def test_validate_kv_cache_cli_table(tiny_llama, tmp_path):
 
     res = runner.invoke(app, ["validate", str(bundled_model_path()), "--kv-cache", "fp8", "--out", str(tmp_path / "w")])
     assert res.exit_code == 2 and "is not a causal LM" in res.output
+    study = tmp_path / "T"  # a study's folder is never overwritten (issue fixb2 item 2)
+    study.mkdir()
+    (study / "records.jsonl").write_text("")
+    res = runner.invoke(app, [*args[:-1], str(study)])
+    assert res.exit_code == 2 and "holds records.jsonl" in res.output and not (study / "summary.json").exists()
+    assert runner.invoke(app, args).exit_code == 0  # its own folder: rewritten

@@ -241,12 +241,15 @@ def _splits_fit(splits: list[int], lk: int, block_k: int) -> int:
 
 def _out_folder(out: str, flag: str = "--out") -> Path:
     """The folder a command writes into, checked before any work and without creating anything: not empty,
-    not a file, writable. A missing folder is created later, but only as the last part of the path (like
-    mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
+    not a symbolic link, not a file, writable. A missing folder is created later, but only as the last part of
+    the path (like mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
     ValueError names the value and what is wrong."""
     if not str(out).strip():
         raise ValueError(f"{flag} {out!r} is empty; give a folder")
     path = Path(out).expanduser()
+    from flashcheck.core.fileio import refuse_link
+
+    refuse_link(path, f"{flag} folder")  # a link (dangling or not) is refused before any work: nothing written via it
     full = path.absolute()
     lowest = next(p for p in [full, *full.parents] if p.exists())  # the deepest part that exists
     if not lowest.is_dir():
@@ -261,6 +264,33 @@ def _out_folder(out: str, flag: str = "--out") -> Path:
     if not os.access(lowest, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out!r} is not writable: no write permission in {str(lowest)!r}")
     return path
+
+
+STUDY_FILES = ("records.jsonl", "study.json")  # a study's store: no other command writes into such a folder
+WHOSE = dict.fromkeys(STUDY_FILES, "`flashcheck study`")
+
+
+def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], flag: str = "--out") -> None:
+    """ValueError when `folder` holds another command's output that `command` would overwrite: a study's records
+    (STUDY_FILES), or a summary.json without all of `keys` (those of `command`'s own summary.json). Checked before
+    any work; an absent folder or summary.json is fine."""
+    import json
+
+    from flashcheck.core.fileio import read_plain
+
+    taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
+    if taken is None and os.path.lexists(folder / "summary.json"):
+        try:
+            data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
+        except (OSError, ValueError):
+            data = None
+        shapes = keys if isinstance(keys, list) else [keys]  # the command's summaries (validate has two)
+        taken = None if isinstance(data, dict) and any(k <= data.keys() for k in shapes) else "summary.json"
+    if taken is not None:
+        raise ValueError(
+            f"{flag} {str(folder)!r} holds {taken}, {WHOSE.get(taken, 'another command')}'s output, which "
+            f"`flashcheck {command}` would overwrite: give another {flag} (a new folder, or one {command} wrote)"
+        )
 
 
 def default_out(base: str, preset: str, config: str | None = None) -> str:

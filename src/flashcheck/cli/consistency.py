@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, _int_range, _names, _out_folder, app
+from flashcheck.cli.app import _fail_usage, _int_range, _names, _not_others, _out_folder, app
 
 CONSISTENCY_HELP = (
     "Does one request get the same bits however a server runs it? Certificates of run-to-run determinism, batch "
@@ -63,6 +63,7 @@ def consistency(
         if folder is not None:  # linked outputs are refused before anything runs
             refuse_link(folder, "the --out folder")
             refuse_link(folder / "summary.json")
+            _not_others(folder, "consistency", {"target", "certificates"})  # not a study's summary.json
         wanted = tuple(_names(checks, "--checks"))
         fn = resolve_target(target, kv=kv, fixed_splits=fixed_splits) if target.startswith("sim-") else \
             resolve_target(target)  # fmt: skip

@@ -7,7 +7,7 @@ import time
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, app
 from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
@@ -60,6 +60,7 @@ def hunt(
         from flashcheck.hunt.target import parse_target
 
         check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
+        _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
         tgt = parse_target(target, device)
         HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
         _need_hypothesis()

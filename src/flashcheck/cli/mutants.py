@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _out_folder, _progress, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _progress, app
 
 
 @app.command()
@@ -30,6 +30,7 @@ def mutants(
         if not 1 <= threads <= 1024:
             raise ValueError(f"--threads {threads} is not allowed; give an integer from 1 to 1024")
         folder = _out_folder(out)
+        _not_others(folder, "mutants", {"rules", "mutants", "catch_rate"})  # not a study's summary.json
         folder.mkdir(exist_ok=True)
     except ValueError as exc:
         _fail_usage(str(exc))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -61,7 +63,7 @@ def study(
         return study_serving(preset, out, quiet)
 
     def run() -> tuple[dict, dict]:
-        _out_folder(out)
+        _not_a_study(_out_folder(out))
         if ray_address is not None and not ray_address.strip():
             raise ValueError("--ray-address '' is empty; give HOST:PORT of a running Ray cluster, or leave it out")
         if not str(preset).strip():
@@ -88,6 +90,18 @@ def study(
     _print_study(summary, stats, out, quiet)
 
 
+def _not_a_study(folder: Path) -> None:
+    """ValueError when --out holds another command's summary.json (explain's, hunt's, ...) and no study's records:
+    the study's report would overwrite it. A study's own folder (records.jsonl or study.json) is resumed."""
+    from flashcheck.cli.app import STUDY_FILES
+
+    if os.path.lexists(folder / "summary.json") and not any(os.path.lexists(folder / n) for n in STUDY_FILES):
+        raise ValueError(
+            f"--out {str(folder)!r} holds summary.json, another command's output (no study's records.jsonl beside "
+            "it), which the study's report would overwrite: give another --out (a new folder, or a study's)"
+        )
+
+
 def _print_study(summary: dict, stats: dict, out: str, quiet: bool) -> None:
     """A study's findings (or the guide's claims) and its failures; exit 1 when a case failed."""
     if "settings" in summary:  # the guide's summary
@@ -103,10 +117,13 @@ def report(
     folder: str = typer.Argument(..., metavar="FOLDER", help="A study folder (--out of `flashcheck study`)."),
 ) -> None:
     """Rebuild a study's figures and report from its stored records, computing nothing."""
+    from flashcheck.core.fileio import refuse_link
     from flashcheck.core.lock import lock_holder
     from flashcheck.study.registry import sets
     from flashcheck.study.report import build_report
 
+    # report rewrites the folder's report and figures: a link is refused (dangling or not), as study's --out is
+    _guarded(lambda: refuse_link(folder, "FOLDER, which report rewrites"))
     if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
         _console(stderr=True).print(
             f"note: {folder} is in use by {holder}, still running: this report covers the records stored so far "

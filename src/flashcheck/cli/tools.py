@@ -18,6 +18,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _int_range,
     _no_empty,
+    _not_others,
     _out_folder,
     _positive,
     _progress,
@@ -121,6 +122,7 @@ def explain(
         if preset and out == "flashcheck-explain":  # one folder per preset, so explaining the next keeps this one
             out = f"flashcheck-explain-{preset}"
         folder = _out_folder(out)
+        _not_others(folder, "explain", {"policy", "metric", "raised", "dominant_stage"})  # not a study's summary
         if metric not in ("max_abs", "mean_abs", "rmse", "rel_l2"):
             raise ValueError(f"--metric {metric!r}; expected one of max_abs, mean_abs, rmse, rel_l2")
         pol, kern = _explain_kernel(preset, numerics, algorithm, (block_q, block_k), (seq_len, head_dim, causal))

@@ -10,10 +10,13 @@ import re
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, app
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
+
+
+VALIDATE_KEYS = [{"model", "rows", "new_tokens"}, {"comparisons", "environment"}]  # --kv-cache's, the main one's
 
 
 def _names(text: str, flag: str) -> list[str]:
@@ -146,7 +149,7 @@ def validate(
     from flashcheck.validate import validate_model
 
     try:
-        _out_folder(out)
+        _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None and not pin.strip():
@@ -199,6 +202,7 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
 
     try:
         folder = _out_folder(out)
+        _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
             if value < 1:
                 raise ValueError(f"{flag} {value} is not allowed; give a positive integer")

@@ -52,7 +52,7 @@ def refuse_link(path: str | Path, what: str = "a file flashcheck writes") -> Non
     """LinkRefused when `path` itself (its last component, not followed) is a symbolic link; absent is fine."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (or under a file: the caller says so)
         return
     if stat.S_ISLNK(st.st_mode):
         raise _refusal(path, what, "a symbolic link")
@@ -209,6 +209,8 @@ def folder_problem(path: str | Path) -> str | None:
     try:
         mode = Path(path).stat().st_mode
     except FileNotFoundError:
+        if os.path.islink(path):  # a dangling link: say so, not "does not exist" of a name the user sees
+            return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
         return "does not exist"
     except (OSError, ValueError) as exc:  # a loop of links, a component that is a file, a NUL in the name
         return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"

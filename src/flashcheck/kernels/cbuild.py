@@ -88,10 +88,21 @@ def load(name: str, source: str, what: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"FLASHCHECK_NATIVE=0: {what}"
     cc = compiler()
     if cc is None:
+        if os.environ.get("CC"):  # the user's choice, not found: say so rather than "no compiler" beside a cc
+            return None, f"$CC={os.environ['CC']}: not found (set CC to a C compiler, or unset it): {what} (slower)"
         return None, f"no C compiler ($CC, cc, gcc or clang) on PATH: {what} (slower)"
     try:
         return ctypes.CDLL(str(build(name, source, cc))), ""
     except (OSError, ValueError, subprocess.SubprocessError) as err:
-        detail = getattr(err, "stderr", b"") or b""
-        why = detail.decode(errors="replace").strip().splitlines()[-1:] or [str(err)]
-        return None, f"{name} did not build with {cc}: {why[0][:200]}; {what}"
+        return None, f"{name} did not build: {_failure(err, cc)}; {what}"
+
+
+def _failure(err: BaseException, cc: str) -> str:
+    """One line for a failed build: the compiler's exit status and its last stderr line, not a Python repr."""
+    lines = (getattr(err, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()
+    last = lines[-1][:200] if lines else "no message"
+    if isinstance(err, subprocess.CalledProcessError):
+        return f"the compiler {cc} failed (exit {err.returncode}): {last}"
+    if isinstance(err, subprocess.TimeoutExpired):
+        return f"the compiler {cc} did not finish in {err.timeout:g} s"
+    return f"with {cc}: {(str(err).splitlines() or [type(err).__name__])[0][:200]}"
