@@ -178,3 +178,26 @@ def test_figure_problems_reads_a_shaded_band_in_the_legend():
     ax.legend()
     assert figure_problems(fig) == []
     plt.close(fig)
+
+
+def test_a_log_axis_narrower_than_two_ticks_is_widened_not_labelled_linearly():
+    """Timings 1.26-1.29 ms: matplotlib's fallback labelled 1.25x10^-3 beside 1.3x10^-3 (overlapping, CPU-speed
+    dependent); log10_axis widens the span out to the 1-2-5 ticks around it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import figure_problems, log10_axis
+
+    fig, ax = plt.subplots(figsize=(3, 2.5))
+    ax.plot([1.26e-3, 1.29e-3], [0.0100, 0.0102], "o-", label="a")
+    ax.plot([1.27e-3, 1.28e-3], [0.0110, 0.0105], "s-", label="b")
+    log10_axis(ax, "x")
+    log10_axis(ax, "y")
+    ax.set_xlabel("time [s]")
+    ax.set_ylabel("error")
+    ax.legend()
+    fig.canvas.draw()
+    assert ax.get_xlim() == (1e-3, 2e-3) and figure_problems(fig) == []
+    plt.close(fig)

@@ -110,6 +110,19 @@ def log10_axis(ax, which: str = "x") -> None:
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_minor_formatter(NullFormatter())
+    if ax.has_data():  # drawn already: widen a span narrower than two of those ticks out to them (else matplotlib
+        ax.autoscale_view()  # falls back to linear ticks, 1.25x10^-3 beside 1.3x10^-3, piled up)
+        get, put = (ax.get_xlim, ax.set_xlim) if which == "x" else (ax.get_ylim, ax.set_ylim)
+        lo, hi = sorted(get())
+        if lo > 0 and math.isfinite(hi):
+            put(_tick125(lo, down=True), _tick125(hi, down=False))
+
+
+def _tick125(v: float, down: bool) -> float:
+    """The nearest of 1, 2, 5 x 10^k at or below (down) / above `v` (> 0)."""
+    k = math.floor(math.log10(v))
+    ticks = [m * 10.0**e for e in (k - 1, k, k + 1) for m in (1, 2, 5)]
+    return max(t for t in ticks if t <= v) if down else min(t for t in ticks if t >= v)
 
 
 def label_axes(ax, *, x: str, y: str, x_unit: str = "", y_unit: str = "") -> None:
