@@ -87,3 +87,12 @@ def test_a_semantics_probe_that_kills_its_process_reads_crash_and_the_others_are
     dead = "crash: the process died of SIGABRT"
     assert rows["fully masked rows"].returned == dead and rows["fully masked rows"].agrees is False
     assert rows["Lk = 0"].returned == "zeros" and rows["causal, Lq > Lk"].agrees is True, rows
+
+
+def test_a_link_planted_at_the_workers_stderr_file_is_refused_and_nothing_written_through_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "err").symlink_to(victim)
+    with pytest.raises(ValueError, match="symbolic link"):
+        IsolatedTarget(parse_target("hunt_bugs:always_raises"), tmp_path / "err")
+    assert victim.read_text() == "keep"

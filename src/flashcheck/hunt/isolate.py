@@ -22,11 +22,13 @@ import re
 import signal
 from pathlib import Path
 
+from flashcheck.core.fileio import open_plain, refuse_link
 from flashcheck.core.pool import WorkerPool
 from flashcheck.hunt.case import HuntCase
 from flashcheck.hunt.target import Target, TargetCrashed, TargetRaised
 
 STDERR = "worker-stderr.txt"
+WHAT = "the hunt's worker-stderr.txt"
 _WHY = re.compile(r"^F\d{4} |Check failed|Fatal Python error|Segmentation fault|Floating point exception|terminate")
 _TARGET: Target | None = None
 PRELOAD = ["torch", "flashcheck.hunt.judge", "flashcheck.hunt.isolate"]
@@ -50,7 +52,7 @@ def _init(name: str, device: str, stderr: str) -> None:
 
     from flashcheck.hunt.target import parse_target
 
-    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_plain(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, what=WHAT)  # never through a link
     os.dup2(fd, 2)
     os.close(fd)
     faulthandler.enable()
@@ -98,6 +100,7 @@ class IsolatedTarget:
 
     def __init__(self, target: Target, stderr: Path) -> None:
         self.target, self.stderr = target, Path(stderr)
+        refuse_link(self.stderr, WHAT)  # said here, before any work; the worker opens it with O_NOFOLLOW too
         self._pool: WorkerPool | None = None
         self._jobs = 0
         self.restarts = 0
@@ -136,8 +139,8 @@ class IsolatedTarget:
 
     def _read_from(self, start: int) -> str:
         try:
-            with open(self.stderr, "rb") as f:
+            with os.fdopen(open_plain(self.stderr, os.O_RDONLY, what=WHAT), "rb") as f:
                 f.seek(start)
                 return f.read(1 << 20).decode("utf-8", "replace")
-        except OSError:
+        except (OSError, ValueError):  # gone, or a link planted since: no line to quote
             return ""
