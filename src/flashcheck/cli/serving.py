@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, _out_folder
+from flashcheck.cli.app import _fail_usage, _not_others, _out_folder
 from flashcheck.core.fileio import LinkRefused
 
 
@@ -15,7 +15,7 @@ def study_serving(preset: str, out: str, quiet: bool) -> None:
     from flashcheck.questions.serving.tasks import check_writable, load_units, run_serving
 
     try:
-        _out_folder(out)
+        _not_others(_out_folder(out), "study --preset serving", {"answer", "published", "units"})
         check_writable(out)  # linked outputs are refused before anything runs
         load_units(out)  # and so are stored units that are links or not what their unit writes (a resume keeps them)
     except ValueError as exc:

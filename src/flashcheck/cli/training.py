@@ -14,6 +14,7 @@ from flashcheck.cli.app import (
     _console,
     _fail_usage,
     _int_range,
+    _not_others,
     _out_folder,
     app,
     default_out,
@@ -22,6 +23,7 @@ from flashcheck.cli.app import (
 MAX_WORKERS = 256  # runs trained at once; a study has 5
 MAX_STEPS = 1_000_000  # 200 times the full preset's 5000 steps: beyond it, a typo rather than a study
 MAX_SEEDS = 100  # seed groups (7 runs each)
+TRAIN_KEYS = [{"study", "conditions", "ratios"}, {"study", "tied", "control", "thresholds"}]  # its summary.json's
 MAX_SKETCH_POINTS = 10_000_000  # per tensor; beyond this an exact W1 (--exact-limit) is the better tool
 
 
@@ -93,7 +95,7 @@ def train_study(
                 raise ValueError(f"{flag} {value!r} is empty; give a value or leave the option out for its default")
         if workers is not None and not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
-        _out_folder(out)
+        _not_others(_out_folder(out), "train-study", TRAIN_KEYS)  # not a study's or another command's output
         _check_counts(steps, save_every, seeds)
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
         if preset == "tied-max":
