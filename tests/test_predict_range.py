@@ -211,3 +211,28 @@ def test_range_terms_leave_the_classic_model_alone():
     assert not narrow_p(pol) and narrow_p(parse_policy("fa3-fp8"))
     with pytest.raises(ValueError, match="f_flush"):
         Setting(kernel="flash", policy=pol, visible=8, head_dim=64, f_flush=-1.0)
+
+
+def test_a_first_order_value_of_one_or_more_is_not_called_a_prediction():
+    """--scale 1e9: the first-order model gives thousands while the kernel is exact (a one-hot softmax); predict
+    says the value is no prediction (JSON first_order false); at scale 1 it is one."""
+    import json
+
+    import torch
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+    from flashcheck.kernels import flash_attention
+
+    args = ["predict", "--seq-len", "256", "--seed", "0"]
+    big = json.loads(CliRunner().invoke(app, [*args, "--scale", "1e9", "--json"]).output)
+    small = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    assert big["predicted_rel_l2"] >= 1 and not big["first_order"] and small["first_order"]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g).mul(1e9).bfloat16().float() for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    err = ((flash_attention(q, k, v, policy="bf16-mixed").double() - ref).norm() / ref.norm()).item()
+    assert err < big["predicted_rel_l2"] / 2  # the premise: the value is far off the kernel's error
+    res = CliRunner().invoke(app, [*args, "--scale", "1e9"])
+    assert res.exit_code == 0 and "not a prediction" in res.output, res.output
+    assert "not a prediction" not in CliRunner().invoke(app, args).output

@@ -51,6 +51,7 @@ def _draw_options(draw: bool, heads, kv_heads, seed, scale) -> Draw | None:
     return Draw(h, kv_heads, seed or 0, 1.0 if scale is None else scale)
 
 
+FIRST_ORDER_LIMIT = 1.0  # the model sums first-order terms: those it leaves out are, relative to it, of order the value
 MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
 
 
@@ -259,6 +260,7 @@ def predict(
         _fail_usage(str(exc))
     data = _prediction(setting, kernel, block_k, (seq_len, lk), (fs, fp, source, ranged))
     data["accumulator"] = _accumulator_words(setting, bool(qkv))
+    data["first_order"] = bool(data["predicted_rel_l2"] < FIRST_ORDER_LIMIT)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -319,6 +321,12 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
     from flashcheck.measure.predict import TRAINING
 
     typer.echo(f"predicted rel-L2 (kernel's own error vs FP64 of its rounded inputs): {data['predicted_rel_l2']:.3g}")
+    if not data["first_order"]:
+        typer.echo(
+            f"not a prediction: the model sums first-order terms, and at {FIRST_ORDER_LIMIT:g} or more the terms it "
+            f"leaves out are larger than the value (the error may be far larger or far smaller: a softmax this peaked "
+            f"can even be exact); measure the kernel instead: flashcheck compare"
+        )
     top = sorted(data["contributions"].items(), key=lambda kv: -kv[1])
     typer.echo("stage shares of the squared error: " + ", ".join(f"{k} {v:.0%}" for k, v in top if v >= 0.005))
     if setting.kernel != kernel:
