@@ -3,6 +3,7 @@ table, the findings store (resume), the one-line reproducer, and bad input as on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -290,3 +291,15 @@ def test_hunt_and_mutants_never_overwrite_a_study_or_another_commands_summary(tm
             assert res.exit_code == 2 and f"holds {name}" in res.output, res.output
     assert sorted(p.name for p in study.iterdir()) == ["records.jsonl"]
     assert (other / "summary.json").read_text() == '{"policy": {}, "metric": "rel_l2"}'
+
+
+def test_keyless_rows_gradient_disagreement_is_semantics_not_budget():
+    """A target giving fully masked rows the mean of V (JAX's convention) puts gradient mass on the keys from
+    those rows: dK and dV disagree with FP64's, whose dead rows have no weights. That is the rows' convention
+    (semantics, as out and dq say), not arithmetic over a bound of 0; the same case without dead rows passes."""
+    target = parse_target("hunt_bugs:masked_rows_mean")
+    case = HuntCase(dtype="fp32", lq=4, lk=8, head_dim=16, dead=2, backward=True)
+    kinds = {v.tensor: v.kind for v in evaluate(target, case).verdicts}
+    assert kinds["out"] == kinds["dv"] == "semantics" and kinds["dk"] in ("ok", "semantics"), kinds
+    clean = evaluate(target, dataclasses.replace(case, dead=0))
+    assert clean.passed, [(v.tensor, v.kind) for v in clean.verdicts]
