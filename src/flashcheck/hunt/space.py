@@ -3,12 +3,12 @@
 Every feature is plain in about two thirds of the draws (so that one can show alone, not hidden under the others) and
 its lists start with the plain value, so that Hypothesis's shrinker, which moves each choice towards the first
 branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
-Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, 320, 448, each -1, +0, +1,
-and L % 128 == 64: up to 512), drawn as base + offset so that the shrinker keeps the offset a failure needs while it moves the
-base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; and one that needs L >= 2 from 64 + 1 to 0 + 2,
-Hypothesis lowering the base while it raises the offset to the next in OFFSETS; with one sorted list of lengths the
-shrinker moves one index, and the lengths between 65 and 257 that it tries need not trigger, so a hunt could
-stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
+Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, 320, 448, each -1, +0, +1, and
+L % 128 == 64: up to 512), drawn as base + offset so that the shrinker keeps the offset a failure needs while it
+moves the base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; and one that needs L >= 2 from 64 + 1
+to 0 + 2, Hypothesis lowering the base while it raises the offset to the next in OFFSETS; with one sorted list of
+lengths the shrinker moves one index, and the lengths between 65 and 257 that it tries need not trigger, so a hunt
+could stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
 include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
 rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks up
 to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows, and for
