@@ -130,6 +130,15 @@ def crash_at_tile(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
 
 
+def hang_at_tile(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that it never returns (a deadlock, a spin on a flag no one sets) when Lk % 128 == 64."""
+    if k.shape[-2] % 128 == 64:
+        import time
+
+        time.sleep(3600)
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
 def abort_on_masked_rows(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     """Right, except that it aborts its process (SIGABRT) when a query row has every key masked."""
     if mask is not None and k.shape[-2]:

@@ -415,6 +415,8 @@ HUNT = [
     r("hunt-budget-zero", "hunt sdpa-math --budget 0s", "--budget", "'0s'"),
     r("hunt-budget-text", "hunt sdpa-math --budget xyz", "'xyz'", "5m"),
     r("hunt-rounds-negative", "hunt sdpa-math --rounds -1", "--rounds", "-1"),
+    r("hunt-case-timeout-zero", "hunt sdpa-math --case-timeout 0", "--case-timeout", "'0'"),
+    r("hunt-case-timeout-text", "hunt sdpa-math --case-timeout soon", "--case-timeout", "'soon'", "90s"),
     r("hunt-fp8-preset-format", "hunt fa3-fp8:fp16", "'fa3-fp8:fp16'", "fp8-e4m3"),
     r("hunt-callable-format-unknown", "hunt mod:fn:fp9", "'fp9'", "fp8-e4m3"),
 ]

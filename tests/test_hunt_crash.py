@@ -96,3 +96,22 @@ def test_a_link_planted_at_the_workers_stderr_file_is_refused_and_nothing_writte
     with pytest.raises(ValueError, match="symbolic link"):
         IsolatedTarget(parse_target("hunt_bugs:always_raises"), tmp_path / "err")
     assert victim.read_text() == "keep"
+
+
+def test_a_case_with_no_answer_in_time_is_a_hang_and_the_next_case_runs(tmp_path):
+    """--case-timeout: a backend or callable that never returns costs one case (a crash finding of signal "hang",
+    its worker killed), not the hunt; the next case gets a fresh worker and its right answer."""
+    import time
+
+    from flashcheck.hunt.report import crash_text
+
+    target = parse_target("hunt_bugs:hang_at_tile")
+    with IsolatedTarget(target, tmp_path / "err", timeout_s=1.5) as w:
+        t0 = time.monotonic()
+        hung = evaluate(target, HuntCase(lq=1, lk=64), run=w.outputs)
+        assert time.monotonic() - t0 < 30 and w.restarts == 1
+        (v,) = hung.verdicts
+        assert (v.kind, v.tensor) == ("crash", "hang") and "no answer in 1.5 s" in v.message, v
+        assert evaluate(target, HuntCase(lq=3, lk=5), run=w.outputs).passed and w.restarts == 1
+    text = crash_text({"tensor": "hang", "describe": "Lq=1 Lk=64", "message": v.message})
+    assert text.startswith("hung on Lq=1 Lk=64: no answer in 1.5 s")

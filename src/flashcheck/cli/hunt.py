@@ -20,14 +20,14 @@ MAX_BUDGET_S = 7 * 24 * 3600
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
 
 
-def parse_budget(text: str) -> float:
-    """'90', '90s', '5m', '1.5h' -> seconds; ValueError names the value and what is allowed."""
+def parse_budget(text: str, flag: str = "--budget") -> float:
+    """'90', '90s', '5m', '1.5h' -> seconds; ValueError names the flag, the value and what is allowed."""
     m = _BUDGET.match(str(text))
     seconds = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]] if m else 0.0
     if not seconds > 0:
-        raise ValueError(f"--budget {text!r} is not allowed; give a positive time such as 90s, 5m or 1h")
+        raise ValueError(f"{flag} {text!r} is not allowed; give a positive time such as 90s, 5m or 1h")
     if seconds > MAX_BUDGET_S:
-        raise ValueError(f"--budget {text!r} is not allowed; give at most 7 days ({MAX_BUDGET_S // 3600}h)")
+        raise ValueError(f"{flag} {text!r} is not allowed; give at most 7 days ({MAX_BUDGET_S // 3600}h)")
     return seconds
 
 
@@ -43,12 +43,18 @@ def hunt(
         None, help="Stop after N rounds of 40 cases too (with --seed: the same cases anywhere)."
     ),
     forward_only: bool = typer.Option(False, "--forward-only", help="Judge outputs only, no dQ, dK, dV."),
+    case_timeout: str = typer.Option(
+        "120s",
+        help="A case a backend or callable gives no answer to in this long is a hang finding (its worker is "
+        "killed); seconds, or a number with s, m or h.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
     sinks, extreme log-sum-exps, overflow; each finding shrunk, with a one-line reproducer."""
     try:
         seconds = parse_budget(budget)
+        case_s = parse_budget(case_timeout, "--case-timeout")
         folder = _out_folder(out)
         if rule not in ("peers", "flashcheck"):
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
@@ -68,7 +74,7 @@ def hunt(
         _fail_usage(str(exc))
     start = time.monotonic()
     try:
-        summary = _run(tgt, folder, seconds, (seed, rounds), rule, not forward_only, as_json)
+        summary = _run(tgt, folder, (seconds, case_s), (seed, rounds), rule, not forward_only, as_json)
     except LinkRefused as exc:  # a link made in --out during the run
         _fail_usage(str(exc))
     except KeyboardInterrupt:
@@ -90,8 +96,9 @@ def _need_hypothesis() -> None:
         raise ValueError("flashcheck hunt needs Hypothesis: pip install 'flashcheck[hunt]'") from None
 
 
-def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
-    """The semantics table, then the search with progress on stderr (seconds of the budget), then the report."""
+def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
+    """The semantics table, then the search with progress on stderr (seconds of the budget), then the report.
+    times: (the budget, the case timeout) in seconds."""
     import sys
 
     from flashcheck.core.progress import progress
@@ -99,6 +106,7 @@ def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, 
     from flashcheck.hunt.search import hunt as run_hunt
     from flashcheck.hunt.semantics import semantics_table
 
+    seconds, case_s = times
     table = semantics_table(tgt)
     total = max(1, round(seconds))
     with progress(total, f"hunt {tgt.name}", quiet=as_json and not sys.stderr.isatty()) as advance:
@@ -112,7 +120,15 @@ def _run(tgt, folder, seconds: float, seeded: tuple, rule: str, backward: bool, 
         start = time.monotonic()
         seed, rounds = seeded
         state = run_hunt(
-            tgt, folder, budget_s=seconds, seed=seed, rule=rule, backward=backward, rounds=rounds, on_step=step
+            tgt,
+            folder,
+            budget_s=seconds,
+            seed=seed,
+            rule=rule,
+            backward=backward,
+            rounds=rounds,
+            on_step=step,
+            case_timeout_s=case_s,
         )
     return report.write(folder, tgt, state, table, seconds, rule)
 
@@ -194,12 +210,15 @@ def _evaluate_isolated(tgt, hc):
     import tempfile
     from pathlib import Path
 
-    from flashcheck.hunt.isolate import IsolatedTarget, isolates
+    from flashcheck.hunt.isolate import CASE_TIMEOUT_S, IsolatedTarget, isolates
     from flashcheck.hunt.judge import evaluate
 
     if not isolates(tgt):
         return evaluate(tgt, hc)
-    with tempfile.TemporaryDirectory(prefix="flashcheck-case-") as tmp, IsolatedTarget(tgt, Path(tmp) / "stderr") as w:
+    with (
+        tempfile.TemporaryDirectory(prefix="flashcheck-case-") as tmp,
+        IsolatedTarget(tgt, Path(tmp) / "stderr", CASE_TIMEOUT_S) as w,
+    ):
         return evaluate(tgt, hc, run=w.outputs)
 
 
@@ -224,7 +243,10 @@ def _print_case(name: str, hc, outcome) -> None:
         return
     crash = next((v for v in outcome.failures if v.kind == "crash"), None)
     if crash is not None:  # run in a worker: the process that died was the worker's, not this one
-        console.print(escape(f"FAIL: the target crashed: {crash.where()}; its stderr said: {crash.message}"))
+        if crash.tensor == "hang":
+            console.print(escape(f"FAIL: the target hung: {crash.message}"))
+        else:
+            console.print(escape(f"FAIL: the target crashed: {crash.where()}; its stderr said: {crash.message}"))
         return
     rows = [
         [v.tensor, "ok" if v.passed else "FAIL", "" if v.passed else v.where(), v.message] for v in outcome.verdicts

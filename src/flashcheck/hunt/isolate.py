@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 from flashcheck.core.fileio import open_plain, refuse_link
@@ -94,12 +95,17 @@ def isolates(target: Target) -> bool:
     return target.kind in ("backend", "callable")
 
 
+HANG = "hang"  # TargetCrashed's signal for a case the worker gave no answer to in time (it is killed)
+CASE_TIMEOUT_S = 120.0  # hunt --case-timeout's default, and compare --case's limit
+
+
 class IsolatedTarget:
     """`target` run in a worker; `stderr`: the file the worker's stderr is appended to. A context manager:
-    leaving it stops the worker. `restarts`: workers started after a death."""
+    leaving it stops the worker. `restarts`: workers started after a death. `timeout_s`: a case with no answer
+    after that long (None: no limit) is a hang: the worker is killed and the call raises TargetCrashed(HANG)."""
 
-    def __init__(self, target: Target, stderr: Path) -> None:
-        self.target, self.stderr = target, Path(stderr)
+    def __init__(self, target: Target, stderr: Path, timeout_s: float | None = None) -> None:
+        self.target, self.stderr, self.timeout_s = target, Path(stderr), timeout_s
         refuse_link(self.stderr, WHAT)  # said here, before any work; the worker opens it with O_NOFOLLOW too
         self._pool: WorkerPool | None = None
         self._jobs = 0
@@ -125,8 +131,15 @@ class IsolatedTarget:
         start = self.stderr.stat().st_size if self.stderr.exists() else 0
         self._jobs += 1
         self._pool.submit(self._jobs, _job, case.to_text())
+        t0 = time.monotonic()
         while True:
-            for kind, _key, value in self._pool.events(1.0):
+            if self.timeout_s is not None and time.monotonic() - t0 > self.timeout_s:
+                self._pool.stop(kill=True)
+                self._pool = None
+                self.restarts += 1
+                raise TargetCrashed(HANG, f"no answer in {self.timeout_s:g} s: the worker was killed")
+            wait = 1.0 if self.timeout_s is None else max(0.01, min(1.0, t0 + self.timeout_s - time.monotonic()))
+            for kind, _key, value in self._pool.events(wait):
                 if kind == "done":
                     return value
                 if kind == "error":

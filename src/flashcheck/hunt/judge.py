@@ -49,7 +49,7 @@ class Verdict:
         """'head 3, tokens 64-127, dq NaN' (what failed where), or the tensor and kind alone."""
         what = {"nan": "NaN", "inf": "Inf", "overflow": "overflow"}.get(self.kind, self.kind)
         if self.kind == "crash":
-            return f"the process died of {self.tensor}"
+            return "the target hung" if self.tensor == "hang" else f"the process died of {self.tensor}"
         if self.rows is None:
             return f"{self.tensor} {what}"
         a, b = self.rows

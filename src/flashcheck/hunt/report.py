@@ -19,7 +19,8 @@ KIND_WORDS = {
     "overflow": "non-finite, as the same-precision baseline is too",
     "budget": "error over the budget of the same-precision baseline",
     "semantics": "differs from the convention (zeros) only on rows with no visible key",
-    "crash": "the target's process died (the signal; the line of its stderr that says why)",
+    "crash": "the target's process died (the signal; the line of its stderr that says why), or hung: no answer "
+    "within --case-timeout, and was killed",
 }
 
 
@@ -79,6 +80,8 @@ def finding_rows(findings: list[Finding]) -> list[list[str]]:
 
 def crash_text(f: dict) -> str:
     """'died of SIGABRT on Lk=64 ...; stderr: F... Check failed: ...' for a crash finding (a dict of to_dict)."""
+    if f["tensor"] == "hang":  # hunt.isolate.HANG: killed after --case-timeout
+        return f"hung on {f['describe']}: {f['message']}"
     return f"died of {f['tensor']} on {f['describe']}; stderr: {f['message']}"
 
 

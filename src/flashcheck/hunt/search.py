@@ -144,12 +144,14 @@ def hunt(
     rounds: int | None = None,
     on_step: Callable[[HuntState, str], None] | None = None,
     isolate: bool | None = None,
+    case_timeout_s: float | None = None,
 ) -> HuntState:
     """Hunt `target` for `budget_s` seconds in all (a resumed hunt spends what its store has left), storing
     into `out`. `seed`: Hypothesis's seed of round i is seed + i (None: random); `shrink_s`: the most time
     one finding's shrinking takes (None: a fifth of the budget, at least 10 s); `rounds`: stop after that many
     rounds in all (None: the budget alone), which makes a seeded hunt's cases independent of the machine's speed;
-    `isolate`: run the target in a worker process (None: isolate.isolates(target))."""
+    `isolate`: run the target in a worker process (None: isolate.isolates(target)); `case_timeout_s`: in a worker, a
+    case with no answer after that long is a crash finding of signal "hang" (None: no limit; in-process: none)."""
     import torch
 
     make_folder(out, "the --out folder")
@@ -164,7 +166,7 @@ def hunt(
             seed = random.SystemRandom().randrange(2**32)
         if not (isolates(target) if isolate is None else isolate):
             return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, None)
-        with IsolatedTarget(target, out / STDERR) as worker:
+        with IsolatedTarget(target, out / STDERR, case_timeout_s) as worker:
             return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, worker)
     finally:
         torch.set_num_threads(threads)
