@@ -645,3 +645,31 @@ def test_drift_human_output_and_progress(tmp_path):
     assert re.fullmatch(r"drift 4/4, \d+ s, step 20 head\.weight", res.stderr.strip()), res.stderr
     res = runner.invoke(app, ["drift", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
     assert res.exit_code == 0 and res.stderr == "" and len(json.loads(res.stdout)["pairs"]) == 2
+
+
+def test_train_runs_a_killed_worker_interrupts_and_a_rerun_resumes(tmp_path):
+    """A training worker SIGKILLed mid-run (the OOM killer) ends the study with StudyInterrupted, never a hang
+    (core.pool: no lock shared between workers); the same call again completes every run. A run's own error comes
+    back with its type (a folder of another configuration: ValueError)."""
+    import multiprocessing
+    import signal
+
+    from flashcheck.training.experiments import StudyInterrupted
+
+    runs = train_preset("tiny").runs[:2]
+    killed: list[int] = []
+
+    def kill_one(done: int, total: int, note: str) -> None:
+        workers = [p for p in multiprocessing.active_children() if p.name == "flashcheck-worker"]
+        if not killed and workers:
+            killed.append(workers[0].pid)
+            os.kill(workers[0].pid, signal.SIGKILL)
+
+    with pytest.raises(StudyInterrupted, match="worker process died"):
+        train_runs(runs, tmp_path, workers=2, on_progress=kill_one)
+    assert killed
+    train_runs(runs, tmp_path, workers=2)
+    assert all(run_complete(tmp_path / "runs" / r.name, r) for r in runs)
+    other = [dataclasses.replace(runs[0], lr=runs[0].lr * 2)]
+    with pytest.raises(ValueError, match=r"another configuration \(lr differ\)"):
+        train_runs(other, tmp_path, workers=1)

@@ -8,15 +8,13 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty
 
 from flashcheck.core.fileio import DiskFull, full_error, make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.lifeline import exit_with_parent
+from flashcheck.core.pool import send_to_parent
 from flashcheck.training.drift import compare_series
 from flashcheck.training.lossgap import context_free_loss, loss_gaps, sentence
 from flashcheck.training.model import GPTConfig
@@ -115,9 +113,6 @@ def train_preset(
     return dataclasses.replace(study, overrides={k: v for k, v in overrides.items() if v is not None})
 
 
-_QUEUE = None  # a worker process's queue to the parent, for progress
-
-
 class StudyInterrupted(RuntimeError):
     """Training stopped before every run completed (a worker died); rerunning resumes it."""
 
@@ -126,9 +121,7 @@ class NonFiniteWeights(RuntimeError):
     """A run's weights hold NaN or Inf (it diverged): the pairs cannot be measured."""
 
 
-def _worker_init(queue, parent_pid: int | None = None) -> None:
-    global _QUEUE
-    _QUEUE = queue
+def _worker_init(parent_pid: int | None = None) -> None:
     if parent_pid is not None:  # a train-study killed by SIGKILL takes its workers with it
         exit_with_parent(parent_pid)
 
@@ -139,9 +132,9 @@ def _run(args: tuple[RunConfig, str]) -> str:
 
     def report(step: int, total: int, name: str) -> None:
         now = time.monotonic()
-        if _QUEUE is not None and (step in (0, total) or now - last[0] >= 0.2):  # a few messages a second
+        if step in (0, total) or now - last[0] >= 0.2:  # a few messages a second
             last[0] = now
-            _QUEUE.put((name, step))
+            send_to_parent((name, step))
 
     train(cfg, folder, on_progress=report)
     return cfg.name
@@ -209,41 +202,33 @@ def train_runs(
 
 
 def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> None:
-    ctx = multiprocessing.get_context()
-    queue = ctx.Queue()
+    """The runs in a core.pool.WorkerPool (one private pipe per worker: a worker killed at any instant costs its
+    own run, never a lock the others wait on), their steps sent back as they train."""
+    from flashcheck.core.pool import WorkerPool
+
     total, steps = sum(r.steps for r, _ in todo), dict.fromkeys((r.name for r, _ in todo), 0)
-
-    def drain() -> None:
-        while True:
-            try:
-                name, step = queue.get_nowait()
-            except Empty:
-                return
-            steps[name] = max(steps[name], step)
-            if on_progress is not None:
-                on_progress(sum(steps.values()), total, f"run {name} step {step}")
-
-    init = (queue, os.getpid())
-    pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init, initargs=init)
-    with pool:
-        pending = {pool.submit(_run, item) for item in todo}
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                drain()
-                for fut in done:
-                    fut.result()  # a run's error (e.g. a folder of another configuration) ends the study
-        except BrokenProcessPool:
-            raise StudyInterrupted(
-                "a training worker process died (killed, or out of memory); every finished step is saved: "
-                "run the same command again to resume"
-            ) from None
-        finally:
-            for fut in pending:
-                fut.cancel()
-    drain()
-    queue.close()
-    queue.join_thread()
+    queue = list(todo)
+    with WorkerPool(min(workers, len(todo)), multiprocessing.get_context(), _worker_init, (os.getpid(),)) as pool:
+        while queue or pool.running():
+            while queue and pool.idle():
+                item = queue.pop(0)
+                pool.submit(item[0].name, _run, item)
+            for kind, _name, value in pool.events(0.25):
+                if kind == "emit":
+                    name, step = value
+                    steps[name] = max(steps[name], step)
+                    if on_progress is not None:
+                        on_progress(sum(steps.values()), total, f"run {name} step {step}")
+                elif kind == "error":  # a run's error (e.g. a folder of another configuration) ends the study
+                    kind_of, _, message = value.partition(": ")
+                    raise (ValueError(message) if kind_of == "ValueError" else RuntimeError(value))
+                elif kind == "died":
+                    raise StudyInterrupted(
+                        "a training worker process died (killed, or out of memory); every finished step is saved: "
+                        "run the same command again to resume"
+                    )
+            if not pool.running() and not pool.idle() and queue:
+                raise StudyInterrupted("every training worker process died; run the same command again to resume")
 
 
 def _pair_curve(out: Path, pname: str, a: str, b: str) -> dict:
