@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, round_to
+from flashcheck.kernels.fp8_native import scaled
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
 
@@ -32,7 +33,7 @@ def quantize_blocks(x: torch.Tensor, fmt: Format, block: int) -> torch.Tensor:
     pad = (-n) % block
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
     xb = xp.reshape(b, h, -1, block, d)
-    out = quantize_scaled(xb, fmt, amax_scale(xb, fmt, dims=(-2, -1)))
+    out = scaled(xb, fmt, amax_scale(xb, fmt, dims=(-2, -1)))
     return out.reshape(b, h, -1, d)[:, :, :n]
 
 
@@ -97,5 +98,5 @@ def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None):
             raise ValueError("fp8_scaling='block' needs tiles: use the flash kernel (block_q, block_k)")
         out = [quantize_blocks(t, fmt, blk) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
     else:
-        out = [quantize_scaled(t, fmt, amax_scale(t, fmt)) for t in (q, k, v)]
+        out = [scaled(t, fmt, amax_scale(t, fmt)) for t in (q, k, v)]
     return out[0].to(work), out[1].to(work), out[2].to(work)

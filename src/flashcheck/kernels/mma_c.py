@@ -177,7 +177,7 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const i
         vi ep[TV], E[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
-        vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent over all TV VF outputs at once (int8 lanes) */
+        vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent, all TV VF outputs at once (int8) */
         for (int64_t i = k0; i < k1; i++) {
             vb x; memcpy(&x, eb + i * ldb, 64);
             ep8 = vmaxb(ep8, x + ea[i]);

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
+from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
@@ -64,7 +65,7 @@ def split(
         per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
-    codes = _codes(x64 / scale, fmt) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
+    codes = _codes(x64, fmt, scale) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
     if exact:  # in place: the same values as (codes * scale - x64).abs() <= SPLIT_TOLERANCE * a
         err = codes.mul(scale).sub_(x64).abs_()
         if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
@@ -72,12 +73,16 @@ def split(
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
 
-def _codes(x: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """x rounded to fmt's nearest values: FP8 by torch's cast (many times faster than round_to). Where x lies
-    within SPLIT_TOLERANCE of a code, the only case split keeps, both give that code (a double rounding through
-    float32 cannot move a value that near a code off it), so the split's outcome is round_to's."""
+def _codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to fmt's nearest values: FP8 in one C pass (kernels.fp8_native: round_to's bits) or by
+    torch's cast (many times faster than round_to). Where x / scale lies within SPLIT_TOLERANCE of a code, the only
+    case split keeps, every one of them gives that code (a double rounding through float32, or a clamp at the
+    format's max, cannot move a value that near a code off it), so the split's outcome is round_to's."""
     fast = {Format.FP8_E4M3: torch.float8_e4m3fn, Format.FP8_E5M2: torch.float8_e5m2}.get(fmt)
-    return round_to(x, fmt) if fast is None else widen_fp8(x.to(fast), torch.float64)
+    if fast is None:
+        return round_to(x / scale, fmt)
+    native = fp8_codes(x, fmt, scale)
+    return widen_fp8((x / scale).to(fast), torch.float64) if native is None else native
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:

@@ -1,0 +1,171 @@
+"""FP8 quantisation in one pass of C (built by kernels.cbuild): x / scale clamped to the format's +-max, rounded to
+its nearest value (ties to even, subnormals included) and, for quantize_scaled, multiplied by the scale again. The
+same bits as core.numerics' quantize_scaled and kernels.mma_ops' codes, whose torch steps (a division, a clamp,
+eight passes of round-to-odd and table look-ups, a multiplication) each read and write the whole tensor: a
+decoding step's 128k-key cache went through them about twenty times.
+
+Every step is an IEEE operation the torch path also does once (the division and the multiplication, correctly
+rounded), or exact (the scaling by powers of two and rint's round-to-nearest-even at the format's spacing). The
+library self-tests at load against the torch path (random bit patterns, ties, subnormals, limits, NaN); any
+difference or a missing compiler keeps the torch path."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+import flashcheck.kernels.cbuild as cbuild
+from flashcheck.core.numerics import Format, info, quantize_scaled, round_to
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
+
+/* y rounded to the nearest value of a float format with mbits mantissa bits and smallest normal exponent emin
+   (ties to even), after a clamp at +-maxv; NaN stays */
+static inline double fp8_round(double y, int mbits, int emin, double maxv) {
+    if (y != y) return y;
+    y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
+    const double a = fabs(y);
+    uint64_t u; memcpy(&u, &a, 8);
+    int e = (int)(u >> 52) - 1023;  /* floor(log2 a) for a normal a; a double subnormal or 0 reads -1023 */
+    if (e < emin) e = emin;
+    const double r = rint(a * pow2d(mbits - e)) * pow2d(e - mbits);  /* exact scalings; rint: nearest, even */
+    return copysign(r, y);
+}
+
+/* out = fp8_round(x / s) (* s when mul) over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in
+   elements), out contiguous */
+void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const int64_t *ss, double *out,
+                   const int64_t *n, int mbits, int emin, double maxv, int mul) {
+    int64_t o = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+    for (int64_t i2 = 0; i2 < n[2]; i2++)
+    for (int64_t i3 = 0; i3 < n[3]; i3++) {
+        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
+        const int64_t dx = xs[4], ds = ss[4];
+        for (int64_t i4 = 0; i4 < n[4]; i4++, o++) {
+            const double sc = sr[i4 * ds];
+            const double r = fp8_round(xr[i4 * dx] / sc, mbits, emin, maxv);
+            out[o] = mul ? r * sc : r;
+        }
+    }
+}
+"""
+
+_DIMS = 5
+_P = ctypes.c_void_p
+_ARGS = [_P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int]
+_FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
+
+
+def _params(fmt: Format) -> tuple[int, int, float]:
+    """(mantissa bits, smallest normal exponent floor(log2), largest finite value) of an FP8 format (info's min_exp
+    is frexp's: the smallest normal is 2^(min_exp - 1))."""
+    fi = info(fmt)
+    return fi.precision - 1, fi.min_exp - 1, float(fi.max)
+
+
+def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
+    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+    pad = _DIMS - x.dim()
+    shape = (1,) * pad + tuple(x.shape)
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    ss = torch.tensor((0,) * pad + scale.expand(x.shape).stride(), dtype=torch.int64)
+    n = torch.tensor(shape, dtype=torch.int64)
+    out = torch.empty(x.shape, dtype=torch.float64)
+    mbits, emin, maxv = _params(fmt)
+    ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr())
+    lib.fc_fp8_scaled(*ptrs, mbits, emin, maxv, int(mul))
+    return out
+
+
+def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> bool:
+    return (
+        fmt in _FP8
+        and x.dtype == torch.float64
+        and scale.dtype == torch.float64
+        and x.device.type == "cpu"
+        and x.is_contiguous()  # torch's result keeps a permuted input's layout; this one is contiguous
+        and scale.device.type == "cpu"
+        and x.dim() <= _DIMS
+        and scale.dim() <= x.dim()
+        and not (torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad))
+        and torch.broadcast_shapes(x.shape, scale.shape) == x.shape
+    )
+
+
+def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """core.numerics.quantize_scaled(x, fmt, scale) (x / scale rounded to fmt, times scale), in one C pass
+    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims])."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale):
+        return quantize_scaled(x, fmt, scale)
+    return _run(lib, x, fmt, scale, True)
+
+
+def codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """round_to(x / scale, fmt) clamped to fmt's range (FP8: float64 [x's shape]), in one C pass where it applies
+    (see scaled); None where it does not."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale):
+        return None
+    return _run(lib, x, fmt, scale, False)
+
+
+def _selftest_values() -> torch.Tensor:
+    """float64 values [n] for the self-test: random bit patterns over FP8's range and beyond, every FP8 value, the
+    midpoints between neighbours (ties) and just off them, zeros of both signs, double subnormals, infinities."""
+    g = torch.Generator().manual_seed(0)
+    exps = torch.randint(-30, 20, (20000,), generator=g).double()
+    rand = (torch.rand(20000, generator=g, dtype=torch.float64) + 1) * torch.exp2(exps)
+    grid = []
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        v = torch.arange(256, dtype=torch.uint8).view(dt).to(torch.float64)
+        v = v[torch.isfinite(v)].unique()
+        mid = (v[1:] + v[:-1]) / 2
+        grid += [v, mid, torch.nextafter(mid, torch.full_like(mid, 1e300)), torch.nextafter(mid, -v[1:])]
+    special = torch.tensor([0.0, -0.0, 5e-324, -5e-324, 2.0**-1022, 1e300, -1e300, 448.0, 464.0, 480.0, 57344.0])
+    base = torch.cat([rand, *grid, special])
+    return torch.cat([base, -base])
+
+
+@functools.cache
+def _native() -> tuple[object | None, str]:
+    lib, why = cbuild.load("fp8", SOURCE, "FP8 quantisation runs in torch")
+    if lib is None:
+        return None, why
+    lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
+    x = _selftest_values()
+    scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
+        x.numel() // 2).view(2, -1))  # fmt: skip
+    for fmt in _FP8:
+        for s in scales:
+            xv = x.view(s.shape[0], -1) if s.dim() == 2 else x
+            sv = s[:, :1] if s.dim() == 2 else s
+            want = quantize_scaled(xv, fmt, sv)
+            got = _run(lib, xv, fmt, sv, True)
+            want_codes = round_to(xv / sv, fmt)
+            got_codes = _run(lib, xv, fmt, sv, False)
+            for w, g_ in ((want, got), (want_codes, got_codes)):
+                if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
+                    return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
+    return lib, ""
+
+
+def library():
+    """The self-tested library, or None (callers keep their torch code)."""
+    return _native()[0]
+
+
+def native_status() -> dict:
+    """{"available": bool, "reason": str} for `flashcheck doctor`."""
+    lib, why = _native()
+    return {"available": lib is not None, "reason": why}
