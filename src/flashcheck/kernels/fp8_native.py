@@ -27,16 +27,33 @@ SOURCE = r"""
 static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
 
 /* y rounded to the nearest value of a float format with mbits mantissa bits and smallest normal exponent emin
-   (ties to even), after a clamp at +-maxv; NaN stays */
+   (ties to even), after a clamp at +-maxv (NaN passes the clamp and stays NaN); branch-free, so it vectorises */
 static inline double fp8_round(double y, int mbits, int emin, double maxv) {
-    if (y != y) return y;
     y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
     const double a = fabs(y);
     uint64_t u; memcpy(&u, &a, 8);
     int e = (int)(u >> 52) - 1023;  /* floor(log2 a) for a normal a; a double subnormal or 0 reads -1023 */
-    if (e < emin) e = emin;
+    e = e < emin ? emin : e;
     const double r = rint(a * pow2d(mbits - e)) * pow2d(e - mbits);  /* exact scalings; rint: nearest, even */
     return copysign(r, y);
+}
+
+/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n: the contiguous cases apart, so they vectorise */
+static void row_scaled(const double *x, int64_t dx, const double *s, int64_t ds, double *out, int64_t n, int mbits,
+                       int emin, double maxv, int mul) {
+    if (dx == 1 && ds == 0) {
+        const double sc = s[0];
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv) * sc;
+        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv);
+    } else if (dx == 1 && ds == 1) {
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv) * s[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            const double sc = s[i * ds], r = fp8_round(x[i * dx] / sc, mbits, emin, maxv);
+            out[i] = mul ? r * sc : r;
+        }
+    }
 }
 
 /* out = fp8_round(x / s) (* s when mul) over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in
@@ -47,20 +64,52 @@ void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const in
     for (int64_t i0 = 0; i0 < n[0]; i0++)
     for (int64_t i1 = 0; i1 < n[1]; i1++)
     for (int64_t i2 = 0; i2 < n[2]; i2++)
-    for (int64_t i3 = 0; i3 < n[3]; i3++) {
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
         const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
         const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
-        const int64_t dx = xs[4], ds = ss[4];
-        for (int64_t i4 = 0; i4 < n[4]; i4++, o++) {
-            const double sc = sr[i4 * ds];
-            const double r = fp8_round(xr[i4 * dx] / sc, mbits, emin, maxv);
-            out[o] = mul ? r * sc : r;
+        row_scaled(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);
+    }
+}
+
+/* kernels.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
+   |codes s - x| <= |x| tol (the same float64 operations as split's torch steps), else 0 (codes then unused) */
+static int row_split(const double *x, int64_t dx, const double *s, int64_t ds, float *codes, int64_t n, int mbits,
+                     int emin, double maxv, double tol) {
+    int bad = 0;
+    if (dx == 1 && (ds == 0 || ds == 1)) {
+        for (int64_t i = 0; i < n; i++) {
+            const double sc = s[i * ds], r = fp8_round(x[i] / sc, mbits, emin, maxv);
+            bad |= !(fabs(r * sc - x[i]) <= fabs(x[i]) * tol);
+            codes[i] = (float)r;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            const double sc = s[i * ds], xv = x[i * dx], r = fp8_round(xv / sc, mbits, emin, maxv);
+            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);
+            codes[i] = (float)r;
         }
     }
+    return bad;
+}
+
+int fc_fp8_split(const double *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,
+                 const int64_t *n, int mbits, int emin, double maxv, double tol) {
+    int64_t o = 0;
+    int bad = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+    for (int64_t i2 = 0; i2 < n[2]; i2++)
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
+        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
+        bad |= row_split(xr, xs[4], sr, ss[4], codes + o, n[4], mbits, emin, maxv, tol);
+    }
+    return !bad;
 }
 """
 
 _DIMS = 5
+_SPLIT_ARGS = [*[ctypes.c_void_p] * 6, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]
 _P = ctypes.c_void_p
 _ARGS = [_P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int]
 _FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
@@ -73,18 +122,35 @@ def _params(fmt: Format) -> tuple[int, int, float]:
     return fi.precision - 1, fi.min_exp - 1, float(fi.max)
 
 
-def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
-    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+def _layout(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x's strides, scale's strides broadcast to x's shape, x's shape), each int64 [5] (leading dims of 1)."""
     pad = _DIMS - x.dim()
-    shape = (1,) * pad + tuple(x.shape)
     xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
     ss = torch.tensor((0,) * pad + scale.expand(x.shape).stride(), dtype=torch.int64)
-    n = torch.tensor(shape, dtype=torch.int64)
+    return xs, ss, torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+
+
+def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
+    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+    xs, ss, n = _layout(x, scale)
     out = torch.empty(x.shape, dtype=torch.float64)
-    mbits, emin, maxv = _params(fmt)
     ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr())
-    lib.fc_fp8_scaled(*ptrs, mbits, emin, maxv, int(mul))
+    lib.fc_fp8_scaled(*ptrs, *_params(fmt), int(mul))
     return out
+
+
+def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
+    """kernels.mma_ops.split's exact case for an FP8 format in one C pass: (True, codes float32 [x's shape]) when
+    every |codes * scale - x| <= tol |x| (codes = x / scale rounded to fmt, clamped), (False, None) when not;
+    (True, None) where the C pass does not apply (see scaled): the caller's torch steps then decide."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale):
+        return True, None
+    xs, ss, n = _layout(x, scale)
+    codes = torch.empty(x.shape, dtype=torch.float32)
+    ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), codes.data_ptr(), n.data_ptr())
+    ok = lib.fc_fp8_split(*ptrs, *_params(fmt), tol)
+    return (True, codes) if ok else (False, None)
 
 
 def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> bool:
@@ -98,8 +164,8 @@ def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> bool:
         and x.dim() <= _DIMS
         and scale.dim() <= x.dim()
         and not (torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad))
-        and torch.broadcast_shapes(x.shape, scale.shape) == x.shape
-    )
+        and all(d in (1, n) for d, n in zip(reversed(scale.shape), reversed(x.shape), strict=False))
+    )  # (torch.broadcast_shapes materialises the shape: 60 ms for a 128 MiB tensor)
 
 
 def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
@@ -143,6 +209,7 @@ def _native() -> tuple[object | None, str]:
     if lib is None:
         return None, why
     lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
+    lib.fc_fp8_split.argtypes, lib.fc_fp8_split.restype = _SPLIT_ARGS, ctypes.c_int
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
         x.numel() // 2).view(2, -1))  # fmt: skip

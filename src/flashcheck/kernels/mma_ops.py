@@ -14,6 +14,7 @@ import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
 from flashcheck.kernels.fp8_native import codes as fp8_codes
+from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
@@ -65,6 +66,12 @@ def split(
         per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
+    if exact:  # FP8 in one C pass where it applies (kernels.fp8_native: the same operations as below)
+        ok, native = fp8_split(x64, fmt, scale, SPLIT_TOLERANCE)
+        if not ok:
+            return _values(x)
+        if native is not None:
+            return Operand(native, scale, name)
     codes = _codes(x64, fmt, scale) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
     if exact:  # in place: the same values as (codes * scale - x64).abs() <= SPLIT_TOLERANCE * a
         err = codes.mul(scale).sub_(x64).abs_()
