@@ -72,40 +72,44 @@ void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const in
 }
 
 /* kernels.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
-   |codes s - x| <= |x| tol (the same float64 operations as split's torch steps), else 0 (codes then unused) */
-static int row_split(const double *x, int64_t dx, const double *s, int64_t ds, float *codes, int64_t n, int mbits,
-                     int emin, double maxv, double tol) {
-    int bad = 0;
-    if (dx == 1 && (ds == 0 || ds == 1)) {
-        for (int64_t i = 0; i < n; i++) {
-            const double sc = s[i * ds], r = fp8_round(x[i] / sc, mbits, emin, maxv);
-            bad |= !(fabs(r * sc - x[i]) <= fabs(x[i]) * tol);
-            codes[i] = (float)r;
-        }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            const double sc = s[i * ds], xv = x[i * dx], r = fp8_round(xv / sc, mbits, emin, maxv);
-            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);
-            codes[i] = (float)r;
-        }
-    }
-    return bad;
+   |codes s - x| <= |x| tol (the same float64 operations as split's torch steps on x in float64), else 0 (codes
+   then unused); x float64 or float32 (each value exact in float64) */
+#define SPLIT(NAME, T)                                                                                          \
+static int row_##NAME(const T *x, int64_t dx, const double *s, int64_t ds, float *codes, int64_t n, int mbits,  \
+                      int emin, double maxv, double tol) {                                                      \
+    int bad = 0;                                                                                                \
+    if (dx == 1 && (ds == 0 || ds == 1)) {                                                                      \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], xv = (double)x[i], r = fp8_round(xv / sc, mbits, emin, maxv);          \
+            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
+            codes[i] = (float)r;                                                                                \
+        }                                                                                                       \
+    } else {                                                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], xv = (double)x[i * dx], r = fp8_round(xv / sc, mbits, emin, maxv);     \
+            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
+            codes[i] = (float)r;                                                                                \
+        }                                                                                                       \
+    }                                                                                                           \
+    return bad;                                                                                                 \
+}                                                                                                               \
+                                                                                                                \
+int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,              \
+                  const int64_t *n, int mbits, int emin, double maxv, double tol) {                             \
+    int64_t o = 0;                                                                                              \
+    int bad = 0;                                                                                                \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
+        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
+        bad |= row_##NAME(xr, xs[4], sr, ss[4], codes + o, n[4], mbits, emin, maxv, tol);                       \
+    }                                                                                                           \
+    return !bad;                                                                                                \
 }
-
-int fc_fp8_split(const double *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,
-                 const int64_t *n, int mbits, int emin, double maxv, double tol) {
-    int64_t o = 0;
-    int bad = 0;
-    for (int64_t i0 = 0; i0 < n[0]; i0++)
-    for (int64_t i1 = 0; i1 < n[1]; i1++)
-    for (int64_t i2 = 0; i2 < n[2]; i2++)
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
-        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
-        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
-        bad |= row_split(xr, xs[4], sr, ss[4], codes + o, n[4], mbits, emin, maxv, tol);
-    }
-    return !bad;
-}
+SPLIT(split, double)
+SPLIT(split_f32, float)
 """
 
 _DIMS = 5
@@ -140,23 +144,25 @@ def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> t
 
 
 def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
-    """kernels.mma_ops.split's exact case for an FP8 format in one C pass: (True, codes float32 [x's shape]) when
-    every |codes * scale - x| <= tol |x| (codes = x / scale rounded to fmt, clamped), (False, None) when not;
-    (True, None) where the C pass does not apply (see scaled): the caller's torch steps then decide."""
+    """kernels.mma_ops.split's exact case for an FP8 format in one C pass (x float64 or float32, taken as its
+    float64 values): (True, codes float32 [x's shape]) when every |codes * scale - x| <= tol |x| (codes = x / scale
+    rounded to fmt, clamped), (False, None) when not; (True, None) where the C pass does not apply (see scaled):
+    the caller's torch steps then decide."""
     lib = library()
-    if lib is None or not _usable(x, fmt, scale):
+    if lib is None or not _usable(x, fmt, scale, (torch.float64, torch.float32)):
         return True, None
     xs, ss, n = _layout(x, scale)
     codes = torch.empty(x.shape, dtype=torch.float32)
     ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), codes.data_ptr(), n.data_ptr())
-    ok = lib.fc_fp8_split(*ptrs, *_params(fmt), tol)
+    fn = lib.fc_fp8_split if x.dtype == torch.float64 else lib.fc_fp8_split_f32
+    ok = fn(*ptrs, *_params(fmt), tol)
     return (True, codes) if ok else (False, None)
 
 
-def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> bool:
+def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtypes=(torch.float64,)) -> bool:
     return (
         fmt in _FP8
-        and x.dtype == torch.float64
+        and x.dtype in dtypes
         and scale.dtype == torch.float64
         and x.device.type == "cpu"
         and x.is_contiguous()  # torch's result keeps a permuted input's layout; this one is contiguous
@@ -209,7 +215,8 @@ def _native() -> tuple[object | None, str]:
     if lib is None:
         return None, why
     lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
-    lib.fc_fp8_split.argtypes, lib.fc_fp8_split.restype = _SPLIT_ARGS, ctypes.c_int
+    for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
+        fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
         x.numel() // 2).view(2, -1))  # fmt: skip
@@ -236,3 +243,33 @@ def native_status() -> dict:
     """{"available": bool, "reason": str} for `flashcheck doctor`."""
     lib, why = _native()
     return {"available": lib is not None, "reason": why}
+
+
+def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """x.abs().amax() (dim None: a 0-dim tensor) or x.abs().amax(dim, keepdim=True), the same values (a maximum is
+    exact; NaN propagates; an all-zero group may give -0, which every caller treats as 0), from one aminmax pass
+    and no |x| copy."""
+    mn, mx = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
+    return torch.maximum(mx, mn.neg_())
+
+
+def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None) -> torch.Tensor:
+    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max."""
+    a = abs_max(x.detach(), dim)
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    return torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
+
+
+def block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """max |x| over each block of `block` rows x D of x [B, H, L, D] (a ragged last block over its rows), as
+    [B, H, ceil(L / block), 1, 1] (the values of padding L with zero rows and taking amax(dims=(-2, -1))), by views
+    (x's rows contiguous: [B, H, L, D] with D contiguous)."""
+    b, h, n, d = x.shape
+    full = n - n % block
+    parts = []
+    if full:
+        parts.append(abs_max(x[:, :, :full].reshape(b, h, full // block, block * d), -1))
+    if full < n:
+        parts.append(abs_max(x[:, :, full:].reshape(b, h, 1, (n - full) * d), -1))
+    amax = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    return amax.unsqueeze(-1)

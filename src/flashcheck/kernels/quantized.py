@@ -12,11 +12,11 @@ from flashcheck.core.numerics import (
     NARROW_FORMATS,
     Format,
     Policy,
-    amax_scale,
     info,
     round_to,
 )
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
 from flashcheck.kernels.fp8_native import scaled
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
 
@@ -58,9 +58,9 @@ def quantize_tokens(
         warp, threads = (warp_q, 8) if role == "q" else (warp_k, 4)
         return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
     if scaling in ("", "tensor"):
-        return scaled(t, fmt, amax_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
+        return scaled(t, fmt, fp8_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
     if scaling == "channel":  # SageAttention's per_channel_fp8: amax maps to scale_max (default fmt's max)
-        scale = amax_scale(t, fmt, dims=(-2,))
+        scale = fp8_scale(t, fmt, -2)
         return scaled(t, fmt, scale * (info(fmt).max / scale_max) if scale_max else scale)
     ids = group_ids(t.shape[-2], scaling, block=block, warp=warp_q if role == "q" else warp_k,
                     threads=8 if role == "q" else 4)  # fmt: skip
