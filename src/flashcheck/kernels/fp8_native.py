@@ -71,6 +71,28 @@ void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const in
     }
 }
 
+/* core.quant.quantize_int's last steps in one pass, in float32 as it computes them: y = (float)x / s,
+   q = trunc(y + 0.5 sign(y)) clamped to +-qmax (NaN stays), out = (double)(q s); sign as torch's (+-0 -> +0) */
+void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
+                   const int64_t *n, float qmax) {
+    int64_t o = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+    for (int64_t i2 = 0; i2 < n[2]; i2++)
+    for (int64_t i3 = 0; i3 < n[3]; i3++) {
+        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
+        const float *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
+        const int64_t dx = xs[4], ds = ss[4];
+        for (int64_t i4 = 0; i4 < n[4]; i4++, o++) {
+            const float sc = sr[i4 * ds], y = (float)xr[i4 * dx] / sc;
+            const float sg = (float)((0.0f < y) - (y < 0.0f));
+            float q = truncf(y + 0.5f * sg);
+            q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
+            out[o] = (double)(q * sc);
+        }
+    }
+}
+
 /* kernels.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
    |codes s - x| <= |x| tol (the same float64 operations as split's torch steps on x in float64), else 0 (codes
    then unused); x float64 or float32 (each value exact in float64) */
@@ -217,6 +239,7 @@ def _native() -> tuple[object | None, str]:
     lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
     for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
+    lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
         x.numel() // 2).view(2, -1))  # fmt: skip
@@ -231,6 +254,16 @@ def _native() -> tuple[object | None, str]:
             for w, g_ in ((want, got), (want_codes, got_codes)):
                 if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
                     return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
+    from flashcheck.core.quant import quantize_int
+
+    xi = torch.cat([x[x.abs() < 1e6], torch.tensor([-0.0, 0.0, 0.5, -0.5, 1.5, -2.5])])
+    xi = xi[: xi.numel() // 64 * 64].view(1, 2, -1, 32)
+    for fmt in (Format.INT8, Format.INT4):
+        for gran in ("thread", "channel", "block"):
+            want = quantize_int(xi, fmt, gran, block=16, warp=32, threads=4)
+            got = _int_quantized(lib, xi, fmt, gran, block=16, warp=32, threads=4)
+            if not torch.equal(want.view(torch.int64), got.view(torch.int64)):
+                return None, f"the C integer quantisation differs from torch's ({fmt.value}, {gran}): torch runs it"
     return lib, ""
 
 
@@ -273,3 +306,36 @@ def block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
         parts.append(abs_max(x[:, :, full:].reshape(b, h, 1, (n - full) * d), -1))
     amax = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     return amax.unsqueeze(-1)
+
+
+def _int_quantized(lib, x: torch.Tensor, fmt: Format, granularity: str, *, block: int, warp: int, threads: int):
+    """core.quant.quantize_int's steps with max |x| by abs_max and the per-element ones in C (x float64)."""
+    from flashcheck.core.quant import group_ids
+
+    qmax = info(fmt).max
+    if granularity == "channel":
+        amax = abs_max(x, -2).to(torch.float32)  # the float32 maximum of the float32 values: rounding is monotone
+    else:
+        ids = group_ids(x.shape[-2], granularity, block=block, warp=warp, threads=threads)
+        amax_g = torch.zeros(*x.shape[:-2], int(ids.max()) + 1, dtype=torch.float32)
+        amax_g.scatter_reduce_(-1, ids.expand(*x.shape[:-2], -1), abs_max(x, -1).squeeze(-1).to(torch.float32), "amax")
+        amax = amax_g.index_select(-1, ids).unsqueeze(-1)
+    scale = amax / qmax + 1e-7  # quantize_int's eps
+    xs, ss, n = _layout(x, scale)
+    out = torch.empty(x.shape, dtype=torch.float64)
+    lib.fc_int_scaled(x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr(), qmax)
+    return out
+
+
+def int_quantized(
+    x: torch.Tensor, fmt: Format, granularity: str, *, block: int, warp: int, threads: int
+) -> torch.Tensor | None:
+    """core.quant.quantize_int(x, fmt, granularity, block=, warp=, threads=) (its default eps) for a float64 CPU x
+    [..., L, D] (contiguous, <= 5 dims, not empty), with its per-element steps in one C pass; None where that does
+    not apply (the caller runs quantize_int)."""
+    lib = library()
+    usable = x.dtype == torch.float64 and x.device.type == "cpu" and x.is_contiguous() and 2 <= x.dim() <= _DIMS
+    usable = usable and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
+    if lib is None or not usable or granularity not in ("thread", "channel", "block", "token", "tensor"):
+        return None
+    return _int_quantized(lib, x, fmt, granularity, block=block, warp=warp, threads=threads)

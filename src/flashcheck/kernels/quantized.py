@@ -17,7 +17,7 @@ from flashcheck.core.numerics import (
 )
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
-from flashcheck.kernels.fp8_native import scaled
+from flashcheck.kernels.fp8_native import int_quantized, scaled
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
 
 SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
@@ -56,7 +56,9 @@ def quantize_tokens(
     warp_q, warp_k = warps
     if fmt in INT_FORMATS:
         warp, threads = (warp_q, 8) if role == "q" else (warp_k, 4)
-        return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
+        gran = scaling or "tensor"
+        fast = int_quantized(t, fmt, gran, block=block, warp=warp, threads=threads)
+        return quantize_int(t, fmt, gran, block=block, warp=warp, threads=threads).to(t.dtype) if fast is None else fast
     if scaling in ("", "tensor"):
         return scaled(t, fmt, fp8_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
     if scaling == "channel":  # SageAttention's per_channel_fp8: amax maps to scale_max (default fmt's max)
