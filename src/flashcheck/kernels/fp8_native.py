@@ -71,6 +71,27 @@ void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const in
     }
 }
 
+/* out[i0, i1, i2, i3] = max |x[i0, i1, i2, i3, :]| (NaN when any is NaN), the last dim contiguous */
+#define ABSMAX(NAME, T)                                                                                         \
+void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o++) {                                                                \
+        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
+        T m = 0, bad = 0;                                                                                       \
+        for (int64_t i = 0; i < n[4]; i++) {                                                                    \
+            const T a = xr[i] < 0 ? -xr[i] : xr[i];                                                             \
+            m = a > m ? a : m;                                                                                  \
+            bad += a != a ? 1 : 0;                                                                              \
+        }                                                                                                       \
+        out[o] = bad ? (T)NAN : m;                                                                              \
+    }                                                                                                           \
+}
+ABSMAX(fc_absmax_f64, double)
+ABSMAX(fc_absmax_f32, float)
+
 /* core.quant.quantize_int's last steps in one pass, in float32 as it computes them: y = (float)x / s,
    q = trunc(y + 0.5 sign(y)) clamped to +-qmax (NaN stays), out = (double)(q s); sign as torch's (+-0 -> +0) */
 void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
@@ -240,6 +261,8 @@ def _native() -> tuple[object | None, str]:
     for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
     lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
+    for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32):
+        fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
         x.numel() // 2).view(2, -1))  # fmt: skip
@@ -264,6 +287,11 @@ def _native() -> tuple[object | None, str]:
             got = _int_quantized(lib, xi, fmt, gran, block=16, warp=32, threads=4)
             if not torch.equal(want.view(torch.int64), got.view(torch.int64)):
                 return None, f"the C integer quantisation differs from torch's ({fmt.value}, {gran}): torch runs it"
+    xa = torch.cat([torch.tensor([float("nan"), -0.0, 0.0, -0.0]), x])[: 2 * 3 * 7 * 40].view(40, 3, 14)[..., :7]
+    for t in (xa, xa.float()):  # strided rows, a NaN, zeros of both signs
+        want, got = t.abs().amax(-1, keepdim=True), _absmax_rows(lib, t)
+        if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
+            return None, "the C row maximum of |x| differs from torch's: torch runs it"
     return lib, ""
 
 
@@ -280,10 +308,26 @@ def native_status() -> dict:
 
 def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """x.abs().amax() (dim None: a 0-dim tensor) or x.abs().amax(dim, keepdim=True), the same values (a maximum is
-    exact; NaN propagates; an all-zero group may give -0, which every caller treats as 0), from one aminmax pass
-    and no |x| copy."""
+    exact; NaN propagates; an all-zero group may give -0, which every caller treats as 0), without a |x| copy: over
+    the last dim in one C pass (aminmax is slow over short rows), else by one aminmax pass."""
+    lib = library() if dim in (-1, x.dim() - 1) else None
+    rows = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.stride(-1) == 1
+    rows = rows and 1 <= x.dim() <= _DIMS and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
+    if lib is not None and rows:
+        return _absmax_rows(lib, x)
     mn, mx = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
     return torch.maximum(mx, mn.neg_())
+
+
+def _absmax_rows(lib, x: torch.Tensor) -> torch.Tensor:
+    """x.abs().amax(-1, keepdim=True) by the C pass (x float32 / float64 [<= 5 dims], its last dim contiguous)."""
+    pad = _DIMS - x.dim()
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    n = torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+    out = torch.empty(*x.shape[:-1], 1, dtype=x.dtype)
+    fn = lib.fc_absmax_f64 if x.dtype == torch.float64 else lib.fc_absmax_f32
+    fn(x.data_ptr(), xs.data_ptr(), n.data_ptr(), out.data_ptr())
+    return out
 
 
 def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None) -> torch.Tensor:
@@ -318,7 +362,8 @@ def _int_quantized(lib, x: torch.Tensor, fmt: Format, granularity: str, *, block
     else:
         ids = group_ids(x.shape[-2], granularity, block=block, warp=warp, threads=threads)
         amax_g = torch.zeros(*x.shape[:-2], int(ids.max()) + 1, dtype=torch.float32)
-        amax_g.scatter_reduce_(-1, ids.expand(*x.shape[:-2], -1), abs_max(x, -1).squeeze(-1).to(torch.float32), "amax")
+        rows = _absmax_rows(lib, x).squeeze(-1).to(torch.float32)  # x's float64 maximum, rounded: the same value
+        amax_g.scatter_reduce_(-1, ids.expand(*x.shape[:-2], -1), rows, "amax")
         amax = amax_g.index_select(-1, ids).unsqueeze(-1)
     scale = amax / qmax + 1e-7  # quantize_int's eps
     xs, ss, n = _layout(x, scale)
