@@ -20,6 +20,7 @@ FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
 def lib():
     if cbuild.compiler() is None or cbuild.disabled():
         pytest.skip("no C compiler here (or FLASHCHECK_NATIVE=0): torch runs the quantisation")
+    fp8_native._native.cache_clear()  # a test that switched FLASHCHECK_NATIVE off may have cached "off"
     lib = fp8_native.library()
     assert lib is not None, fp8_native.native_status()["reason"]
     return lib
