@@ -90,12 +90,13 @@ def test_int_quantized_equals_quantize_int(lib, fmt, gran):
     assert _same(got, want)
 
 
-def test_abs_max_rows_equal_amax_of_abs(lib):
+def test_abs_max_rows_and_columns_equal_amax_of_abs(lib):
     x = _inputs(5)[..., ::2]  # strided rows
     x[0, 0, 0, 0] = float("nan")
     for t in (x, x.float()):
-        want, got = t.abs().amax(-1, keepdim=True), fp8_native.abs_max(t, -1)
-        assert torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())
+        for dim in (-1, -2):
+            want, got = t.abs().amax(dim, keepdim=True), fp8_native.abs_max(t, dim)
+            assert torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())
 
 
 def test_torch_path_where_the_library_is_off(monkeypatch):

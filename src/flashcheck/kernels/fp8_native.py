@@ -92,6 +92,36 @@ void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {            
 ABSMAX(fc_absmax_f64, double)
 ABSMAX(fc_absmax_f32, float)
 
+/* out[i0, i1, i2, :] = max over i3 of |x[i0, i1, i2, i3, :]| (NaN where any is NaN), the last dim contiguous:
+   the columns' maximum, the rows read in order (vectorised over the columns) */
+#define ABSMAXC(NAME, T)                                                                                        \
+void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
+    const int64_t d = n[4];                                                                                     \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++, o += d) {                                                             \
+        T *m = out + o;                                                                                         \
+        int64_t bad = 0;                                                                                        \
+        for (int64_t j = 0; j < d; j++) m[j] = 0;                                                               \
+        for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                                 \
+            const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                \
+            for (int64_t j = 0; j < d; j++) {                                                                   \
+                const T a = xr[j] < 0 ? -xr[j] : xr[j];                                                         \
+                m[j] = a > m[j] ? a : m[j];                                                                     \
+                bad += a != a ? 1 : 0;                                                                          \
+            }                                                                                                   \
+        }                                                                                                       \
+        if (bad)                                                                                                \
+            for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                             \
+                const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                            \
+                for (int64_t j = 0; j < d; j++) if (xr[j] != xr[j]) m[j] = (T)NAN;                              \
+            }                                                                                                   \
+    }                                                                                                           \
+}
+ABSMAXC(fc_absmaxc_f64, double)
+ABSMAXC(fc_absmaxc_f32, float)
+
 /* core.quant.quantize_int's last steps in one pass, in float32 as it computes them: y = (float)x / s,
    q = trunc(y + 0.5 sign(y)) clamped to +-qmax (NaN stays), out = (double)(q s); sign as torch's (+-0 -> +0) */
 void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
@@ -261,7 +291,7 @@ def _native() -> tuple[object | None, str]:
     for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
     lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
-    for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32):
+    for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
         fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
@@ -289,9 +319,10 @@ def _native() -> tuple[object | None, str]:
                 return None, f"the C integer quantisation differs from torch's ({fmt.value}, {gran}): torch runs it"
     xa = torch.cat([torch.tensor([float("nan"), -0.0, 0.0, -0.0]), x])[: 2 * 3 * 7 * 40].view(40, 3, 14)[..., :7]
     for t in (xa, xa.float()):  # strided rows, a NaN, zeros of both signs
-        want, got = t.abs().amax(-1, keepdim=True), _absmax_rows(lib, t)
-        if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
-            return None, "the C row maximum of |x| differs from torch's: torch runs it"
+        for dim, fn in ((-1, _absmax_rows), (-2, _absmax_cols)):
+            want, got = t.abs().amax(dim, keepdim=True), fn(lib, t)
+            if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
+                return None, "the C maximum of |x| differs from torch's: torch runs it"
     return lib, ""
 
 
@@ -309,12 +340,13 @@ def native_status() -> dict:
 def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """x.abs().amax() (dim None: a 0-dim tensor) or x.abs().amax(dim, keepdim=True), the same values (a maximum is
     exact; NaN propagates; an all-zero group may give -0, which every caller treats as 0), without a |x| copy: over
-    the last dim in one C pass (aminmax is slow over short rows), else by one aminmax pass."""
-    lib = library() if dim in (-1, x.dim() - 1) else None
-    rows = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.stride(-1) == 1
-    rows = rows and 1 <= x.dim() <= _DIMS and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
-    if lib is not None and rows:
-        return _absmax_rows(lib, x)
+    the last or the second last dim in one C pass (aminmax is slow over short rows and over columns), else by one
+    aminmax pass."""
+    lib = library() if dim in (-1, x.dim() - 1, -2, x.dim() - 2) else None
+    ok = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.stride(-1) == 1
+    ok = ok and 2 <= x.dim() <= _DIMS and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
+    if lib is not None and ok:
+        return _absmax_rows(lib, x) if dim in (-1, x.dim() - 1) else _absmax_cols(lib, x)
     mn, mx = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
     return torch.maximum(mx, mn.neg_())
 
@@ -326,6 +358,17 @@ def _absmax_rows(lib, x: torch.Tensor) -> torch.Tensor:
     n = torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
     out = torch.empty(*x.shape[:-1], 1, dtype=x.dtype)
     fn = lib.fc_absmax_f64 if x.dtype == torch.float64 else lib.fc_absmax_f32
+    fn(x.data_ptr(), xs.data_ptr(), n.data_ptr(), out.data_ptr())
+    return out
+
+
+def _absmax_cols(lib, x: torch.Tensor) -> torch.Tensor:
+    """x.abs().amax(-2, keepdim=True) by the C pass (x float32 / float64 [2 to 5 dims], its last dim contiguous)."""
+    pad = _DIMS - x.dim()
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    n = torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+    out = torch.empty(*x.shape[:-2], 1, x.shape[-1], dtype=x.dtype)
+    fn = lib.fc_absmaxc_f64 if x.dtype == torch.float64 else lib.fc_absmaxc_f32
     fn(x.data_ptr(), xs.data_ptr(), n.data_ptr(), out.data_ptr())
     return out
 
@@ -358,7 +401,7 @@ def _int_quantized(lib, x: torch.Tensor, fmt: Format, granularity: str, *, block
 
     qmax = info(fmt).max
     if granularity == "channel":
-        amax = abs_max(x, -2).to(torch.float32)  # the float32 maximum of the float32 values: rounding is monotone
+        amax = _absmax_cols(lib, x).to(torch.float32)  # the float32 maximum of the float32 values: monotone rounding
     else:
         ids = group_ids(x.shape[-2], granularity, block=block, warp=warp, threads=threads)
         amax_g = torch.zeros(*x.shape[:-2], int(ids.max()) + 1, dtype=torch.float32)
