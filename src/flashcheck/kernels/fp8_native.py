@@ -1,13 +1,14 @@
-"""FP8 quantisation in one pass of C (built by kernels.cbuild): x / scale clamped to the format's +-max, rounded to
-its nearest value (ties to even, subnormals included) and, for quantize_scaled, multiplied by the scale again. The
-same bits as core.numerics' quantize_scaled and kernels.mma_ops' codes, whose torch steps (a division, a clamp,
-eight passes of round-to-odd and table look-ups, a multiplication) each read and write the whole tensor: a
-decoding step's 128k-key cache went through them about twenty times.
+"""Input quantisation in single C passes (built by kernels.cbuild), the same bits as the torch steps they replace:
+FP8 x / scale clamped, rounded to nearest even and times scale (core.numerics.quantize_scaled), split's FP8 codes
+with its tolerance check (kernels.mma_ops), core.quant.quantize_int's per-element steps, and max |x| over rows or
+columns. The torch steps each read and write the whole tensor (the FP8 rounding alone is eight passes of
+round-to-odd and table look-ups): a decoding step's 128k-key cache went through about twenty of them.
 
-Every step is an IEEE operation the torch path also does once (the division and the multiplication, correctly
-rounded), or exact (the scaling by powers of two and rint's round-to-nearest-even at the format's spacing). The
-library self-tests at load against the torch path (random bit patterns, ties, subnormals, limits, NaN); any
-difference or a missing compiler keeps the torch path."""
+Every step is an IEEE operation the torch path also does once (divisions, multiplications, float64 -> float32
+conversions, correctly rounded), or exact (scalings by powers of two, rint's round-to-nearest-even at the
+format's spacing, maxima). The library self-tests at load against the torch steps (random bit patterns, ties,
+subnormals, limits, zeros of both signs, NaN); any difference, FLASHCHECK_NATIVE=0 or a missing compiler keeps
+the torch path."""
 
 from __future__ import annotations
 
