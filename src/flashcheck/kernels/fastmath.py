@@ -6,6 +6,7 @@ is exact there, and the sums here fit 53 bits) and rounded once to float32."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -48,7 +49,13 @@ def poly_rel_error_bound(poly: tuple[float, ...] = POLY_EX2_3, n: int = 200_001)
 def emulated_columns(width: int, freq: int, res: int = 4, start: int = 1) -> torch.Tensor:
     """Which of a key block's `width` score columns FA4 sends through ex2_emulation (bool [width]): columns
     split into fragments of 32; fragment j (start <= j < last) emulates the pairs (k, k + 1), k even, with
-    k mod freq >= freq - res; every other column uses the hardware exp2. freq 0: none."""
+    k mod freq >= freq - res; every other column uses the hardware exp2. freq 0: none. A new tensor."""
+    return column_mask(width, freq, res, start).clone()
+
+
+@functools.cache
+def column_mask(width: int, freq: int, res: int, start: int) -> torch.Tensor:
+    """emulated_columns built once per argument tuple and shared (a forward asks every key block): never modify it."""
     cols = torch.zeros(width, dtype=torch.bool)
     if freq <= 0:
         return cols
@@ -65,8 +72,9 @@ def exp2_fa4(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """2^x [..., W] with columns `cols` (bool [W]) emulated and the rest float32 exp2 (the hardware MUFU.EX2,
     modelled as a correctly rounded float32 exp2), returned in x's dtype."""
     hw = torch.exp2(x.to(torch.float32))
-    if bool(cols.any()):
-        hw[..., cols.to(x.device)] = ex2_emulation(x[..., cols.to(x.device)])
+    idx = cols.nonzero().squeeze(1).to(x.device)  # the same columns as indexing by the mask, without its passes
+    if idx.numel():
+        hw.index_copy_(-1, idx, ex2_emulation(x.index_select(-1, idx)))
     return hw.to(x.dtype)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.numerics import Format, Policy, info, parse_policy
-from flashcheck.kernels.fastmath import emulated_columns, exp2_fa4, mm_accumulate, rcp_approx
+from flashcheck.kernels.fastmath import column_mask, exp2_fa4, mm_accumulate, rcp_approx
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
@@ -385,7 +385,7 @@ def _knob_step(
     low_p = pol.p != Format.FP64
     if pol.exp2_emu and low_p:
         # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
-        cols = emulated_columns(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
+        cols = column_mask(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
         cols = cols[: x.shape[-1]]
         p = exp2_fa4(x if log2 else x * LOG2E, cols)  # natural-log scores: one more rounding than FA4's FMA
     else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
+from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
+from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
+from flashcheck.kernels.fp8_native import block_amax, scaled
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
 
@@ -29,10 +31,15 @@ def quantize_blocks(x: torch.Tensor, fmt: Format, block: int) -> torch.Tensor:
     """Round x [B, H, L, D] to fmt with one scale per block of `block` rows x D (ragged last block)."""
     b, h, n, d = x.shape
     block = max(1, min(block, n))  # a block longer than x is one block: same scale, no giant zero padding
+    if x.is_contiguous() and x.numel():  # the same values without padding x: per-block amax by views, per-row scales
+        amax = block_amax(x.detach(), block)
+        amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
+        scale = torch.where(amax > 0, amax / info(fmt).max, torch.ones_like(amax))  # numerics.amax_scale's steps
+        return scaled(x, fmt, scale.expand(b, h, -1, block, 1).reshape(b, h, -1, 1)[:, :, :n])
     pad = (-n) % block
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
     xb = xp.reshape(b, h, -1, block, d)
-    out = quantize_scaled(xb, fmt, amax_scale(xb, fmt, dims=(-2, -1)))
+    out = scaled(xb, fmt, amax_scale(xb, fmt, dims=(-2, -1)))
     return out.reshape(b, h, -1, d)[:, :, :n]
 
 
@@ -97,5 +104,5 @@ def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None):
             raise ValueError("fp8_scaling='block' needs tiles: use the flash kernel (block_q, block_k)")
         out = [quantize_blocks(t, fmt, blk) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
     else:
-        out = [quantize_scaled(t, fmt, amax_scale(t, fmt)) for t in (q, k, v)]
+        out = [scaled(t, fmt, tensor_scale(t, fmt)) for t in (q, k, v)]
     return out[0].to(work), out[1].to(work), out[2].to(work)

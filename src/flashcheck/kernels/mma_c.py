@@ -2,11 +2,12 @@
 why each step is exact are in kernels.mma's docstring; this file only says how the loops are laid out).
 
 Per output row r (a row of a [M, K] against b [K, N], batch = r / M) and up to NB outputs at once, per block of
-nfma k: pass 1 takes the largest product exponent E (int32 sums of the operands' clamped exponents; a zero
-operand's exponent ZEXP keeps its products out), pass 2 sums the truncated terms trunc(a_i b_j 2^(frac - E))
-as integers (int32 partial sums of `sub` k, so no partial sum can overflow, into int64), then the block's result
-is formed per output in float64 and truncated to frac_out bits. The inner loops run over the N outputs
-(contiguous in b), so they vectorise; a zero a_i skips its whole k.
+nfma k: pass 1 takes the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64
+outputs per vector, for f32, int16 lanes for f64; a zero operand's exponent Z8 / Z16 keeps its products out),
+pass 2 sums the truncated terms trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no
+partial sum can overflow, into int64), then the block's result is formed per output in float64 and truncated to
+frac_out bits. The inner loops run over the N outputs (contiguous in b), so they vectorise, without branches on
+the data (a zero a_i's terms are zeros).
 
 - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
   clamped exponent sum >= -28, frac <= 25): 2^(frac - E) is a normal float32, each scaled product is exact
@@ -24,9 +25,12 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-#define ZEXP (-30000)     /* the exponent of a zero operand: its products' sums stay below NOPROD */
-#define NOPROD (-20000)
+#define NOPROD (-20000)   /* a block's E at or below it: no nonzero product (NONE) */
 #define NONE (-(1 << 30))
+#define Z8 (-64)        /* the f32 variant's int8 exponent of a zero operand (other exponents in [-14, 16]) */
+#define NOPROD8 (-40)   /* an int8 exponent sum below it has a zero operand (no overflow: -128 at least) */
+#define Z16 (-12000)    /* the f64 variant's int16 exponent of a zero operand (others in [-126, 1023]) */
+#define NOPROD16 (-5000)
 
 static inline float pow2f(int e) { uint32_t u = (uint32_t)(e + 127) << 23; float f; memcpy(&f, &u, 4); return f; }
 static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
@@ -53,21 +57,38 @@ static inline float round_half(float x) {
     return copysignf(nearbyintf(ax * pow2f(10 - e)) * pow2f(e - 10), x);
 }
 
-static void exps_f32(const float *x, int32_t *e, int64_t n, int emin) {
+/* an operand's exponent floor(log2 |x|) from its bits (a normal float; frexp for the rare subnormal) */
+static inline int expo_f32(float x) {
+    uint32_t u; memcpy(&u, &x, 4);
+    const int b = (int)((u >> 23) & 0xFF);
+    if (b) return b - 127;
+    int t = 0; frexpf(x, &t); return t - 1;
+}
+
+static inline int expo_f64(double x) {
+    uint64_t u; memcpy(&u, &x, 8);
+    const int b = (int)((u >> 52) & 0x7FF);
+    if (b) return b - 1023;
+    int t = 0; frexp(x, &t); return t - 1;
+}
+
+/* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15] (kept
+   within [emin, 16]); a zero operand's Z8 keeps every sum with it below NOPROD8 */
+static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
     for (int64_t i = 0; i < n; i++) {
-        int t = 0;
-        if (x[i] == 0.0f) { e[i] = ZEXP; continue; }
-        frexpf(x[i], &t);
-        e[i] = t - 1 < emin ? emin : t - 1;
+        if (x[i] == 0.0f) { e[i] = Z8; continue; }
+        const int t = expo_f32(x[i]);
+        e[i] = (int8_t)(t < emin ? emin : t > 16 ? 16 : t);
     }
 }
 
-static void exps_f64(const double *x, int32_t *e, int64_t n, int emin) {
+/* the f64 variant's operand exponents as int16: within [emin, 1023] (emin >= -126), a zero operand's Z16 keeps
+   every sum with it below NOPROD16 */
+static void exps_f64(const double *x, int16_t *e, int64_t n, int emin) {
     for (int64_t i = 0; i < n; i++) {
-        int t = 0;
-        if (x[i] == 0.0) { e[i] = ZEXP; continue; }
-        frexp(x[i], &t);
-        e[i] = t - 1 < emin ? emin : t - 1;
+        if (x[i] == 0.0) { e[i] = Z16; continue; }
+        const int t = expo_f64(x[i]);
+        e[i] = (int16_t)(t < emin ? emin : t);
     }
 }
 
@@ -80,6 +101,10 @@ typedef double vd __attribute__((vector_size(64)));
 typedef int64_t vl __attribute__((vector_size(64)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 typedef float vf8 __attribute__((vector_size(32)));
+typedef int8_t vb __attribute__((vector_size(64)));
+typedef int8_t vb16 __attribute__((vector_size(16)));
+typedef int16_t vh __attribute__((vector_size(64)));
+typedef int16_t vh8 __attribute__((vector_size(16)));
 #define VF 16  /* float lanes per vector */
 #define VD 8   /* double lanes per vector */
 #define TV 4   /* vectors per tile of outputs */
@@ -91,7 +116,16 @@ typedef float vf8 __attribute__((vector_size(32)));
 #if defined(__AVX512F__)
 INLINE vi vmax(vi a, vi b) { return (vi)_mm512_max_epi32((__m512i)a, (__m512i)b); }
 INLINE vi8 vmax8(vi8 a, vi8 b) { return (vi8)_mm256_max_epi32((__m256i)a, (__m256i)b); }
+#if defined(__AVX512BW__)
+INLINE vb vmaxb(vb a, vb b) { return (vb)_mm512_max_epi8((__m512i)a, (__m512i)b); }
+INLINE vh vmaxh(vh a, vh b) { return (vh)_mm512_max_epi16((__m512i)a, (__m512i)b); }
 #else
+INLINE vb vmaxb(vb a, vb b) { vb g = a > b; return (a & g) | (b & ~g); }
+INLINE vh vmaxh(vh a, vh b) { vh g = a > b; return (a & g) | (b & ~g); }
+#endif
+#else
+INLINE vb vmaxb(vb a, vb b) { vb g = a > b; return (a & g) | (b & ~g); }
+INLINE vh vmaxh(vh a, vh b) { vh g = a > b; return (a & g) | (b & ~g); }
 INLINE vi vmax(vi a, vi b) { vi g = a > b; return (a & g) | (b & ~g); }
 INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
 #endif
@@ -144,7 +178,7 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
 }
 
 /* nt vectors of outputs acc[0 .. nt VF), float32 operands */
-INLINE void tile_f32(const float *ar, const int32_t *ea, const float *bm, const int32_t *eb, int64_t ldb,
+INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const int8_t *eb, int64_t ldb,
                      float *acc, const int nt, int64_t K, const model_t *m) {
     const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
     for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
@@ -152,10 +186,17 @@ INLINE void tile_f32(const float *ar, const int32_t *ea, const float *bm, const 
         vi ep[TV], E[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
-        for (int t = 0; t < nt; t++) ep[t] = (vi){} + NONE;
+        vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent, all TV VF outputs at once (int8) */
         for (int64_t i = k0; i < k1; i++) {
-            const int32_t e = ea[i];
-            for (int t = 0; t < nt; t++) { vi x; memcpy(&x, eb + i * ldb + t * VF, 64); ep[t] = vmax(ep[t], e + x); }
+            vb x; memcpy(&x, eb + i * ldb, 64);
+            ep8 = vmaxb(ep8, x + ea[i]);
+        }
+        int8_t e8[TV * VF];
+        memcpy(e8, &ep8, sizeof e8);
+        for (int t = 0; t < nt; t++) {
+            vb16 x; memcpy(&x, e8 + t * VF, 16);
+            const vi w = __builtin_convertvector(x, vi), none = w < NOPROD8;
+            ep[t] = (w & ~none) | (NONE & none);
         }
         for (int t = 0; t < nt; t++) {
             memcpy(&c[t], acc + t * VF, 64);
@@ -198,7 +239,7 @@ static double out_f64(int64_t s, int32_t e, double c, const model_t *m) {
 }
 
 /* nt vectors of outputs acc[0 .. nt VD), float64 operands */
-INLINE void tile_f64(const double *ar, const int32_t *ea, const double *bm, const int32_t *eb, int64_t ldb,
+INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, const int16_t *eb, int64_t ldb,
                      double *acc, const int nt, int64_t K, const model_t *m) {
     const int64_t keep = (int64_t)~((UINT64_C(1) << (52 - m->frac_out)) - 1);
     for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
@@ -206,10 +247,17 @@ INLINE void tile_f64(const double *ar, const int32_t *ea, const double *bm, cons
         vi8 ep[TV], E[TV];
         vd c[TV], sc[TV];
         vl s[TV];
-        for (int t = 0; t < nt; t++) ep[t] = (vi8){} + NONE;
+        vh ep16 = (vh){} + (int16_t)-32768;  /* the products' largest exponent, all TV VD outputs at once (int16) */
         for (int64_t i = k0; i < k1; i++) {
-            const int32_t e = ea[i];
-            for (int t = 0; t < nt; t++) { vi8 x; memcpy(&x, eb + i * ldb + t * VD, 32); ep[t] = vmax8(ep[t], e + x); }
+            vh x; memcpy(&x, eb + i * ldb, 64);
+            ep16 = vmaxh(ep16, x + ea[i]);
+        }
+        int16_t e16[TV * VD];
+        memcpy(e16, &ep16, sizeof e16);
+        for (int t = 0; t < nt; t++) {
+            vh8 x; memcpy(&x, e16 + t * VD, 16);
+            const vi8 w = __builtin_convertvector(x, vi8), none = w < NOPROD16;
+            ep[t] = (w & ~none) | (NONE & none);
         }
         for (int t = 0; t < nt; t++) {
             memcpy(&c[t], acc + t * VD, 64);
@@ -245,32 +293,32 @@ INLINE void tile_f64(const double *ar, const int32_t *ea, const double *bm, cons
 }
 
 /* one output row's N outputs (N a multiple of 16) in tiles of TV vectors */
-#define ROW(NAME, T, TILE, VL)                                                                                 \
-static void NAME(const T *ar, const int32_t *ea, const T *bm, const int32_t *eb, int64_t N, T *acc, int64_t K, \
+#define ROW(NAME, T, ET, TILE, VL)                                                                                 \
+static void NAME(const T *ar, const ET *ea, const T *bm, const ET *eb, int64_t N, T *acc, int64_t K,      \
                  const model_t *m) {                                                                           \
     for (int64_t n0 = 0; n0 < N; n0 += TV * VL) {                                                              \
         const int64_t left = (N - n0) / VL;                                                                    \
-        const T *b = bm + n0; const int32_t *e = eb + n0; T *c = acc + n0;                                     \
+        const T *b = bm + n0; const ET *e = eb + n0; T *c = acc + n0;                                          \
         if (left >= 4) TILE(ar, ea, b, e, N, c, 4, K, m);                                                      \
         else if (left == 3) TILE(ar, ea, b, e, N, c, 3, K, m);                                                 \
         else if (left == 2) TILE(ar, ea, b, e, N, c, 2, K, m);                                                 \
         else TILE(ar, ea, b, e, N, c, 1, K, m);                                                                \
     }                                                                                                          \
 }
-ROW(row_f32, float, tile_f32, VF)
-ROW(row_f64, double, tile_f64, VD)
+ROW(row_f32, float, int8_t, tile_f32, VF)
+ROW(row_f64, double, int16_t, tile_f64, VD)
 
 /* rows r0..r1 (of Bt M) of acc [Bt, M, N] continued over a [Bt, M, K] and b [Bt, K, N], each given by its three
    strides (in elements): b's matrix and each row of a and of acc are copied into buffers, N padded with zero
    columns to whole vectors (their outputs are dropped). 0, or -1 when out of memory */
-#define CHAIN(NAME, T, EXPS, ROW)                                                                              \
+#define CHAIN(NAME, T, ET, EXPS, ROW)                                                                              \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
     const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub};                                      \
     const int64_t np = (N + 15) / 16 * 16, kk = K > 0 ? K : 1;                                                \
     T *ar = malloc(sizeof(T) * kk), *bs = calloc((size_t)(kk * np), sizeof(T)), *cr = calloc(np, sizeof(T)); \
-    int32_t *ea = malloc(4 * kk), *eb = malloc(4 * kk * np);                                                  \
+    ET *ea = malloc(sizeof(ET) * kk), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole int8 vectors */\
     int64_t have = -1, rc = 0;                                                                                \
     if (!ar || !bs || !cr || !ea || !eb) rc = -1;                                                             \
     for (int64_t r = r0; r < r1 && !rc; r++) {                                                                \
@@ -291,6 +339,6 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
     return (int)rc;                                                                                           \
 }
 
-CHAIN(fc_mma_chain_f32, float, exps_f32, row_f32)
-CHAIN(fc_mma_chain_f64, double, exps_f64, row_f64)
+CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32)
+CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64)
 """

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
+from flashcheck.kernels.fp8_native import abs_max, block_amax
+from flashcheck.kernels.fp8_native import codes as fp8_codes
+from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
@@ -50,6 +53,10 @@ def split(
     name = OPERAND_FORMATS.get(fmt)
     if name is None or groups not in ("tensor", "rows", "columns"):
         return _values(x)
+    if exact and x.dtype in (torch.float32, torch.float64) and x.is_contiguous() and x.numel():
+        fast = _split_fast(x, fmt, groups, rows, top, name)
+        if fast is not None:
+            return fast
     x64 = x.to(torch.float64)
     a = x64.abs()
     if groups == "tensor":
@@ -64,7 +71,7 @@ def split(
         per = ap.unflatten(-2, (-1, blk)).amax(dim=(-2, -1), keepdim=True)  # [B, H, nblk, 1, 1]
         amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
-    codes = _codes(x64 / scale, fmt) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
+    codes = _codes(x64, fmt, scale) if exact else round_to(x64 / scale, fmt)  # _codes is round_to's only near a code
     if exact:  # in place: the same values as (codes * scale - x64).abs() <= SPLIT_TOLERANCE * a
         err = codes.mul(scale).sub_(x64).abs_()
         if not bool(err.le_(a.mul_(SPLIT_TOLERANCE)).all()):
@@ -72,12 +79,36 @@ def split(
     return Operand(codes.to(torch.float32), scale, name)  # narrow codes: exact in float32, the MMA's operand dtype
 
 
-def _codes(x: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """x rounded to fmt's nearest values: FP8 by torch's cast (many times faster than round_to). Where x lies
-    within SPLIT_TOLERANCE of a code, the only case split keeps, both give that code (a double rounding through
-    float32 cannot move a value that near a code off it), so the split's outcome is round_to's."""
+def _split_fast(x: torch.Tensor, fmt: Format, groups: str, rows: int, top: float, name: str) -> Operand | None:
+    """split's exact case for an FP8 format by kernels.fp8_native (x [B, H, L, D] float32 or float64, contiguous):
+    the same amax (by views, no float64 copy of x: a maximum of float32 values is exact in float64), the same
+    scale tensor, and the codes and the tolerance check in one C pass; None where that pass does not apply."""
+    if groups == "tensor":
+        amax = abs_max(x).to(torch.float64).reshape((1,) * x.dim())
+    elif groups == "columns":
+        amax = abs_max(x, -2).to(torch.float64)
+    else:
+        n = x.shape[-2]
+        blk = max(1, min(rows, n))
+        per = block_amax(x, blk).to(torch.float64)  # [B, H, nblk, 1, 1], as split's padded amax
+        amax = per.expand(*per.shape[:-2], blk, 1).flatten(-3, -2)[..., :n, :]
+    scale = torch.where(amax > 0, amax / (top or info(fmt).max), torch.ones_like(amax))
+    ok, codes = fp8_split(x, fmt, scale, SPLIT_TOLERANCE)
+    if codes is None:
+        return _values(x) if not ok else None
+    return Operand(codes, scale, name)
+
+
+def _codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to fmt's nearest values: FP8 in one C pass (kernels.fp8_native: round_to's bits) or by
+    torch's cast (many times faster than round_to). Where x / scale lies within SPLIT_TOLERANCE of a code, the only
+    case split keeps, every one of them gives that code (a double rounding through float32, or a clamp at the
+    format's max, cannot move a value that near a code off it), so the split's outcome is round_to's."""
     fast = {Format.FP8_E4M3: torch.float8_e4m3fn, Format.FP8_E5M2: torch.float8_e5m2}.get(fmt)
-    return round_to(x, fmt) if fast is None else widen_fp8(x.to(fast), torch.float64)
+    if fast is None:
+        return round_to(x / scale, fmt)
+    native = fp8_codes(x, fmt, scale)
+    return widen_fp8((x / scale).to(fast), torch.float64) if native is None else native
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:

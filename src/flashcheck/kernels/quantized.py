@@ -12,12 +12,12 @@ from flashcheck.core.numerics import (
     NARROW_FORMATS,
     Format,
     Policy,
-    amax_scale,
     info,
-    quantize_scaled,
     round_to,
 )
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
+from flashcheck.kernels.fp8_native import int_quantized, scaled
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
 
 SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
@@ -56,12 +56,14 @@ def quantize_tokens(
     warp_q, warp_k = warps
     if fmt in INT_FORMATS:
         warp, threads = (warp_q, 8) if role == "q" else (warp_k, 4)
-        return quantize_int(t, fmt, scaling or "tensor", block=block, warp=warp, threads=threads).to(t.dtype)
+        gran = scaling or "tensor"
+        fast = int_quantized(t, fmt, gran, block=block, warp=warp, threads=threads)
+        return quantize_int(t, fmt, gran, block=block, warp=warp, threads=threads).to(t.dtype) if fast is None else fast
     if scaling in ("", "tensor"):
-        return quantize_scaled(t, fmt, amax_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
+        return scaled(t, fmt, fp8_scale(t, fmt)) if fmt in NARROW_FORMATS else round_to(t, fmt)
     if scaling == "channel":  # SageAttention's per_channel_fp8: amax maps to scale_max (default fmt's max)
-        scale = amax_scale(t, fmt, dims=(-2,))
-        return quantize_scaled(t, fmt, scale * (info(fmt).max / scale_max) if scale_max else scale)
+        scale = fp8_scale(t, fmt, -2)
+        return scaled(t, fmt, scale * (info(fmt).max / scale_max) if scale_max else scale)
     ids = group_ids(t.shape[-2], scaling, block=block, warp=warp_q if role == "q" else warp_k,
                     threads=8 if role == "q" else 4)  # fmt: skip
     return _per_group(t, fmt, ids.to(t.device))
@@ -72,7 +74,7 @@ def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
     amax.scatter_reduce_(-1, ids.expand(*t.shape[:-2], -1), t.abs().amax(dim=-1), "amax")
     a = amax.index_select(-1, ids).unsqueeze(-1)
     scale = torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
-    return quantize_scaled(t, fmt, scale)
+    return scaled(t, fmt, scale)
 
 
 def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):

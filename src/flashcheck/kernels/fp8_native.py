@@ -1,0 +1,430 @@
+"""Input quantisation in single C passes (built by kernels.cbuild), the same bits as the torch steps they replace:
+FP8 x / scale clamped, rounded to nearest even and times scale (core.numerics.quantize_scaled), split's FP8 codes
+with its tolerance check (kernels.mma_ops), core.quant.quantize_int's per-element steps, and max |x| over rows or
+columns. The torch steps each read and write the whole tensor (the FP8 rounding alone is eight passes of
+round-to-odd and table look-ups): a decoding step's 128k-key cache went through about twenty of them.
+
+Every step is an IEEE operation the torch path also does once (divisions, multiplications, float64 -> float32
+conversions, correctly rounded), or exact (scalings by powers of two, rint's round-to-nearest-even at the
+format's spacing, maxima). The library self-tests at load against the torch steps (random bit patterns, ties,
+subnormals, limits, zeros of both signs, NaN); any difference, FLASHCHECK_NATIVE=0 or a missing compiler keeps
+the torch path."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+import flashcheck.kernels.cbuild as cbuild
+from flashcheck.core.numerics import Format, info, quantize_scaled, round_to
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
+
+/* y rounded to the nearest value of a float format with mbits mantissa bits and smallest normal exponent emin
+   (ties to even), after a clamp at +-maxv (NaN passes the clamp and stays NaN); branch-free, so it vectorises */
+static inline double fp8_round(double y, int mbits, int emin, double maxv) {
+    y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
+    const double a = fabs(y);
+    uint64_t u; memcpy(&u, &a, 8);
+    int e = (int)(u >> 52) - 1023;  /* floor(log2 a) for a normal a; a double subnormal or 0 reads -1023 */
+    e = e < emin ? emin : e;
+    const double r = rint(a * pow2d(mbits - e)) * pow2d(e - mbits);  /* exact scalings; rint: nearest, even */
+    return copysign(r, y);
+}
+
+/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n: the contiguous cases apart, so they vectorise */
+static void row_scaled(const double *x, int64_t dx, const double *s, int64_t ds, double *out, int64_t n, int mbits,
+                       int emin, double maxv, int mul) {
+    if (dx == 1 && ds == 0) {
+        const double sc = s[0];
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv) * sc;
+        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv);
+    } else if (dx == 1 && ds == 1) {
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv) * s[i];
+        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            const double sc = s[i * ds], r = fp8_round(x[i * dx] / sc, mbits, emin, maxv);
+            out[i] = mul ? r * sc : r;
+        }
+    }
+}
+
+/* out = fp8_round(x / s) (* s when mul) over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in
+   elements), out contiguous */
+void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const int64_t *ss, double *out,
+                   const int64_t *n, int mbits, int emin, double maxv, int mul) {
+    int64_t o = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+    for (int64_t i2 = 0; i2 < n[2]; i2++)
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
+        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
+        row_scaled(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);
+    }
+}
+
+/* out[i0, i1, i2, i3] = max |x[i0, i1, i2, i3, :]| (NaN when any is NaN), the last dim contiguous */
+#define ABSMAX(NAME, T)                                                                                         \
+void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o++) {                                                                \
+        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
+        T m = 0, bad = 0;                                                                                       \
+        for (int64_t i = 0; i < n[4]; i++) {                                                                    \
+            const T a = xr[i] < 0 ? -xr[i] : xr[i];                                                             \
+            m = a > m ? a : m;                                                                                  \
+            bad += a != a ? 1 : 0;                                                                              \
+        }                                                                                                       \
+        out[o] = bad ? (T)NAN : m;                                                                              \
+    }                                                                                                           \
+}
+ABSMAX(fc_absmax_f64, double)
+ABSMAX(fc_absmax_f32, float)
+
+/* out[i0, i1, i2, :] = max over i3 of |x[i0, i1, i2, i3, :]| (NaN where any is NaN), the last dim contiguous:
+   the columns' maximum, the rows read in order (vectorised over the columns) */
+#define ABSMAXC(NAME, T)                                                                                        \
+void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
+    const int64_t d = n[4];                                                                                     \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++, o += d) {                                                             \
+        T *m = out + o;                                                                                         \
+        int64_t bad = 0;                                                                                        \
+        for (int64_t j = 0; j < d; j++) m[j] = 0;                                                               \
+        for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                                 \
+            const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                \
+            for (int64_t j = 0; j < d; j++) {                                                                   \
+                const T a = xr[j] < 0 ? -xr[j] : xr[j];                                                         \
+                m[j] = a > m[j] ? a : m[j];                                                                     \
+                bad += a != a ? 1 : 0;                                                                          \
+            }                                                                                                   \
+        }                                                                                                       \
+        if (bad)                                                                                                \
+            for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                             \
+                const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                            \
+                for (int64_t j = 0; j < d; j++) if (xr[j] != xr[j]) m[j] = (T)NAN;                              \
+            }                                                                                                   \
+    }                                                                                                           \
+}
+ABSMAXC(fc_absmaxc_f64, double)
+ABSMAXC(fc_absmaxc_f32, float)
+
+/* core.quant.quantize_int's last steps in one pass, in float32 as it computes them: y = (float)x / s,
+   q = trunc(y + 0.5 sign(y)) clamped to +-qmax (NaN stays), out = (double)(q s); sign as torch's (+-0 -> +0) */
+void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
+                   const int64_t *n, float qmax) {
+    int64_t o = 0;
+    for (int64_t i0 = 0; i0 < n[0]; i0++)
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+    for (int64_t i2 = 0; i2 < n[2]; i2++)
+    for (int64_t i3 = 0; i3 < n[3]; i3++) {
+        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
+        const float *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
+        const int64_t dx = xs[4], ds = ss[4];
+        for (int64_t i4 = 0; i4 < n[4]; i4++, o++) {
+            const float sc = sr[i4 * ds], y = (float)xr[i4 * dx] / sc;
+            const float sg = (float)((0.0f < y) - (y < 0.0f));
+            float q = truncf(y + 0.5f * sg);
+            q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
+            out[o] = (double)(q * sc);
+        }
+    }
+}
+
+/* kernels.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
+   |codes s - x| <= |x| tol (the same float64 operations as split's torch steps on x in float64), else 0 (codes
+   then unused); x float64 or float32 (each value exact in float64) */
+#define SPLIT(NAME, T)                                                                                          \
+static int row_##NAME(const T *x, int64_t dx, const double *s, int64_t ds, float *codes, int64_t n, int mbits,  \
+                      int emin, double maxv, double tol) {                                                      \
+    int bad = 0;                                                                                                \
+    if (dx == 1 && (ds == 0 || ds == 1)) {                                                                      \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], xv = (double)x[i], r = fp8_round(xv / sc, mbits, emin, maxv);          \
+            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
+            codes[i] = (float)r;                                                                                \
+        }                                                                                                       \
+    } else {                                                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], xv = (double)x[i * dx], r = fp8_round(xv / sc, mbits, emin, maxv);     \
+            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
+            codes[i] = (float)r;                                                                                \
+        }                                                                                                       \
+    }                                                                                                           \
+    return bad;                                                                                                 \
+}                                                                                                               \
+                                                                                                                \
+int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,              \
+                  const int64_t *n, int mbits, int emin, double maxv, double tol) {                             \
+    int64_t o = 0;                                                                                              \
+    int bad = 0;                                                                                                \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
+        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
+        bad |= row_##NAME(xr, xs[4], sr, ss[4], codes + o, n[4], mbits, emin, maxv, tol);                       \
+    }                                                                                                           \
+    return !bad;                                                                                                \
+}
+SPLIT(split, double)
+SPLIT(split_f32, float)
+"""
+
+_DIMS = 5
+_SPLIT_ARGS = [*[ctypes.c_void_p] * 6, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]
+_P = ctypes.c_void_p
+_ARGS = [_P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int]
+_FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
+
+
+def _params(fmt: Format) -> tuple[int, int, float]:
+    """(mantissa bits, smallest normal exponent floor(log2), largest finite value) of an FP8 format (info's min_exp
+    is frexp's: the smallest normal is 2^(min_exp - 1))."""
+    fi = info(fmt)
+    return fi.precision - 1, fi.min_exp - 1, float(fi.max)
+
+
+def _layout(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x's strides, scale's strides broadcast to x's shape, x's shape), each int64 [5] (leading dims of 1)."""
+    pad = _DIMS - x.dim()
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    ss = torch.tensor((0,) * pad + scale.expand(x.shape).stride(), dtype=torch.int64)
+    return xs, ss, torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+
+
+def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
+    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+    xs, ss, n = _layout(x, scale)
+    out = torch.empty(x.shape, dtype=torch.float64)
+    ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr())
+    lib.fc_fp8_scaled(*ptrs, *_params(fmt), int(mul))
+    return out
+
+
+def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
+    """kernels.mma_ops.split's exact case for an FP8 format in one C pass (x float64 or float32, taken as its
+    float64 values): (True, codes float32 [x's shape]) when every |codes * scale - x| <= tol |x| (codes = x / scale
+    rounded to fmt, clamped), (False, None) when not; (True, None) where the C pass does not apply (see scaled):
+    the caller's torch steps then decide."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale, (torch.float64, torch.float32)):
+        return True, None
+    xs, ss, n = _layout(x, scale)
+    codes = torch.empty(x.shape, dtype=torch.float32)
+    ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), codes.data_ptr(), n.data_ptr())
+    fn = lib.fc_fp8_split if x.dtype == torch.float64 else lib.fc_fp8_split_f32
+    ok = fn(*ptrs, *_params(fmt), tol)
+    return (True, codes) if ok else (False, None)
+
+
+def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtypes=(torch.float64,)) -> bool:
+    return (
+        fmt in _FP8
+        and x.dtype in dtypes
+        and scale.dtype == torch.float64
+        and x.device.type == "cpu"
+        and x.is_contiguous()  # torch's result keeps a permuted input's layout; this one is contiguous
+        and scale.device.type == "cpu"
+        and x.dim() <= _DIMS
+        and scale.dim() <= x.dim()
+        and not (torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad))
+        and all(d in (1, n) for d, n in zip(reversed(scale.shape), reversed(x.shape), strict=False))
+    )  # (torch.broadcast_shapes materialises the shape: 60 ms for a 128 MiB tensor)
+
+
+def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """core.numerics.quantize_scaled(x, fmt, scale) (x / scale rounded to fmt, times scale), in one C pass
+    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims])."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale):
+        return quantize_scaled(x, fmt, scale)
+    return _run(lib, x, fmt, scale, True)
+
+
+def codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+    """round_to(x / scale, fmt) clamped to fmt's range (FP8: float64 [x's shape]), in one C pass where it applies
+    (see scaled); None where it does not."""
+    lib = library()
+    if lib is None or not _usable(x, fmt, scale):
+        return None
+    return _run(lib, x, fmt, scale, False)
+
+
+def _selftest_values() -> torch.Tensor:
+    """float64 values [n] for the self-test: random bit patterns over FP8's range and beyond, every FP8 value, the
+    midpoints between neighbours (ties) and just off them, zeros of both signs, double subnormals, infinities."""
+    g = torch.Generator().manual_seed(0)
+    exps = torch.randint(-30, 20, (20000,), generator=g).double()
+    rand = (torch.rand(20000, generator=g, dtype=torch.float64) + 1) * torch.exp2(exps)
+    grid = []
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        v = torch.arange(256, dtype=torch.uint8).view(dt).to(torch.float64)
+        v = v[torch.isfinite(v)].unique()
+        mid = (v[1:] + v[:-1]) / 2
+        grid += [v, mid, torch.nextafter(mid, torch.full_like(mid, 1e300)), torch.nextafter(mid, -v[1:])]
+    special = torch.tensor([0.0, -0.0, 5e-324, -5e-324, 2.0**-1022, 1e300, -1e300, 448.0, 464.0, 480.0, 57344.0])
+    base = torch.cat([rand, *grid, special])
+    return torch.cat([base, -base])
+
+
+@functools.cache
+def _native() -> tuple[object | None, str]:
+    lib, why = cbuild.load("fp8", SOURCE, "FP8 quantisation runs in torch")
+    if lib is None:
+        return None, why
+    lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
+    for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
+        fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
+    lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
+    for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
+        fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
+    x = _selftest_values()
+    scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
+        x.numel() // 2).view(2, -1))  # fmt: skip
+    for fmt in _FP8:
+        for s in scales:
+            xv = x.view(s.shape[0], -1) if s.dim() == 2 else x
+            sv = s[:, :1] if s.dim() == 2 else s
+            want = quantize_scaled(xv, fmt, sv)
+            got = _run(lib, xv, fmt, sv, True)
+            want_codes = round_to(xv / sv, fmt)
+            got_codes = _run(lib, xv, fmt, sv, False)
+            for w, g_ in ((want, got), (want_codes, got_codes)):
+                if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
+                    return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
+    from flashcheck.core.quant import quantize_int
+
+    xi = torch.cat([x[x.abs() < 1e6], torch.tensor([-0.0, 0.0, 0.5, -0.5, 1.5, -2.5])])
+    xi = xi[: xi.numel() // 64 * 64].view(1, 2, -1, 32)
+    for fmt in (Format.INT8, Format.INT4):
+        for gran in ("thread", "channel", "block"):
+            want = quantize_int(xi, fmt, gran, block=16, warp=32, threads=4)
+            got = _int_quantized(lib, xi, fmt, gran, block=16, warp=32, threads=4)
+            if not torch.equal(want.view(torch.int64), got.view(torch.int64)):
+                return None, f"the C integer quantisation differs from torch's ({fmt.value}, {gran}): torch runs it"
+    xa = torch.cat([torch.tensor([float("nan"), -0.0, 0.0, -0.0]), x])[: 2 * 3 * 7 * 40].view(40, 3, 14)[..., :7]
+    for t in (xa, xa.float()):  # strided rows, a NaN, zeros of both signs
+        for dim, fn in ((-1, _absmax_rows), (-2, _absmax_cols)):
+            want, got = t.abs().amax(dim, keepdim=True), fn(lib, t)
+            if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
+                return None, "the C maximum of |x| differs from torch's: torch runs it"
+    return lib, ""
+
+
+def library():
+    """The self-tested library, or None (callers keep their torch code)."""
+    return _native()[0]
+
+
+def native_status() -> dict:
+    """{"available": bool, "reason": str} for `flashcheck doctor`."""
+    lib, why = _native()
+    return {"available": lib is not None, "reason": why}
+
+
+def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """x.abs().amax() (dim None: a 0-dim tensor) or x.abs().amax(dim, keepdim=True), the same values (a maximum is
+    exact; NaN propagates; an all-zero group may give -0, which every caller treats as 0), without a |x| copy: over
+    the last or the second last dim in one C pass (aminmax is slow over short rows and over columns), else by one
+    aminmax pass."""
+    lib = library() if dim in (-1, x.dim() - 1, -2, x.dim() - 2) else None
+    ok = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.stride(-1) == 1
+    ok = ok and 2 <= x.dim() <= _DIMS and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
+    if lib is not None and ok:
+        return _absmax_rows(lib, x) if dim in (-1, x.dim() - 1) else _absmax_cols(lib, x)
+    mn, mx = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
+    return torch.maximum(mx, mn.neg_())
+
+
+def _absmax_rows(lib, x: torch.Tensor) -> torch.Tensor:
+    """x.abs().amax(-1, keepdim=True) by the C pass (x float32 / float64 [<= 5 dims], its last dim contiguous)."""
+    pad = _DIMS - x.dim()
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    n = torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+    out = torch.empty(*x.shape[:-1], 1, dtype=x.dtype)
+    fn = lib.fc_absmax_f64 if x.dtype == torch.float64 else lib.fc_absmax_f32
+    fn(x.data_ptr(), xs.data_ptr(), n.data_ptr(), out.data_ptr())
+    return out
+
+
+def _absmax_cols(lib, x: torch.Tensor) -> torch.Tensor:
+    """x.abs().amax(-2, keepdim=True) by the C pass (x float32 / float64 [2 to 5 dims], its last dim contiguous)."""
+    pad = _DIMS - x.dim()
+    xs = torch.tensor((0,) * pad + x.stride(), dtype=torch.int64)
+    n = torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
+    out = torch.empty(*x.shape[:-2], 1, x.shape[-1], dtype=x.dtype)
+    fn = lib.fc_absmaxc_f64 if x.dtype == torch.float64 else lib.fc_absmaxc_f32
+    fn(x.data_ptr(), xs.data_ptr(), n.data_ptr(), out.data_ptr())
+    return out
+
+
+def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None) -> torch.Tensor:
+    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max."""
+    a = abs_max(x.detach(), dim)
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    return torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
+
+
+def block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """max |x| over each block of `block` rows x D of x [B, H, L, D] (a ragged last block over its rows), as
+    [B, H, ceil(L / block), 1, 1] (the values of padding L with zero rows and taking amax(dims=(-2, -1))), by views
+    (x's rows contiguous: [B, H, L, D] with D contiguous)."""
+    b, h, n, d = x.shape
+    full = n - n % block
+    parts = []
+    if full:
+        parts.append(abs_max(x[:, :, :full].reshape(b, h, full // block, block * d), -1))
+    if full < n:
+        parts.append(abs_max(x[:, :, full:].reshape(b, h, 1, (n - full) * d), -1))
+    amax = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    return amax.unsqueeze(-1)
+
+
+def _int_quantized(lib, x: torch.Tensor, fmt: Format, granularity: str, *, block: int, warp: int, threads: int):
+    """core.quant.quantize_int's steps with max |x| by abs_max and the per-element ones in C (x float64)."""
+    from flashcheck.core.quant import group_ids
+
+    qmax = info(fmt).max
+    if granularity == "channel":
+        amax = _absmax_cols(lib, x).to(torch.float32)  # the float32 maximum of the float32 values: monotone rounding
+    else:
+        ids = group_ids(x.shape[-2], granularity, block=block, warp=warp, threads=threads)
+        amax_g = torch.zeros(*x.shape[:-2], int(ids.max()) + 1, dtype=torch.float32)
+        rows = _absmax_rows(lib, x).squeeze(-1).to(torch.float32)  # x's float64 maximum, rounded: the same value
+        amax_g.scatter_reduce_(-1, ids.expand(*x.shape[:-2], -1), rows, "amax")
+        amax = amax_g.index_select(-1, ids).unsqueeze(-1)
+    scale = amax / qmax + 1e-7  # quantize_int's eps
+    xs, ss, n = _layout(x, scale)
+    out = torch.empty(x.shape, dtype=torch.float64)
+    lib.fc_int_scaled(x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr(), qmax)
+    return out
+
+
+def int_quantized(
+    x: torch.Tensor, fmt: Format, granularity: str, *, block: int, warp: int, threads: int
+) -> torch.Tensor | None:
+    """core.quant.quantize_int(x, fmt, granularity, block=, warp=, threads=) (its default eps) for a float64 CPU x
+    [..., L, D] (contiguous, <= 5 dims, not empty), with its per-element steps in one C pass; None where that does
+    not apply (the caller runs quantize_int)."""
+    lib = library()
+    usable = x.dtype == torch.float64 and x.device.type == "cpu" and x.is_contiguous() and 2 <= x.dim() <= _DIMS
+    usable = usable and x.numel() > 0 and not (torch.is_grad_enabled() and x.requires_grad)
+    if lib is None or not usable or granularity not in ("thread", "channel", "block", "token", "tensor"):
+        return None
+    return _int_quantized(lib, x, fmt, granularity, block=block, warp=warp, threads=threads)
