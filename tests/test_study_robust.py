@@ -233,8 +233,8 @@ def test_sigkill_of_one_worker_of_two(tmp_path):
     records = ResultStore(out).load()
     assert len(records) == total and {r.status for r in records.values()} == {"ok"}
     assert len(_lines(store)) == total  # nothing recomputed that had been reported
-    rerun = subprocess.run([*cmd, "--quiet"], capture_output=True)
-    assert rerun.returncode == 0 and len(_lines(out / "runs.jsonl")) == 1  # nothing left to do
+    rerun = runner.invoke(app, [*cmd[3:], "--quiet"])  # in this process: the kill is over
+    assert rerun.exit_code == 0 and len(_lines(out / "runs.jsonl")) == 1, rerun.output  # nothing left to do
 
 
 # ---- the store files -----------------------------------------------------------------------------------
