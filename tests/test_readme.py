@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,11 +119,13 @@ def tiny_study(tiny_study_run) -> Path:
     return tiny_study_run.folder
 
 
-def _prepare(words: list[str], cwd: Path, tiny_study: Path) -> None:
+def _prepare(words: list[str], cwd: Path, tiny_study: Callable[[], Path]) -> None:
+    """Make what the line reads in `cwd`; tiny_study() asked only by the lines that read it (the session's
+    tiny study: a worker that asks for it while another computes it waits)."""
     if "DIR" in words:
-        shutil.copytree(tiny_study, cwd / "DIR")
+        shutil.copytree(tiny_study(), cwd / "DIR")
     if words[1:] == ["study", "--preset", "tiny"]:  # the fixture computed this study: resume it
-        shutil.copytree(tiny_study, cwd / "flashcheck-study-tiny")
+        shutil.copytree(tiny_study(), cwd / "flashcheck-study-tiny")
     if "--config" in words:
         (cwd / words[words.index("--config") + 1]).write_text(_readme_sweep())
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
@@ -205,14 +208,14 @@ def _readme_params() -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("line", _readme_params(), ids=lambda line: line[11:][:90])
-def test_readme_command_runs(line: str, tmp_path: Path, tiny_study: Path, request, monkeypatch, capfd):
+def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, capfd):
     from typer.testing import CliRunner
 
     from flashcheck.cli import app
 
     words = small(shlex.split(line))
     cwd = request.getfixturevalue("validate_folder") if _shares_a_folder(line) else tmp_path
-    _prepare(words, cwd, tiny_study)
+    _prepare(words, cwd, lambda: request.getfixturevalue("tiny_study"))
     for name in ("FORCE_COLOR", "KINETO_LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(cwd)
