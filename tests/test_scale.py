@@ -261,7 +261,10 @@ def _groups(seeds: int = 4):
 
 
 def _count_running(cases) -> int:
-    """Pool task: mark this group running for a second, note how many groups ran at once, then evaluate it."""
+    """Pool task: mark this group running, note the most groups seen running at once while it waits for the
+    expected number (FC_TEST_EXPECT; spawned workers start seconds apart on a loaded machine) or the last
+    group's start, and a second more (a group over the limit would start then), then evaluate it. Too few at
+    once: it waits out 30 s and notes fewer."""
     import os
     import time
     from pathlib import Path
@@ -269,11 +272,17 @@ def _count_running(cases) -> int:
     from flashcheck.study.cases import evaluate_group
     from flashcheck.study.executors import emit
 
-    folder = Path(os.environ["FC_TEST_RUNNING"])
+    folder, expect = Path(os.environ["FC_TEST_RUNNING"]), int(os.environ["FC_TEST_EXPECT"])
     mine = folder / f"run-{cases[0].seed}"
     mine.touch()
-    time.sleep(1.0)
-    (folder / f"seen-{cases[0].seed}").write_text(str(len(list(folder.glob("run-*")))))
+    (folder / f"start-{cases[0].seed}").touch()
+    most, end, reached, groups = 0, time.monotonic() + 30.0, None, len(_groups())
+    while time.monotonic() < (end if reached is None else reached + 1.0):
+        most = max(most, len(list(folder.glob("run-*"))))
+        if reached is None and (most >= expect or len(list(folder.glob("start-*"))) == groups):
+            reached = time.monotonic()  # enough at once, or no group left to join
+        time.sleep(0.02)
+    (folder / f"seen-{cases[0].seed}").write_text(str(most))
     mine.unlink()
     return evaluate_group(cases, emit)
 
@@ -287,6 +296,7 @@ def test_the_local_pool_runs_only_as_many_groups_as_fit_in_memory(tmp_path, monk
     from flashcheck.study.memory import estimate_case_bytes
 
     monkeypatch.setenv("FC_TEST_RUNNING", str(tmp_path))
+    monkeypatch.setenv("FC_TEST_EXPECT", str(expected))
     groups = _groups()
     need = max(estimate_case_bytes(c) for g in groups for c in g)
     got = []

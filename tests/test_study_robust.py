@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +57,22 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.fixture(scope="module")
+def one_study(tmp_path_factory) -> Path:
+    """`run_study(ONE)` once per module (each run spawns a worker process that imports torch): the folder a
+    fresh study of ONE leaves, read-only; `_one` copies it for a test that starts from a finished study."""
+    folder = tmp_path_factory.mktemp("one-study")
+    stats = run_study(ONE, folder, workers=1, quiet=True)
+    assert stats["cases_computed"] == 2 and stats["cases_failed"] == 0, stats
+    return folder
+
+
+def _one(one_study: Path, folder: Path) -> None:
+    """Put a finished study of ONE in `folder`, as `run_study(ONE, folder)` would leave it."""
+    shutil.copytree(one_study, folder, dirs_exist_ok=True)
+    assert len(ResultStore(folder).load()) == 2
+
+
 def _failed_copy(rec: CaseRecord, error: str = "BrokenProcessPool: a worker died") -> str:
     return CaseRecord(rec.case_id, rec.case, "failed", {}, {}, 0.0, error, rec.env).to_json()
 
@@ -72,8 +89,8 @@ def _no_ok_superseded(path: Path) -> None:
 # ---- ok is final; failed is not done ----------------------------------------------------------------
 
 
-def test_ok_wins_over_a_failure_in_either_order(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_ok_wins_over_a_failure_in_either_order(tmp_path, one_study):
+    _one(one_study, tmp_path)
     store = tmp_path / "records.jsonl"
     first, second = (CaseRecord.from_dict(d) for d in _lines(store))
     store.write_text(
@@ -85,8 +102,8 @@ def test_ok_wins_over_a_failure_in_either_order(tmp_path):
     assert run_study(ONE, tmp_path, workers=1, quiet=True)["cases_computed"] == 0
 
 
-def test_a_failed_case_is_retried_on_the_next_run(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_a_failed_case_is_retried_on_the_next_run(tmp_path, one_study):
+    _one(one_study, tmp_path)
     store = tmp_path / "records.jsonl"
     lost = CaseRecord.from_dict(_lines(store)[0])
     store.write_text(_failed_copy(lost) + "\n" + "".join(line + "\n" for line in store.read_text().splitlines()[1:]))
@@ -216,15 +233,15 @@ def test_sigkill_of_one_worker_of_two(tmp_path):
     records = ResultStore(out).load()
     assert len(records) == total and {r.status for r in records.values()} == {"ok"}
     assert len(_lines(store)) == total  # nothing recomputed that had been reported
-    rerun = subprocess.run([*cmd, "--quiet"], capture_output=True)
-    assert rerun.returncode == 0 and len(_lines(out / "runs.jsonl")) == 1  # nothing left to do
+    rerun = runner.invoke(app, [*cmd[3:], "--quiet"])  # in this process: the kill is over
+    assert rerun.exit_code == 0 and len(_lines(out / "runs.jsonl")) == 1, rerun.output  # nothing left to do
 
 
 # ---- the store files -----------------------------------------------------------------------------------
 
 
-def test_damaged_lines_are_dropped_with_file_and_line_named(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_damaged_lines_are_dropped_with_file_and_line_named(tmp_path, one_study):
+    _one(one_study, tmp_path)
     (tmp_path / "runs.jsonl").write_text((tmp_path / "runs.jsonl").read_text() + '{"cases_tot')
     store = tmp_path / "records.jsonl"
     good = store.read_text().splitlines()
@@ -242,8 +259,8 @@ def test_damaged_lines_are_dropped_with_file_and_line_named(tmp_path):
     assert "[1, 2]" in (tmp_path / "records.jsonl.dropped").read_text().splitlines()
 
 
-def test_damaged_study_json(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_damaged_study_json(tmp_path, one_study):
+    _one(one_study, tmp_path)
     (tmp_path / "study.json").write_text('{"name": "one", "swe')
     res = runner.invoke(app, ["report", str(tmp_path)])
     assert res.exit_code == 2 and "study.json" in res.output and "damaged" in res.output, res.output
@@ -252,8 +269,8 @@ def test_damaged_study_json(tmp_path):
     assert json.loads((tmp_path / "study.json").read_text()) == json.loads(json.dumps(ONE.to_dict()))
 
 
-def test_report_keeps_records_with_fields_of_a_newer_version(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_report_keeps_records_with_fields_of_a_newer_version(tmp_path, one_study):
+    _one(one_study, tmp_path)
     store = tmp_path / "records.jsonl"
     lines = _lines(store)
     lines[0]["provenance"] = {"by": "flashcheck 9"}
@@ -267,8 +284,8 @@ def test_report_keeps_records_with_fields_of_a_newer_version(tmp_path):
     assert store.read_bytes() == before
 
 
-def test_a_rerun_that_computes_nothing_adds_no_run(tmp_path):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_a_rerun_that_computes_nothing_adds_no_run(tmp_path, one_study):
+    _one(one_study, tmp_path)
     res = runner.invoke(app, ["study", "--out", str(tmp_path), "--config", _write(tmp_path, ONE)])
     assert res.exit_code == 0 and "0 cases computed, 2 reused" in res.output, res.output
     assert len(_lines(tmp_path / "runs.jsonl")) == 1
@@ -299,12 +316,14 @@ def test_the_default_relative_out_folder(tmp_path, monkeypatch):
     assert runner.invoke(app, ["report", "flashcheck-study-cfg"]).exit_code == 0
 
 
-def test_a_second_study_on_the_same_folder_exits_2_naming_the_holder(tmp_path):
+def test_a_second_study_on_the_same_folder_exits_2_naming_the_holder(tmp_path, one_study):
     with folder_lock(tmp_path):
         res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path), "--quiet"])
     assert res.exit_code == 2 and f"PID {os.getpid()}" in res.output, res.output
     assert not (tmp_path / "records.jsonl").exists()
-    assert runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path)]).exit_code == 0
+    _one(one_study, tmp_path)  # the holder gone, a study takes the folder (resuming a finished one: no pool)
+    again = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path)])
+    assert again.exit_code == 0 and "0 cases computed, 2 reused" in again.output, again.output
 
 
 def test_progress_off_a_terminal_is_plain_lines_on_stderr(tmp_path, monkeypatch):
@@ -441,8 +460,8 @@ def test_every_case_fails_names_each_reason(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["records.jsonl", "study.json", "runs.jsonl"])
-def test_a_store_file_that_is_a_directory_exits_2(tmp_path, name):
-    run_study(ONE, tmp_path, workers=1, quiet=True)
+def test_a_store_file_that_is_a_directory_exits_2(tmp_path, name, one_study):
+    _one(one_study, tmp_path)
     (tmp_path / name).unlink()
     (tmp_path / name).mkdir()
     for args in (["report", str(tmp_path)], ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path)]):
