@@ -208,7 +208,8 @@ def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> 
 
     total, steps = sum(r.steps for r, _ in todo), dict.fromkeys((r.name for r, _ in todo), 0)
     queue = list(todo)
-    with WorkerPool(min(workers, len(todo)), multiprocessing.get_context(), _worker_init, (os.getpid(),)) as pool:
+    ctx = multiprocessing.get_context("spawn")  # fresh torch state each; never fork once JAX or a BLAS pool runs
+    with WorkerPool(min(workers, len(todo)), ctx, _worker_init, (os.getpid(),)) as pool:
         while queue or pool.running():
             while queue and pool.idle():
                 item = queue.pop(0)
