@@ -260,7 +260,6 @@ def predict(
         _fail_usage(str(exc))
     data = _prediction(setting, kernel, block_k, (seq_len, lk), (fs, fp, source, ranged))
     data["accumulator"] = _accumulator_words(setting, bool(qkv))
-    data["first_order"] = bool(data["predicted_rel_l2"] < FIRST_ORDER_LIMIT)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -279,6 +278,7 @@ def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, i
         "seq_len": seq_len, "seq_len_k": lk, "tiles_per_row": model.tiles(setting), "f_score": fs, "f_p": fp,
         "statistics": source, "f_out": setting.f_out, "range": ranged, "contributions": model.contributions(setting),
         "coefficients": model.COEFFS, "training": model.TRAINING,
+        "first_order": bool(model.predict(setting) < FIRST_ORDER_LIMIT),  # else not a prediction
     }  # fmt: skip
 
 
