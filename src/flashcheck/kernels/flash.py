@@ -25,7 +25,17 @@ from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
 from flashcheck.kernels.native_step import acc_update, softmax_step
-from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.ops import (
+    cast_scratch,
+    mm,
+    prescale_is_exact,
+    resolve_scale,
+    rnd,
+    rnd_,
+    rnd_fresh,
+    safe_max,
+    settle_exp,
+)
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import free_cores, mm_rows, row_chunks, rows_per_chunk
@@ -194,7 +204,7 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
-    return o, rnd(o, pol, "output"), lse
+    return o, rnd_fresh(o, pol, "output"), lse
 
 
 def _run_tiles(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, quantize_scaled, round_to
-from flashcheck.kernels.native import rounded as native_rounded
+from flashcheck.kernels.ops import rnd_fresh
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
 
@@ -55,7 +55,7 @@ def round_inputs(
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
     keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it."""
     if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
-        return *(_cast(t, policy.input) for t in (q, k, v)), None
+        return *(_fresh(rnd_fresh(t, policy, "input"), t) for t in (q, k, v)), None
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
     if policy.hadamard:
@@ -77,15 +77,6 @@ def _plain_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Po
 
 
 _CASTS = (Format.FP32, Format.BF16, Format.FP16)
-
-
-def _cast(t: torch.Tensor, fmt: Format) -> torch.Tensor:
-    """round_to(t, fmt) as a fresh tensor: one C pass where kernels.native applies (bf16), else torch's casts."""
-    if fmt == Format.BF16 and not (t.requires_grad and torch.is_grad_enabled()):
-        out = native_rounded(t, torch.bfloat16)
-        if out is not None:
-            return out
-    return _fresh(round_to(t, fmt), t)
 
 
 def _fresh(rounded: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

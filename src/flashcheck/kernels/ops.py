@@ -10,6 +10,7 @@ import torch
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
 from flashcheck.kernels.native import abs_stats as native_abs_stats
 from flashcheck.kernels.native import round_ as native_round
+from flashcheck.kernels.native import rounded as native_rounded
 from flashcheck.kernels.validation import check_scale
 
 _NATIVE = (Format.BF16, Format.FP16)
@@ -18,6 +19,16 @@ _NATIVE = (Format.BF16, Format.FP16)
 def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
     """x rounded to the format of `stage` under policy (a no-op when the stage is the working dtype)."""
     return round_to(x, policy.stage(stage))
+
+
+def rnd_fresh(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
+    """rnd(x, policy, stage), the rounding to bf16 of a float32 CPU tensor in one C pass into a fresh tensor
+    (kernels.native.rounded: the casts' very bits)."""
+    if policy.stage(stage) == Format.BF16 and not (x.requires_grad and torch.is_grad_enabled()):
+        out = native_rounded(x, torch.bfloat16)
+        if out is not None:
+            return out
+    return rnd(x, policy, stage)
 
 
 def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
