@@ -197,8 +197,12 @@ int fc_has_fp16(void) {
    s = exp(s - ms) (P, rounded to p_fmt: 0 none, 1 bf16, 2 fp16), sum = torch.sum(P before rounding); then
    alpha = exp(m - ms) and l_new = alpha * l + sum. vexp: torch's exp (MKL's vmsExp), called with `mode`. */
 void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const float *l, float *m_new,
-                     float *l_new, float *alpha, int w, int p_fmt, void *vexp_ptr, int64_t mode) {
+                     float *l_new, float *alpha, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr) {
     vexp_fn vexp = (vexp_fn)vexp_ptr;
+    /* MKL's threads for this thread's calls: 1 (the caller runs single-threaded; a tile worker's VML call would
+       otherwise start MKL's own team beside the other workers). Restored at the end. */
+    int (*set_local)(int) = (int (*)(int))local_ptr;
+    int prev = set_local ? set_local(1) : 0;
     int64_t group = 8192 / n;  /* rows per exp call: about 32 KiB of scores, still in cache */
     if (group < 1) group = 1;
     for (int64_t g0 = 0; g0 < rows; g0 += group) {
@@ -232,6 +236,7 @@ void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const fl
         float al = alpha[r] * l[r];
         l_new[r] = al + l_new[r];
     }
+    if (set_local) set_local(prev);
 }
 
 /* o = o * alpha + pv, rounded twice as torch's mul_ and add_: o [bh, rows, dv] with batch stride ob (rows
@@ -273,7 +278,7 @@ def _library() -> tuple[ctypes.CDLL | None, int, int, str]:
         return None, 0, 0, why
     ptr = ctypes.c_void_p
     lib.fc_softmax_step.argtypes = (ptr, ctypes.c_int64, ctypes.c_int64, *(ptr,) * 5, ctypes.c_int, ctypes.c_int)
-    lib.fc_softmax_step.argtypes += (ptr, ctypes.c_int64)
+    lib.fc_softmax_step.argtypes += (ptr, ctypes.c_int64, ptr)
     lib.fc_softmax_step.restype = None
     lib.fc_acc_update.argtypes = (ptr, *(ctypes.c_int64,) * 4, ptr, ptr)
     lib.fc_acc_update.restype = None
@@ -291,6 +296,17 @@ def _torch_vexp() -> int:
     except (OSError, AttributeError):
         return 0
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+@functools.cache
+def _mkl_local() -> int | None:
+    """MKL_Set_Num_Threads_Local (by value) in torch's loaded library (None: absent; MKL then keeps its own setting)."""
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        fn = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL).MKL_Set_Num_Threads_Local  # the C form
+    except (OSError, AttributeError):
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def status() -> dict:
@@ -323,7 +339,7 @@ def softmax_step(
     m_new, l_new, alpha = (torch.empty_like(m) for _ in range(3))
     rows, n = m.numel(), s.shape[-1]
     ptrs = (s.data_ptr(), rows, n, m.data_ptr(), l.data_ptr(), m_new.data_ptr(), l_new.data_ptr(), alpha.data_ptr())
-    lib.fc_softmax_step(*ptrs, width, _P_FORMATS[p_dtype], vexp, VML_MODE)
+    lib.fc_softmax_step(*ptrs, width, _P_FORMATS[p_dtype], vexp, VML_MODE, _mkl_local())
     return m_new, l_new, alpha
 
 
@@ -354,7 +370,7 @@ def _self_test(lib: ctypes.CDLL, vexp: int, width: int) -> str:
                 m_new, l_new, alpha = (torch.empty_like(m) for _ in range(3))
                 lib.fc_softmax_step(
                     got_s.data_ptr(), m.numel(), n, m.data_ptr(), l.data_ptr(), m_new.data_ptr(), l_new.data_ptr(),
-                    alpha.data_ptr(), width, _P_FORMATS[p_dtype], vexp, VML_MODE,
+                    alpha.data_ptr(), width, _P_FORMATS[p_dtype], vexp, VML_MODE, _mkl_local(),
                 )  # fmt: skip
                 if not all(_same(a, b) for a, b in zip(want, (got_s, m_new, l_new, alpha), strict=True)):
                     return f"softmax, width {n}, {how} rows, P in {p_dtype}"
