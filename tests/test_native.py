@@ -173,6 +173,7 @@ def test_the_fused_max_step_moves_no_bit(causal, monkeypatch):
     q, k, v = (torch.randn(1, 2, 260, 64, generator=g) for _ in range(3))
     used = []
     real = flash_mod.max_sub_
+    monkeypatch.setattr(flash_mod, "softmax_step", lambda *a: None)  # kernels.native_step's fused step: its own tests
     monkeypatch.setattr(flash_mod, "max_sub_", lambda s, m: used.append(1) or real(s, m))
     fast = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)
     assert used  # D = 64: the scale folds, so the scores are NaN-free and the fused step ran
@@ -201,3 +202,37 @@ def test_a_linked_or_shared_cache_folder_is_not_loaded_from(fresh_native, tmp_pa
     fresh_native._library.cache_clear()
     st = fresh_native.status()
     assert not st["available"] and "writable by others" in st["reason"]
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+def test_rounded_copy_gives_the_casts_bits():
+    """native.rounded: a fresh tensor with x.to(bf16).to(float32)'s bits, NaNs among the values; x untouched."""
+    x = _specials(torch.bfloat16)
+    keep = x.clone()
+    got = native.rounded(x, torch.bfloat16)
+    assert got is not None and got.data_ptr() != x.data_ptr()
+    want = x.to(torch.bfloat16).to(torch.float32)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(x.view(torch.int32), keep.view(torch.int32))
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+@pytest.mark.parametrize("extra", [[], [0.0] * 3, [float("inf")], [float("nan")], [2.0**-149, -0.0]])
+def test_abs_stats_and_prescale_answer_as_torch(extra, monkeypatch):
+    """native.abs_stats gives torch's min / max / least nonzero of |x| (NaN max where x has a NaN), and
+    ops.prescale_is_exact answers the same with it and without it."""
+    g = torch.Generator().manual_seed(len(extra))
+    x = torch.cat([torch.randn(1037, generator=g) * torch.exp2(torch.randint(-60, 20, (1037,), generator=g)),
+                   torch.tensor(extra, dtype=torch.float32)])  # fmt: skip
+    lo, hi, nz = native.abs_stats(x)
+    a = x.abs()
+    if torch.isnan(x).any():
+        assert hi != hi
+    else:
+        assert (lo, hi) == (float(a.min()), float(a.max()))
+    assert nz == float(a[a > 0].min())
+    for q, k, scale in ((x.view(1, 1, -1, 1), x.view(1, 1, -1, 1), 0.125), (x[:64].view(1, 1, 8, 8),) * 2 + (2.0,)):
+        fast = ops_mod.prescale_is_exact(q, k, scale)
+        monkeypatch.setattr(ops_mod, "native_abs_stats", lambda t: None)
+        assert ops_mod.prescale_is_exact(q, k, scale) == fast
+        monkeypatch.undo()

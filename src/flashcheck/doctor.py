@@ -117,6 +117,7 @@ def diagnose(
         "backends": backends,
         "simulator_rounding": _native_rounding(),
         "simulator_mma": _native_mma(),
+        "simulator_step": _native_step(),
     }
 
 
@@ -125,6 +126,14 @@ def _native_rounding() -> dict:
     from flashcheck.kernels import native
 
     return native.status()
+
+
+def _native_step() -> dict:
+    """kernels.native_step's status: whether the flash simulator's FA2 step runs fused in C, or why it runs torch's
+    ops (same bits either way)."""
+    from flashcheck.kernels import native_step
+
+    return native_step.status()
 
 
 def _native_mma() -> dict:

@@ -277,6 +277,9 @@ def doctor(
     c.print(f"simulator's P rounding: {how}")
     mma = report["simulator_mma"]
     c.print(f"simulator's tensor-core MMA model: {'C routine' if mma['available'] else escape(mma['reason'])}")
+    step = report["simulator_step"]
+    how = f"fused C routine (CPU capability {step['capability']})" if step["available"] else escape(step["reason"])
+    c.print(f"simulator's FA2 step (softmax, P, accumulator): {how}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:

@@ -24,7 +24,18 @@ from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
-from flashcheck.kernels.ops import cast_scratch, mm, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.native_step import acc_update, softmax_step
+from flashcheck.kernels.ops import (
+    cast_scratch,
+    mm,
+    prescale_is_exact,
+    resolve_scale,
+    rnd,
+    rnd_,
+    rnd_fresh,
+    safe_max,
+    settle_exp,
+)
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import free_cores, mm_rows, row_chunks, rows_per_chunk
@@ -193,7 +204,7 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
-    return o, rnd(o, pol, "output"), lse
+    return o, rnd_fresh(o, pol, "output"), lse
 
 
 def _run_tiles(
@@ -335,9 +346,13 @@ def _fa2_step(
     With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
     (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged.
     nan_free: no score can be NaN (finite inputs, no overflow, no float mask), so the max step may run fused in
-    one pass (kernels.native.max_sub_) where the stats stage is the working dtype."""
+    one pass (kernels.native.max_sub_) where the stats stage is the working dtype, or the whole softmax and the
+    accumulator update in C (kernels.native_step), where that applies: the same bits either way."""
     fused = None
     if nan_free and tie_beta is None and info(pol.stats).dtype == s.dtype:
+        done = _fused_step(s, v_j, o, m, l, pol, untiled, bufs) if exp is torch.exp else None
+        if done is not None:
+            return done
         fused = max_sub_(s, m)
     if fused is not None:
         m_new, ms = fused
@@ -355,6 +370,25 @@ def _fa2_step(
     pv = rnd_(mm_rows(rnd_(p, pol, "p", bufs[0]), v_j, pol, untiled, out=bufs[1]), pol, "accum")
     rnd_(rnd_(o.mul_(alpha), pol, "accum").add_(pv), pol, "accum")
     return m_new, l
+
+
+def _fused_step(s, v_j, o, m, l, pol: Policy, untiled: int, bufs):
+    """_fa2_step (natural exp, no tie_beta, NaN-free s, stats in the working dtype) with its softmax in one C pass
+    per row (kernels.native_step.softmax_step) and, where the accumulator is the working dtype, its update
+    too: (m_new, l_new), or None (nothing touched) where the routine does not apply."""
+    p_fmt = pol.stage("p")
+    p_dtype = s.dtype if info(p_fmt).dtype == s.dtype else _NATIVE_P.get(p_fmt)
+    done = None if p_dtype is None else softmax_step(s, m, l, p_dtype)
+    if done is None:
+        return None
+    m_new, l_new, alpha = done
+    pv = rnd_(mm_rows(s, v_j, pol, untiled, out=bufs[1]), pol, "accum")
+    if info(pol.stage("accum")).dtype != o.dtype or not acc_update(o, alpha, pv):
+        rnd_(rnd_(o.mul_(alpha), pol, "accum").add_(pv), pol, "accum")
+    return m_new, l_new
+
+
+_NATIVE_P = {Format.BF16: torch.bfloat16, Format.FP16: torch.float16}  # P formats rnd_ rounds in kernels.native
 
 
 def step_knobs(pol: Policy) -> bool:

@@ -7,6 +7,7 @@ import torch
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
 from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
 from flashcheck.kernels.fp8_native import block_amax, scaled
+from flashcheck.kernels.ops import rnd_fresh
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
 
@@ -61,7 +62,7 @@ def round_inputs(
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
     keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it."""
     if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
-        return *(_fresh(round_to(t, policy.input), t) for t in (q, k, v)), None
+        return *(_fresh(rnd_fresh(t, policy, "input"), t) for t in (q, k, v)), None
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
     if policy.hadamard:

@@ -65,6 +65,54 @@ void fc_max_sub(float *s, int64_t rows, int64_t n, const float *m_old, float *m_
     }
 }
 
+/* dst[i] = src[i] rounded to bf16 (as fc_round_bf16), one pass; returns 1 if it saw a NaN (left as it is). */
+int fc_round_bf16_copy(const float *src, float *dst, int64_t n) {
+    const uint32_t *s = (const uint32_t *)src;
+    uint32_t *u = (uint32_t *)dst;
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = s[i];
+        int is_nan = (v & 0x7FFFFFFFu) > 0x7F800000u;
+        nan |= is_nan;
+        u[i] = is_nan ? v : ((v + 0x7FFFu + ((v >> 16) & 1u)) & 0xFFFF0000u);
+    }
+    return nan;
+}
+
+/* |x|'s least, greatest and least nonzero value (inf where every entry is 0) over x[0:n], in out[0..2];
+   returns 1 (out[1] then NaN) if some entry is NaN. */
+int fc_abs_stats(const float *x, int64_t n, float *out) {
+    float lo = __builtin_inff(), hi = 0.0f, nz = __builtin_inff();
+    int nan = 0;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_setzero_ps(), vnz = vlo, inf = vlo, zero = vhi;
+    __mmask16 vnan = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+        vnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        vlo = _mm512_min_ps(a, vlo);
+        vhi = _mm512_max_ps(a, vhi);
+        vnz = _mm512_min_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), inf, a), vnz);
+    }
+    nan = vnan != 0;
+    lo = _mm512_reduce_min_ps(vlo);
+    hi = _mm512_reduce_max_ps(vhi);
+    nz = _mm512_reduce_min_ps(vnz);
+#endif
+    for (; i < n; i++) {
+        float a = __builtin_fabsf(x[i]);
+        nan |= a != a;
+        lo = a < lo ? a : lo;
+        hi = a > hi ? a : hi;
+        nz = (a < nz && a > 0.0f) ? a : nz;
+    }
+    out[0] = lo;
+    out[1] = nan ? __builtin_nanf("") : hi;
+    out[2] = nz;
+    return nan;
+}
+
 #ifdef __FLT16_MAX__
 /* x[i] rounded to fp16 (IEEE binary16, nearest even, overflow to inf) in place; NaN left as it is. */
 int fc_round_fp16(float *x, int64_t n) {
@@ -109,6 +157,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         getattr(lib, name).argtypes, getattr(lib, name).restype = _ARGS, ctypes.c_int
     lib.fc_max_sub.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *(ctypes.c_void_p,) * 3)
     lib.fc_max_sub.restype = None
+    lib.fc_round_bf16_copy.argtypes, lib.fc_round_bf16_copy.restype = (*_ARGS[:1], *_ARGS), ctypes.c_int
+    lib.fc_abs_stats.argtypes, lib.fc_abs_stats.restype = (*_ARGS, ctypes.c_void_p), ctypes.c_int
     for dtype in (torch.bfloat16, torch.float16):
         if dtype == torch.float16 and not lib.fc_has_fp16():
             continue
@@ -162,3 +212,30 @@ def max_sub_(s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     m_new, ms = torch.empty_like(m), torch.empty_like(m)
     lib.fc_max_sub(s.data_ptr(), m.numel(), s.shape[-1], m.data_ptr(), m_new.data_ptr(), ms.data_ptr())
     return m_new, ms
+
+
+def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """A fresh float32 tensor holding x (float32 CPU, contiguous, no grad) rounded to bf16 in one pass, as
+    x.to(dtype).to(torch.float32) gives it, bit for bit; None where the routine does not apply (then cast)."""
+    if dtype != torch.bfloat16 or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    lib = _library()[0]
+    if lib is None or x.requires_grad or x.numel() == 0:
+        return None
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if lib.fc_round_bf16_copy(x.data_ptr(), out.data_ptr(), x.numel()):  # a NaN: torch's cast gives its bits
+        out.copy_(out.to(dtype))
+    return out
+
+
+def abs_stats(x: torch.Tensor) -> tuple[float, float, float] | None:
+    """(min |x|, max |x| (NaN where x has a NaN), the least nonzero |x| (inf where none)) of a float32 CPU
+    tensor in one pass, or None where the routine does not apply. Exact: no arithmetic but |.|."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0:
+        return None
+    lib = _library()[0]
+    if lib is None:
+        return None
+    out = (ctypes.c_float * 3)()
+    lib.fc_abs_stats(x.data_ptr(), x.numel(), out)
+    return out[0], out[1], out[2]

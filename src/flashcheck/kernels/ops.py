@@ -8,7 +8,9 @@ import math
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
+from flashcheck.kernels.native import abs_stats as native_abs_stats
 from flashcheck.kernels.native import round_ as native_round
+from flashcheck.kernels.native import rounded as native_rounded
 from flashcheck.kernels.validation import check_scale
 
 _NATIVE = (Format.BF16, Format.FP16)
@@ -17,6 +19,16 @@ _NATIVE = (Format.BF16, Format.FP16)
 def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
     """x rounded to the format of `stage` under policy (a no-op when the stage is the working dtype)."""
     return round_to(x, policy.stage(stage))
+
+
+def rnd_fresh(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
+    """rnd(x, policy, stage), the rounding to bf16 of a float32 CPU tensor in one C pass into a fresh tensor
+    (kernels.native.rounded: the casts' very bits)."""
+    if policy.stage(stage) == Format.BF16 and not (x.requires_grad and torch.is_grad_enabled()):
+        out = native_rounded(x, torch.bfloat16)
+        if out is not None:
+            return out
+    return rnd(x, policy, stage)
 
 
 def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
@@ -78,12 +90,17 @@ def prescale_is_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     wide = (torch.float32, torch.float64)
     if mant != 0.5 or q.numel() == 0 or k.numel() == 0 or q.dtype not in wide or k.dtype not in wide:
         return False
-    qa, ka = q.detach().abs(), k.detach().abs()
-    (q_lo, q_hi), (k_lo, k_hi) = (tuple(float(x) for x in torch.aminmax(a)) for a in (qa, ka))
+    stats = [native_abs_stats(t.detach()) for t in (q, k)]  # one C pass each where it applies
+    if stats[0] is None or stats[1] is None:
+        qa, ka = q.detach().abs(), k.detach().abs()
+        (q_lo, q_hi), (k_lo, k_hi) = (tuple(float(x) for x in torch.aminmax(a)) for a in (qa, ka))
+        stats = [(q_lo, q_hi, None), (k_lo, k_hi, None)]
+    (q_lo, q_hi, q_nz), (k_lo, k_hi, k_nz) = stats
     big = q_hi * k_hi * q.shape[-1] * max(scale, 1.0)
     if not math.isfinite(big) or big >= 2.0**126:
         return False
-    tiny = [lo if lo > 0 else _least_nonzero(a) for lo, a in ((q_lo, qa), (k_lo, ka))]
+    tiny = [lo if lo > 0 else (nz if nz is not None else _least_nonzero(t.detach().abs())) for lo, nz, t in
+            ((q_lo, q_nz, q), (k_lo, k_nz, k))]  # fmt: skip
     if not all(math.isfinite(t) for t in tiny):
         return True  # one operand is all zeros: every product is 0 either way
     quantum = math.prod(2.0 ** (math.frexp(t)[1] - 1 - 23) for t in tiny) * min(scale, 1.0)
