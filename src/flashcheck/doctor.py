@@ -118,6 +118,7 @@ def diagnose(
         "simulator_rounding": _native_rounding(),
         "simulator_mma": _native_mma(),
         "simulator_step": _native_step(),
+        "simulator_fp8": _native_fp8(),
     }
 
 
@@ -134,6 +135,13 @@ def _native_step() -> dict:
     from flashcheck.kernels import native_step
 
     return native_step.status()
+
+
+def _native_fp8() -> dict:
+    """kernels.fp8_native's status: whether FP8 / integer quantisation runs in one C pass, or why in torch."""
+    from flashcheck.kernels.fp8_native import native_status
+
+    return native_status()
 
 
 def _native_mma() -> dict:

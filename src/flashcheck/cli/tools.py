@@ -280,6 +280,8 @@ def doctor(
     step = report["simulator_step"]
     how = f"fused C routine (CPU capability {step['capability']})" if step["available"] else escape(step["reason"])
     c.print(f"simulator's FA2 step (softmax, P, accumulator): {how}")
+    fp8 = report["simulator_fp8"]
+    c.print(f"simulator's FP8 / integer quantisation: {'C routine' if fp8['available'] else escape(fp8['reason'])}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:
