@@ -276,12 +276,14 @@ def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], fla
     any work; an absent folder or summary.json is fine."""
     import json
 
-    from flashcheck.core.fileio import read_plain
+    from flashcheck.core.fileio import LinkRefused, read_plain
 
     taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
     if taken is None and os.path.lexists(folder / "summary.json"):
         try:
             data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
+        except LinkRefused:
+            raise  # a link in --out: said as such, not as another command's output
         except (OSError, ValueError):
             data = None
         shapes = keys if isinstance(keys, list) else [keys]  # the command's summaries (validate has two)
