@@ -26,9 +26,12 @@ def test_free_cores_reads_the_instant_and_the_average_load():
     assert free_cores(f"{n + 20:.2f} 20.0 20.0 {n + 30}/400 42\n") == 1  # busy by both counts: never below 1
     assert free_cores(f"{n + 20:.2f} 20.0 20.0 1/400 42\n") == 1  # a busy minute, a quiet instant: busy
     assert free_cores(f"0.10 20.0 20.0 {n + 30}/400 42\n", own_running=1) == 1  # others running now: busy
-    assert free_cores("2.00 0.00 0.00 1/300 42\n") == max(1, n - 1)  # one other core's worth of load
+    assert free_cores("2.00 0.00 0.00 1/300 42\n", own_load=0.0) == max(1, n - 1)  # one other core's worth of load
     assert 1 <= free_cores("not a loadavg") <= n  # falls back to os.getloadavg
     assert 1 <= free_cores() <= n
+    # this process's own two threads of the last minute are not another task's load
+    assert free_cores("2.00 0.00 0.00 1/300 42\n", own_running=1, own_load=2.0) == n
+    assert free_cores("3.00 0.00 0.00 1/300 42\n", own_running=1, own_load=2.0) == max(1, n - 1)
 
 
 def _run(monkeypatch, free: int, threads: int):

@@ -14,6 +14,7 @@ at its tile shapes), so its tilings agree to a few units in the last place, not 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -24,28 +25,49 @@ MIN_ROWS = 8
 ROW_BLOCK = 64  # rows of every product mm_blocks forms (few calls at long L, little padding at short L)
 
 
-def free_cores(loadavg: str | None = None, own_running: int | None = None) -> int:
+def free_cores(loadavg: str | None = None, own_running: int | None = None, own_load: float | None = None) -> int:
     """The CPU cores this process may use that no other runnable task holds (at least 1): its affinity set
-    less the larger of the 1-minute load average less one (this caller's own thread) and the other tasks
-    running this instant (/proc/loadavg's 4th field less this process's own running threads, e.g. OpenMP
-    workers still spinning after an op). The larger one, because a pool that guesses free cores wrongly
-    runs several times slower than one thread (measured at load 6 on 2 cores, L=2048: 1.0 s against 0.24 s),
-    while one that guesses busy wrongly loses at most its speed-up. `loadavg` (that file's text) and
-    `own_running`: None reads them; where they cannot be read or parsed, os.getloadavg, else every core."""
+    less the larger of the 1-minute load average less this process's own share of it (at least one: this
+    caller's thread) and the other tasks running this instant (/proc/loadavg's 4th field less this process's
+    own running threads, e.g. OpenMP workers still spinning after an op). The larger one, because a pool that
+    guesses free cores wrongly runs several times slower than one thread (measured at load 6 on 2 cores,
+    L=2048: 1.0 s against 0.24 s), while one that guesses busy wrongly loses at most its speed-up. The own
+    share (`own_load`: None measures the cores this process kept busy over the last minute) keeps a process's
+    own two-thread work from reading as another task's load (a 32k forward after a 2-thread one ran on one
+    thread, 2.3x SDPA). `loadavg` (that file's text) and `own_running`: None reads them; where they cannot be
+    read or parsed, os.getloadavg, else every core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    own_avg = max(1.0, _own_load() if own_load is None else own_load)
     try:
         if loadavg is None:
             with open("/proc/loadavg") as f:
                 loadavg = f.read()
         fields = loadavg.split()
         own = _own_running() if own_running is None else own_running
-        busy = max(float(fields[0]) - 1.0, float(int(fields[3].split("/")[0]) - max(own, 1)))
+        busy = max(float(fields[0]) - own_avg, float(int(fields[3].split("/")[0]) - max(own, 1)))
     except (OSError, ValueError, IndexError):
         try:
-            busy = os.getloadavg()[0] - 1.0
+            busy = os.getloadavg()[0] - own_avg
         except OSError:
             return cores
     return max(1, cores - int(max(busy, 0.0) + 0.5))
+
+
+_CPU_SAMPLES: list[tuple[float, float]] = [(time.monotonic(), time.process_time())]  # (wall, this process's CPU)
+LOAD_WINDOW_S = 60.0  # the load average's time constant
+
+
+def _own_load() -> float:
+    """The cores this process kept busy, on average, since the oldest sample of the last LOAD_WINDOW_S seconds
+    (its CPU time over wall time; 0 before any time has passed)."""
+    now = (time.monotonic(), time.process_time())
+    while len(_CPU_SAMPLES) > 1 and now[0] - _CPU_SAMPLES[1][0] >= LOAD_WINDOW_S:
+        _CPU_SAMPLES.pop(0)
+    t0, c0 = _CPU_SAMPLES[0]
+    _CPU_SAMPLES.append(now)
+    if len(_CPU_SAMPLES) > 64:
+        del _CPU_SAMPLES[1:-32]
+    return (now[1] - c0) / (now[0] - t0) if now[0] > t0 else 0.0
 
 
 def _own_running() -> int:
