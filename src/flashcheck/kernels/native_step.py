@@ -111,8 +111,6 @@ static float torch_row_sum(const float *x, int64_t n, int w) {
     return 0.0f + f;
 }
 
-float fc_torch_sum(const float *x, int64_t n, int w) { return torch_row_sum(x, n, w); }
-
 #ifdef __AVX2__
 static inline __m256 round_bf16_8(__m256 v) {
     __m256i u = _mm256_castps_si256(v);
