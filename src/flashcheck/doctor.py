@@ -119,6 +119,7 @@ def diagnose(
         "simulator_mma": _native_mma(),
         "simulator_step": _native_step(),
         "simulator_fp8": _native_fp8(),
+        "simulator_preset_steps": _native_preset(),
     }
 
 
@@ -140,6 +141,14 @@ def _native_step() -> dict:
 def _native_fp8() -> dict:
     """kernels.fp8_native's status: whether FP8 / integer quantisation runs in one C pass, or why in torch."""
     from flashcheck.kernels.fp8_native import native_status
+
+    return native_status()
+
+
+def _native_preset() -> dict:
+    """kernels.preset_native's status: whether the quantised presets' P quantisation and MMA descales run in one
+    C pass each, or why in torch (same bits either way)."""
+    from flashcheck.kernels.preset_native import native_status
 
     return native_status()
 

@@ -282,6 +282,9 @@ def doctor(
     c.print(f"simulator's FA2 step (softmax, P, accumulator): {how}")
     fp8 = report["simulator_fp8"]
     c.print(f"simulator's FP8 / integer quantisation: {'C routine' if fp8['available'] else escape(fp8['reason'])}")
+    pre = report["simulator_preset_steps"]
+    how = "C routine" if pre["available"] else escape(pre["reason"])
+    c.print(f"simulator's quantised-preset steps (P quantisation, MMA descales): {how}")
 
 
 def _sdpa_flags_line(flags: dict, cuda: bool) -> str:

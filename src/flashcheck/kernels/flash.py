@@ -323,7 +323,7 @@ def _tile_scores(
     r0, r1, lq, lk = rows
     out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
     if mma_qk is not None:  # kernels.mma: the FP8/FP4 MMA as the hardware computes it, scale folded in once
-        prod, sc = out.copy_(qk_scores(*mma_qk, sc)), 1.0
+        prod, sc = qk_scores(*mma_qk, sc, out=out), 1.0
     elif pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
         k_t = k[..., t.c0 : t.c1, :].transpose(-1, -2)
         prod = out.copy_(mm_accumulate(q_r, k_t, pol.qk_acc_bits))

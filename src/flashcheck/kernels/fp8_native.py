@@ -20,7 +20,7 @@ import torch
 import flashcheck.kernels.cbuild as cbuild
 from flashcheck.core.numerics import Format, info, quantize_scaled, round_to
 
-SOURCE = r"""
+ROUND_SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,6 +39,11 @@ static inline double fp8_round(double y, int mbits, int emin, double maxv) {
     return copysign(r, y);
 }
 
+"""
+
+SOURCE = (
+    ROUND_SOURCE
+    + r"""
 /* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n: the contiguous cases apart, so they vectorise */
 static void row_scaled(const double *x, int64_t dx, const double *s, int64_t ds, double *out, int64_t n, int mbits,
                        int emin, double maxv, int mul) {
@@ -185,6 +190,7 @@ int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t 
 SPLIT(split, double)
 SPLIT(split_f32, float)
 """
+)
 
 _DIMS = 5
 _SPLIT_ARGS = [*[ctypes.c_void_p] * 6, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]

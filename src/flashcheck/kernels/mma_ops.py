@@ -17,6 +17,8 @@ from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
+from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, units
+from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
 
 OPERAND_FORMATS = {Format.FP8_E4M3: "e4m3", Format.FP8_E5M2: "e5m2", Format.FP4_E2M1: "e2m1",
@@ -43,9 +45,7 @@ def _values(x: torch.Tensor) -> Operand:
     return Operand(x.to(torch.float64), torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "fp32")
 
 
-def split(
-    x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0, exact: bool = True
-) -> Operand:
+def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0, exact: bool = True) -> Operand:
     """x [B, H, L, D] as codes of fmt times one scale per group: "tensor" (one scale), "rows" (blocks of `rows`
     rows, all columns), "columns" (one per column over the rows). `top`: the code each group's amax maps to
     (0: fmt's max). The dequantised "fp32" operand when fmt has no codes here or the split is not exact;
@@ -183,12 +183,16 @@ def v_codes(v: torch.Tensor, pol: Policy, block_k: int) -> Operand:
     return _split_input(v, pol, "v", block_k, exact=False)
 
 
-def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float) -> torch.Tensor:
+def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
-    the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies."""
+    the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
+    written and returned (the descale in one C pass, kernels.preset_native, where it applies)."""
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
-    descale = (q.scale * factor) * k.scale.transpose(-1, -2)
-    return acc.to(torch.float64).mul_(descale).to(torch.float32)
+    k_scale = k.scale.transpose(-1, -2)
+    if out is not None and descale_into(acc, q.scale, k_scale, factor, out) is not None:
+        return out
+    scores = acc.to(torch.float64).mul_((q.scale * factor) * k_scale).to(torch.float32)
+    return scores if out is None else out.copy_(scores)
 
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
@@ -209,8 +213,12 @@ def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: 
     fmts = (p.fmt, v.fmt)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
+        if units(part, unit, o, UNIT_ADD) is None:  # one C pass (kernels.preset_native) where it applies
+            o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
         return
-    c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64
+    c = units(o, unit, torch.empty(o.shape, dtype=torch.float32, device=o.device), UNIT_DIV)
+    if c is None:
+        c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64
     out = mma_matmul(p.codes, v.codes, model, c=c, fmt=fmts, acc=acc)
-    o.copy_(out.to(torch.float64).mul_(unit))  # copy_ rounds float64 to o's dtype as .to does
+    if units(out, unit, o, UNIT_MUL) is None:
+        o.copy_(out.to(torch.float64).mul_(unit))  # copy_ rounds float64 to o's dtype as .to does

@@ -18,6 +18,8 @@ from flashcheck.core.numerics import (
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
 from flashcheck.kernels.fp8_native import int_quantized, scaled
+from flashcheck.kernels.preset_native import p_fp8
+from flashcheck.kernels.preset_native import sage3_p as native_sage3_p
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
 
 SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
@@ -114,9 +116,11 @@ def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
     P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
     NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
     if policy.p_scaling == "sage3":
-        return sage3_p(p, policy.p_scale)
+        fast = native_sage3_p(p, policy.p_scale)  # one C pass (kernels.preset_native), or None
+        return sage3_p(p, policy.p_scale) if fast is None else fast
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
         amax = rowmax * policy.p_scale
         return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=amax, scale_floor=policy.nvfp4_floor).to(p.dtype)
-    return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p)
+    fast = p_fp8(p, policy.p_scale, policy.p) if not policy.p_scaling else None  # FP8 P: one C pass, or None
+    return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p) if fast is None else fast

@@ -1,0 +1,282 @@
+"""The quantised presets' per-step element-wise work in single C passes (built by kernels.cbuild), the same bits as
+the torch steps they replace: P's FP8 rounding (kernels.quantized.quantize_p), SageAttention3's P quantisation
+(kernels.sage3.sage3_p) and the float64 descales around the tensor-core products (kernels.mma_ops: qk_scores'
+descaled scores, pv_accumulate's O in MMA units and back). Each torch step reads and writes a whole score block
+[B, H, rows, Bc] (sage3_p alone is about twenty passes; each descale three, with a float64 copy).
+
+Every step is one IEEE operation the torch path also does (float32 products and quotients, float64 products and
+quotients of float32 values, float64 -> float32 conversions, all correctly rounded; no FMA contraction, see
+kernels.cbuild) or exact (the clamp, rint at a format's spacing, scalings by powers of two, maxima). NaN: the
+P passes report it and the caller runs its torch steps (NaN bits as torch makes them). The library self-tests at
+load against the torch steps (ties, subnormal codes, zeros, ragged blocks, strided views); any difference,
+FLASHCHECK_NATIVE=0 or a missing compiler keeps the torch path."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+import flashcheck.kernels.cbuild as cbuild
+from flashcheck.core.numerics import Format, info
+from flashcheck.kernels.fp8_native import ROUND_SOURCE
+
+SOURCE = (
+    ROUND_SOURCE
+    + r"""
+/* quantize_p's FP8 case on float32 P [n], contiguous: out = fp8(p * ps) (scale: the float32 product, as torch's
+   float32 tensor times a scalar), the clamp at +-maxv, round to nearest even (exact in double: a float32 value
+   rounded once), back to float32 (exact). 0 when a product is NaN (out then partly written), else 1. */
+int fc_p_fp8(const float *p, float *out, int64_t n, float ps, int scale, int mbits, int emin, double maxv) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float y = scale ? p[i] * ps : p[i];
+        bad |= y != y;
+        out[i] = (float)fp8_round((double)y, mbits, emin, maxv);
+    }
+    return !bad;
+}
+
+/* sage3_p on float32 P [rows, w], contiguous, in blocks of 16 along w (a ragged last one padded with zeros):
+   pt = p * ps (float32), a = max(block) / 6 (float32), e = e2m1(pt / a) (float32 quotient, clamp at 6, nearest
+   even), out = e * e4m3(a) (exact in float32), 0 where a <= 0. 0 when a value is NaN, else 1. */
+int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *pr = p + r * w;
+        float *orow = out + r * w;
+        for (int64_t b0 = 0; b0 < w; b0 += 16) {
+            const int64_t b1 = b0 + 16 < w ? b0 + 16 : w;
+            float m = b1 - b0 < 16 ? 0.0f : -INFINITY;  /* padding zeros take part in the maximum */
+            for (int64_t i = b0; i < b1; i++) {
+                const float y = pr[i] * ps;
+                bad |= y != y;
+                m = y > m ? y : m;
+            }
+            const float a = m / 6.0f;
+            if (!(a > 0.0f)) {
+                for (int64_t i = b0; i < b1; i++) orow[i] = 0.0f;
+                continue;
+            }
+            const float s = (float)fp8_round((double)a, 3, -6, 448.0);
+            for (int64_t i = b0; i < b1; i++) {
+                const float y = (pr[i] * ps) / a;
+                orow[i] = (float)fp8_round((double)y, 1, 0, 6.0) * s;
+            }
+        }
+    }
+    return !bad;
+}
+
+/* over a [n0, n1, n2, n3] index space, every tensor by its strides (elements; 0 where broadcast) */
+#define LOOP4(n) for (int64_t i0 = 0; i0 < n[0]; i0++) for (int64_t i1 = 0; i1 < n[1]; i1++)                     \
+                 for (int64_t i2 = 0; i2 < n[2]; i2++) for (int64_t i3 = 0; i3 < n[3]; i3++)
+#define AT(t, s) (t[i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3]])
+
+/* qk_scores' descale: out = (float)((double)acc * ((qs * factor) * ks)) */
+void fc_descale(const float *acc, const int64_t *as, const double *qs, const int64_t *qss, const double *ks,
+                const int64_t *kss, double factor, float *out, const int64_t *os, const int64_t *n) {
+    LOOP4(n) {
+        const double d = (AT(qs, qss) * factor) * AT(ks, kss);
+        AT(out, os) = (float)((double)AT(acc, as) * d);
+    }
+}
+
+/* pv_accumulate's unit conversions: out = (float)((double)x / u) (div) or (float)((double)x * u); add: out +=
+   (float)((double)x * u) in float32 */
+void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t *us, float *out, const int64_t *os,
+              const int64_t *n, int mode) {
+    if (mode == 0) { LOOP4(n) AT(out, os) = (float)((double)AT(x, xs) / AT(u, us)); }
+    else if (mode == 1) { LOOP4(n) AT(out, os) = (float)((double)AT(x, xs) * AT(u, us)); }
+    else { LOOP4(n) AT(out, os) = AT(out, os) + (float)((double)AT(x, xs) * AT(u, us)); }
+}
+"""
+)
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_DIMS = 4
+UNIT_DIV, UNIT_MUL, UNIT_ADD = 0, 1, 2
+
+
+def _plain(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    return (
+        t.dtype == dtype
+        and t.device.type == "cpu"
+        and t.dim() <= _DIMS
+        and not (torch.is_grad_enabled() and t.requires_grad)
+    )
+
+
+def _strides(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """t's strides broadcast to `shape` (<= 4 dims), int64 [4] with leading zeros."""
+    st = t.expand(shape).stride()
+    return torch.tensor((0,) * (_DIMS - len(st)) + tuple(st), dtype=torch.int64)
+
+
+def _shape(shape: torch.Size) -> torch.Tensor:
+    return torch.tensor((1,) * (_DIMS - len(shape)) + tuple(shape), dtype=torch.int64)
+
+
+def _broadcasts(small: torch.Tensor, shape: torch.Size) -> bool:
+    return small.dim() <= len(shape) and all(
+        d in (1, n) for d, n in zip(reversed(small.shape), reversed(shape), strict=False)
+    )
+
+
+def p_fp8(p: torch.Tensor, p_scale: float, fmt: Format) -> torch.Tensor | None:
+    """round_to(p * p_scale if p_scale != 1 else p, fmt) for float32 P (contiguous, CPU) and an FP8 fmt, a new
+    float32 tensor; None where the pass does not apply or meets a NaN (the caller's torch steps then run)."""
+    lib = library()
+    if lib is None or fmt not in _FP8 or not _plain(p) or not p.is_contiguous():
+        return None
+    return _p_fp8(lib, p, p_scale, fmt)
+
+
+_FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
+
+
+def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format) -> torch.Tensor | None:
+    fi = info(fmt)
+    out = torch.empty_like(p, memory_format=torch.contiguous_format)
+    ok = lib.fc_p_fp8(p.data_ptr(), out.data_ptr(), p.numel(), p_scale, int(p_scale != 1.0), fi.precision - 1,
+                      fi.min_exp - 1, float(fi.max))  # fmt: skip
+    return out if ok else None
+
+
+def sage3_p(p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
+    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor; None
+    where the pass does not apply or meets a NaN."""
+    lib = library()
+    if lib is None or not _plain(p) or not p.is_contiguous() or p.dim() < 1:
+        return None
+    return _sage3_p(lib, p, p_scale)
+
+
+def _sage3_p(lib, p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
+    out = torch.empty_like(p, memory_format=torch.contiguous_format)
+    w = p.shape[-1]
+    rows = p.numel() // w if w else 0
+    ok = lib.fc_sage3_p(p.data_ptr(), out.data_ptr(), rows, w, p_scale)
+    return out if ok else None
+
+
+def descale(acc: torch.Tensor, q_scale: torch.Tensor, k_scale_t: torch.Tensor, factor: float, out: torch.Tensor):
+    """out[...] = (acc in float64 * ((q_scale * factor) * k_scale_t)) rounded to float32 (acc float32
+    [..., M, N]; q_scale float64 [..., M or 1, 1], k_scale_t float64 [..., 1, N or 1], broadcasting; out float32
+    of acc's shape, any strides); returns out, or None (nothing written) where the pass does not apply."""
+    lib = library()
+    shape = acc.shape
+    ok = lib is not None and _plain(acc) and _plain(out) and out.shape == shape
+    ok = ok and all(_plain(s, torch.float64) and _broadcasts(s, shape) for s in (q_scale, k_scale_t))
+    if not ok:
+        return None
+    _descale(lib, acc, q_scale, k_scale_t, factor, out)
+    return out
+
+
+def _descale(lib, acc, q_scale, k_scale_t, factor: float, out) -> None:
+    shape = acc.shape
+    st = [_strides(t, shape) for t in (acc, q_scale, k_scale_t, out)]
+    n = _shape(shape)
+    lib.fc_descale(acc.data_ptr(), st[0].data_ptr(), q_scale.data_ptr(), st[1].data_ptr(), k_scale_t.data_ptr(),
+                   st[2].data_ptr(), factor, out.data_ptr(), st[3].data_ptr(), n.data_ptr())  # fmt: skip
+
+
+def units(x: torch.Tensor, unit: torch.Tensor, out: torch.Tensor, mode: int) -> torch.Tensor | None:
+    """In float64, rounded to float32 into out (float32, x's shape, any strides; returned): x / unit (UNIT_DIV),
+    x * unit (UNIT_MUL), or out + that product in float32 (UNIT_ADD). x float32, unit float64 broadcasting to x.
+    None (nothing written) where the pass does not apply."""
+    lib = library()
+    ok = lib is not None and _plain(x) and _plain(out) and out.shape == x.shape
+    if not (ok and _plain(unit, torch.float64) and _broadcasts(unit, x.shape)):
+        return None
+    _units(lib, x, unit, out, mode)
+    return out
+
+
+def _units(lib, x, unit, out, mode: int) -> None:
+    shape = x.shape
+    st = [_strides(t, shape) for t in (x, unit, out)]
+    n = _shape(shape)  # held: ctypes gets its address only
+    lib.fc_units(x.data_ptr(), st[0].data_ptr(), unit.data_ptr(), st[1].data_ptr(), out.data_ptr(), st[2].data_ptr(),
+                 n.data_ptr(), mode)  # fmt: skip
+
+
+def _selftest(lib) -> str:
+    """The first pass that differs from its torch steps (words), or "" when every one matches bit for bit."""
+    from flashcheck.core.numerics import round_to
+    from flashcheck.kernels.sage3 import sage3_p as torch_sage3_p
+
+    g = torch.Generator().manual_seed(0)
+    # P-like values over many binades, with exact zeros, ones, fp8 / e2m1 ties after the scale and subnormals
+    p = torch.rand(6, 7, 40, generator=g) * torch.exp2(torch.randint(-40, 1, (6, 7, 40), generator=g).float())
+    p[0, 0, :4] = torch.tensor([0.0, 1.0, 2.0**-149, 0.5])
+    p[1, :, :16] = 0.0  # an all-zero block
+    ties = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = ((ties[1:127] + ties[2:128]) / 2)[:40] / 256.0  # midpoints of e4m3 codes, after the x256
+    p[2, 0] = ties[:40]
+    for scale in (1.0, 256.0, 2.0**8.807):
+        for fmt in _FP8:
+            want = round_to(p * scale if scale != 1.0 else p, fmt)
+            got = _p_fp8(lib, p, scale, fmt)
+            if got is None or not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+                return f"P's FP8 rounding ({fmt.value}, x{scale:g})"
+    for w in (40, 32, 7):  # ragged and whole blocks
+        pw = p[..., :w].contiguous()
+        want, got = torch_sage3_p(pw, 448.0 * 6.0), _sage3_p(lib, pw, 448.0 * 6.0)
+        if got is None or not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+            return f"SageAttention3's P quantisation (width {w})"
+    acc = torch.randn(2, 3, 5, 9, generator=g) * 1e3
+    qs = torch.rand(2, 3, 5, 1, generator=g, dtype=torch.float64) / 3
+    ks = torch.rand(2, 3, 9, 1, generator=g, dtype=torch.float64) / 7
+    one = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    for a, b in ((qs, ks), (one, ks), (qs, one), (one * 0.1, one * 0.3)):
+        want = acc.to(torch.float64).mul_((a * 0.125) * b.transpose(-1, -2)).to(torch.float32)
+        out = torch.empty_like(acc)
+        _descale(lib, acc, a, b.transpose(-1, -2), 0.125, out)
+        if not torch.equal(want.view(torch.int32), out.view(torch.int32)):
+            return "the Q K^T descale"
+    o = torch.randn(2, 3, 8, 9, generator=g)[:, :, 3:]  # strided rows
+    for u in (torch.rand(2, 3, 1, 9, generator=g, dtype=torch.float64) / 3, one / 3):
+        want_div = o.to(torch.float64, copy=True).div_(u).to(torch.float32)
+        want_mul = acc.to(torch.float64).mul_(u)
+        want_add = o.clone().add_(acc.to(torch.float64).mul_(u).to(torch.float32))
+        got_div = torch.empty_like(o, memory_format=torch.contiguous_format)
+        _units(lib, o, u, got_div, UNIT_DIV)
+        got_mul = torch.empty(2, 3, 8, 9)[:, :, 3:]
+        _units(lib, acc, u, got_mul, UNIT_MUL)
+        got_add = o.clone()
+        _units(lib, acc, u, got_add, UNIT_ADD)
+        for w_, g_ in ((want_div, got_div), (want_mul.to(torch.float32), got_mul), (want_add, got_add)):
+            if not torch.equal(w_.view(torch.int32), g_.contiguous().view(torch.int32)):
+                return "the P·V unit conversions"
+    return ""
+
+
+@functools.cache
+def _native() -> tuple[object | None, str]:
+    lib, why = cbuild.load("preset", SOURCE, "the quantised presets' step passes run in torch")
+    if lib is None:
+        return None, why
+    lib.fc_p_fp8.argtypes = [_P, _P, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    lib.fc_sage3_p.argtypes = [_P, _P, _I64, _I64, ctypes.c_float]
+    lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = ctypes.c_int
+    lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
+    lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
+    failed = _selftest(lib)
+    if failed:
+        return None, f"the C pass differs from the torch steps ({failed}): torch runs it"
+    return lib, ""
+
+
+def library():
+    """The self-tested library, or None (callers keep their torch steps)."""
+    return _native()[0]
+
+
+def native_status() -> dict:
+    """{"available": bool, "reason": str} for `flashcheck doctor`."""
+    lib, why = _native()
+    return {"available": lib is not None, "reason": why}
