@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 
 import torch
 
@@ -36,6 +37,19 @@ int fc_p_fp8(const float *p, float *out, int64_t n, float ps, int scale, int mbi
         out[i] = (float)fp8_round((double)y, mbits, emin, maxv);
     }
     return !bad;
+}
+
+/* e2m1 rounding of a float32 y (clamp at 6, nearest even, spacing 0.5 below 1): fp8_round's steps in float32,
+   every one exact for a float32 y, so the same value; branch-free, so a block's 16 vectorise */
+static inline float fp4_round(float y) {
+    y = y < -6.0f ? -6.0f : (y > 6.0f ? 6.0f : y);
+    const float a = fabsf(y);
+    uint32_t u; memcpy(&u, &a, 4);
+    int e = (int)(u >> 23) - 127;
+    e = e < 0 ? 0 : e;
+    uint32_t up = (uint32_t)(127 + 1 - e) << 23, dn = (uint32_t)(127 + e - 1) << 23;
+    float fu, fd; memcpy(&fu, &up, 4); memcpy(&fd, &dn, 4);
+    return copysignf(rintf(a * fu) * fd, y);
 }
 
 /* sage3_p on float32 P [rows, w], contiguous, in blocks of 16 along w (a ragged last one padded with zeros):
@@ -62,8 +76,33 @@ int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
             const float s = (float)fp8_round((double)a, 3, -6, 448.0);
             for (int64_t i = b0; i < b1; i++) {
                 const float y = (pr[i] * ps) / a;
-                orow[i] = (float)fp8_round((double)y, 1, 0, 6.0) * s;
+                orow[i] = fp4_round(y) * s;
             }
+        }
+    }
+    return !bad;
+}
+
+/* sage3.quantize_fp4x16 on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a ragged last one as if
+   zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = (double)e2m1(x inv)
+   * s, float64 [na, n, nc]. 0 when a value is NaN, else 1. */
+int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
+    int bad = 0;
+    for (int64_t a = 0; a < na; a++)
+    for (int64_t b0 = 0; b0 < n; b0 += 16) {
+        const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
+        for (int64_t c = 0; c < nc; c++) {
+            const float *xr = x + a * n * nc + c;
+            double *orow = out + a * n * nc + c;
+            float m = 0.0f;
+            for (int64_t i = b0; i < b1; i++) {
+                const float v = fabsf(xr[i * nc]);
+                bad |= v != v;
+                m = v > m ? v : m;
+            }
+            const float sf = (float)fp8_round((double)(m / 6.0f), 3, -6, 448.0);
+            const float inv = sf > 0.0f ? 1.0f / sf : 0.0f;
+            for (int64_t i = b0; i < b1; i++) orow[i * nc] = (double)fp4_round(xr[i * nc] * inv) * (double)sf;
         }
     }
     return !bad;
@@ -162,6 +201,23 @@ def _sage3_p(lib, p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
     return out if ok else None
 
 
+def fp4x16(x: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), float64 [x's shape,
+    contiguous]; None where the pass does not apply or meets a NaN."""
+    lib = library()
+    if lib is None or not _plain(x) or not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
+        return None
+    return _fp4x16(lib, x, dim)
+
+
+def _fp4x16(lib, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    na, nc = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1 :])
+    out = torch.empty(x.shape, dtype=torch.float64)
+    return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc) else None
+
+
 def descale(acc: torch.Tensor, q_scale: torch.Tensor, k_scale_t: torch.Tensor, factor: float, out: torch.Tensor):
     """out[...] = (acc in float64 * ((q_scale * factor) * k_scale_t)) rounded to float32 (acc float32
     [..., M, N]; q_scale float64 [..., M or 1, 1], k_scale_t float64 [..., 1, N or 1], broadcasting; out float32
@@ -228,6 +284,16 @@ def _selftest(lib) -> str:
         want, got = torch_sage3_p(pw, 448.0 * 6.0), _sage3_p(lib, pw, 448.0 * 6.0)
         if got is None or not torch.equal(want.view(torch.int32), got.view(torch.int32)):
             return f"SageAttention3's P quantisation (width {w})"
+    from flashcheck.kernels.sage3 import quantize_fp4x16
+
+    x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-14, 8, (2, 3, 37, 40), generator=g))
+    x[0, 0, :, :16] = 0.0
+    x[0, 1, :16, :] = 2.0**-13  # a block whose scale rounds to an e4m3 subnormal or 0
+    x = x.to(torch.bfloat16).float()  # the half-precision values SageAttention3 quantises
+    for dim in (-1, -2):
+        got = _fp4x16(lib, x, dim)
+        if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
+            return f"SageAttention3's FP4 input quantisation (dim {dim})"
     acc = torch.randn(2, 3, 5, 9, generator=g) * 1e3
     qs = torch.rand(2, 3, 5, 1, generator=g, dtype=torch.float64) / 3
     ks = torch.rand(2, 3, 9, 1, generator=g, dtype=torch.float64) / 7
@@ -262,7 +328,8 @@ def _native() -> tuple[object | None, str]:
         return None, why
     lib.fc_p_fp8.argtypes = [_P, _P, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
     lib.fc_sage3_p.argtypes = [_P, _P, _I64, _I64, ctypes.c_float]
-    lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = ctypes.c_int
+    lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64]
+    lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
     failed = _selftest(lib)

@@ -18,6 +18,7 @@ from flashcheck.core.numerics import (
 from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
 from flashcheck.kernels.fp8_native import int_quantized, scaled
+from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
 from flashcheck.kernels.preset_native import p_fp8
 from flashcheck.kernels.preset_native import sage3_p as native_sage3_p
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
@@ -54,7 +55,7 @@ def quantize_tokens(
     if scaling == "nvfp4":
         return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
     if scaling == "sage3":
-        return quantize_fp4x16(t, dim=along).to(t.dtype)
+        return fp4x16(t, dim=along).to(t.dtype)
     warp_q, warp_k = warps
     if fmt in INT_FORMATS:
         warp, threads = (warp_q, 8) if role == "q" else (warp_k, 4)
@@ -79,6 +80,13 @@ def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
     return scaled(t, fmt, scale)
 
 
+def fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
+    """kernels.sage3.quantize_fp4x16's values (float64 [x's shape]), in one C pass where it applies."""
+    x32 = x.detach().to(torch.float32).contiguous()  # quantize_fp4x16's first step (any layout: the same values)
+    fast = native_fp4x16(x32, dim)
+    return quantize_fp4x16(x32, dim=dim) if fast is None else fast
+
+
 def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
     """(q, k, v) as the quantized kernel holds them. smooth_k subtracts K's mean over the tokens (a per-row
     constant of the scores, which softmax cancels: the kernels drop it); smooth_q subtracts each query block's
@@ -88,7 +96,7 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
     if fmt == Format.FP64:
         return q, k, v
     if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
-        return sage3_inputs(q, k, v, policy.source_format or Format.BF16)
+        return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=fp4x16)
     if policy.smooth_k:
         k = k - k.mean(dim=-2, keepdim=True)
     qm = None

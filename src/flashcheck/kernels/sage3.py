@@ -54,18 +54,19 @@ def block_means(q: torch.Tensor, group: int = SAGE3_Q_GROUP) -> torch.Tensor:
     return means.repeat_interleave(group, dim=-2)[..., :n, :]
 
 
-def sage3_inputs(q, k, v, half: Format) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sage3_inputs(q, k, v, half: Format, quantize=quantize_fp4x16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q', k', v) as SageAttention3's kernel multiplies them (rules 1-3): q' = [Qs', qm] and k' = [Ks', Ks]
-    [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T; v [B, H, L, Dv] FP4 along the tokens."""
+    [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T; v [B, H, L, Dv] FP4 along the tokens. `quantize`:
+    quantize_fp4x16 or a function giving its values (kernels.quantized passes its C pass)."""
     qh, kh, vh = (round_to(t.to(torch.float32), half) for t in (q, k, v))
     km = round_to(kh.mean(dim=-2, keepdim=True), half)
     ks = round_to(kh - km, half)
     qm = block_means(qh)
     qs = round_to(qh - qm, half)
-    qq, kq = quantize_fp4x16(qs, dim=-1), quantize_fp4x16(ks, dim=-1)
+    qq, kq = quantize(qs, dim=-1), quantize(ks, dim=-1)
     q2 = torch.cat([qq, round_to(qm, half).double()], dim=-1)
     k2 = torch.cat([kq, ks.double()], dim=-1)
-    return q2, k2, quantize_fp4x16(vh, dim=-2)
+    return q2, k2, quantize(vh, dim=-2)
 
 
 def sage3_p(p: torch.Tensor, p_scale: float = SAGE3_P_SCALE) -> torch.Tensor:
