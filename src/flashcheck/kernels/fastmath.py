@@ -71,9 +71,12 @@ def column_mask(width: int, freq: int, res: int, start: int) -> torch.Tensor:
 def exp2_fa4(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """2^x [..., W] with columns `cols` (bool [W]) emulated and the rest float32 exp2 (the hardware MUFU.EX2,
     modelled as a correctly rounded float32 exp2), returned in x's dtype."""
-    hw = torch.exp2(x.to(torch.float32))
+    from flashcheck.kernels.preset_native import ex2_columns
+
+    x32 = x.to(torch.float32)
+    hw = torch.exp2(x32)
     idx = cols.nonzero().squeeze(1).to(x.device)  # the same columns as indexing by the mask, without its passes
-    if idx.numel():
+    if idx.numel() and not ex2_columns(x32, idx, POLY_EX2_3, hw):  # one C pass where it applies
         hw.index_copy_(-1, idx, ex2_emulation(x.index_select(-1, idx)))
     return hw.to(x.dtype)
 

@@ -108,6 +108,31 @@ int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
     return !bad;
 }
 
+/* fastmath.ex2_emulation on the columns idx[ni] of x [rows, w] (float32, contiguous), written into out (the same
+   layout): xc = max(x, -127), fl = floor(xc), f = xc - fl (exact), p = poly[np - 1] then p = (float)((double)p * f
+   + poly[j]) for j = np - 2 .. 0 (the product exact in double), and fl added into p's exponent bits (an integer
+   add, two's complement). 0 when an x is NaN or above 127 (out then partly written), else 1. */
+int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64_t *idx, int64_t ni,
+                const double *poly, int np) {
+    int bad = 0;
+    const float top = (float)poly[np - 1];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * w;
+        float *orow = out + r * w;
+        for (int64_t j = 0; j < ni; j++) {
+            const float v = xr[idx[j]];
+            bad |= !(v <= 127.0f);
+            const float xc = v < -127.0f ? -127.0f : v, fl = floorf(xc), f = xc - fl;
+            float p = top;
+            for (int c = np - 2; c >= 0; c--) p = (float)((double)p * (double)f + poly[c]);
+            uint32_t u; memcpy(&u, &p, 4);
+            u += (uint32_t)(int32_t)fl << 23;
+            memcpy(orow + idx[j], &u, 4);
+        }
+    }
+    return !bad;
+}
+
 /* over a [n0, n1, n2, n3] index space, every tensor by its strides (elements; 0 where broadcast) */
 #define LOOP4(n) for (int64_t i0 = 0; i0 < n[0]; i0++) for (int64_t i1 = 0; i1 < n[1]; i1++)                     \
                  for (int64_t i2 = 0; i2 < n[2]; i2++) for (int64_t i3 = 0; i3 < n[3]; i3++)
@@ -218,6 +243,25 @@ def _fp4x16(lib, x: torch.Tensor, dim: int) -> torch.Tensor | None:
     return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc) else None
 
 
+def ex2_columns(x: torch.Tensor, idx: torch.Tensor, poly: tuple[float, ...], out: torch.Tensor) -> bool:
+    """out[..., idx] = kernels.fastmath.ex2_emulation(x[..., idx], poly) in one C pass (x, out float32 [..., W],
+    contiguous, CPU; idx int64 [n] column indices): True when done, False where it does not apply or meets a NaN
+    or an x above 127 (the caller's torch steps then write every column of idx)."""
+    lib = library()
+    ok = lib is not None and _plain(x) and _plain(out) and x.is_contiguous() and out.is_contiguous()
+    if not (ok and out.shape == x.shape and x.dim() >= 1 and idx.dtype == torch.int64 and idx.is_contiguous()):
+        return False
+    return _ex2_columns(lib, x, idx, poly, out)
+
+
+def _ex2_columns(lib, x, idx, poly, out) -> bool:
+    w = x.shape[-1]
+    rows = x.numel() // w if w else 0
+    coef = torch.tensor(poly, dtype=torch.float64)
+    return bool(lib.fc_ex2_cols(x.data_ptr(), out.data_ptr(), rows, w, idx.data_ptr(), idx.numel(), coef.data_ptr(),
+                                len(poly)))  # fmt: skip
+
+
 def descale(acc: torch.Tensor, q_scale: torch.Tensor, k_scale_t: torch.Tensor, factor: float, out: torch.Tensor):
     """out[...] = (acc in float64 * ((q_scale * factor) * k_scale_t)) rounded to float32 (acc float32
     [..., M, N]; q_scale float64 [..., M or 1, 1], k_scale_t float64 [..., 1, N or 1], broadcasting; out float32
@@ -294,6 +338,16 @@ def _selftest(lib) -> str:
         got = _fp4x16(lib, x, dim)
         if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
             return f"SageAttention3's FP4 input quantisation (dim {dim})"
+    from flashcheck.kernels.fastmath import POLY_EX2_3, ex2_emulation
+
+    s = torch.randn(3, 5, 70, generator=g) * 20
+    s[0, 0, :8] = torch.tensor([-200.0, -127.0, -126.5, -0.0, 0.0, 126.0, -float("inf"), 127.0])
+    idx = torch.tensor([0, 1, 2, 5, 6, 7, 8, 40, 69], dtype=torch.int64)
+    out = torch.exp2(s)
+    want = out.clone()
+    want[..., idx] = ex2_emulation(s[..., idx])
+    if not (_ex2_columns(lib, s, idx, POLY_EX2_3, out) and torch.equal(want.view(torch.int32), out.view(torch.int32))):
+        return "FA4's emulated exp2"
     acc = torch.randn(2, 3, 5, 9, generator=g) * 1e3
     qs = torch.rand(2, 3, 5, 1, generator=g, dtype=torch.float64) / 3
     ks = torch.rand(2, 3, 9, 1, generator=g, dtype=torch.float64) / 7
@@ -329,6 +383,8 @@ def _native() -> tuple[object | None, str]:
     lib.fc_p_fp8.argtypes = [_P, _P, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
     lib.fc_sage3_p.argtypes = [_P, _P, _I64, _I64, ctypes.c_float]
     lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64]
+    lib.fc_ex2_cols.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_int]
+    lib.fc_ex2_cols.restype = ctypes.c_int
     lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
