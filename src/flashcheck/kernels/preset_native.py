@@ -173,14 +173,17 @@ def _plain(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
     )
 
 
-def _strides(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+_DIMS4 = ctypes.c_int64 * _DIMS  # strides and shapes go to C as ctypes arrays (a tensor each cost more than the pass)
+
+
+def _strides(t: torch.Tensor, shape: torch.Size):
     """t's strides broadcast to `shape` (<= 4 dims), int64 [4] with leading zeros."""
     st = t.expand(shape).stride()
-    return torch.tensor((0,) * (_DIMS - len(st)) + tuple(st), dtype=torch.int64)
+    return _DIMS4(*((0,) * (_DIMS - len(st)) + tuple(st)))
 
 
-def _shape(shape: torch.Size) -> torch.Tensor:
-    return torch.tensor((1,) * (_DIMS - len(shape)) + tuple(shape), dtype=torch.int64)
+def _shape(shape: torch.Size):
+    return _DIMS4(*((1,) * (_DIMS - len(shape)) + tuple(shape)))
 
 
 def _broadcasts(small: torch.Tensor, shape: torch.Size) -> bool:
@@ -257,9 +260,8 @@ def ex2_columns(x: torch.Tensor, idx: torch.Tensor, poly: tuple[float, ...], out
 def _ex2_columns(lib, x, idx, poly, out) -> bool:
     w = x.shape[-1]
     rows = x.numel() // w if w else 0
-    coef = torch.tensor(poly, dtype=torch.float64)
-    return bool(lib.fc_ex2_cols(x.data_ptr(), out.data_ptr(), rows, w, idx.data_ptr(), idx.numel(), coef.data_ptr(),
-                                len(poly)))  # fmt: skip
+    coef = (ctypes.c_double * len(poly))(*poly)
+    return bool(lib.fc_ex2_cols(x.data_ptr(), out.data_ptr(), rows, w, idx.data_ptr(), idx.numel(), coef, len(poly)))
 
 
 def descale(acc: torch.Tensor, q_scale: torch.Tensor, k_scale_t: torch.Tensor, factor: float, out: torch.Tensor):
@@ -280,8 +282,8 @@ def _descale(lib, acc, q_scale, k_scale_t, factor: float, out) -> None:
     shape = acc.shape
     st = [_strides(t, shape) for t in (acc, q_scale, k_scale_t, out)]
     n = _shape(shape)
-    lib.fc_descale(acc.data_ptr(), st[0].data_ptr(), q_scale.data_ptr(), st[1].data_ptr(), k_scale_t.data_ptr(),
-                   st[2].data_ptr(), factor, out.data_ptr(), st[3].data_ptr(), n.data_ptr())  # fmt: skip
+    lib.fc_descale(acc.data_ptr(), st[0], q_scale.data_ptr(), st[1], k_scale_t.data_ptr(), st[2], factor,
+                   out.data_ptr(), st[3], n)  # fmt: skip
 
 
 def units(x: torch.Tensor, unit: torch.Tensor, out: torch.Tensor, mode: int) -> torch.Tensor | None:
@@ -299,9 +301,7 @@ def units(x: torch.Tensor, unit: torch.Tensor, out: torch.Tensor, mode: int) -> 
 def _units(lib, x, unit, out, mode: int) -> None:
     shape = x.shape
     st = [_strides(t, shape) for t in (x, unit, out)]
-    n = _shape(shape)  # held: ctypes gets its address only
-    lib.fc_units(x.data_ptr(), st[0].data_ptr(), unit.data_ptr(), st[1].data_ptr(), out.data_ptr(), st[2].data_ptr(),
-                 n.data_ptr(), mode)  # fmt: skip
+    lib.fc_units(x.data_ptr(), st[0], unit.data_ptr(), st[1], out.data_ptr(), st[2], _shape(shape), mode)
 
 
 def _selftest(lib) -> str:
