@@ -26,6 +26,24 @@ from flashcheck.kernels.fp8_native import ROUND_SOURCE
 SOURCE = (
     ROUND_SOURCE
     + r"""
+/* fp8_round's steps in float32 for a float32 y (mbits <= 3, emin >= -14, maxv an exact float): the clamp, and
+   scalings by powers of two that neither overflow nor underflow (a * 2^(mbits - e) lies below 2^(mbits + 1), the
+   result is a multiple of 2^(emin - mbits)), so every step is exact and the value is fp8_round's; branch-free
+   and twice as wide as the double form, so it vectorises */
+static inline float fp8_round_f(float y, int mbits, int emin, float maxv) {
+    y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
+    const float a = fabsf(y);
+    uint32_t u; memcpy(&u, &a, 4);
+    int e = (int)(u >> 23) - 127;  /* a float32 subnormal or 0 reads -127: below every emin */
+    e = e < emin ? emin : e;
+    uint32_t up = (uint32_t)(127 + mbits - e) << 23, dn = (uint32_t)(127 + e - mbits) << 23;
+    float fu, fd; memcpy(&fu, &up, 4); memcpy(&fd, &dn, 4);
+    return copysignf(rintf(a * fu) * fd, y);
+}
+
+/* e2m1: clamp at 6, nearest even, spacing 0.5 below 1 */
+static inline float fp4_round(float y) { return fp8_round_f(y, 1, 0, 6.0f); }
+
 /* quantize_p's FP8 case on float32 P [n], contiguous: out = fp8(p * ps) (scale: the float32 product, as torch's
    float32 tensor times a scalar), the clamp at +-maxv, round to nearest even (exact in double: a float32 value
    rounded once), back to float32 (exact). 0 when a product is NaN (out then partly written), else 1. */
@@ -34,22 +52,9 @@ int fc_p_fp8(const float *p, float *out, int64_t n, float ps, int scale, int mbi
     for (int64_t i = 0; i < n; i++) {
         const float y = scale ? p[i] * ps : p[i];
         bad |= y != y;
-        out[i] = (float)fp8_round((double)y, mbits, emin, maxv);
+        out[i] = fp8_round_f(y, mbits, emin, (float)maxv);
     }
     return !bad;
-}
-
-/* e2m1 rounding of a float32 y (clamp at 6, nearest even, spacing 0.5 below 1): fp8_round's steps in float32,
-   every one exact for a float32 y, so the same value; branch-free, so a block's 16 vectorise */
-static inline float fp4_round(float y) {
-    y = y < -6.0f ? -6.0f : (y > 6.0f ? 6.0f : y);
-    const float a = fabsf(y);
-    uint32_t u; memcpy(&u, &a, 4);
-    int e = (int)(u >> 23) - 127;
-    e = e < 0 ? 0 : e;
-    uint32_t up = (uint32_t)(127 + 1 - e) << 23, dn = (uint32_t)(127 + e - 1) << 23;
-    float fu, fd; memcpy(&fu, &up, 4); memcpy(&fd, &dn, 4);
-    return copysignf(rintf(a * fu) * fd, y);
 }
 
 /* sage3_p on float32 P [rows, w], contiguous, in blocks of 16 along w (a ragged last one padded with zeros):
