@@ -138,27 +138,44 @@ int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64
     return !bad;
 }
 
-/* over a [n0, n1, n2, n3] index space, every tensor by its strides (elements; 0 where broadcast) */
-#define LOOP4(n) for (int64_t i0 = 0; i0 < n[0]; i0++) for (int64_t i1 = 0; i1 < n[1]; i1++)                     \
-                 for (int64_t i2 = 0; i2 < n[2]; i2++) for (int64_t i3 = 0; i3 < n[3]; i3++)
-#define AT(t, s) (t[i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3]])
+/* over a [n0, n1, n2] index space of rows of n[3] elements, every tensor by its strides (elements; 0 where
+   broadcast): R(t, s) is t's row, E(t, s) its element i3 (the unit stride apart, so the common case vectorises) */
+#define LOOP3(n) for (int64_t i0 = 0; i0 < n[0]; i0++) for (int64_t i1 = 0; i1 < n[1]; i1++)                     \
+                 for (int64_t i2 = 0; i2 < n[2]; i2++)
+#define R(t, s) (t + i0 * s[0] + i1 * s[1] + i2 * s[2])
 
 /* qk_scores' descale: out = (float)((double)acc * ((qs * factor) * ks)) */
 void fc_descale(const float *acc, const int64_t *as, const double *qs, const int64_t *qss, const double *ks,
                 const int64_t *kss, double factor, float *out, const int64_t *os, const int64_t *n) {
-    LOOP4(n) {
-        const double d = (AT(qs, qss) * factor) * AT(ks, kss);
-        AT(out, os) = (float)((double)AT(acc, as) * d);
+    const int64_t w = n[3], sa = as[3], sk = kss[3], so = os[3];
+    LOOP3(n) {
+        const float *a = R(acc, as);
+        const double *k = R(ks, kss), qf = *R(qs, qss) * factor;  /* qs is constant along the row (its stride 0) */
+        float *o = R(out, os);
+        if (sa == 1 && sk == 1 && so == 1)
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * (qf * k[i]));
+        else
+            for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sa] * (qf * k[i * sk]));
     }
 }
 
-/* pv_accumulate's unit conversions: out = (float)((double)x / u) (div) or (float)((double)x * u); add: out +=
-   (float)((double)x * u) in float32 */
+/* pv_accumulate's unit conversions: out = (float)((double)x / u) (mode 0) or (float)((double)x * u) (1); mode 2:
+   out += (float)((double)x * u) in float32 */
 void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t *us, float *out, const int64_t *os,
               const int64_t *n, int mode) {
-    if (mode == 0) { LOOP4(n) AT(out, os) = (float)((double)AT(x, xs) / AT(u, us)); }
-    else if (mode == 1) { LOOP4(n) AT(out, os) = (float)((double)AT(x, xs) * AT(u, us)); }
-    else { LOOP4(n) AT(out, os) = AT(out, os) + (float)((double)AT(x, xs) * AT(u, us)); }
+    const int64_t w = n[3], sx = xs[3], su = us[3], so = os[3];
+    const int unit = sx == 1 && su == 1 && so == 1;
+    LOOP3(n) {
+        const float *a = R(x, xs);
+        const double *b = R(u, us);
+        float *o = R(out, os);
+        if (unit && mode == 0) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b[i]);
+        else if (unit && mode == 1) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b[i]);
+        else if (unit) for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b[i]);
+        else if (mode == 0) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] / b[i * su]);
+        else if (mode == 1) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] * b[i * su]);
+        else for (int64_t i = 0; i < w; i++) o[i * so] = o[i * so] + (float)((double)a[i * sx] * b[i * su]);
+    }
 }
 """
 )
@@ -277,7 +294,7 @@ def descale(acc: torch.Tensor, q_scale: torch.Tensor, k_scale_t: torch.Tensor, f
     shape = acc.shape
     ok = lib is not None and _plain(acc) and _plain(out) and out.shape == shape
     ok = ok and all(_plain(s, torch.float64) and _broadcasts(s, shape) for s in (q_scale, k_scale_t))
-    if not ok:
+    if not (ok and (q_scale.dim() == 0 or q_scale.shape[-1] == 1)):  # the C pass reads q_scale once per row
         return None
     _descale(lib, acc, q_scale, k_scale_t, factor, out)
     return out
