@@ -75,10 +75,10 @@ static inline int expo_f64(double x) {
 /* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15] (kept
    within [emin, 16]); a zero operand's Z8 keeps every sum with it below NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] == 0.0f) { e[i] = Z8; continue; }
-        const int t = expo_f32(x[i]);
-        e[i] = (int8_t)(t < emin ? emin : t > 16 ? 16 : t);
+    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
+        uint32_t u; memcpy(&u, x + i, 4);
+        const int t = (int)((u >> 23) & 0xFF) - 127;
+        e[i] = (u & 0x7FFFFFFFu) ? (int8_t)(t < emin ? emin : t > 16 ? 16 : t) : (int8_t)Z8;
     }
 }
 
@@ -130,8 +130,13 @@ INLINE vi vmax(vi a, vi b) { vi g = a > b; return (a & g) | (b & ~g); }
 INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
 #endif
 INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
+#if defined(__AVX512F__)
+INLINE int any(vi m) { return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0; }
+INLINE int any8(vl m) { return _mm512_test_epi64_mask((__m512i)m, (__m512i)m) != 0; }
+#else
 INLINE int any(vi m) { int r = 0; for (int k = 0; k < VF; k++) r |= m[k]; return r; }
 INLINE int any8(vl m) { long r = 0; for (int k = 0; k < VD; k++) r |= m[k]; return r != 0; }
+#endif
 
 /* round_half on 16 lanes: |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14: subnormals'
    2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
