@@ -129,6 +129,12 @@ INLINE vh vmaxh(vh a, vh b) { vh g = a > b; return (a & g) | (b & ~g); }
 INLINE vi vmax(vi a, vi b) { vi g = a > b; return (a & g) | (b & ~g); }
 INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
 #endif
+/* 16 int8 values widened to int32 lanes */
+#if defined(__AVX512F__)
+INLINE vi widen8(const int8_t *x) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)); }
+#else
+INLINE vi widen8(const int8_t *x) { vb16 v; memcpy(&v, x, 16); return __builtin_convertvector(v, vi); }
+#endif
 INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
 #if defined(__AVX512F__)
 INLINE int any(vi m) { return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0; }
@@ -182,25 +188,30 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
     }
 }
 
-/* nt vectors of outputs acc[0 .. nt VF), float32 operands */
-INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const int8_t *eb, int64_t ldb,
-                     float *acc, const int nt, int64_t K, const model_t *m) {
+/* nt vectors of outputs acc[0 .. nt VF) over the blocks from kb (a whole number of blocks) to K, float32
+   operands: b's row i at bm + i ldb, its exponents at eb + i lde.
+   i32 (early c, frac <= 13, the block in one partial sum): each term is below 2^15 and c's below 2^14, so the
+   block's sum (nf <= 256) stays an int32 below 2^24, exact as a float32, and the result (a nonzero one at least
+   2^(-28 - frac)) is formed and truncated on float32 bits, as the float64 route would (an overflow is inf). */
+INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t ldb, const int8_t *eb,
+                     int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m) {
     const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
-    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+    const int32_t keep32 = (int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1);
+    const int i32 = !m->late_c && m->frac <= 13 && m->sub >= m->nf && m->nf <= 256;
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
         const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
-        vi ep[TV], E[TV];
+        vi ep[TV], E[TV], s[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
         vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent, all TV VF outputs at once (int8) */
         for (int64_t i = k0; i < k1; i++) {
-            vb x; memcpy(&x, eb + i * ldb, 64);
+            vb x; memcpy(&x, eb + i * lde, 64);
             ep8 = vmaxb(ep8, x + ea[i]);
         }
         int8_t e8[TV * VF];
         memcpy(e8, &ep8, sizeof e8);
         for (int t = 0; t < nt; t++) {
-            vb16 x; memcpy(&x, e8 + t * VF, 16);
-            const vi w = __builtin_convertvector(x, vi), none = w < NOPROD8;
+            const vi w = widen8(e8 + t * VF), none = w < NOPROD8;
             ep[t] = (w & ~none) | (NONE & none);
         }
         for (int t = 0; t < nt; t++) {
@@ -211,15 +222,34 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const i
             E[t] = vmax(vmax(ep[t], ec), (vi){} + m->min_exp);
             sc[t] = (vf)((m->frac - vmax(E[t], (vi){} - 28) + 127) << 23);  /* no product: any finite scale */
             const vi ct = m->late_c ? (vi){} : __builtin_convertvector((vf)(u & fin) * sc[t], vi);
-            sd[2 * t] = __builtin_convertvector(LO8(ct), vd);
-            sd[2 * t + 1] = __builtin_convertvector(HI8(ct), vd);
+            if (i32) {
+                s[t] = ct;
+            } else {
+                sd[2 * t] = __builtin_convertvector(LO8(ct), vd);
+                sd[2 * t + 1] = __builtin_convertvector(HI8(ct), vd);
+            }
         }
-        terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
+        if (i32) {
+            for (int64_t i = k0; i < k1; i++) {
+                const float ai = ar[i];
+                for (int t = 0; t < nt; t++) {
+                    vf b; memcpy(&b, bm + i * ldb + t * VF, 64);
+                    s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */
+                }
+            }
+        } else {
+            terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
+        }
         for (int t = 0; t < nt; t++) {
             const vi ef = E[t] - m->frac;
-            const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
-            const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
-            vf r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
+            vf r;
+            if (i32) {  /* ef in [-41, 114] where a product is nonzero (other lanes are replaced below) */
+                r = (vf)((vi)(__builtin_convertvector(s[t], vf) * (vf)((ef + 127) << 23)) & keep32);
+            } else {
+                const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
+                const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
+                r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
+            }
             if (m->late_c) r = r + c[t];
             if (m->fp16) r = vround_half(r);
             memcpy(acc + t * VF, &r, 64);
@@ -243,18 +273,18 @@ static double out_f64(int64_t s, int32_t e, double c, const model_t *m) {
     return m->fp16 ? (double)round_half((float)d) : d;
 }
 
-/* nt vectors of outputs acc[0 .. nt VD), float64 operands */
-INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, const int16_t *eb, int64_t ldb,
-                     double *acc, const int nt, int64_t K, const model_t *m) {
+/* nt vectors of outputs acc[0 .. nt VD) over the blocks from kb to K, float64 operands (laid out as tile_f32's) */
+INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, int64_t ldb, const int16_t *eb,
+                     int64_t lde, double *acc, const int nt, int64_t kb, int64_t K, const model_t *m) {
     const int64_t keep = (int64_t)~((UINT64_C(1) << (52 - m->frac_out)) - 1);
-    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
         const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
         vi8 ep[TV], E[TV];
         vd c[TV], sc[TV];
         vl s[TV];
         vh ep16 = (vh){} + (int16_t)-32768;  /* the products' largest exponent, all TV VD outputs at once (int16) */
         for (int64_t i = k0; i < k1; i++) {
-            vh x; memcpy(&x, eb + i * ldb, 64);
+            vh x; memcpy(&x, eb + i * lde, 64);
             ep16 = vmaxh(ep16, x + ea[i]);
         }
         int16_t e16[TV * VD];
@@ -297,48 +327,76 @@ INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, cons
     }
 }
 
-/* one output row's N outputs (N a multiple of 16) in tiles of TV vectors */
+/* one output row's np outputs (np a multiple of 16) in tiles of TV vectors, over the blocks of k0..k1 */
 #define ROW(NAME, T, ET, TILE, VL)                                                                                 \
-static void NAME(const T *ar, const ET *ea, const T *bm, const ET *eb, int64_t N, T *acc, int64_t K,      \
-                 const model_t *m) {                                                                           \
-    for (int64_t n0 = 0; n0 < N; n0 += TV * VL) {                                                              \
-        const int64_t left = (N - n0) / VL;                                                                    \
+static void NAME(const T *ar, const ET *ea, const T *bm, int64_t ldb, const ET *eb, int64_t np, T *acc,         \
+                 int64_t k0, int64_t k1, const model_t *m) {                                                   \
+    for (int64_t n0 = 0; n0 < np; n0 += TV * VL) {                                                             \
+        const int64_t left = (np - n0) / VL;                                                                   \
         const T *b = bm + n0; const ET *e = eb + n0; T *c = acc + n0;                                          \
-        if (left >= 4) TILE(ar, ea, b, e, N, c, 4, K, m);                                                      \
-        else if (left == 3) TILE(ar, ea, b, e, N, c, 3, K, m);                                                 \
-        else if (left == 2) TILE(ar, ea, b, e, N, c, 2, K, m);                                                 \
-        else TILE(ar, ea, b, e, N, c, 1, K, m);                                                                \
+        if (left >= 4) TILE(ar, ea, b, ldb, e, np, c, 4, k0, k1, m);                                           \
+        else if (left == 3) TILE(ar, ea, b, ldb, e, np, c, 3, k0, k1, m);                                      \
+        else if (left == 2) TILE(ar, ea, b, ldb, e, np, c, 2, k0, k1, m);                                      \
+        else TILE(ar, ea, b, ldb, e, np, c, 1, k0, k1, m);                                                     \
     }                                                                                                          \
 }
 ROW(row_f32, float, int8_t, tile_f32, VF)
 ROW(row_f64, double, int16_t, tile_f64, VD)
 
+#define RG 64            /* output rows per group: each group walks b's k in chunks, every row per chunk */
+#define CHUNK (24 << 10) /* bytes of b and its exponents per chunk of k (held in L1 while the group's rows use it) */
+
 /* rows r0..r1 (of Bt M) of acc [Bt, M, N] continued over a [Bt, M, K] and b [Bt, K, N], each given by its three
-   strides (in elements): b's matrix and each row of a and of acc are copied into buffers, N padded with zero
-   columns to whole vectors (their outputs are dropped). 0, or -1 when out of memory */
+   strides (in elements). b's matrix is used in place where its rows are contiguous and N a whole number of
+   vectors, else copied with N padded by zero columns (their outputs are dropped); the rows of a and acc are
+   copied into buffers, RG at a time, and each group runs the chain a chunk of whole blocks of k at a time (the
+   order of each output's blocks is unchanged). 0, or -1 when out of memory */
 #define CHAIN(NAME, T, ET, EXPS, ROW)                                                                              \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
     const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub};                                      \
     const int64_t np = (N + 15) / 16 * 16, kk = K > 0 ? K : 1;                                                \
-    T *ar = malloc(sizeof(T) * kk), *bs = calloc((size_t)(kk * np), sizeof(T)), *cr = calloc(np, sizeof(T)); \
-    ET *ea = malloc(sizeof(ET) * kk), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole int8 vectors */\
-    int64_t have = -1, rc = 0;                                                                                \
-    if (!ar || !bs || !cr || !ea || !eb) rc = -1;                                                             \
-    for (int64_t r = r0; r < r1 && !rc; r++) {                                                                \
-        const int64_t bt = r / M, i = r % M;                                                                  \
+    const int direct = b2 == 1 && np == N;                                                                    \
+    int64_t kc = CHUNK / (np * (int64_t)(sizeof(T) + sizeof(ET))) / nf * nf;                                  \
+    if (kc < nf) kc = nf;                                                                                     \
+    T *ar = malloc(sizeof(T) * kk * RG), *cr = calloc(np * RG, sizeof(T));                                   \
+    T *bs = direct ? NULL : calloc((size_t)(kk * np), sizeof(T));                                            \
+    ET *ea = malloc(sizeof(ET) * kk * RG), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole vectors */\
+    int64_t have = -1, rc = 0, ldb = np;                                                                      \
+    const T *bm = bs;                                                                                         \
+    if (!ar || !cr || (!direct && !bs) || !ea || !eb) rc = -1;                                                \
+    for (int64_t g0 = r0; g0 < r1 && !rc;) {                                                                  \
+        const int64_t bt = g0 / M;                                                                            \
+        int64_t g1 = (bt + 1) * M < r1 ? (bt + 1) * M : r1;                                                   \
+        if (g1 > g0 + RG) g1 = g0 + RG;                                                                       \
         if (bt != have) {                                                                                     \
-            for (int64_t k = 0; k < K; k++)                                                                   \
-                for (int64_t n = 0; n < N; n++) bs[k * np + n] = b[bt * b0 + k * b1 + n * b2];                \
-            EXPS(bs, eb, K * np, emin_b);                                                                     \
+            if (direct) {                                                                                     \
+                bm = b + bt * b0; ldb = b1;                                                                   \
+                for (int64_t k = 0; k < K; k++) EXPS(bm + k * b1, eb + k * np, N, emin_b);                    \
+            } else {                                                                                          \
+                for (int64_t k = 0; k < K; k++)                                                               \
+                    for (int64_t n = 0; n < N; n++) bs[k * np + n] = b[bt * b0 + k * b1 + n * b2];            \
+                EXPS(bs, eb, K * np, emin_b);                                                                 \
+            }                                                                                                 \
             have = bt;                                                                                        \
         }                                                                                                     \
-        for (int64_t k = 0; k < K; k++) ar[k] = a[bt * a0 + i * a1 + k * a2];                                 \
-        EXPS(ar, ea, K, emin_a);                                                                              \
-        for (int64_t n = 0; n < N; n++) cr[n] = acc[bt * c0 + i * c1 + n * c2];                               \
-        ROW(ar, ea, bs, eb, np, cr, K, &m);                                                                   \
-        for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[n];                               \
+        for (int64_t r = g0; r < g1; r++) {                                                                   \
+            const int64_t i = r % M, j = r - g0;                                                              \
+            for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];                   \
+            EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
+            for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];                  \
+        }                                                                                                     \
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {                                                              \
+            const int64_t k1 = k0 + kc < K ? k0 + kc : K;                                                     \
+            for (int64_t j = 0; j < g1 - g0; j++)                                                             \
+                ROW(ar + j * kk, ea + j * kk, bm, ldb, eb, np, cr + j * np, k0, k1, &m);                      \
+        }                                                                                                     \
+        for (int64_t r = g0; r < g1; r++) {                                                                   \
+            const int64_t i = r % M, j = r - g0;                                                              \
+            for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];                  \
+        }                                                                                                     \
+        g0 = g1;                                                                                              \
     }                                                                                                         \
     free(ar); free(bs); free(cr); free(ea); free(eb);                                                         \
     return (int)rc;                                                                                           \
