@@ -57,21 +57,6 @@ static inline float round_half(float x) {
     return copysignf(nearbyintf(ax * pow2f(10 - e)) * pow2f(e - 10), x);
 }
 
-/* an operand's exponent floor(log2 |x|) from its bits (a normal float; frexp for the rare subnormal) */
-static inline int expo_f32(float x) {
-    uint32_t u; memcpy(&u, &x, 4);
-    const int b = (int)((u >> 23) & 0xFF);
-    if (b) return b - 127;
-    int t = 0; frexpf(x, &t); return t - 1;
-}
-
-static inline int expo_f64(double x) {
-    uint64_t u; memcpy(&u, &x, 8);
-    const int b = (int)((u >> 52) & 0x7FF);
-    if (b) return b - 1023;
-    int t = 0; frexp(x, &t); return t - 1;
-}
-
 /* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15] (kept
    within [emin, 16]); a zero operand's Z8 keeps every sum with it below NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
@@ -85,10 +70,10 @@ static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
 /* the f64 variant's operand exponents as int16: within [emin, 1023] (emin >= -126), a zero operand's Z16 keeps
    every sum with it below NOPROD16 */
 static void exps_f64(const double *x, int16_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] == 0.0) { e[i] = Z16; continue; }
-        const int t = expo_f64(x[i]);
-        e[i] = (int16_t)(t < emin ? emin : t);
+    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float64 subnormal's -1023 is clamped to emin) */
+        uint64_t u; memcpy(&u, x + i, 8);
+        const int t = (int)((u >> 52) & 0x7FF) - 1023;
+        e[i] = (u << 1) ? (int16_t)(t < emin ? emin : t) : (int16_t)Z16;
     }
 }
 
@@ -250,16 +235,17 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t
                 const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
                 r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
             }
+            const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
             if (m->late_c) r = r + c[t];
+            else r = (vf)(((vi)r & fin) | ((vi)c[t] & ~fin));  /* an infinite c (an fp16 overflow) stays */
             if (m->fp16) r = vround_half(r);
             memcpy(acc + t * VF, &r, 64);
-            const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
-            const vi odd = (ep[t] <= NOPROD) | (m->late_c ? (vi){} : ~fin);
+            const vi odd = ep[t] <= NOPROD;  /* no product: c alone */
             if (!any(odd)) continue;
             for (int k = 0; k < VF; k++) {
                 if (!odd[k]) continue;
                 float x = !m->late_c && !fin[k] ? c[t][k] : (float)lone_c((double)c[t][k], m);
-                acc[t * VF + k] = m->fp16 ? round_half(x) : x;  /* an infinite c (fp16 overflow) stays */
+                acc[t * VF + k] = m->fp16 ? round_half(x) : x;
             }
         }
     }
