@@ -89,3 +89,43 @@ def test_doctor_reports_the_c_chain():
 
     got = _native_mma()
     assert set(got) == {"available", "reason"} and got["available"] == (mma.native_library() is not None)
+
+
+FAST_CASES = [  # model, formats, fp16, (Bt, M, K, N), b transposed: the tiles' int32 (early c, frac <= 13) and
+    # float64 (late c, frac 25) block sums, b in place (contiguous, N a multiple of 16) or copied, row groups of
+    # 64 across batches, several L1 chunks of k, ragged K and N
+    (HOPPER, ("e4m3", "e4m3"), False, (2, 70, 150, 128), False),
+    (HOPPER, ("e5m2", "e4m3"), False, (3, 9, 77, 40), True),
+    (ADA, ("e4m3", "e4m3"), True, (2, 33, 130, 64), False),  # an fp16 register: overflows to inf and stays
+    (ADA, ("e2m1", "e2m3"), False, (2, 17, 100, 32), False),  # int-like codes
+    (B200, ("e4m3", "e4m3"), False, (2, 70, 150, 128), False),
+    (B200, ("e5m2", "e5m2"), True, (2, 9, 45, 70), True),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(FAST_CASES)))
+def test_c_tiles_bit_equal_to_torch_chain_at_1_and_2_threads(lib, monkeypatch, case, threads):
+    """The C chain's tiles against the torch chain (kernels.mma's torch segments) on random format values with
+    zeros, subnormals, zero columns and c with tiny, subnormal, zero and huge values."""
+    from flashcheck.kernels import mma_native
+
+    model, fmts, fp16, (bt, m, k, n), transposed = FAST_CASES[case]
+    a = operands(fmts[0], (bt, m, k), 40 + case)
+    b = operands(fmts[1], (bt, n, k) if transposed else (bt, k, n), 50 + case)
+    b = b.transpose(-1, -2) if transposed else b
+    b[0, :, 5] = 0.0  # no products: c alone
+    a[1, 2] = 0.0
+    c = (operands("fp32", (bt, m, n), 60 + case) * 1e3).to(torch.float32)
+    c[0, 0, :5] = torch.tensor([2.0**-60, -(2.0**-140), 0.0, -3.0, 1e30])
+    want = _matmul(a, b, model, c, None, fmts, fp16, None)
+    monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = _matmul(a, b, model, c, None, fmts, fp16, lib)
+    finally:
+        torch.set_num_threads(before)
+    assert _same(got, want)
+    if fp16 and model is ADA:
+        assert bool(torch.isinf(want).any())  # the overflow case is exercised
