@@ -129,8 +129,14 @@ INLINE int any(vi m) { int r = 0; for (int k = 0; k < VF; k++) r |= m[k]; return
 INLINE int any8(vl m) { long r = 0; for (int k = 0; k < VD; k++) r |= m[k]; return r != 0; }
 #endif
 
-/* round_half on 16 lanes: |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14: subnormals'
-   2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
+/* round_half on 16 lanes: with AVX-512, vcvtps2ph's IEEE conversion to fp16 (round to nearest even, overflow
+   to inf, subnormals kept) and back; else |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14:
+   subnormals' 2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
+#if defined(__AVX512F__)
+INLINE vf vround_half(vf x) {
+    return (vf)_mm512_cvtph_ps(_mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else
 INLINE vf vround_half(vf x) {
     const vi u = (vi)x, sign = u & (int32_t)0x80000000u;
     const vf ax = (vf)(u & 0x7FFFFFFF);
@@ -140,6 +146,7 @@ INLINE vf vround_half(vf x) {
     const vi r = (vi)((ax + big) - big), over = ax >= 65520.0f;
     return (vf)(((r & ~over) | (0x7F800000 & over)) | sign);
 }
+#endif
 
 /* a block without a nonzero product: c alone (early c), aligned to max(its exponent, min_exp) */
 static double lone_c(double c, const model_t *m) {
