@@ -129,3 +129,60 @@ def test_c_tiles_bit_equal_to_torch_chain_at_1_and_2_threads(lib, monkeypatch, c
     assert _same(got, want)
     if fp16 and model is ADA:
         assert bool(torch.isinf(want).any())  # the overflow case is exercised
+
+
+def _values(shape: tuple[int, ...], seed: int, bits: int, lo: int, hi: int) -> torch.Tensor:
+    """float64 values of exactly `bits` significant bits with exponents lo..hi (both present), both signs, 15%
+    zeros: "fp32" operands in and out of the range where fc_mma_chain_f64 runs them in float32."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randint(2 ** (bits - 1), 2**bits, shape, generator=g) | 1
+    e = torch.randint(lo, hi + 1, shape, generator=g)
+    e.view(-1)[:2] = torch.tensor([lo, hi])
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
+    x = sign * m.double() * torch.exp2((e - bits + 1).double())
+    return torch.where(torch.rand(shape, generator=g) < 0.15, 0.0, x)
+
+
+WIDE_CASES = [  # model, (bits, lo, hi) of a and of b, c's largest exponent (None: c = 0); K = 150: log2 K <= 8.
+    # The float32 tile takes: bits_a + bits_b <= 24, lo_a + lo_b >= frac - 126, hi_a + hi_b + 2 + 8 <= 125, c's
+    # exponent <= 125; the rest runs the float64 tile (each case's neighbour across a bound)
+    (B200, (6, -10, 3), (6, -8, 2), 10),
+    (HOPPER, (12, -6, 6), (12, -6, 6), 20),
+    (HOPPER, (12, -6, 6), (13, -6, 6), 20),
+    (HOPPER, (4, -57, -50), (4, -56, -50), None),
+    (HOPPER, (4, -57, -50), (4, -57, -50), None),
+    (B200, (4, -51, -40), (4, -50, -40), 0),
+    (B200, (4, 0, 58), (4, 0, 57), 100),
+    (B200, (4, 0, 58), (4, 0, 58), 100),
+    (HOPPER, (4, -5, 5), (4, -5, 5), 125),
+    (HOPPER, (4, -5, 5), (4, -5, 5), 126),
+    (ADA, (4, -3, 3), (2, 0, 2), None),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(WIDE_CASES)))
+def test_fp32_operands_bit_equal_to_torch_chain_on_both_tiles(lib, monkeypatch, case, threads):
+    """Dequantised ("fp32") operands, in and out of the range where the C chain runs them in float32, give the
+    torch chain's bits (ragged K and N, zeros, a column of no products, b copied and in place)."""
+    from flashcheck.kernels import mma_native
+
+    model, (ba, la, ha), (bb, lb, hb), ce = WIDE_CASES[case]
+    fmts = ("fp32", "fp32")
+    a = _values((2, 9, 150), 70 + case, ba, la, ha)
+    b = _values((2, 40, 150), 80 + case, bb, lb, hb).transpose(-1, -2)  # copied (strided, N ragged)
+    b[0, :, 5] = 0.0
+    b2 = _values((2, 150, 64), 90 + case, bb, lb, hb)  # in place
+    c = torch.zeros(2, 9, 64) if ce is None else operands("e4m3", (2, 9, 64), 60 + case).to(torch.float32)
+    if ce is not None:
+        c[0, 0, 0] = 2.0**ce
+    monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    for bm, cm in ((b, c[..., :40]), (b2, c)):
+        want = _matmul(a, bm, model, cm, None, fmts, False, None)
+        try:
+            torch.set_num_threads(threads)
+            got = _matmul(a, bm, model, cm, None, fmts, False, lib)
+        finally:
+            torch.set_num_threads(before)
+        assert _same(got, want)

@@ -1,20 +1,24 @@
 """The C source of kernels.mma_native: kernels.mma's block-FMA chain, one output row at a time (its rules and
 why each step is exact are in kernels.mma's docstring; this file only says how the loops are laid out).
 
-Per output row r (a row of a [M, K] against b [K, N], batch = r / M) and up to NB outputs at once, per block of
-nfma k: pass 1 takes the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64
-outputs per vector, for f32, int16 lanes for f64; a zero operand's exponent Z8 / Z16 keeps its products out),
-pass 2 sums the truncated terms trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no
-partial sum can overflow, into int64), then the block's result is formed per output in float64 and truncated to
-frac_out bits. The inner loops run over the N outputs (contiguous in b), so they vectorise, without branches on
-the data (a zero a_i's terms are zeros).
+Rows go in groups of RG; each group walks b's k in chunks of whole blocks small enough to stay in L1 (b used in
+place where its rows are contiguous and N a whole number of vectors), every row of the group per chunk; each
+output's blocks keep their order. Per output row and up to 64 outputs at once, per block of nfma k: pass 1 takes
+the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64 outputs per vector,
+or int16 lanes; a zero operand's exponent Z8 / Z16 keeps its products out), pass 2 sums the truncated terms
+trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no partial sum can overflow), then
+the block's result is formed per output and truncated to frac_out bits. The inner loops run over the N outputs
+(contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
 
 - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
   clamped exponent sum >= -28, frac <= 25): 2^(frac - E) is a normal float32, each scaled product is exact
-  (or below 1 and truncated to 0), the accumulator is float32. A block without a nonzero product takes the
-  float64 rule (E from c alone, at least min_exp).
+  (or below 1 and truncated to 0), the accumulator is float32. Early c with frac <= 13 keeps the block in one
+  int32 sum (exact as a float32), else the partial sums meet in float64. A block without a nonzero product
+  takes the float64 rule (E from c alone, at least min_exp).
 - f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
-  does, the accumulator float64 holding fp32 values."""
+  does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
+  that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
+  codes times their scales), runs the f32 tile on float32 copies instead (int16 exponents): the same bits."""
 
 SOURCE = r"""
 #include <math.h>
@@ -77,7 +81,8 @@ static void exps_f64(const double *x, int16_t *e, int64_t n, int emin) {
     }
 }
 
-typedef struct { int nf, frac, frac_out, min_exp, late_c, fp16, sub; } model_t;
+/* efloor: at most every nonzero product's exponent, and 2^(frac - efloor) a normal float32 (the f32 tile) */
+typedef struct { int nf, frac, frac_out, min_exp, late_c, fp16, sub, efloor; } model_t;
 
 /* GCC / clang vector extensions: one zmm register where the CPU has AVX-512, split by the compiler elsewhere */
 typedef float vf __attribute__((vector_size(64)));
@@ -90,6 +95,7 @@ typedef int8_t vb __attribute__((vector_size(64)));
 typedef int8_t vb16 __attribute__((vector_size(16)));
 typedef int16_t vh __attribute__((vector_size(64)));
 typedef int16_t vh8 __attribute__((vector_size(16)));
+typedef int16_t vh16 __attribute__((vector_size(32)));
 #define VF 16  /* float lanes per vector */
 #define VD 8   /* double lanes per vector */
 #define TV 4   /* vectors per tile of outputs */
@@ -117,8 +123,10 @@ INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
 /* 16 int8 values widened to int32 lanes */
 #if defined(__AVX512F__)
 INLINE vi widen8(const int8_t *x) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)); }
+INLINE vi widen16(const int16_t *x) { return (vi)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x)); }
 #else
 INLINE vi widen8(const int8_t *x) { vb16 v; memcpy(&v, x, 16); return __builtin_convertvector(v, vi); }
+INLINE vi widen16(const int16_t *x) { vh16 v; memcpy(&v, x, 32); return __builtin_convertvector(v, vi); }
 #endif
 INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
 #if defined(__AVX512F__)
@@ -184,9 +192,11 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
    operands: b's row i at bm + i ldb, its exponents at eb + i lde.
    i32 (early c, frac <= 13, the block in one partial sum): each term is below 2^15 and c's below 2^14, so the
    block's sum (nf <= 256) stays an int32 below 2^24, exact as a float32, and the result (a nonzero one at least
-   2^(-28 - frac)) is formed and truncated on float32 bits, as the float64 route would (an overflow is inf). */
-INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t ldb, const int8_t *eb,
-                     int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m) {
+   2^(efloor - frac)) is formed and truncated on float32 bits, as the float64 route would (an overflow is inf).
+   wide: the operands' exponents are int16 (tile_f64's, for float64 operands that fc_mma_chain_f64 found exact
+   as float32 values whose products are normal float32 values, see fits_f32), else int8. */
+INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t ldb, const void *ebv,
+                     int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m, const int wide) {
     const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
     const int32_t keep32 = (int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1);
     const int i32 = !m->late_c && m->frac <= 13 && m->sub >= m->nf && m->nf <= 256;
@@ -195,16 +205,34 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t
         vi ep[TV], E[TV], s[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
-        vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent, all TV VF outputs at once (int8) */
-        for (int64_t i = k0; i < k1; i++) {
-            vb x; memcpy(&x, eb + i * lde, 64);
-            ep8 = vmaxb(ep8, x + ea[i]);
-        }
-        int8_t e8[TV * VF];
-        memcpy(e8, &ep8, sizeof e8);
-        for (int t = 0; t < nt; t++) {
-            const vi w = widen8(e8 + t * VF), none = w < NOPROD8;
-            ep[t] = (w & ~none) | (NONE & none);
+        if (wide) {  /* the products' largest exponent, 32 outputs per int16 vector */
+            const int16_t *ea = eav, *eb = ebv;
+            vh lo = (vh){} + (int16_t)-32768, hi = lo;
+            for (int64_t i = k0; i < k1; i++) {
+                vh x; memcpy(&x, eb + i * lde, 64);
+                lo = vmaxh(lo, x + ea[i]);
+                if (nt > 2) { memcpy(&x, eb + i * lde + 32, 64); hi = vmaxh(hi, x + ea[i]); }
+            }
+            int16_t e16[TV * VF];
+            memcpy(e16, &lo, 64);
+            memcpy(e16 + 32, &hi, 64);
+            for (int t = 0; t < nt; t++) {
+                const vi w = widen16(e16 + t * VF), none = w < NOPROD16;
+                ep[t] = (w & ~none) | (NONE & none);
+            }
+        } else {  /* all TV VF outputs at once (int8) */
+            const int8_t *ea = eav, *eb = ebv;
+            vb ep8 = (vb){} + (int8_t)-128;
+            for (int64_t i = k0; i < k1; i++) {
+                vb x; memcpy(&x, eb + i * lde, 64);
+                ep8 = vmaxb(ep8, x + ea[i]);
+            }
+            int8_t e8[TV * VF];
+            memcpy(e8, &ep8, sizeof e8);
+            for (int t = 0; t < nt; t++) {
+                const vi w = widen8(e8 + t * VF), none = w < NOPROD8;
+                ep[t] = (w & ~none) | (NONE & none);
+            }
         }
         for (int t = 0; t < nt; t++) {
             memcpy(&c[t], acc + t * VF, 64);
@@ -212,7 +240,7 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t
             /* c's exponent (a subnormal's reads -127: below any product's E; alone it takes lone_c) */
             const vi ec = m->late_c ? (vi){} + NONE : ((((u >> 23) & 0xFF) - 127) & ~zero) | (NONE & zero);
             E[t] = vmax(vmax(ep[t], ec), (vi){} + m->min_exp);
-            sc[t] = (vf)((m->frac - vmax(E[t], (vi){} - 28) + 127) << 23);  /* no product: any finite scale */
+            sc[t] = (vf)((m->frac - vmax(E[t], (vi){} + m->efloor) + 127) << 23);  /* no product: any finite scale */
             const vi ct = m->late_c ? (vi){} : __builtin_convertvector((vf)(u & fin) * sc[t], vi);
             if (i32) {
                 s[t] = ct;
@@ -235,7 +263,7 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, int64_t
         for (int t = 0; t < nt; t++) {
             const vi ef = E[t] - m->frac;
             vf r;
-            if (i32) {  /* ef in [-41, 114] where a product is nonzero (other lanes are replaced below) */
+            if (i32) {  /* ef in [efloor - frac, 114] where a product is nonzero (other lanes are replaced below) */
                 r = (vf)((vi)(__builtin_convertvector(s[t], vf) * (vf)((ef + 127) << 23)) & keep32);
             } else {
                 const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
@@ -321,22 +349,128 @@ INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, int6
 }
 
 /* one output row's np outputs (np a multiple of 16) in tiles of TV vectors, over the blocks of k0..k1 */
-#define ROW(NAME, T, ET, TILE, VL)                                                                                 \
+#define ROW(NAME, T, ET, TILE, VL, ...)                                                                            \
 static void NAME(const T *ar, const ET *ea, const T *bm, int64_t ldb, const ET *eb, int64_t np, T *acc,         \
                  int64_t k0, int64_t k1, const model_t *m) {                                                   \
     for (int64_t n0 = 0; n0 < np; n0 += TV * VL) {                                                             \
         const int64_t left = (np - n0) / VL;                                                                   \
         const T *b = bm + n0; const ET *e = eb + n0; T *c = acc + n0;                                          \
-        if (left >= 4) TILE(ar, ea, b, ldb, e, np, c, 4, k0, k1, m);                                           \
-        else if (left == 3) TILE(ar, ea, b, ldb, e, np, c, 3, k0, k1, m);                                      \
-        else if (left == 2) TILE(ar, ea, b, ldb, e, np, c, 2, k0, k1, m);                                      \
-        else TILE(ar, ea, b, ldb, e, np, c, 1, k0, k1, m);                                                     \
+        if (left >= 4) TILE(ar, ea, b, ldb, e, np, c, 4, k0, k1, m __VA_ARGS__);                               \
+        else if (left == 3) TILE(ar, ea, b, ldb, e, np, c, 3, k0, k1, m __VA_ARGS__);                          \
+        else if (left == 2) TILE(ar, ea, b, ldb, e, np, c, 2, k0, k1, m __VA_ARGS__);                          \
+        else TILE(ar, ea, b, ldb, e, np, c, 1, k0, k1, m __VA_ARGS__);                                         \
     }                                                                                                          \
 }
-ROW(row_f32, float, int8_t, tile_f32, VF)
+ROW(row_f32, float, int8_t, tile_f32, VF, , 0)
+ROW(row_f32w, float, int16_t, tile_f32, VF, , 1)
 ROW(row_f64, double, int16_t, tile_f64, VD)
 
 #define RG 64            /* output rows per group: each group walks b's k in chunks, every row per chunk */
+
+/* float64 operands through the f32 tile (fits_f32): float32 copies of b's matrix, of a group's rows and of their
+   accumulators; b's scan (significand bits, smallest and largest exponent of its nonzero values) per batch */
+typedef struct { float *b, *a, *c; int64_t have, scanned; int bsig, bmin, bmax; } w32_t;
+
+/* the largest significand width (bits; 0: all zero) and the smallest and largest exponent of the nonzero values
+   among x[0 .. n), folded into *sig, *lo, *hi (a float64 subnormal reads -1023, an inf or nan 1024) */
+static void scan_f64(const double *x, int64_t n, int *sig, int *lo, int *hi) {
+    uint64_t o = 0;
+    int64_t l = 4096, h = -4096, i = 0;
+#if defined(__AVX512F__)
+    __m512i vo = _mm512_setzero_si512(), vl_ = _mm512_set1_epi64(4096), vh_ = _mm512_set1_epi64(-4096);
+    const __m512i abs = _mm512_set1_epi64(0x7FFFFFFFFFFFFFFF), lead = _mm512_set1_epi64(INT64_C(1) << 52);
+    const __m512i field = _mm512_set1_epi64(0x7FF), bias = _mm512_set1_epi64(1023);
+    for (; i + 8 <= n; i += 8) {
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __mmask8 nz = _mm512_test_epi64_mask(u, abs);
+        const __m512i e = _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(u, 52), field), bias);
+        vo = _mm512_mask_or_epi64(vo, nz, vo, _mm512_or_si512(u, lead));
+        vl_ = _mm512_mask_min_epi64(vl_, nz, vl_, e);
+        vh_ = _mm512_mask_max_epi64(vh_, nz, vh_, e);
+    }
+    o = (uint64_t)_mm512_reduce_or_epi64(vo);
+    l = _mm512_reduce_min_epi64(vl_);
+    h = _mm512_reduce_max_epi64(vh_);
+#endif
+    for (; i < n; i++) {
+        uint64_t u; memcpy(&u, x + i, 8);
+        const int64_t e = (int64_t)((u >> 52) & 0x7FF) - 1023;
+        const uint64_t nz = (u << 1) ? ~UINT64_C(0) : 0;
+        o |= (u | (UINT64_C(1) << 52)) & nz;
+        const int64_t el = nz ? e : 4096, eh = nz ? e : -4096;
+        l = el < l ? el : l;
+        h = eh > h ? eh : h;
+    }
+    o &= (UINT64_C(1) << 53) - 1;
+    const int w = o ? 53 - __builtin_ctzll(o) : 0;
+    if (w > *sig) *sig = w;
+    if (l < *lo) *lo = (int)l;
+    if (h > *hi) *hi = (int)h;
+}
+
+/* whether the f32 tile computes the float64 rule's bits for a group (a's rows ar [nr, kk], c's cr [nr, np]) over
+   b (scanned in w): every nonzero operand a normal float32 with significands of sa + sb <= 24 bits, so every
+   product is exact in float32 and at least 2^(frac - 126) (then 2^(frac - E) is a normal float32 and every
+   nonzero result at least 2^-126: trunc_out's mask); every accumulator below 2^127 however the chain runs (c
+   below 2^126, K products each below 2^(emax_a + emax_b + 2) summing below 2^126), so no float32 overflow;
+   frac <= 25 (int32 partial sums of 2^(31 - frac - 2) terms), no fp16 register. Its efloor: the smallest sum of
+   the operands' clamped exponents, or 0 where it does not fit */
+static int fits_f32(const double *ar, int64_t kk, int64_t K, const double *cr, int64_t np, int64_t N, int64_t nr,
+                    const w32_t *w, const model_t *m, int emin_a, int emin_b, int *efloor) {
+    if (m->fp16 || m->frac > 25 || w->bsig == 0) return 0;
+    int sa = 0, la = 4096, ha = -4096, sc_ = 0, lc = 4096, hc = -4096, lg = 0;
+    for (int64_t j = 0; j < nr; j++) scan_f64(ar + j * kk, K, &sa, &la, &ha);
+    for (int64_t j = 0; j < nr; j++) scan_f64(cr + j * np, N, &sc_, &lc, &hc);
+    while ((INT64_C(1) << lg) < K) lg++;
+    if (sa == 0 || sa + w->bsig > 24 || la < -126 || w->bmin < -126 || la + w->bmin < m->frac - 126) return 0;
+    if (ha + w->bmax + 2 + lg > 125 || hc > 125) return 0;
+    *efloor = (la > emin_a ? la : emin_a) + (w->bmin > emin_b ? w->bmin : emin_b);
+    return 1;
+}
+
+/* the group through the f32 tile where fits_f32: 1 (cr updated), 0 (not taken: the float64 tile runs), -1 (out of
+   memory). bm [K, ldb] is batch bt's b matrix (np columns, the padding zeros) */
+static int try_w32(const void *arv, const int16_t *ea, int64_t kk, const void *bmv, int64_t ldb, const int16_t *eb,
+                   int64_t np, int64_t N, int64_t K, void *crv, int64_t nr, int64_t kc, const model_t *m, w32_t *w,
+                   int64_t bt, int emin_a, int emin_b) {
+    const double *ar = arv, *bm = bmv;
+    double *cr = crv;
+    if (w->scanned != bt) {
+        w->bsig = 0; w->bmin = 4096; w->bmax = -4096;
+        for (int64_t k = 0; k < K; k++) scan_f64(bm + k * ldb, N, &w->bsig, &w->bmin, &w->bmax);
+        w->scanned = bt;
+    }
+    int efloor = 0;
+    if (!fits_f32(ar, kk, K, cr, np, N, nr, w, m, emin_a, emin_b, &efloor)) return 0;
+    if (!w->b && !(w->b = malloc(sizeof(float) * kk * np))) return -1;
+    if (!w->a && !(w->a = malloc(sizeof(float) * kk * RG))) return -1;
+    if (!w->c && !(w->c = malloc(sizeof(float) * np * RG))) return -1;
+    if (w->have != bt) {
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < np; n++) w->b[k * np + n] = (float)bm[k * ldb + n];
+        w->have = bt;
+    }
+    for (int64_t i = 0; i < nr * kk; i++) w->a[i] = (float)ar[i];
+    for (int64_t i = 0; i < nr * np; i++) w->c[i] = (float)cr[i];
+    model_t m32 = *m;
+    m32.efloor = efloor;
+    m32.sub = (int)(((INT64_C(1) << 31) - (INT64_C(1) << (m->frac + 1))) >> (m->frac + 2));  /* terms < 2^(frac+2) */
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = k0 + kc < K ? k0 + kc : K;
+        for (int64_t j = 0; j < nr; j++)
+            row_f32w(w->a + j * kk, ea + j * kk, w->b, np, eb, np, w->c + j * np, k0, k1, &m32);
+    }
+    for (int64_t i = 0; i < nr * np; i++) cr[i] = (double)w->c[i];
+    return 1;
+}
+
+/* fc_mma_chain_f32's hook in place of try_w32: never taken */
+static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, int64_t ldb, const void *eb,
+                  int64_t np, int64_t N, int64_t K, void *crv, int64_t nr, int64_t kc, const model_t *m, w32_t *w,
+                  int64_t bt, int emin_a, int emin_b) {
+    return 0;
+}
+
 #define CHUNK (24 << 10) /* bytes of b and its exponents per chunk of k (held in L1 while the group's rows use it) */
 
 /* rows r0..r1 (of Bt M) of acc [Bt, M, N] continued over a [Bt, M, K] and b [Bt, K, N], each given by its three
@@ -344,11 +478,11 @@ ROW(row_f64, double, int16_t, tile_f64, VD)
    vectors, else copied with N padded by zero columns (their outputs are dropped); the rows of a and acc are
    copied into buffers, RG at a time, and each group runs the chain a chunk of whole blocks of k at a time (the
    order of each output's blocks is unchanged). 0, or -1 when out of memory */
-#define CHAIN(NAME, T, ET, EXPS, ROW)                                                                              \
+#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK)                                                                        \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
-    const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub};                                      \
+    const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub, -28};                                 \
     const int64_t np = (N + 15) / 16 * 16, kk = K > 0 ? K : 1;                                                \
     const int direct = b2 == 1 && np == N;                                                                    \
     int64_t kc = CHUNK / (np * (int64_t)(sizeof(T) + sizeof(ET))) / nf * nf;                                  \
@@ -357,6 +491,7 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
     T *bs = direct ? NULL : calloc((size_t)(kk * np), sizeof(T));                                            \
     ET *ea = malloc(sizeof(ET) * kk * RG), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole vectors */\
     int64_t have = -1, rc = 0, ldb = np;                                                                      \
+    w32_t w = {NULL, NULL, NULL, -1, -1, 0, 0, 0};                                                            \
     const T *bm = bs;                                                                                         \
     if (!ar || !cr || (!direct && !bs) || !ea || !eb) rc = -1;                                                \
     for (int64_t g0 = r0; g0 < r1 && !rc;) {                                                                  \
@@ -380,7 +515,9 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
             EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
             for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];                  \
         }                                                                                                     \
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {                                                              \
+        const int took = HOOK(ar, ea, kk, bm, ldb, eb, np, N, K, cr, g1 - g0, kc, &m, &w, bt, emin_a, emin_b); \
+        if (took < 0) { rc = -1; break; }                                                                     \
+        for (int64_t k0 = 0; k0 < K && !took; k0 += kc) {                                                     \
             const int64_t k1 = k0 + kc < K ? k0 + kc : K;                                                     \
             for (int64_t j = 0; j < g1 - g0; j++)                                                             \
                 ROW(ar + j * kk, ea + j * kk, bm, ldb, eb, np, cr + j * np, k0, k1, &m);                      \
@@ -391,10 +528,10 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
         }                                                                                                     \
         g0 = g1;                                                                                              \
     }                                                                                                         \
-    free(ar); free(bs); free(cr); free(ea); free(eb);                                                         \
+    free(ar); free(bs); free(cr); free(ea); free(eb); free(w.a); free(w.b); free(w.c);                        \
     return (int)rc;                                                                                           \
 }
 
-CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32)
-CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64)
+CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32)
+CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32)
 """
