@@ -511,9 +511,11 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
         }                                                                                                     \
         for (int64_t r = g0; r < g1; r++) {                                                                   \
             const int64_t i = r % M, j = r - g0;                                                              \
-            for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];                   \
+            if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                           \
+            else for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];              \
             EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
-            for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];                  \
+            if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                          \
+            else for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];            \
         }                                                                                                     \
         const int took = HOOK(ar, ea, kk, bm, ldb, eb, np, N, K, cr, g1 - g0, kc, &m, &w, bt, emin_a, emin_b); \
         if (took < 0) { rc = -1; break; }                                                                     \
@@ -524,7 +526,8 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
         }                                                                                                     \
         for (int64_t r = g0; r < g1; r++) {                                                                   \
             const int64_t i = r % M, j = r - g0;                                                              \
-            for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];                  \
+            if (c2 == 1) memcpy(acc + bt * c0 + i * c1, cr + j * np, sizeof(T) * N);                          \
+            else for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];            \
         }                                                                                                     \
         g0 = g1;                                                                                              \
     }                                                                                                         \
