@@ -454,7 +454,8 @@ static int try_w32(const void *arv, const int16_t *ea, int64_t kk, const void *b
     for (int64_t i = 0; i < nr * np; i++) w->c[i] = (float)cr[i];
     model_t m32 = *m;
     m32.efloor = efloor;
-    m32.sub = (int)(((INT64_C(1) << 31) - (INT64_C(1) << (m->frac + 1))) >> (m->frac + 2));  /* terms < 2^(frac+2) */
+    /* terms are integers below 2^(frac + 2); c's term joins them only on the int32 route (i32: frac <= 13) */
+    m32.sub = (int)((INT64_C(1) << 31) >> (m->frac + 2));
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t k1 = k0 + kc < K ? k0 + kc : K;
         for (int64_t j = 0; j < nr; j++)
