@@ -128,6 +128,20 @@ INLINE vi widen16(const int16_t *x) { return (vi)_mm512_cvtepi16_epi32(_mm256_lo
 INLINE vi widen8(const int8_t *x) { vb16 v; memcpy(&v, x, 16); return __builtin_convertvector(v, vi); }
 INLINE vi widen16(const int16_t *x) { vh16 v; memcpy(&v, x, 32); return __builtin_convertvector(v, vi); }
 #endif
+/* the low and high 8 int32 lanes as float64, and two float64 vectors rounded into one float32 vector */
+#if defined(__AVX512F__)
+INLINE vd lo_pd(vi x) { return (vd)_mm512_cvtepi32_pd(_mm512_castsi512_si256((__m512i)x)); }
+INLINE vd hi_pd(vi x) { return (vd)_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64((__m512i)x, 1)); }
+INLINE vf join_ps(vd lo, vd hi) {
+    const __m256 l = _mm512_cvtpd_ps((__m512d)lo), h = _mm512_cvtpd_ps((__m512d)hi);
+    const __m512d w = _mm512_castps_pd(_mm512_castps256_ps512(l));
+    return (vf)_mm512_castpd_ps(_mm512_insertf64x4(w, _mm256_castps_pd(h), 1));
+}
+#else
+INLINE vd lo_pd(vi x) { return __builtin_convertvector(LO8(x), vd); }
+INLINE vd hi_pd(vi x) { return __builtin_convertvector(HI8(x), vd); }
+INLINE vf join_ps(vd lo, vd hi) { return JOIN(__builtin_convertvector(lo, vf8), __builtin_convertvector(hi, vf8)); }
+#endif
 INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
 #if defined(__AVX512F__)
 INLINE int any(vi m) { return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0; }
@@ -182,8 +196,8 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
             }
         }
         for (int t = 0; t < nt; t++) {
-            sd[2 * t] += __builtin_convertvector(LO8(s[t]), vd);
-            sd[2 * t + 1] += __builtin_convertvector(HI8(s[t]), vd);
+            sd[2 * t] += lo_pd(s[t]);
+            sd[2 * t + 1] += hi_pd(s[t]);
         }
     }
 }
@@ -245,8 +259,8 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
             if (i32) {
                 s[t] = ct;
             } else {
-                sd[2 * t] = __builtin_convertvector(LO8(ct), vd);
-                sd[2 * t + 1] = __builtin_convertvector(HI8(ct), vd);
+                sd[2 * t] = lo_pd(ct);
+                sd[2 * t + 1] = hi_pd(ct);
             }
         }
         if (i32) {
@@ -268,7 +282,7 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
             } else {
                 const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
                 const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
-                r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
+                r = join_ps(dl, dh);
             }
             const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
             if (m->late_c) r = r + c[t];
