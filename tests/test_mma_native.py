@@ -89,3 +89,100 @@ def test_doctor_reports_the_c_chain():
 
     got = _native_mma()
     assert set(got) == {"available", "reason"} and got["available"] == (mma.native_library() is not None)
+
+
+FAST_CASES = [  # model, formats, fp16, (Bt, M, K, N), b transposed: the tiles' int32 (early c, frac <= 13) and
+    # float64 (late c, frac 25) block sums, b in place (contiguous, N a multiple of 16) or copied, row groups of
+    # 64 across batches, several L1 chunks of k, ragged K and N
+    (HOPPER, ("e4m3", "e4m3"), False, (2, 70, 150, 128), False),
+    (HOPPER, ("e5m2", "e4m3"), False, (3, 9, 77, 40), True),
+    (ADA, ("e4m3", "e4m3"), True, (2, 33, 130, 64), False),  # an fp16 register: overflows to inf and stays
+    (ADA, ("e2m1", "e2m3"), False, (2, 17, 100, 32), False),  # int-like codes
+    (B200, ("e4m3", "e4m3"), False, (2, 70, 150, 128), False),
+    (B200, ("e5m2", "e5m2"), True, (2, 9, 45, 70), True),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(FAST_CASES)))
+def test_c_tiles_bit_equal_to_torch_chain_at_1_and_2_threads(lib, monkeypatch, case, threads):
+    """The C chain's tiles against the torch chain (kernels.mma's torch segments) on random format values with
+    zeros, subnormals, zero columns and c with tiny, subnormal, zero and huge values."""
+    from flashcheck.kernels import mma_native
+
+    model, fmts, fp16, (bt, m, k, n), transposed = FAST_CASES[case]
+    a = operands(fmts[0], (bt, m, k), 40 + case)
+    b = operands(fmts[1], (bt, n, k) if transposed else (bt, k, n), 50 + case)
+    b = b.transpose(-1, -2) if transposed else b
+    b[0, :, 5] = 0.0  # no products: c alone
+    a[1, 2] = 0.0
+    c = (operands("fp32", (bt, m, n), 60 + case) * 1e3).to(torch.float32)
+    c[0, 0, :5] = torch.tensor([2.0**-60, -(2.0**-140), 0.0, -3.0, 1e30])
+    want = _matmul(a, b, model, c, None, fmts, fp16, None)
+    monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = _matmul(a, b, model, c, None, fmts, fp16, lib)
+    finally:
+        torch.set_num_threads(before)
+    assert _same(got, want)
+    if fp16 and model is ADA:
+        assert bool(torch.isinf(want).any())  # the overflow case is exercised
+
+
+def _values(shape: tuple[int, ...], seed: int, bits: int, lo: int, hi: int) -> torch.Tensor:
+    """float64 values of exactly `bits` significant bits with exponents lo..hi (both present), both signs, 15%
+    zeros: "fp32" operands in and out of the range where fc_mma_chain_f64 runs them in float32."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randint(2 ** (bits - 1), 2**bits, shape, generator=g) | 1
+    e = torch.randint(lo, hi + 1, shape, generator=g)
+    e.view(-1)[:2] = torch.tensor([lo, hi])
+    sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
+    x = sign * m.double() * torch.exp2((e - bits + 1).double())
+    return torch.where(torch.rand(shape, generator=g) < 0.15, 0.0, x)
+
+
+WIDE_CASES = [  # model, (bits, lo, hi) of a and of b, c's largest exponent (None: c = 0); K = 150: log2 K <= 8.
+    # The float32 tile takes: bits_a + bits_b <= 24, lo_a + lo_b >= frac - 126, hi_a + hi_b + 2 + 8 <= 125, c's
+    # exponent <= 125; the rest runs the float64 tile (each case's neighbour across a bound)
+    (B200, (6, -10, 3), (6, -8, 2), 10),
+    (HOPPER, (12, -6, 6), (12, -6, 6), 20),
+    (HOPPER, (12, -6, 6), (13, -6, 6), 20),
+    (HOPPER, (4, -57, -50), (4, -56, -50), None),
+    (HOPPER, (4, -57, -50), (4, -57, -50), None),
+    (B200, (4, -51, -40), (4, -50, -40), 0),
+    (B200, (4, 0, 58), (4, 0, 57), 100),
+    (B200, (4, 0, 58), (4, 0, 58), 100),
+    (HOPPER, (4, -5, 5), (4, -5, 5), 125),
+    (HOPPER, (4, -5, 5), (4, -5, 5), 126),
+    (ADA, (4, -3, 3), (2, 0, 2), None),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(WIDE_CASES)))
+def test_fp32_operands_bit_equal_to_torch_chain_on_both_tiles(lib, monkeypatch, case, threads):
+    """Dequantised ("fp32") operands, in and out of the range where the C chain runs them in float32, give the
+    torch chain's bits (ragged K and N, zeros, a column of no products, b copied and in place)."""
+    from flashcheck.kernels import mma_native
+
+    model, (ba, la, ha), (bb, lb, hb), ce = WIDE_CASES[case]
+    fmts = ("fp32", "fp32")
+    a = _values((2, 9, 150), 70 + case, ba, la, ha)
+    b = _values((2, 40, 150), 80 + case, bb, lb, hb).transpose(-1, -2)  # copied (strided, N ragged)
+    b[0, :, 5] = 0.0
+    b2 = _values((2, 150, 64), 90 + case, bb, lb, hb)  # in place
+    c = torch.zeros(2, 9, 64) if ce is None else operands("e4m3", (2, 9, 64), 60 + case).to(torch.float32)
+    if ce is not None:
+        c[0, 0, 0] = 2.0**ce
+    monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    for bm, cm in ((b, c[..., :40]), (b2, c)):
+        want = _matmul(a, bm, model, cm, None, fmts, False, None)
+        try:
+            torch.set_num_threads(threads)
+            got = _matmul(a, bm, model, cm, None, fmts, False, lib)
+        finally:
+            torch.set_num_threads(before)
+        assert _same(got, want)

@@ -1,20 +1,24 @@
 """The C source of kernels.mma_native: kernels.mma's block-FMA chain, one output row at a time (its rules and
 why each step is exact are in kernels.mma's docstring; this file only says how the loops are laid out).
 
-Per output row r (a row of a [M, K] against b [K, N], batch = r / M) and up to NB outputs at once, per block of
-nfma k: pass 1 takes the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64
-outputs per vector, for f32, int16 lanes for f64; a zero operand's exponent Z8 / Z16 keeps its products out),
-pass 2 sums the truncated terms trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no
-partial sum can overflow, into int64), then the block's result is formed per output in float64 and truncated to
-frac_out bits. The inner loops run over the N outputs (contiguous in b), so they vectorise, without branches on
-the data (a zero a_i's terms are zeros).
+Rows go in groups of RG; each group walks b's k in chunks of whole blocks small enough to stay in L1 (b used in
+place where its rows are contiguous and N a whole number of vectors), every row of the group per chunk; each
+output's blocks keep their order. Per output row and up to 64 outputs at once, per block of nfma k: pass 1 takes
+the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64 outputs per vector,
+or int16 lanes; a zero operand's exponent Z8 / Z16 keeps its products out), pass 2 sums the truncated terms
+trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no partial sum can overflow), then
+the block's result is formed per output and truncated to frac_out bits. The inner loops run over the N outputs
+(contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
 
 - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
   clamped exponent sum >= -28, frac <= 25): 2^(frac - E) is a normal float32, each scaled product is exact
-  (or below 1 and truncated to 0), the accumulator is float32. A block without a nonzero product takes the
-  float64 rule (E from c alone, at least min_exp).
+  (or below 1 and truncated to 0), the accumulator is float32. Early c with frac <= 13 keeps the block in one
+  int32 sum (exact as a float32), else the partial sums meet in float64. A block without a nonzero product
+  takes the float64 rule (E from c alone, at least min_exp).
 - f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
-  does, the accumulator float64 holding fp32 values."""
+  does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
+  that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
+  codes times their scales), runs the f32 tile on float32 copies instead (int16 exponents): the same bits."""
 
 SOURCE = r"""
 #include <math.h>
@@ -57,42 +61,28 @@ static inline float round_half(float x) {
     return copysignf(nearbyintf(ax * pow2f(10 - e)) * pow2f(e - 10), x);
 }
 
-/* an operand's exponent floor(log2 |x|) from its bits (a normal float; frexp for the rare subnormal) */
-static inline int expo_f32(float x) {
-    uint32_t u; memcpy(&u, &x, 4);
-    const int b = (int)((u >> 23) & 0xFF);
-    if (b) return b - 127;
-    int t = 0; frexpf(x, &t); return t - 1;
-}
-
-static inline int expo_f64(double x) {
-    uint64_t u; memcpy(&u, &x, 8);
-    const int b = (int)((u >> 52) & 0x7FF);
-    if (b) return b - 1023;
-    int t = 0; frexp(x, &t); return t - 1;
-}
-
 /* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15] (kept
    within [emin, 16]); a zero operand's Z8 keeps every sum with it below NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] == 0.0f) { e[i] = Z8; continue; }
-        const int t = expo_f32(x[i]);
-        e[i] = (int8_t)(t < emin ? emin : t > 16 ? 16 : t);
+    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
+        uint32_t u; memcpy(&u, x + i, 4);
+        const int t = (int)((u >> 23) & 0xFF) - 127;
+        e[i] = (u & 0x7FFFFFFFu) ? (int8_t)(t < emin ? emin : t > 16 ? 16 : t) : (int8_t)Z8;
     }
 }
 
 /* the f64 variant's operand exponents as int16: within [emin, 1023] (emin >= -126), a zero operand's Z16 keeps
    every sum with it below NOPROD16 */
 static void exps_f64(const double *x, int16_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] == 0.0) { e[i] = Z16; continue; }
-        const int t = expo_f64(x[i]);
-        e[i] = (int16_t)(t < emin ? emin : t);
+    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float64 subnormal's -1023 is clamped to emin) */
+        uint64_t u; memcpy(&u, x + i, 8);
+        const int t = (int)((u >> 52) & 0x7FF) - 1023;
+        e[i] = (u << 1) ? (int16_t)(t < emin ? emin : t) : (int16_t)Z16;
     }
 }
 
-typedef struct { int nf, frac, frac_out, min_exp, late_c, fp16, sub; } model_t;
+/* efloor: at most every nonzero product's exponent, and 2^(frac - efloor) a normal float32 (the f32 tile) */
+typedef struct { int nf, frac, frac_out, min_exp, late_c, fp16, sub, efloor; } model_t;
 
 /* GCC / clang vector extensions: one zmm register where the CPU has AVX-512, split by the compiler elsewhere */
 typedef float vf __attribute__((vector_size(64)));
@@ -105,6 +95,7 @@ typedef int8_t vb __attribute__((vector_size(64)));
 typedef int8_t vb16 __attribute__((vector_size(16)));
 typedef int16_t vh __attribute__((vector_size(64)));
 typedef int16_t vh8 __attribute__((vector_size(16)));
+typedef int16_t vh16 __attribute__((vector_size(32)));
 #define VF 16  /* float lanes per vector */
 #define VD 8   /* double lanes per vector */
 #define TV 4   /* vectors per tile of outputs */
@@ -129,12 +120,45 @@ INLINE vh vmaxh(vh a, vh b) { vh g = a > b; return (a & g) | (b & ~g); }
 INLINE vi vmax(vi a, vi b) { vi g = a > b; return (a & g) | (b & ~g); }
 INLINE vi8 vmax8(vi8 a, vi8 b) { vi8 g = a > b; return (a & g) | (b & ~g); }
 #endif
+/* 16 int8 values widened to int32 lanes */
+#if defined(__AVX512F__)
+INLINE vi widen8(const int8_t *x) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)); }
+INLINE vi widen16(const int16_t *x) { return (vi)_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x)); }
+#else
+INLINE vi widen8(const int8_t *x) { vb16 v; memcpy(&v, x, 16); return __builtin_convertvector(v, vi); }
+INLINE vi widen16(const int16_t *x) { vh16 v; memcpy(&v, x, 32); return __builtin_convertvector(v, vi); }
+#endif
+/* the low and high 8 int32 lanes as float64, and two float64 vectors rounded into one float32 vector */
+#if defined(__AVX512F__)
+INLINE vd lo_pd(vi x) { return (vd)_mm512_cvtepi32_pd(_mm512_castsi512_si256((__m512i)x)); }
+INLINE vd hi_pd(vi x) { return (vd)_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64((__m512i)x, 1)); }
+INLINE vf join_ps(vd lo, vd hi) {
+    const __m256 l = _mm512_cvtpd_ps((__m512d)lo), h = _mm512_cvtpd_ps((__m512d)hi);
+    const __m512d w = _mm512_castps_pd(_mm512_castps256_ps512(l));
+    return (vf)_mm512_castpd_ps(_mm512_insertf64x4(w, _mm256_castps_pd(h), 1));
+}
+#else
+INLINE vd lo_pd(vi x) { return __builtin_convertvector(LO8(x), vd); }
+INLINE vd hi_pd(vi x) { return __builtin_convertvector(HI8(x), vd); }
+INLINE vf join_ps(vd lo, vd hi) { return JOIN(__builtin_convertvector(lo, vf8), __builtin_convertvector(hi, vf8)); }
+#endif
 INLINE vd pow2v(vi8 e) { return (vd)((__builtin_convertvector(e, vl) + 1023) << 52); }  /* e in [-1022, 1023] */
+#if defined(__AVX512F__)
+INLINE int any(vi m) { return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0; }
+INLINE int any8(vl m) { return _mm512_test_epi64_mask((__m512i)m, (__m512i)m) != 0; }
+#else
 INLINE int any(vi m) { int r = 0; for (int k = 0; k < VF; k++) r |= m[k]; return r; }
 INLINE int any8(vl m) { long r = 0; for (int k = 0; k < VD; k++) r |= m[k]; return r != 0; }
+#endif
 
-/* round_half on 16 lanes: |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14: subnormals'
-   2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
+/* round_half on 16 lanes: with AVX-512, vcvtps2ph's IEEE conversion to fp16 (round to nearest even, overflow
+   to inf, subnormals kept) and back; else |x| + 1.5 2^(e + 13) has fp16's grid 2^(e - 10) as its ulp (e >= -14:
+   subnormals' 2^-24), so float32's own round-to-nearest-even rounds it; subtracting the constant again is exact */
+#if defined(__AVX512F__)
+INLINE vf vround_half(vf x) {
+    return (vf)_mm512_cvtph_ps(_mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#else
 INLINE vf vround_half(vf x) {
     const vi u = (vi)x, sign = u & (int32_t)0x80000000u;
     const vf ax = (vf)(u & 0x7FFFFFFF);
@@ -144,6 +168,7 @@ INLINE vf vround_half(vf x) {
     const vi r = (vi)((ax + big) - big), over = ax >= 65520.0f;
     return (vf)(((r & ~over) | (0x7F800000 & over)) | sign);
 }
+#endif
 
 /* a block without a nonzero product: c alone (early c), aligned to max(its exponent, min_exp) */
 static double lone_c(double c, const model_t *m) {
@@ -171,32 +196,57 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
             }
         }
         for (int t = 0; t < nt; t++) {
-            sd[2 * t] += __builtin_convertvector(LO8(s[t]), vd);
-            sd[2 * t + 1] += __builtin_convertvector(HI8(s[t]), vd);
+            sd[2 * t] += lo_pd(s[t]);
+            sd[2 * t + 1] += hi_pd(s[t]);
         }
     }
 }
 
-/* nt vectors of outputs acc[0 .. nt VF), float32 operands */
-INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const int8_t *eb, int64_t ldb,
-                     float *acc, const int nt, int64_t K, const model_t *m) {
+/* nt vectors of outputs acc[0 .. nt VF) over the blocks from kb (a whole number of blocks) to K, float32
+   operands: b's row i at bm + i ldb, its exponents at eb + i lde.
+   i32 (early c, frac <= 13, the block in one partial sum): each term is below 2^15 and c's below 2^14, so the
+   block's sum (nf <= 256) stays an int32 below 2^24, exact as a float32, and the result (a nonzero one at least
+   2^(efloor - frac)) is formed and truncated on float32 bits, as the float64 route would (an overflow is inf).
+   wide: the operands' exponents are int16 (tile_f64's, for float64 operands that fc_mma_chain_f64 found exact
+   as float32 values whose products are normal float32 values, see fits_f32), else int8. */
+INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t ldb, const void *ebv,
+                     int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m, const int wide) {
     const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
-    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+    const int32_t keep32 = (int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1);
+    const int i32 = !m->late_c && m->frac <= 13 && m->sub >= m->nf && m->nf <= 256;
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
         const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
-        vi ep[TV], E[TV];
+        vi ep[TV], E[TV], s[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
-        vb ep8 = (vb){} + (int8_t)-128;  /* the products' largest exponent, all TV VF outputs at once (int8) */
-        for (int64_t i = k0; i < k1; i++) {
-            vb x; memcpy(&x, eb + i * ldb, 64);
-            ep8 = vmaxb(ep8, x + ea[i]);
-        }
-        int8_t e8[TV * VF];
-        memcpy(e8, &ep8, sizeof e8);
-        for (int t = 0; t < nt; t++) {
-            vb16 x; memcpy(&x, e8 + t * VF, 16);
-            const vi w = __builtin_convertvector(x, vi), none = w < NOPROD8;
-            ep[t] = (w & ~none) | (NONE & none);
+        if (wide) {  /* the products' largest exponent, 32 outputs per int16 vector */
+            const int16_t *ea = eav, *eb = ebv;
+            vh lo = (vh){} + (int16_t)-32768, hi = lo;
+            for (int64_t i = k0; i < k1; i++) {
+                vh x; memcpy(&x, eb + i * lde, 64);
+                lo = vmaxh(lo, x + ea[i]);
+                if (nt > 2) { memcpy(&x, eb + i * lde + 32, 64); hi = vmaxh(hi, x + ea[i]); }
+            }
+            int16_t e16[TV * VF];
+            memcpy(e16, &lo, 64);
+            memcpy(e16 + 32, &hi, 64);
+            for (int t = 0; t < nt; t++) {
+                const vi w = widen16(e16 + t * VF), none = w < NOPROD16;
+                ep[t] = (w & ~none) | (NONE & none);
+            }
+        } else {  /* all TV VF outputs at once (int8) */
+            const int8_t *ea = eav, *eb = ebv;
+            vb ep8 = (vb){} + (int8_t)-128;
+            for (int64_t i = k0; i < k1; i++) {
+                vb x; memcpy(&x, eb + i * lde, 64);
+                ep8 = vmaxb(ep8, x + ea[i]);
+            }
+            int8_t e8[TV * VF];
+            memcpy(e8, &ep8, sizeof e8);
+            for (int t = 0; t < nt; t++) {
+                const vi w = widen8(e8 + t * VF), none = w < NOPROD8;
+                ep[t] = (w & ~none) | (NONE & none);
+            }
         }
         for (int t = 0; t < nt; t++) {
             memcpy(&c[t], acc + t * VF, 64);
@@ -204,27 +254,47 @@ INLINE void tile_f32(const float *ar, const int8_t *ea, const float *bm, const i
             /* c's exponent (a subnormal's reads -127: below any product's E; alone it takes lone_c) */
             const vi ec = m->late_c ? (vi){} + NONE : ((((u >> 23) & 0xFF) - 127) & ~zero) | (NONE & zero);
             E[t] = vmax(vmax(ep[t], ec), (vi){} + m->min_exp);
-            sc[t] = (vf)((m->frac - vmax(E[t], (vi){} - 28) + 127) << 23);  /* no product: any finite scale */
+            sc[t] = (vf)((m->frac - vmax(E[t], (vi){} + m->efloor) + 127) << 23);  /* no product: any finite scale */
             const vi ct = m->late_c ? (vi){} : __builtin_convertvector((vf)(u & fin) * sc[t], vi);
-            sd[2 * t] = __builtin_convertvector(LO8(ct), vd);
-            sd[2 * t + 1] = __builtin_convertvector(HI8(ct), vd);
+            if (i32) {
+                s[t] = ct;
+            } else {
+                sd[2 * t] = lo_pd(ct);
+                sd[2 * t + 1] = hi_pd(ct);
+            }
         }
-        terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
+        if (i32) {
+            for (int64_t i = k0; i < k1; i++) {
+                const float ai = ar[i];
+                for (int t = 0; t < nt; t++) {
+                    vf b; memcpy(&b, bm + i * ldb + t * VF, 64);
+                    s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */
+                }
+            }
+        } else {
+            terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
+        }
         for (int t = 0; t < nt; t++) {
             const vi ef = E[t] - m->frac;
-            const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
-            const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
-            vf r = JOIN(__builtin_convertvector(dl, vf8), __builtin_convertvector(dh, vf8));
+            vf r;
+            if (i32) {  /* ef in [efloor - frac, 114] where a product is nonzero (other lanes are replaced below) */
+                r = (vf)((vi)(__builtin_convertvector(s[t], vf) * (vf)((ef + 127) << 23)) & keep32);
+            } else {
+                const vd dl = (vd)((vl)(sd[2 * t] * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
+                const vd dh = (vd)((vl)(sd[2 * t + 1] * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
+                r = join_ps(dl, dh);
+            }
+            const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
             if (m->late_c) r = r + c[t];
+            else r = (vf)(((vi)r & fin) | ((vi)c[t] & ~fin));  /* an infinite c (an fp16 overflow) stays */
             if (m->fp16) r = vround_half(r);
             memcpy(acc + t * VF, &r, 64);
-            const vi fin = ((vi)c[t] & 0x7F800000) != 0x7F800000;
-            const vi odd = (ep[t] <= NOPROD) | (m->late_c ? (vi){} : ~fin);
+            const vi odd = ep[t] <= NOPROD;  /* no product: c alone */
             if (!any(odd)) continue;
             for (int k = 0; k < VF; k++) {
                 if (!odd[k]) continue;
                 float x = !m->late_c && !fin[k] ? c[t][k] : (float)lone_c((double)c[t][k], m);
-                acc[t * VF + k] = m->fp16 ? round_half(x) : x;  /* an infinite c (fp16 overflow) stays */
+                acc[t * VF + k] = m->fp16 ? round_half(x) : x;
             }
         }
     }
@@ -238,18 +308,18 @@ static double out_f64(int64_t s, int32_t e, double c, const model_t *m) {
     return m->fp16 ? (double)round_half((float)d) : d;
 }
 
-/* nt vectors of outputs acc[0 .. nt VD), float64 operands */
-INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, const int16_t *eb, int64_t ldb,
-                     double *acc, const int nt, int64_t K, const model_t *m) {
+/* nt vectors of outputs acc[0 .. nt VD) over the blocks from kb to K, float64 operands (laid out as tile_f32's) */
+INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, int64_t ldb, const int16_t *eb,
+                     int64_t lde, double *acc, const int nt, int64_t kb, int64_t K, const model_t *m) {
     const int64_t keep = (int64_t)~((UINT64_C(1) << (52 - m->frac_out)) - 1);
-    for (int64_t k0 = 0; k0 < K; k0 += m->nf) {
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
         const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
         vi8 ep[TV], E[TV];
         vd c[TV], sc[TV];
         vl s[TV];
         vh ep16 = (vh){} + (int16_t)-32768;  /* the products' largest exponent, all TV VD outputs at once (int16) */
         for (int64_t i = k0; i < k1; i++) {
-            vh x; memcpy(&x, eb + i * ldb, 64);
+            vh x; memcpy(&x, eb + i * lde, 64);
             ep16 = vmaxh(ep16, x + ea[i]);
         }
         int16_t e16[TV * VD];
@@ -292,53 +362,194 @@ INLINE void tile_f64(const double *ar, const int16_t *ea, const double *bm, cons
     }
 }
 
-/* one output row's N outputs (N a multiple of 16) in tiles of TV vectors */
-#define ROW(NAME, T, ET, TILE, VL)                                                                                 \
-static void NAME(const T *ar, const ET *ea, const T *bm, const ET *eb, int64_t N, T *acc, int64_t K,      \
-                 const model_t *m) {                                                                           \
-    for (int64_t n0 = 0; n0 < N; n0 += TV * VL) {                                                              \
-        const int64_t left = (N - n0) / VL;                                                                    \
+/* one output row's np outputs (np a multiple of 16) in tiles of TV vectors, over the blocks of k0..k1 */
+#define ROW(NAME, T, ET, TILE, VL, ...)                                                                            \
+static void NAME(const T *ar, const ET *ea, const T *bm, int64_t ldb, const ET *eb, int64_t np, T *acc,         \
+                 int64_t k0, int64_t k1, const model_t *m) {                                                   \
+    for (int64_t n0 = 0; n0 < np; n0 += TV * VL) {                                                             \
+        const int64_t left = (np - n0) / VL;                                                                   \
         const T *b = bm + n0; const ET *e = eb + n0; T *c = acc + n0;                                          \
-        if (left >= 4) TILE(ar, ea, b, e, N, c, 4, K, m);                                                      \
-        else if (left == 3) TILE(ar, ea, b, e, N, c, 3, K, m);                                                 \
-        else if (left == 2) TILE(ar, ea, b, e, N, c, 2, K, m);                                                 \
-        else TILE(ar, ea, b, e, N, c, 1, K, m);                                                                \
+        if (left >= 4) TILE(ar, ea, b, ldb, e, np, c, 4, k0, k1, m __VA_ARGS__);                               \
+        else if (left == 3) TILE(ar, ea, b, ldb, e, np, c, 3, k0, k1, m __VA_ARGS__);                          \
+        else if (left == 2) TILE(ar, ea, b, ldb, e, np, c, 2, k0, k1, m __VA_ARGS__);                          \
+        else TILE(ar, ea, b, ldb, e, np, c, 1, k0, k1, m __VA_ARGS__);                                         \
     }                                                                                                          \
 }
-ROW(row_f32, float, int8_t, tile_f32, VF)
+ROW(row_f32, float, int8_t, tile_f32, VF, , 0)
+ROW(row_f32w, float, int16_t, tile_f32, VF, , 1)
 ROW(row_f64, double, int16_t, tile_f64, VD)
 
+#define RG 64            /* output rows per group: each group walks b's k in chunks, every row per chunk */
+
+/* float64 operands through the f32 tile (fits_f32): float32 copies of b's matrix, of a group's rows and of their
+   accumulators; b's scan (significand bits, smallest and largest exponent of its nonzero values) per batch */
+typedef struct { float *b, *a, *c; int64_t have, scanned; int bsig, bmin, bmax; } w32_t;
+
+/* the largest significand width (bits; 0: all zero) and the smallest and largest exponent of the nonzero values
+   among x[0 .. n), folded into *sig, *lo, *hi (a float64 subnormal reads -1023, an inf or nan 1024) */
+static void scan_f64(const double *x, int64_t n, int *sig, int *lo, int *hi) {
+    uint64_t o = 0;
+    int64_t l = 4096, h = -4096, i = 0;
+#if defined(__AVX512F__)
+    __m512i vo = _mm512_setzero_si512(), vl_ = _mm512_set1_epi64(4096), vh_ = _mm512_set1_epi64(-4096);
+    const __m512i abs = _mm512_set1_epi64(0x7FFFFFFFFFFFFFFF), lead = _mm512_set1_epi64(INT64_C(1) << 52);
+    const __m512i field = _mm512_set1_epi64(0x7FF), bias = _mm512_set1_epi64(1023);
+    for (; i + 8 <= n; i += 8) {
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __mmask8 nz = _mm512_test_epi64_mask(u, abs);
+        const __m512i e = _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(u, 52), field), bias);
+        vo = _mm512_mask_or_epi64(vo, nz, vo, _mm512_or_si512(u, lead));
+        vl_ = _mm512_mask_min_epi64(vl_, nz, vl_, e);
+        vh_ = _mm512_mask_max_epi64(vh_, nz, vh_, e);
+    }
+    o = (uint64_t)_mm512_reduce_or_epi64(vo);
+    l = _mm512_reduce_min_epi64(vl_);
+    h = _mm512_reduce_max_epi64(vh_);
+#endif
+    for (; i < n; i++) {
+        uint64_t u; memcpy(&u, x + i, 8);
+        const int64_t e = (int64_t)((u >> 52) & 0x7FF) - 1023;
+        const uint64_t nz = (u << 1) ? ~UINT64_C(0) : 0;
+        o |= (u | (UINT64_C(1) << 52)) & nz;
+        const int64_t el = nz ? e : 4096, eh = nz ? e : -4096;
+        l = el < l ? el : l;
+        h = eh > h ? eh : h;
+    }
+    o &= (UINT64_C(1) << 53) - 1;
+    const int w = o ? 53 - __builtin_ctzll(o) : 0;
+    if (w > *sig) *sig = w;
+    if (l < *lo) *lo = (int)l;
+    if (h > *hi) *hi = (int)h;
+}
+
+/* whether the f32 tile computes the float64 rule's bits for a group (a's rows ar [nr, kk], c's cr [nr, np]) over
+   b (scanned in w): every nonzero operand a normal float32 with significands of sa + sb <= 24 bits, so every
+   product is exact in float32 and at least 2^(frac - 126) (then 2^(frac - E) is a normal float32 and every
+   nonzero result at least 2^-126: trunc_out's mask); every accumulator below 2^127 however the chain runs (c
+   below 2^126, K products each below 2^(emax_a + emax_b + 2) summing below 2^126), so no float32 overflow;
+   frac <= 25 (int32 partial sums of 2^(31 - frac - 2) terms), no fp16 register. Its efloor: the smallest sum of
+   the operands' clamped exponents, or 0 where it does not fit */
+static int fits_f32(const double *ar, int64_t kk, int64_t K, const double *cr, int64_t np, int64_t N, int64_t nr,
+                    const w32_t *w, const model_t *m, int emin_a, int emin_b, int *efloor) {
+    if (m->fp16 || m->frac > 25 || w->bsig == 0) return 0;
+    int sa = 0, la = 4096, ha = -4096, sc_ = 0, lc = 4096, hc = -4096, lg = 0;
+    for (int64_t j = 0; j < nr; j++) scan_f64(ar + j * kk, K, &sa, &la, &ha);
+    for (int64_t j = 0; j < nr; j++) scan_f64(cr + j * np, N, &sc_, &lc, &hc);
+    while ((INT64_C(1) << lg) < K) lg++;
+    if (sa == 0 || sa + w->bsig > 24 || la < -126 || w->bmin < -126 || la + w->bmin < m->frac - 126) return 0;
+    if (ha + w->bmax + 2 + lg > 125 || hc > 125) return 0;
+    *efloor = (la > emin_a ? la : emin_a) + (w->bmin > emin_b ? w->bmin : emin_b);
+    return 1;
+}
+
+/* the group through the f32 tile where fits_f32: 1 (cr updated), 0 (not taken: the float64 tile runs), -1 (out of
+   memory). bm [K, ldb] is batch bt's b matrix (np columns, the padding zeros) */
+static int try_w32(const void *arv, const int16_t *ea, int64_t kk, const void *bmv, int64_t ldb, const int16_t *eb,
+                   int64_t np, int64_t N, int64_t K, void *crv, int64_t nr, int64_t kc, const model_t *m, w32_t *w,
+                   int64_t bt, int emin_a, int emin_b) {
+    const double *ar = arv, *bm = bmv;
+    double *cr = crv;
+    if (w->scanned != bt) {
+        w->bsig = 0; w->bmin = 4096; w->bmax = -4096;
+        for (int64_t k = 0; k < K; k++) scan_f64(bm + k * ldb, N, &w->bsig, &w->bmin, &w->bmax);
+        w->scanned = bt;
+    }
+    int efloor = 0;
+    if (!fits_f32(ar, kk, K, cr, np, N, nr, w, m, emin_a, emin_b, &efloor)) return 0;
+    if (!w->b && !(w->b = malloc(sizeof(float) * kk * np))) return -1;
+    if (!w->a && !(w->a = malloc(sizeof(float) * kk * RG))) return -1;
+    if (!w->c && !(w->c = malloc(sizeof(float) * np * RG))) return -1;
+    if (w->have != bt) {
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < np; n++) w->b[k * np + n] = (float)bm[k * ldb + n];
+        w->have = bt;
+    }
+    for (int64_t i = 0; i < nr * kk; i++) w->a[i] = (float)ar[i];
+    for (int64_t i = 0; i < nr * np; i++) w->c[i] = (float)cr[i];
+    model_t m32 = *m;
+    m32.efloor = efloor;
+    /* terms are integers below 2^(frac + 2); c's term joins them only on the int32 route (i32: frac <= 13) */
+    m32.sub = (int)((INT64_C(1) << 31) >> (m->frac + 2));
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = k0 + kc < K ? k0 + kc : K;
+        for (int64_t j = 0; j < nr; j++)
+            row_f32w(w->a + j * kk, ea + j * kk, w->b, np, eb, np, w->c + j * np, k0, k1, &m32);
+    }
+    for (int64_t i = 0; i < nr * np; i++) cr[i] = (double)w->c[i];
+    return 1;
+}
+
+/* fc_mma_chain_f32's hook in place of try_w32: never taken */
+static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, int64_t ldb, const void *eb,
+                  int64_t np, int64_t N, int64_t K, void *crv, int64_t nr, int64_t kc, const model_t *m, w32_t *w,
+                  int64_t bt, int emin_a, int emin_b) {
+    return 0;
+}
+
+#define CHUNK (24 << 10) /* bytes of b and its exponents per chunk of k (held in L1 while the group's rows use it) */
+
 /* rows r0..r1 (of Bt M) of acc [Bt, M, N] continued over a [Bt, M, K] and b [Bt, K, N], each given by its three
-   strides (in elements): b's matrix and each row of a and of acc are copied into buffers, N padded with zero
-   columns to whole vectors (their outputs are dropped). 0, or -1 when out of memory */
-#define CHAIN(NAME, T, ET, EXPS, ROW)                                                                              \
+   strides (in elements). b's matrix is used in place where its rows are contiguous and N a whole number of
+   vectors, else copied with N padded by zero columns (their outputs are dropped); the rows of a and acc are
+   copied into buffers, RG at a time, and each group runs the chain a chunk of whole blocks of k at a time (the
+   order of each output's blocks is unchanged). 0, or -1 when out of memory */
+#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK)                                                                        \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
-    const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub};                                      \
+    const model_t m = {nf, frac, frac_out, min_exp, late_c, fp16, sub, -28};                                 \
     const int64_t np = (N + 15) / 16 * 16, kk = K > 0 ? K : 1;                                                \
-    T *ar = malloc(sizeof(T) * kk), *bs = calloc((size_t)(kk * np), sizeof(T)), *cr = calloc(np, sizeof(T)); \
-    ET *ea = malloc(sizeof(ET) * kk), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole int8 vectors */\
-    int64_t have = -1, rc = 0;                                                                                \
-    if (!ar || !bs || !cr || !ea || !eb) rc = -1;                                                             \
-    for (int64_t r = r0; r < r1 && !rc; r++) {                                                                \
-        const int64_t bt = r / M, i = r % M;                                                                  \
+    const int direct = b2 == 1 && np == N;                                                                    \
+    int64_t kc = CHUNK / (np * (int64_t)(sizeof(T) + sizeof(ET))) / nf * nf;                                  \
+    if (kc < nf) kc = nf;                                                                                     \
+    T *ar = malloc(sizeof(T) * kk * RG), *cr = calloc(np * RG, sizeof(T));                                   \
+    T *bs = direct ? NULL : calloc((size_t)(kk * np), sizeof(T));                                            \
+    ET *ea = malloc(sizeof(ET) * kk * RG), *eb = malloc(sizeof(ET) * kk * np + 64);  /* + 64: whole vectors */\
+    int64_t have = -1, rc = 0, ldb = np;                                                                      \
+    w32_t w = {NULL, NULL, NULL, -1, -1, 0, 0, 0};                                                            \
+    const T *bm = bs;                                                                                         \
+    if (!ar || !cr || (!direct && !bs) || !ea || !eb) rc = -1;                                                \
+    for (int64_t g0 = r0; g0 < r1 && !rc;) {                                                                  \
+        const int64_t bt = g0 / M;                                                                            \
+        int64_t g1 = (bt + 1) * M < r1 ? (bt + 1) * M : r1;                                                   \
+        if (g1 > g0 + RG) g1 = g0 + RG;                                                                       \
         if (bt != have) {                                                                                     \
-            for (int64_t k = 0; k < K; k++)                                                                   \
-                for (int64_t n = 0; n < N; n++) bs[k * np + n] = b[bt * b0 + k * b1 + n * b2];                \
-            EXPS(bs, eb, K * np, emin_b);                                                                     \
+            if (direct) {                                                                                     \
+                bm = b + bt * b0; ldb = b1;                                                                   \
+                for (int64_t k = 0; k < K; k++) EXPS(bm + k * b1, eb + k * np, N, emin_b);                    \
+            } else {                                                                                          \
+                for (int64_t k = 0; k < K; k++)                                                               \
+                    for (int64_t n = 0; n < N; n++) bs[k * np + n] = b[bt * b0 + k * b1 + n * b2];            \
+                EXPS(bs, eb, K * np, emin_b);                                                                 \
+            }                                                                                                 \
             have = bt;                                                                                        \
         }                                                                                                     \
-        for (int64_t k = 0; k < K; k++) ar[k] = a[bt * a0 + i * a1 + k * a2];                                 \
-        EXPS(ar, ea, K, emin_a);                                                                              \
-        for (int64_t n = 0; n < N; n++) cr[n] = acc[bt * c0 + i * c1 + n * c2];                               \
-        ROW(ar, ea, bs, eb, np, cr, K, &m);                                                                   \
-        for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[n];                               \
+        for (int64_t r = g0; r < g1; r++) {                                                                   \
+            const int64_t i = r % M, j = r - g0;                                                              \
+            if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                           \
+            else for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];              \
+            EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
+            if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                          \
+            else for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];            \
+        }                                                                                                     \
+        const int took = HOOK(ar, ea, kk, bm, ldb, eb, np, N, K, cr, g1 - g0, kc, &m, &w, bt, emin_a, emin_b); \
+        if (took < 0) { rc = -1; break; }                                                                     \
+        for (int64_t k0 = 0; k0 < K && !took; k0 += kc) {                                                     \
+            const int64_t k1 = k0 + kc < K ? k0 + kc : K;                                                     \
+            for (int64_t j = 0; j < g1 - g0; j++)                                                             \
+                ROW(ar + j * kk, ea + j * kk, bm, ldb, eb, np, cr + j * np, k0, k1, &m);                      \
+        }                                                                                                     \
+        for (int64_t r = g0; r < g1; r++) {                                                                   \
+            const int64_t i = r % M, j = r - g0;                                                              \
+            if (c2 == 1) memcpy(acc + bt * c0 + i * c1, cr + j * np, sizeof(T) * N);                          \
+            else for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];            \
+        }                                                                                                     \
+        g0 = g1;                                                                                              \
     }                                                                                                         \
-    free(ar); free(bs); free(cr); free(ea); free(eb);                                                         \
+    free(ar); free(bs); free(cr); free(ea); free(eb); free(w.a); free(w.b); free(w.c);                        \
     return (int)rc;                                                                                           \
 }
 
-CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32)
-CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64)
+CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32)
+CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32)
 """
