@@ -195,26 +195,18 @@ def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
         RunConfig(**kw, then_attention="sagebwd")
 
 
-def _train_study_tiny(out) -> tuple[object, list]:
-    with audited_figures() as seen:
-        res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
-    return res, seen
-
-
-@pytest.fixture(scope="module")
-def tiny_train_study(tmp_path_factory):
-    """`train-study --preset tiny --workers 2` once per module: (its folder, read-only for tests; the CLI's
-    result; the figures it saved, audited)."""
-    out = tmp_path_factory.mktemp("train") / "s1"
-    res, seen = _train_study_tiny(out)
-    return out, res, seen
+@pytest.fixture
+def tiny_train_study(tiny_train_study_run):
+    """`train-study --preset tiny --workers 2` once per session (conftest.tiny_train_study_run): (its folder,
+    read-only for tests; the CLI's result; the figures it saved, audited)."""
+    return tiny_train_study_run.folder, tiny_train_study_run, tiny_train_study_run.figures
 
 
 @pytest.fixture(scope="module")
 def killed_train_study(tmp_path_factory):
     """The module's second computation of the tiny study: `train-study --preset tiny --workers 1` in a real
     process, killed (its whole process group) while its first run saves its state, then rerun to the end in
-    this process (as _train_study_tiny, at --workers 1: each training run is one worker's, whatever their
+    this process (as tiny_train_study, at --workers 1: each training run is one worker's, whatever their
     number). (its folder, the rerun's result, the figures the rerun saved, audited). Both tests below compare
     it with tiny_train_study: one study computed twice must give the same numbers, killed or not."""
     out = tmp_path_factory.mktemp("train") / "k"
@@ -230,7 +222,7 @@ def killed_train_study(tmp_path_factory):
     return out, res, seen
 
 
-@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes killed_train_study once
 def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, killed_train_study):
     """The tiny study end to end, and computed twice (the second time killed and resumed: killed_train_study,
     whose uninterrupted runs are a plain second computation) with the same pairs, ratios and loss gap."""
@@ -266,10 +258,10 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, kille
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes killed_train_study once
 def test_train_study_killed_mid_run_resumes(tiny_train_study, killed_train_study):
     """A kill while the first run saves its state, then a rerun: the same pairs as an uninterrupted run (the
-    module's, at --workers 2: each training run is one worker's, whatever their number)."""
+    session's, at --workers 2: each training run is one worker's, whatever their number)."""
     out, rerun, _ = killed_train_study
     assert rerun.exit_code == 0, rerun.output
     reference, first, _ = tiny_train_study
