@@ -21,6 +21,7 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -640,34 +641,34 @@ for line in sys.stdin:
 
 
 @pytest.fixture(scope="module")
-def real_processes(files, tmp_path_factory) -> dict[str, tuple[int | None, str]]:
-    """{row id: (exit code, or None for a hang, and stdout + stderr)} of every SUBPROCESS row, each run as a
-    real `python -m flashcheck.cli` process (see _FORKER) in a fresh folder."""
-    rows = [row for row in ROWS if row.id in SUBPROCESS and row.command in _registered()]
+def real_process(tmp_path_factory) -> Iterator[Callable[[list[str]], tuple[int | None, str]]]:
+    """run(argv) -> (exit code, or None for a hang, and stdout + stderr) of `python -m flashcheck.cli argv` as a
+    real process (see _FORKER) in a fresh folder; one forking interpreter per module and worker."""
     forker = subprocess.Popen([sys.executable, "-c", _FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
-    results = {}
+
+    def run(argv: list[str]) -> tuple[int | None, str]:
+        cwd = tmp_path_factory.mktemp("real-process")
+        log = cwd.parent / f"{cwd.name}.log"
+        forker.stdin.write(json.dumps([argv, str(cwd), str(log)]) + "\n")
+        forker.stdin.flush()
+        answer = forker.stdout.readline()
+        assert answer, "the forking process died"
+        (code,) = json.loads(answer)
+        return code, log.read_text() if code is not None else ""
+
     try:
-        for row in rows:
-            cwd = tmp_path_factory.mktemp(row.id)
-            log = cwd.parent / f"{row.id}.log"
-            forker.stdin.write(json.dumps([expand(row, files)[0], str(cwd), str(log)]) + "\n")
-            forker.stdin.flush()
-            answer = forker.stdout.readline()
-            assert answer, f"the forking process died at {row.id}"
-            (code,) = json.loads(answer)
-            results[row.id] = (code, log.read_text() if code is not None else "")
+        yield run
     finally:
         forker.stdin.close()
         forker.wait(timeout=60)
-    return results
 
 
 @pytest.mark.parametrize("row", [row for row in ROWS if row.id in SUBPROCESS], ids=sorted(SUBPROCESS))
-def test_bad_input_in_a_real_process(row: Row, files, real_processes):
+def test_bad_input_in_a_real_process(row: Row, files, real_process):
     _skip_unless_registered(row)
-    _, fragments = expand(row, files)
-    code, output = real_processes[row.id]
+    argv, fragments = expand(row, files)
+    code, output = real_process(argv)
     assert code is not None, f"{row.id}: HANG (no exit within {ROW_TIMEOUT_S} s)"
     found = problems(row, code, output, None, fragments)
     assert not found, f"{row.id}: {found}\n{output[-1500:]}"
