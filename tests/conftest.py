@@ -20,10 +20,11 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
-# --- one tiny study per test session (issue 22, item 10) ---------------------------------------------
-# `flashcheck study --preset tiny --workers 2`, computed once per session through the CLI and shared by
-# test_study, test_guide and test_readme (each copies the folder before changing it). Under pytest-xdist the
-# workers share one computation through a file lock in the session's common temporary folder.
+# --- one tiny study and one tiny train-study per test session (issue 22, item 10) ---------------------------------
+# `flashcheck study --preset tiny --workers 2` and `flashcheck train-study --preset tiny --workers 2`, each computed
+# once per session through the CLI and shared (study: test_study, test_guide, test_readme; train-study:
+# test_training, test_training_robust, test_cli_human); tests copy a folder before changing it. Under pytest-xdist
+# the workers share one computation through a file lock in the session's common temporary folder.
 
 
 @dataclass(frozen=True)
@@ -37,34 +38,64 @@ class TinyStudy:
     figures: list[tuple[str, list[str], list[str]]]
 
 
-def _compute_tiny_study(root: Path) -> dict:
+@dataclass(frozen=True)
+class TinyTrainStudy(TinyStudy):
+    """A finished tiny train-study (human output, no --quiet), as TinyStudy; stdout and stderr apart (the
+    progress lines are on stderr), and repr() of the exception the command raised other than SystemExit."""
+
+    stdout: str
+    stderr: str
+    crashed: str
+
+
+def _invoke_audited(args: list[str]) -> dict:
     from tests.helpers import audited_figures
     from typer.testing import CliRunner
 
     from flashcheck.cli import app
 
-    out = root / "study"
     with audited_figures() as seen:
-        res = CliRunner().invoke(app, ["study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
-    return {"folder": str(out), "exit_code": res.exit_code, "output": res.output, "figures": seen}
+        res = CliRunner().invoke(app, args)
+    crashed = "" if res.exception is None or isinstance(res.exception, SystemExit) else repr(res.exception)
+    return {"exit_code": res.exit_code, "output": res.output, "stdout": res.stdout, "stderr": res.stderr,
+            "crashed": crashed, "figures": seen}  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def tiny_study_run(tmp_path_factory, request) -> TinyStudy:
+def _once_per_session(tmp_path_factory, request, name: str, args: list[str]) -> dict:
+    """The result of `flashcheck *args --out FOLDER` (_invoke_audited, plus "folder"), computed once per session."""
     from filelock import FileLock
 
     worker = getattr(request.config, "workerinput", {}).get("workerid")
     # under xdist every worker's basetemp lies in one folder of this session; alone, our own basetemp
     root = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
-    root = root / "tiny-study-session"
+    root = root / f"{name}-session"
     root.mkdir(exist_ok=True)
     done = root / "run.json"
     with FileLock(str(root / "lock")):
         if not done.is_file():
-            done.write_text(json.dumps(_compute_tiny_study(root)))
+            out = root / "study"
+            done.write_text(json.dumps({"folder": str(out), **_invoke_audited([*args, "--out", str(out)])}))
     data = json.loads(done.read_text())
-    figures = [(name, list(problems), list(ylabels)) for name, problems, ylabels in data["figures"]]
-    return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], figures)
+    data["figures"] = [(name, list(problems), list(ylabels)) for name, problems, ylabels in data["figures"]]
+    return data
+
+
+@pytest.fixture(scope="session")
+def tiny_study_run(tmp_path_factory, request) -> TinyStudy:
+    data = _once_per_session(tmp_path_factory, request, "tiny-study", ["study", "--preset", "tiny", "--workers", "2"])
+    return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], data["figures"])
+
+
+@pytest.fixture(scope="session")
+def tiny_train_study_run(tmp_path_factory, request) -> TinyTrainStudy:
+    args = ["train-study", "--preset", "tiny", "--workers", "2"]
+    data = _once_per_session(tmp_path_factory, request, "tiny-train-study", args)
+    return TinyTrainStudy(
+        Path(data["folder"]), data["exit_code"], data["output"], data["figures"], data["stdout"], data["stderr"],
+        data["crashed"],
+    )  # fmt: skip
+
+
 def _flushes_denormals() -> bool:
     """torch.set_flush_denormal has no getter: a float64 subnormal times one is zero when it is on."""
     return float(torch.tensor([2.0**-1070], dtype=torch.float64) * 1.0) == 0.0

@@ -20,6 +20,11 @@ def budget_ok(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, k: float
     return res.passed, res.message()
 
 
+def _figure_name(fname) -> str:
+    """The file name a figure is saved under (atomic_target's temporary name mapped back)."""
+    return re.sub(r"^\.(.+)\.[0-9a-f]{12}\.tmp(\.\w+)$", r"\1\2", Path(str(fname)).name)
+
+
 @contextlib.contextmanager
 def audited_figures(save: bool = True) -> Iterator[list[tuple[str, list[str], list[str]]]]:
     """Every figure saved inside the block as (file name, reporting.figures.figure_problems, y labels):
@@ -33,7 +38,7 @@ def audited_figures(save: bool = True) -> Iterator[list[tuple[str, list[str], li
     original = Figure.savefig
 
     def savefig(self, fname, *args, **kwargs):
-        name = re.sub(r"^\.(.+)\.[0-9a-f]{12}\.tmp(\.\w+)$", r"\1\2", Path(str(fname)).name)  # atomic_target's temp
+        name = _figure_name(fname)
         seen.append((name, figure_problems(self), [ax.get_ylabel() for ax in self.axes]))
         if not save:
             Path(fname).write_bytes(b"")
@@ -43,6 +48,31 @@ def audited_figures(save: bool = True) -> Iterator[list[tuple[str, list[str], li
     Figure.savefig = savefig
     try:
         yield seen
+    finally:
+        Figure.savefig = original
+
+
+@contextlib.contextmanager
+def figures_from(folder: Path) -> Iterator[list[str]]:
+    """The file names of every figure saved inside the block; each is written as a copy of the PNG of that
+    name in `folder` (a report already rendered from the same records) instead of being rasterised again, and
+    rendered as usual where `folder` has none."""
+    from matplotlib.figure import Figure
+
+    saved: list[str] = []
+    original = Figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        name = _figure_name(fname)
+        saved.append(name)
+        if not (folder / name).is_file():
+            return original(self, fname, *args, **kwargs)
+        Path(fname).write_bytes((folder / name).read_bytes())
+        return None
+
+    Figure.savefig = savefig
+    try:
+        yield saved
     finally:
         Figure.savefig = original
 

@@ -431,15 +431,20 @@ def test_drift_human(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_study_human(tmp_path):
-    out = tmp_path / "t"
-    res = human(["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2"])
+def test_train_study_human(tmp_path, tiny_train_study_run):
+    """`train-study --preset tiny --workers 2`, run once per session (conftest.tiny_train_study_run), checked
+    as human() checks a command."""
+    res, out = tiny_train_study_run, tiny_train_study_run.folder
+    assert res.exit_code == 0 and "Traceback" not in res.output and not res.crashed, res.output
+    assert ESC not in res.output, repr(res.output)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["findings"] == []  # tiny is a smoke test: no verdicts, and it says so
     one_line(res.output, f"no verdicts: {summary['note']}")
     assert not re.search(r": (holds|does not hold|inconclusive) — ", res.output), res.output
     one_line(res.output, f"report: {out}/report.html")
-    runs = out / "runs"  # drift on two of its run folders: their weights by step, not the resume point
+    runs = tmp_path / "runs"  # drift on two of its run folders: their weights by step, not the resume point
+    for name in ("flash-s0", "base-s0"):  # copies: the session's folder is read-only for tests
+        shutil.copytree(out / "runs" / name, runs / name)
     drift = human(["drift", str(runs / "flash-s0"), str(runs / "base-s0")])
     steps = sorted(int(p.stem.split("_")[-1]) for p in (runs / "flash-s0" / "weights").glob("step_*.pt"))
     assert len(steps) > 2 and all(re.search(rf"^│ {s}\s", drift.output, flags=re.M) for s in steps), drift.output

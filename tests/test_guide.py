@@ -163,6 +163,7 @@ def test_gpu_claims_are_listed_with_their_command_here_and_judged_from_a_gpu_rec
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("guide_folder")  # one worker computes guide_folder once
 def test_guide_summary_has_the_readme_keys_and_a_conclusion(guide_folder):
     """README's summary.json schema: findings with top-level id, claim, measured, status, holds, rule, interval,
     n; a conclusion of sentences each naming a section the report anchors. guide-tiny stops below 512, so the

@@ -15,6 +15,7 @@ that run a model share one folder, in order, as a reader's would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.helpers import figures_from
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 STUDY_ARGS = ("--preset", "--config")
@@ -117,6 +119,11 @@ def tiny_study(tiny_study_run) -> Path:
     copied to)."""
     assert tiny_study_run.exit_code == 0, tiny_study_run.output
     return tiny_study_run.folder
+
+
+def _reads_tiny_study(words: list[str]) -> bool:
+    """The line works on a copy of the session's tiny study (`report DIR`, `study --out DIR`, `study`)."""
+    return "DIR" in words or words[1:] == ["study", "--preset", "tiny"]
 
 
 def _prepare(words: list[str], cwd: Path, tiny_study: Callable[[], Path]) -> None:
@@ -219,18 +226,27 @@ def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, ca
     for name in ("FORCE_COLOR", "KINETO_LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(cwd)
+    study = None
     if words[1] in FRESH:
         res = subprocess.run([FLASHCHECK, *words[1:]], capture_output=True, text=True, timeout=600)
         crashed = ""
     else:
+        # a copy of the session's tiny study: the line rebuilds the report the fixture rendered (and audited)
+        # from the same records; its figures are copied from the fixture's, not rasterised again, and must be
+        # the same figures
+        if _reads_tiny_study(words):
+            study = request.getfixturevalue("tiny_study_run")
         capfd.readouterr()
-        run = CliRunner().invoke(app, words[1:])
+        with figures_from(study.folder / "figures") if study else contextlib.nullcontext([]) as saved:
+            run = CliRunner().invoke(app, words[1:])
         low = capfd.readouterr()  # what C code (Kineto, XLA) wrote to the file descriptors themselves
         crashed = "" if run.exception is None or isinstance(run.exception, SystemExit) else repr(run.exception)
         err = run.stderr + low.out + low.err + crashed
         res = SimpleNamespace(returncode=run.exit_code, stdout=run.stdout, stderr=err)
     shown = f"{shlex.join(words)}\nexit {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
     assert not crashed, shown
+    if study is not None:
+        assert sorted(saved) == sorted(name for name, _, _ in study.figures), shown
     # documented: `compare --backend` exits 1 when a budget fails, and its table then says FAIL
     expected = int("FAIL" in res.stdout) if "--backend" in words and "--json" not in words else 0
     if words[1] == "consistency":  # documented: exit 1 when a certificate does not hold, and it then says FAILS

@@ -195,30 +195,43 @@ def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
         RunConfig(**kw, then_attention="sagebwd")
 
 
-def _train_study_tiny(out) -> tuple[object, list]:
-    with audited_figures() as seen:
-        res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
-    return res, seen
+@pytest.fixture
+def tiny_train_study(tiny_train_study_run):
+    """`train-study --preset tiny --workers 2` once per session (conftest.tiny_train_study_run): (its folder,
+    read-only for tests; the CLI's result; the figures it saved, audited)."""
+    return tiny_train_study_run.folder, tiny_train_study_run, tiny_train_study_run.figures
 
 
 @pytest.fixture(scope="module")
-def tiny_train_study(tmp_path_factory):
-    """`train-study --preset tiny --workers 2` once per module: (its folder, read-only for tests; the CLI's
-    result; the figures it saved, audited)."""
-    out = tmp_path_factory.mktemp("train") / "s1"
-    res, seen = _train_study_tiny(out)
+def killed_train_study(tmp_path_factory):
+    """The module's second computation of the tiny study: `train-study --preset tiny --workers 1` in a real
+    process, killed (its whole process group) while its first run saves its state, then rerun to the end in
+    this process (as tiny_train_study, at --workers 1: each training run is one worker's, whatever their
+    number). (its folder, the rerun's result, the figures the rerun saved, audited). Both tests below compare
+    it with tiny_train_study: one study computed twice must give the same numbers, killed or not."""
+    out = tmp_path_factory.mktemp("train") / "k"
+    cmd = [sys.executable, "-m", "flashcheck.cli", "train-study", "--preset", "tiny", "--out", str(out)]
+    proc = subprocess.Popen([*cmd, "--workers", "1", "--quiet"], start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "runs" / "base-s0" / "state.pt").exists():
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with audited_figures() as seen:
+        res = runner.invoke(app, [*cmd[3:], "--workers", "1", "--quiet"])
     return out, res, seen
 
 
-@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
-def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, tmp_path):
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes killed_train_study once
+def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, killed_train_study):
+    """The tiny study end to end, and computed twice (the second time killed and resumed: killed_train_study,
+    whose uninterrupted runs are a plain second computation) with the same pairs, ratios and loss gap."""
     out1, first, seen = tiny_train_study
     assert first.exit_code == 0, first.output
-    out2 = tmp_path / "s2"
-    res, seen_again = _train_study_tiny(out2)
+    _, res, seen_again = killed_train_study
     assert res.exit_code == 0, res.output
     assert len(seen_again) == len(seen)
-    s1, s2 = (json.loads((o / "summary.json").read_text()) for o in (out1, out2))
+    s1, s2 = (json.loads((o / "summary.json").read_text()) for o in (out1, killed_train_study[0]))
     assert s1["pairs"] == s2["pairs"] and s1["ratios"] == s2["ratios"]
     assert s1["findings"] == [] and not s1["verdicts"] and "smoke test" in s1["note"]  # tiny: no verdicts
     assert set(s1["ratios"]) >= {"slope_flash_over_bf16", "slope_flash_over_fp16", "final_w1_flash_over_seed"}
@@ -245,31 +258,12 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tiny_train_study")  # one worker computes tiny_train_study once
-def test_train_study_killed_mid_run_resumes(tiny_train_study, tmp_path):
+@pytest.mark.xdist_group("tiny_train_study")  # one worker computes killed_train_study once
+def test_train_study_killed_mid_run_resumes(tiny_train_study, killed_train_study):
     """A kill while the first run saves its state, then a rerun: the same pairs as an uninterrupted run (the
-    module's, at --workers 2: each training run is one worker's, whatever their number)."""
-    out = tmp_path / "k"
-    cmd = [
-        sys.executable,
-        "-m",
-        "flashcheck.cli",
-        "train-study",
-        "--preset",
-        "tiny",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-        "--quiet",
-    ]
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "runs" / "base-s0" / "state.pt").exists():
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    subprocess.run(cmd, check=True)
+    session's, at --workers 2: each training run is one worker's, whatever their number)."""
+    out, rerun, _ = killed_train_study
+    assert rerun.exit_code == 0, rerun.output
     reference, first, _ = tiny_train_study
     assert first.exit_code == 0, first.output
     a, b = (json.loads((o / "summary.json").read_text()) for o in (out, reference))

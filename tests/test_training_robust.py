@@ -137,8 +137,9 @@ def test_run_killed_at_every_write_resumes_bit_identically(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_path, monkeypatch):
-    """The issue's case through the CLI: run `base` has its last weights and state but no losses.json."""
+def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_path, monkeypatch, tiny_train_study_run):
+    """The issue's case through the CLI: run `base` has its last weights and state but no losses.json. The
+    uninterrupted reference is the session's (conftest.tiny_train_study_run: the same command, human output)."""
     study = train_preset("tiny")
     base = next(r for r in study.runs if r.name == "base-s0")
     out = tmp_path / "killed"
@@ -150,9 +151,8 @@ def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_pa
     assert not (out / "runs" / "base-s0" / "losses.json").exists()
     res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
     assert res.exit_code == 0, res.output
-    ref = tmp_path / "ref"
-    res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(ref), "--workers", "2"])
-    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    res, ref = tiny_train_study_run, tiny_train_study_run.folder
+    assert res.exit_code == 0 and "Traceback" not in res.output and not res.crashed, res.output
     _check_train_study_human(res, ref)
     a, b = (json.loads((o / "summary.json").read_text()) for o in (out, ref))
     assert a["pairs"] == b["pairs"] and a["ratios"] == b["ratios"] and a["final_loss"] == b["final_loss"]
