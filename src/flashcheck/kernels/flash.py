@@ -38,7 +38,7 @@ from flashcheck.kernels.ops import (
 )
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
-from flashcheck.kernels.tiles import free_cores, mm_rows, row_chunks, rows_per_chunk
+from flashcheck.kernels.tiles import MIN_ROWS, free_cores, mm_rows, row_chunks, rows_per_chunk
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 ALGORITHMS = ("fa1", "fa2")
@@ -144,17 +144,27 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     (amax, amin), so no bit moves; each parallel region would wait on a descheduled thread (measured at
     load 8-13 on 2 cores, L=2048: 3.1 s at 2 threads with the tiles serial, 1.3 s at 1 thread)."""
     if tile_rows is None:
-        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, q.dtype)
+        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, q.dtype, _mma(pol))
     if not _busy(q, tile_rows):
         return _forward_tiles(q, k, v, cfg, pol, tile_rows)
     with _one_thread():
         return _forward_tiles(q, k, v, cfg, pol, tile_rows)
 
 
-def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype) -> int:
-    """Query rows per tile: a step's score block [B, H, rows, block_k] within TILE_BYTES."""
+def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype, even: bool = False) -> int:
+    """Query rows per tile: a step's score block [B, H, rows, block_k] within TILE_BYTES. even: an odd number
+    of tiles (more than one) becomes the next even one of about equal rows, so two workers share them evenly
+    (fa3-fp8-fp22 at L=2048: 5 tiles of 409 rows ran as 3 + 2; the count does not depend on the workers)."""
     b, h, lq, _ = q_shape
-    return rows_per_chunk(lq, b * h * min(block_k, lk) * work.itemsize, TILE_BYTES)
+    rows = rows_per_chunk(lq, b * h * min(block_k, lk) * work.itemsize, TILE_BYTES)
+    n = len(row_chunks(lq, rows))
+    return max(MIN_ROWS, -(-lq // (n + 1))) if even and n > 1 and n % 2 else rows
+
+
+def _mma(pol: Policy) -> bool:
+    """Whether both of the policy's products are a tensor core's MMA (kernels.mma): exact row by row, so its
+    bits do not depend on the tile rows (a BLAS product's may), and its tiles are costly enough to balance."""
+    return bool(pol.qk_mma and pol.score != Format.FP64 and pol.pv_mma and pol.accum != Format.FP64)
 
 
 def _busy(q: torch.Tensor, tile_rows: int) -> bool:
@@ -512,7 +522,7 @@ class _FlashFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cfg: FlashConfig):
         pol = cfg.policy
-        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, pol.work_dtype)
+        tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, pol.work_dtype, _mma(pol))
         # busy: the input rounding (element-wise, so bit for bit on any thread count) single-threaded too
         with _one_thread() if _busy(q, tile_rows) else contextlib.nullcontext():
             qr, kr, vr, rot = round_inputs(
