@@ -228,13 +228,16 @@ def mma_matmul(
 def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str, str], fp16: bool, lib):
     """mma_matmul with its arguments checked; lib: kernels.mma_native's library, or None for the torch chain."""
     k = a.shape[-1]
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    ba, bb = a.shape[:-2], b.shape[:-2]
+    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)  # (torch's costs more than a small chain)
     native = lib is not None and a.device.type == "cpu"
     start = _start(c, (*batch, a.shape[-2], b.shape[-1]), model, fmts, fp16, native, a.device)
     if native:
         segment = _native_segments(a, b, model, fmts, fp16, lib)
     else:
         segment, start = _torch_segments(a, b, batch, model, fmts, fp16, start)
+    if promote_every is None and native and k > 0:  # one segment, the whole of k (the loop below, without its slicing)
+        return segment(0, k, start).to(torch.float32)
     seg = promote_every or max(k, 1)
     run, outer = start, start.to(torch.float32)
     for s0 in range(0, k, seg):
@@ -256,6 +259,8 @@ def _start(c, shape: tuple[int, ...], model: MMAModel, fmts, fp16: bool, native:
         dtype = work_dtype(model, fmts)
     if c is None:
         return torch.zeros(shape, dtype=dtype, device=device)
+    if c.dtype == torch.float32 == dtype and c.shape == shape and not fp16:
+        return c + 0.0  # as below, in one op
     start = c.to(torch.float32).expand(shape).to(dtype) + 0.0  # a new tensor; -0 + 0: a zero c is +0
     return start.to(torch.float16).to(dtype) if fp16 else start
 
@@ -268,6 +273,8 @@ def _native_segments(a, b, model: MMAModel, fmts: tuple[str, str], fp16: bool, l
     emins = (EMIN[fmts[0]], EMIN[fmts[1]])
 
     def segment(s0: int, s1: int, acc: torch.Tensor) -> torch.Tensor:
+        if s0 == 0 and s1 == a.shape[-1]:  # the whole of k: no slicing
+            return chain(lib, a, b, acc, model, fmts, emins, fp16)
         return chain(lib, a[..., s0:s1], b[..., s0:s1, :], acc, model, fmts, emins, fp16)
 
     return segment

@@ -27,6 +27,7 @@ MIN_ROWS_PER_THREAD = 1 << 21  # products per thread below which one thread does
 _ARGS = [ctypes.c_void_p, *[ctypes.c_int64] * 3] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 9
 
 
+@functools.cache
 def _sub(model, fa: str, fb: str) -> int:
     """k per int32 partial sum: each truncated term is below (2 - 2^(1-s_a)) (2 - 2^(1-s_b)) 2^frac, c's
     below 2^(frac + 1); the partial sums stay below 2^31."""
@@ -34,6 +35,7 @@ def _sub(model, fa: str, fb: str) -> int:
     return max(1, min(model.nfma, int((2.0**31 - 2.0 ** (model.frac + 1)) // term)))
 
 
+@functools.cache
 def variant(model, fa: str, fb: str) -> str:
     """ "f32" where the narrow products and their scaled terms are exact in float32 (kernels.mma_c), else "f64"."""
     narrow = fa in SIG_BITS and fb in SIG_BITS
@@ -96,10 +98,16 @@ def chain(lib, a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, model, fmts:
     it. fmts: the operand formats, emins: their clamping exponents."""
     dtype = acc.dtype
     batch = acc.shape[:-2]
-    a3 = a.to(dtype).expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
-    b3 = b.to(dtype).expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    a3, b3 = (_batched(x.to(dtype), batch) for x in (a, b))
     _run(lib, a3, b3, acc.view(-1, *acc.shape[-2:]), model, fmts, emins, fp16)
     return acc
+
+
+def _batched(x: torch.Tensor, batch: torch.Size) -> torch.Tensor:
+    """x [..., R, C] broadcast to [*batch, R, C] and flattened to [prod(batch), R, C] (a view where it can be)."""
+    if x.dim() == 3 and len(batch) == 1 and x.shape[0] == batch[0]:
+        return x
+    return x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:])
 
 
 # (mantissa bits, emin, emax) of the operand formats, for the self-test's operands
