@@ -236,11 +236,20 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
             }
         } else {  /* all TV VF outputs at once (int8) */
             const int8_t *ea = eav, *eb = ebv;
-            vb ep8 = (vb){} + (int8_t)-128;
-            for (int64_t i = k0; i < k1; i++) {
+            vb ep8 = (vb){} + (int8_t)-128, e1 = ep8, e2 = ep8, e3 = ep8;  /* four chains of maxima, then one */
+            int64_t i = k0;
+            for (; i + 4 <= k1; i += 4) {
+                vb x0, x1, x2, x3;
+                memcpy(&x0, eb + i * lde, 64); memcpy(&x1, eb + (i + 1) * lde, 64);
+                memcpy(&x2, eb + (i + 2) * lde, 64); memcpy(&x3, eb + (i + 3) * lde, 64);
+                ep8 = vmaxb(ep8, x0 + ea[i]); e1 = vmaxb(e1, x1 + ea[i + 1]);
+                e2 = vmaxb(e2, x2 + ea[i + 2]); e3 = vmaxb(e3, x3 + ea[i + 3]);
+            }
+            for (; i < k1; i++) {
                 vb x; memcpy(&x, eb + i * lde, 64);
                 ep8 = vmaxb(ep8, x + ea[i]);
             }
+            ep8 = vmaxb(vmaxb(ep8, e1), vmaxb(e2, e3));
             int8_t e8[TV * VF];
             memcpy(e8, &ep8, sizeof e8);
             for (int t = 0; t < nt; t++) {
