@@ -61,7 +61,7 @@ def run_local(
     available: int | None = None,
     device: str = "cpu",
 ) -> int:
-    """Run groups on up to `workers` spawned processes, as many at once as fit in memory (`available`
+    """Run groups on up to `workers` worker processes, as many at once as fit in memory (`available`
     bytes, default: what this machine has now; see the module docstring); call on_record once per case
     as it finishes. `task` runs in a worker and reports each record with `emit`; the default task runs the
     simulators and FP64 references on `device`. Returns the FP64 references computed.
