@@ -199,12 +199,16 @@ def _children(pid: int) -> list[int]:
 
 
 def _pool_worker(pid: int) -> int | None:
-    for child in _children(pid):
+    """A pool worker of the study `pid`: a fresh process, forked from the fork server (a freshly started
+    interpreter, child of `pid`), never from the study itself."""
+    for server in _children(pid):
         try:
-            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
+            if b"multiprocessing.forkserver" not in Path(f"/proc/{server}/cmdline").read_bytes():
+                continue
         except OSError:
             continue
+        for child in _children(server):
+            return child
     return None
 
 

@@ -177,12 +177,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _descendants(pid: int) -> set[int]:
+    """Children and their children: workers forked by the fork server the parent started are grandchildren."""
+    kids = _children(pid)
+    return kids.union(*(_descendants(k) for k in kids))
+
+
 def _kill_and_watch(proc: subprocess.Popen, ready, workers: int = 2) -> list[int]:
-    """Wait until `ready()` and `workers` children exist, SIGKILL the parent, return the children still alive
-    5 s later (killed then, so that a failing test leaves no orphan)."""
+    """Wait until `ready()` and `workers` descendants exist, SIGKILL the parent, return the descendants still
+    alive 5 s later (killed then, so that a failing test leaves no orphan)."""
     deadline, kids = time.time() + 120, set()
     while time.time() < deadline and proc.poll() is None:
-        kids = _children(proc.pid)
+        kids = _descendants(proc.pid)
         if len(kids) >= workers and ready():
             break
         time.sleep(0.05)

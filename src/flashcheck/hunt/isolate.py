@@ -16,7 +16,6 @@ cores), which is what makes shrinking a crash, one restart per crashing step, af
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import signal
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 from flashcheck.core.fileio import open_plain, refuse_link
-from flashcheck.core.pool import WorkerPool
+from flashcheck.core.pool import WorkerPool, fresh_context
 from flashcheck.hunt.case import HuntCase
 from flashcheck.hunt.target import Target, TargetCrashed, TargetRaised
 
@@ -37,11 +36,7 @@ PRELOAD = ["torch", "flashcheck.hunt.judge", "flashcheck.hunt.isolate"]
 
 def worker_context():
     """The forkserver context with torch and the judge preloaded (spawn where forkserver is not available)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+    return fresh_context(PRELOAD)
 
 
 def _init(name: str, device: str, stderr: str) -> None:

@@ -24,6 +24,7 @@ COLOURS = (
     "#393b79",
     "#ad494a",
 )
+DPI = 110  # of the saved figures
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
 
@@ -65,7 +66,9 @@ def figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+    # drawn at the saved DPI: the layout, the tight box and the image share one renderer and its text caches
+    figsize = (size[0] * ncols, size[1] * nrows)
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=False, dpi=DPI)
     flat = [ax for row in axes for ax in row]
     try:
         yield fig, flat[0] if len(flat) == 1 else flat
@@ -74,7 +77,9 @@ def figure(
         fig.tight_layout()
         make_folder(Path(path).parent, "a report's figures folder")
         with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in
+            # legends placed outside the axes stay in; PNG level 3 costs 1% in size, a third of the encoding
+            png = {"pil_kwargs": {"compress_level": 3}} if Path(path).suffix.lower() == ".png" else {}
+            fig.savefig(tmp, dpi=DPI, bbox_inches="tight", **png)
     finally:
         plt.close(fig)
 

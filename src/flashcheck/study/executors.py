@@ -13,20 +13,20 @@ included, fit HEADROOM x the available memory (one group always runs, however bi
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from flashcheck.core.lifeline import exit_with_parent
-from flashcheck.core.pool import WorkerPool, send_to_parent
+from flashcheck.core.pool import WorkerPool, fresh_context, send_to_parent
 from flashcheck.study.cases import Case, CaseRecord, environment, evaluate_group
 from flashcheck.study.memory import HEADROOM, available_bytes, estimate_case_bytes
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 10.0
 _DEVICE = "cpu"
+PRELOAD = ["torch", "flashcheck.study.executors"]  # imported once in the fork server the workers start from
 
 Task = Callable[[list[Case]], int]
 
@@ -61,7 +61,7 @@ def run_local(
     available: int | None = None,
     device: str = "cpu",
 ) -> int:
-    """Run groups on up to `workers` spawned processes, as many at once as fit in memory (`available`
+    """Run groups on up to `workers` worker processes, as many at once as fit in memory (`available`
     bytes, default: what this machine has now; see the module docstring); call on_record once per case
     as it finishes. `task` runs in a worker and reports each record with `emit`; the default task runs the
     simulators and FP64 references on `device`. Returns the FP64 references computed.
@@ -142,7 +142,7 @@ def _run_pool(
             on_record(rec)
 
     slots = max(1, min(workers, len(todo)))
-    with WorkerPool(slots, mp.get_context("spawn"), _init_worker, (plan.device, os.getpid())) as pool:
+    with WorkerPool(slots, fresh_context(PRELOAD), _init_worker, (plan.device, os.getpid())) as pool:
         while True:
             if broken is None:
                 _start_fitting(pool, task, todo, waiting, running, plan)

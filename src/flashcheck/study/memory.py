@@ -10,7 +10,7 @@ from flashcheck.kernels.memory import HEADROOM, Footprint, available_bytes, esti
 from flashcheck.study.cases import Case
 
 MEMORY_SKIP = "too big for this machine's memory"
-PROCESS_BYTES = 300 * 2**20  # a spawned worker with torch imported (peak RSS before any case)
+PROCESS_BYTES = 300 * 2**20  # a worker with torch imported (peak RSS before any case)
 QUADRATIC_BACKENDS = ("sdpa-math",)  # real backends that materialise the L x L scores
 # L x L arrays such a backend and its eager baseline hold at once, in fp32 at least (measured: sdpa-math:bf16
 # at L=4096, H=4 peaks at 0.85 GiB in a fresh process; kernels.memory's chunked model alone gave 0.63 GiB)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ class TrainStudy:
 
 PAIRS = ("flash_vs_baseline", "seed_vs_seed", "bf16_vs_fp32", "fp16_vs_fp32")
 RESEED = 1000  # the re-seeded run of seed group s initialises with seed s + RESEED
+PRELOAD = ["torch", "flashcheck.training.experiments"]  # imported once in the fork server workers start from
 EIGHT_BIT, SAGE8, SAGE8FT = "sagebwd", "sage8", "sage8ft"  # the 8-bit attention (make_attention) and its runs
 
 
@@ -204,11 +204,11 @@ def train_runs(
 def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> None:
     """The runs in a core.pool.WorkerPool (one private pipe per worker: a worker killed at any instant costs its
     own run, never a lock the others wait on), their steps sent back as they train."""
-    from flashcheck.core.pool import WorkerPool
+    from flashcheck.core.pool import WorkerPool, fresh_context
 
     total, steps = sum(r.steps for r, _ in todo), dict.fromkeys((r.name for r, _ in todo), 0)
     queue = list(todo)
-    ctx = multiprocessing.get_context("spawn")  # fresh torch state each; never fork once JAX or a BLAS pool runs
+    ctx = fresh_context(PRELOAD)  # fresh torch state each; never plain fork once JAX or a BLAS pool runs
     with WorkerPool(min(workers, len(todo)), ctx, _worker_init, (os.getpid(),)) as pool:
         while queue or pool.running():
             while queue and pool.idle():
