@@ -36,6 +36,7 @@ from flashcheck.kernels.ops import (
     safe_max,
     settle_exp,
 )
+from flashcheck.kernels.preset_native import ex2_columns
 from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
 from flashcheck.kernels.reference import sink_logits
 from flashcheck.kernels.tiles import MIN_ROWS, free_cores, mm_rows, row_chunks, rows_per_chunk
@@ -431,7 +432,8 @@ def _knob_step(
         # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
         cols = column_mask(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
         cols = cols[: x.shape[-1]]
-        p = exp2_fa4(x if log2 else x * LOG2E, cols)  # natural-log scores: one more rounding than FA4's FMA
+        # natural-log scores: one more rounding than FA4's FMA
+        p = exp2_fa4(x if log2 else x * LOG2E, cols, ex2_columns)
     else:
         p = exp(x, out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")

@@ -21,6 +21,7 @@ import torch
 
 import flashcheck.kernels.cbuild as cbuild
 from flashcheck.core.numerics import Format, info
+from flashcheck.kernels.fastmath import POLY_EX2_3, ex2_emulation
 from flashcheck.kernels.fp8_native import ROUND_SOURCE
 
 SOURCE = (
@@ -360,8 +361,11 @@ def _selftest(lib) -> str:
         got = _fp4x16(lib, x, dim)
         if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
             return f"SageAttention3's FP4 input quantisation (dim {dim})"
-    from flashcheck.kernels.fastmath import POLY_EX2_3, ex2_emulation
+    return _selftest_steps(lib, g)
 
+
+def _selftest_steps(lib, g: torch.Generator) -> str:
+    """_selftest's second half: FA4's emulated exp2 columns, the Q K^T descale, the P·V unit conversions."""
     s = torch.randn(3, 5, 70, generator=g) * 20
     s[0, 0, :8] = torch.tensor([-200.0, -127.0, -126.5, -0.0, 0.0, 126.0, -float("inf"), 127.0])
     idx = torch.tensor([0, 1, 2, 5, 6, 7, 8, 40, 69], dtype=torch.int64)
