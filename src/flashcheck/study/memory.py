@@ -1,5 +1,6 @@
 """Whether a study case fits in this machine's memory: kernels.memory's estimate of one comparison, plus
-the forked worker that runs it (a fresh process from the torch-preloaded fork server), against the available memory shared by the workers."""
+the forked worker that runs it (a fresh process from the torch-preloaded fork server), against the available
+memory shared by the workers."""
 
 from __future__ import annotations
 
