@@ -43,19 +43,24 @@ def _death_signal() -> None:
         pass
 
 
+def _exists(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0; another user's process exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _started_by(pid: int, parent_pid: int) -> bool:
     """Whether process `pid` (a fork server) is a child of `parent_pid` (from /proc), else, where there is no
     /proc, whether `parent_pid` still exists."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # it exists (another user's)
-            return True
-        return True
+        return _exists(parent_pid)
     return int(stat.rpartition(")")[2].split()[1]) == parent_pid  # after "pid (comm)": state, ppid
 
 
@@ -66,13 +71,7 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         if Path("/proc/self/stat").exists():
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # it exists (another user's)
-            return True
-        return True
+        return _exists(pid)
     return state not in ("Z", "X")
 
 
