@@ -38,9 +38,13 @@ def mutants(
         _fail_usage(f"--out {out!r} is not writable: {exc.strerror or exc}")
     import torch
 
-    torch.set_num_threads(threads)
-    with _progress(scores.step_count(size), "mutants", as_json) as advance:
-        result = scores.score(rules, size, advance=advance)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # for the scoring only: a caller running the app in its process keeps its own
+    try:
+        with _progress(scores.step_count(size), "mutants", as_json) as advance:
+            result = scores.score(rules, size, advance=advance)
+    finally:
+        torch.set_num_threads(before)
     data = result.to_dict() | {"size": size}
     write_report(folder, _page(result, size), data)
     if as_json:
