@@ -8,6 +8,10 @@ with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
     python benchmarks/bench_speed.py --lengths 2048,8192 --threads 2 --policies bf16-mixed
     python benchmarks/bench_speed.py --lengths 0               # the presets and the decoding step only
 Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
+The simulator runs its query tiles on the cores free at each call (kernels.tiles.free_cores: the load average less
+its own share), SDPA on every thread it is given: on a busy machine a 2-thread row can compare one thread against
+two, and the presets' rows at 2 threads flip between one and two for either side. Read 2-thread rows at load < 1;
+the 1-thread rows are comparable at any load.
 """
 
 from __future__ import annotations
@@ -133,6 +137,8 @@ def main() -> None:
     if args.decode_keys > 0:
         decode_table(args.decode_keys, max(_ints(args.threads) or [1]))
     print(f"\nwall {time.perf_counter() - t0:.0f} s, torch {torch.__version__}, load now {_load()}")
+    if max(_ints(args.threads) or [1]) > 1 and os.getloadavg()[0] >= 1.0:
+        print("note: at this load the simulator's 2-thread rows may have run on one thread (free cores): read them at load < 1")
 
 
 if __name__ == "__main__":
