@@ -138,7 +138,7 @@ def main() -> None:
         decode_table(args.decode_keys, max(_ints(args.threads) or [1]))
     print(f"\nwall {time.perf_counter() - t0:.0f} s, torch {torch.__version__}, load now {_load()}")
     if max(_ints(args.threads) or [1]) > 1 and os.getloadavg()[0] >= 1.0:
-        print("note: at this load the simulator's 2-thread rows may have run on one thread (free cores): read them at load < 1")
+        print("note: at this load the simulator's 2-thread rows may have run on one thread: read them at load < 1")
 
 
 if __name__ == "__main__":
