@@ -83,3 +83,19 @@ def test_leaving_on_an_exception_kills_busy_workers_without_waiting():
         pool.submit("long", _slow, 120)
         raise KeyboardInterrupt
     assert time.time() - start < 30
+
+
+def test_fresh_context_leaves_the_process_wide_forkserver_preload_as_it_was() -> None:
+    from multiprocessing import forkserver
+
+    from flashcheck.core.pool import fresh_context
+
+    if "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no forkserver start method here")
+    mine = ["json", "os"]
+    mp.get_context("forkserver").set_forkserver_preload(mine)
+    try:
+        fresh_context(["torch"])
+        assert forkserver._forkserver._preload_modules == mine
+    finally:
+        mp.get_context("forkserver").set_forkserver_preload(["__main__"])

@@ -52,11 +52,19 @@ def fresh_context(preload: list[str]):
     fork server, a freshly started, single-threaded interpreter that never runs torch code, JAX nor a BLAS
     pool: each worker is forked from it with fresh torch state in about 40 ms instead of the 1.7-2.5 s a
     spawned worker takes to import torch; the spawn context where forkserver is not available. The server is
-    one per process and started by its first use: the preload of the first caller is the one that holds."""
+    one per process and started here if it is not running yet (a running one keeps the modules it has); the
+    process-wide preload list is given back as it was, so the caller's own forkserver settings stay its own."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
     ctx = multiprocessing.get_context("forkserver")
+    before = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))  # no public getter
     ctx.set_forkserver_preload(preload)
+    try:
+        forkserver.ensure_running()  # reads the list now: the only moment it matters
+    finally:
+        ctx.set_forkserver_preload(before)
     return ctx
 
 
