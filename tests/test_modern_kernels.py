@@ -316,9 +316,32 @@ def _hw_mma(a, b, c, model: str, emins=(-126, -126), promote: int = 0, fp16: boo
     return (outer.float() + acc.float()).double() if promote else acc
 
 
-def _oracle_codes(x: torch.Tensor, pol: Policy, role: str, bq: int, bk: int):
+def _nvfp4_pieces(x: torch.Tensor, dim: int, floor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e2m1 code x e4m3 block scale [x's shape], fp32 tensor descale 1 / s_enc) of NVFP4's two-level recipe,
+    16-blocks along dim, every step one float32 rounding (s_enc = 448 * 6 / amax; block scale e4m3 of
+    amax_b / 6 * s_enc, floored at 2^-6 with floor; code e2m1 of x / (scale / s_enc))."""
+    f32 = lambda t: t.float().double()  # noqa: E731
+    xt = f32(x).movedim(dim, -1)
+    pad = (-xt.shape[-1]) % 16
+    xb = torch.nn.functional.pad(xt, (0, pad)).unflatten(-1, (-1, 16))
+    s_enc = f32((448.0 * 6.0) / xt.abs().max().float())
+    raw = f32(f32(xb.abs().amax(-1, keepdim=True) / 6.0) * s_enc)
+    sb = (raw.clamp(min=2.0**-6) if floor else raw).to(torch.float8_e4m3fn).double()
+    dec = f32(sb / s_enc)
+    codes = torch.where(dec > 0, round_to(f32(xb / torch.where(dec > 0, dec, 1.0)), "fp4-e2m1"), 0.0)
+    w = (codes * sb).flatten(-2)[..., : xt.shape[-1]].movedim(-1, dim)
+    return w, f32(1.0 / s_enc.float()).reshape(1, 1, 1, 1)
+
+
+def _oracle_codes(x: torch.Tensor, pol: Policy, role: str, bq: int, bk: int, raw: torch.Tensor | None = None):
     """(codes, scale, emin) of an oracle input x [B, H, L, D] (float64): FA3's per-block, FA4's per-tensor,
-    Sage's per-channel V scales; FP4 operands their dequantised values with scale 1."""
+    Sage's per-channel V scales; NVFP4 operands (from the unquantised `raw`) the block-scaled values with the
+    fp32 tensor descale (a block-scaled MMA: the block scales inside, the tensor scale after it); other FP4
+    operands their dequantised values with scale 1."""
+    scaling = pol.v_scaling if role == "v" else pol.qk_scaling
+    if scaling == "nvfp4" and raw is not None:
+        w, descale = _nvfp4_pieces(raw, -2 if role == "v" else -1, pol.nvfp4_floor)
+        return w, descale, -126
     fmt = (pol.v_format or pol.input) if role == "v" else pol.input
     if fmt.value not in CODE_EMIN:
         return x, torch.ones(1, 1, 1, 1, dtype=torch.float64), -126
@@ -349,7 +372,9 @@ def _slow_flash(q, k, v, pol: Policy, bq: int, bk: int) -> torch.Tensor:
     """One query row at a time, key blocks in the policy's kv_order, float64 with explicit float32 roundings: the
     online softmax in log2 units with the policy's stage knobs (a loop, not the simulator's code)."""
     qq, kq, vq = _oracle_inputs(q, k, v, pol, bq, bk)
-    codes = {r: _oracle_codes(t, pol, r, bq, bk) for r, t in (("q", qq), ("k", kq), ("v", vq))}
+    # an NVFP4 operand's pieces: of the input as quantised (a smoothed Q has its mean added back: none)
+    raws = {"q": None if pol.smooth_q else q, "k": k - k.mean(dim=-2, keepdim=True) if pol.smooth_k else k, "v": v}
+    codes = {r: _oracle_codes(t, pol, r, bq, bk, raws[r]) for r, t in (("q", qq), ("k", kq), ("v", vq))}
     sc = q.shape[-1] ** -0.5 * math.log2(math.e)
     cols_emu = emulated_columns(bk, pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
     out = torch.empty_like(q)

@@ -7,6 +7,7 @@ and shape; blocks run along `dim` (the reduction dimension of the product the te
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -95,6 +96,45 @@ def quantize_mx(
     return _unblocked(round_to(xb / div, fmt) * scale, pad, dim).to(x.dtype)
 
 
+class NVFP4Parts(NamedTuple):
+    """NVFP4's pieces (nvfp4_parts): `values` the dequantised tensor (quantize_nvfp4's, x's dtype and shape);
+    `scaled` the block-scaled values e2m1 * s_block (float32, x's shape: exact, at most 6 significant bits, what
+    a block-scaled MMA multiplies); `descale` the fp32 tensor decode scale fl32(1 / s_enc) (float32, broadcasting
+    against x), which the kernel multiplies into the MMA's fp32 result."""
+
+    values: torch.Tensor
+    scaled: torch.Tensor
+    descale: torch.Tensor
+
+
+def nvfp4_parts(
+    x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None, scale_floor: bool = False
+) -> NVFP4Parts:
+    """NVFP4 quantisation of x (see quantize_nvfp4) with its pieces. The tensor descale is fl32(1 / s_enc),
+    s_enc = fl32(448 * 6 / amax) the encode scale the block scales were formed with (NVIDIA's recipe: block
+    scale e4m3(amax_b / 6 * s_enc), its decode scale the fp32 reciprocal), so scaled * descale is the value the
+    quantiser meant, e2m1 * s_block / s_enc: fl32(scaled * descale) and values (formed as
+    e2m1 * fl32(s_block / s_enc)) are each within two fp32 roundings of it, 0 to 2 ulps apart
+    (tests/test_nvfp4_mma.py). torchao 0.18.0's per_tensor_scale is amax / (448 * 6)
+    rounded once, the same number to within 2 ulps (prototype/mx_formats/nvfp4_tensor.py
+    per_tensor_amax_to_scale); amax 0: descale 1."""
+    x32 = x.detach().to(torch.float32)
+    amax_t = x32.abs().amax() if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
+    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
+    descale = (1.0 / s_enc).to(torch.float32)
+    if tensor_amax is not None and s_enc.dim():
+        s_enc = _blocked(s_enc.expand_as(x32), dim, block)[0][..., :1]
+    xb, pad = _blocked(x32, dim, block)
+    raw = xb.abs().amax(dim=-1, keepdim=True) / 6.0 * s_enc
+    s_block = round_to(raw.clamp_min(2.0**-6) if scale_floor else raw, Format.FP8_E4M3)
+    dec = s_block / s_enc
+    live = dec > 0
+    safe = torch.where(live, dec, torch.ones_like(dec))
+    codes = torch.where(live, round_to(xb / safe, Format.FP4_E2M1), torch.zeros_like(xb))
+    values = _unblocked(torch.where(live, codes * dec, torch.zeros_like(xb)), pad, dim).to(x.dtype)
+    return NVFP4Parts(values, _unblocked(codes * s_block, pad, dim), descale)
+
+
 def quantize_nvfp4(
     x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None, scale_floor: bool = False
 ) -> torch.Tensor:
@@ -103,19 +143,9 @@ def quantize_nvfp4(
     e2m1(x / (scale_b / s)), value e2m1 * scale_b / s, the arithmetic in float32 as the kernels do.
     `tensor_amax` overrides amax(|x|) (a calibrated or per-row amax, broadcasting against x). `scale_floor`:
     a block scale below e4m3's smallest normal 2^-6 is raised to it before the cast (torchao's nvfp4_quantize
-    clamps so); without it the scale may be an e4m3 subnormal, or 0 (the block then quantises to 0)."""
-    x32 = x.detach().to(torch.float32)
-    amax_t = x32.abs().amax() if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
-    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
-    if tensor_amax is not None and s_enc.dim():
-        s_enc = _blocked(s_enc.expand_as(x32), dim, block)[0][..., :1]
-    xb, pad = _blocked(x32, dim, block)
-    raw = xb.abs().amax(dim=-1, keepdim=True) / 6.0 * s_enc
-    s_block = round_to(raw.clamp_min(2.0**-6) if scale_floor else raw, Format.FP8_E4M3)
-    dec = s_block / s_enc
-    safe = torch.where(dec > 0, dec, torch.ones_like(dec))
-    out = torch.where(dec > 0, round_to(xb / safe, Format.FP4_E2M1) * dec, torch.zeros_like(xb))
-    return _unblocked(out, pad, dim).to(x.dtype)
+    clamps so); without it the scale may be an e4m3 subnormal, or 0 (the block then quantises to 0).
+    nvfp4_parts gives the pieces (block-scaled values and the tensor descale) as well."""
+    return nvfp4_parts(x, block=block, dim=dim, tensor_amax=tensor_amax, scale_floor=scale_floor).values
 
 
 def quantize_blocks(

@@ -134,11 +134,12 @@ def _scores(q_r, k_j, t: _Tiles, lq: int, lk: int, cfg: FlashConfig, pol: Policy
     return s
 
 
-def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None):
+def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None, parts: dict | None = None):
     """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
     the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
     (None: sized by TILE_BYTES; Lq: one tile, every row at once) agree to a few units in the last place
-    (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it).
+    (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it). `parts`:
+    round_inputs' NVFP4 pieces of q, k, v (the block-scaled MMA's operands, kernels.mma_ops), or None.
 
     On a busy CPU (fewer cores free than threads) a run of several tiles is single-threaded throughout: its
     tiles' ops are so already (see _run_tiles), and the few ops around them are element-wise or exact
@@ -147,9 +148,9 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     if tile_rows is None:
         tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, q.dtype, _mma(pol))
     if not _busy(q, tile_rows):
-        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts)
     with _one_thread():
-        return _forward_tiles(q, k, v, cfg, pol, tile_rows)
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts)
 
 
 def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype, even: bool = False) -> int:
@@ -188,7 +189,7 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
+def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts: dict | None = None):
     """_forward at tile_rows rows per query tile."""
     b, h, lq, _ = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
@@ -198,7 +199,7 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     steps = _steps(cfg, lq, lk)
     tiles = row_chunks(lq, tile_rows)
-    ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k)  # the tensor-core models' operands, or None
+    ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)  # the tensor-core models' operands, or None
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
     runs = _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops)
     for (r0, r1), (o_t, m_t, l_t) in zip(tiles, runs, strict=True):
@@ -526,6 +527,7 @@ class _FlashFunction(torch.autograd.Function):
         pol = cfg.policy
         tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, pol.work_dtype, _mma(pol))
         # busy: the input rounding (element-wise, so bit for bit on any thread count) single-threaded too
+        parts: dict = {}  # NVFP4 inputs' pieces, for the block-scaled MMA
         with _one_thread() if _busy(q, tile_rows) else contextlib.nullcontext():
             qr, kr, vr, rot = round_inputs(
                 q.detach(),
@@ -535,8 +537,9 @@ class _FlashFunction(torch.autograd.Function):
                 block_q=cfg.block_q,
                 block_k=cfg.block_k,
                 hadamard_seed=cfg.hadamard_seed,
+                parts=parts,
             )
-            out_hi, out, lse = _forward(qr, kr, vr, cfg, pol)
+            out_hi, out, lse = _forward(qr, kr, vr, cfg, pol, parts=parts)
         ctx.save_for_backward(qr, kr, vr, out_hi, lse)
         ctx.cfg, ctx.rot, ctx.dtypes = cfg, rot, (q.dtype, k.dtype, v.dtype)
         ctx.mark_non_differentiable(lse)

@@ -53,6 +53,7 @@ def round_inputs(
     block_q: int | None = None,
     block_k: int | None = None,
     hadamard_seed: int = 0,
+    parts: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Q, K, V as the kernel holds them (policy.input, in the working dtype), and the rotation used.
 
@@ -60,7 +61,9 @@ def round_inputs(
     policy.fp8_scaling == "block"; quantized-attention policies (fp6/fp4/int inputs, or the input knobs
     qk_scaling, v_format, ...) take kernels.quantized's path. With policy.hadamard, Q and K are rotated by M first (see
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
-    keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it."""
+    keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it.
+    parts (a dict): filled with the NVFP4 pieces of the rounded inputs (kernels.quantized.quantize_inputs) that
+    are NVFP4 values, by role "q", "k", "v"."""
     if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
         return *(_fresh(rnd_fresh(t, policy, "input"), t) for t in (q, k, v)), None
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
@@ -68,11 +71,14 @@ def round_inputs(
     if policy.hadamard:
         rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
         q, k = q @ rot, k @ rot
-    qr, kr, vr = _rounded(q, k, v, policy, block_q, block_k)
+    qr, kr, vr = _rounded(q, k, v, policy, block_q, block_k, parts)
     if policy.exact_inputs == "qk":  # explain's input sub-stages: these stay exact (work_dtype is then float64)
         qr, kr = q, k
     elif policy.exact_inputs == "v":
         vr = v
+    if parts is not None:  # no pieces for an input kept exact
+        for role in {"qk": ("q", "k"), "v": ("v",)}.get(policy.exact_inputs, ()):
+            parts.pop(role, None)
     return qr, kr, vr, rot
 
 
@@ -91,12 +97,12 @@ def _fresh(rounded: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return rounded.clone() if rounded is source else rounded
 
 
-def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None):
+def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None, parts: dict | None = None):
     """Q, K, V [B, H, L, D] (float64, rotated) rounded to policy.input as round_inputs describes, in work_dtype."""
     work = policy.work_dtype
     fmt = policy.input
     if uses_quantized_inputs(policy):
-        qq, kq, vq = quantize_inputs(q, k, v, policy, block_q=block_q or 128, block_k=block_k or 64)
+        qq, kq, vq = quantize_inputs(q, k, v, policy, block_q=block_q or 128, block_k=block_k or 64, parts=parts)
         return qq.to(work), kq.to(work), vq.to(work)
     if fmt not in FP8_FORMATS:
         return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt)

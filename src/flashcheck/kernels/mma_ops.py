@@ -3,8 +3,17 @@ dequantised operands (codes times scales); a tensor core multiplies the codes an
 afterwards, so each operand is split back into its codes and its per-row (Q, K) or per-column (V) scale.
 
 Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]; an MMA of a [..., M, K] @ b [..., K, N]. An operand
-whose scales are not constant along the product's reduction dim (MX / NVFP4 blocks, per-thread groups), or that
-does not split exactly, takes the model with its dequantised values ("fp32" operands: kernels.mma says how)."""
+whose scales are not constant along the product's reduction dim (MX blocks, per-thread groups), or that does not
+split exactly, takes the model with its dequantised values ("fp32" operands: kernels.mma says how).
+
+NVFP4 inputs (the quantiser's pieces, core.quant.nvfp4_parts) enter as a block-scaled MMA takes them: the
+block-scaled values e2m1 x e4m3 scale in the chain, the fp32 tensor descale multiplied into its fp32 result
+afterwards with the other descales. PTX ISA, "Block Scaling for mma.sync" (9.7.14.3): D = (A * scale_A) *
+(B * scale_B) + C, kind::mxf4nvf4 with .e2m1 elements and .ue4m3 scales at scale_vec::4X (16-element blocks), the
+same for tcgen05.mma; torchao 0.18.0 prototype/mx_formats/nvfp4_tensor.py _addmm_nvfp4_dispatch runs
+torch._scaled_mm on the codes and block scales and multiplies its result by a_scale * b_scale, the per-tensor
+scales. The block-scaled values go in as "fp32" operands (their own exponents; a model of how the hardware aligns
+scaled products, no oracle has measured it), short enough for kernels.mma_c's f32 tile."""
 
 from __future__ import annotations
 
@@ -146,18 +155,20 @@ class MMAOperands:
     v: Operand | None
 
     @staticmethod
-    def make(q, k, v, pol: Policy, block_q: int, block_k: int) -> MMAOperands | None:
+    def make(q, k, v, pol: Policy, block_q: int, block_k: int, parts: dict | None = None) -> MMAOperands | None:
         """The split operands of q, k, v (as round_inputs returned them) for pol.qk_mma / pol.pv_mma; None
-        when neither is set or their stages are FP64."""
+        when neither is set or their stages are FP64. parts: round_inputs' NVFP4 pieces by role ("q", "k",
+        "v"), which give those operands as block-scaled values times the tensor descale."""
         qk = MMA_MODELS[pol.qk_mma] if pol.qk_mma and pol.score != Format.FP64 else None
         pv = MMA_MODELS[pol.pv_mma] if pol.pv_mma and pol.accum != Format.FP64 else None
         if qk is None and pv is None:
             return None
         qo = ko = vo = None
+        got = parts or {}
         if qk is not None and pol.exact_inputs != "qk":
-            qo, ko = _split_input(q, pol, "q", block_q), _split_input(k, pol, "k", block_k)
+            qo, ko = _split_input(q, pol, "q", block_q, got), _split_input(k, pol, "k", block_k, got)
         if pv is not None:
-            vo = _values(v) if pol.exact_inputs == "v" else _split_input(v, pol, "v", block_k)
+            vo = _values(v) if pol.exact_inputs == "v" else _split_input(v, pol, "v", block_k, got)
         return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo)
 
     def v_block(self, c0: int, c1: int) -> Operand:
@@ -172,9 +183,19 @@ class MMAOperands:
         return blk
 
 
-def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, exact: bool = True) -> Operand:
+def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, parts=None, exact: bool = True) -> Operand:
+    if parts and role in parts:
+        return block_scaled(parts[role])
     fmt, groups, rows, top = _input_groups(pol, role, block)
     return split(x, fmt, groups, rows=rows, top=top, exact=exact)
+
+
+def block_scaled(pieces) -> Operand:
+    """NVFP4 pieces (core.quant.NVFP4Parts) as the block-scaled MMA's operand: the block-scaled values e2m1 x
+    e4m3 scale [B, H, L, D] (float64, exact) as "fp32" codes, the fp32 tensor descale as the scale."""
+    w, descale = pieces.scaled, pieces.descale
+    scale = descale.to(torch.float64).reshape((1,) * w.dim()) if descale.numel() == 1 else descale.to(torch.float64)
+    return Operand(w.to(torch.float64), scale, "fp32")
 
 
 def v_codes(v: torch.Tensor, pol: Policy, block_k: int) -> Operand:

@@ -11,8 +11,9 @@ from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
 
 FA4_EX2_EMU = {"exp2_emu": 10, "exp2_emu_res": 4, "exp2_emu_start": 1}
 # The FP8/FP4 MMAs as kernels.mma computes them: Blackwell's tcgen05 (late c, 25 fraction bits), Hopper's wgmma and
-# Ada's mma.sync (FP22: 13 fraction bits, c in the alignment). NVFP4 operands (block scales inside the MMA) enter
-# the model as dequantised values (kernels.mma_ops), an approximation no oracle checks.
+# Ada's mma.sync (FP22: 13 fraction bits, c in the alignment). NVFP4 operands enter as a block-scaled MMA takes
+# them: e2m1 x e4m3 block scale in the chain, the fp32 tensor scales on its result (kernels.mma_ops); how the
+# hardware aligns block-scaled products inside the chain is modelled, not measured.
 B200_MMA = {"qk_mma": "b200", "pv_mma": "b200"}
 HALF = (Format.FP16, Format.BF16)
 
@@ -65,7 +66,9 @@ def fa4_fp4(fmt: Format) -> Policy:
     forward
     (no flash_fwd_sm100_fp4.py), so this preset models Blackwell's block-scaled MMA (tcgen05 kind mxf4nvf4):
     Q, K, V as NVFP4 (e2m1, 16-element blocks along the product's reduction dim, e4m3 block scales, an
-    fp32 tensor scale), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's softmax. `fmt` is the
+    fp32 tensor scale: the block-scaled values go through the MMA, the tensor scales multiply its fp32 result,
+    as torchao 0.18.0's _addmm_nvfp4_dispatch does), P as in fa4-fp8 (e4m3 x 2^8), fp32 accumulator, FA4's
+    softmax. `fmt` is the
     16-bit dtype the inputs come in. Block scales: NVIDIA's quantisation recipe (torchao's nvfp4_quantize, which
     the MSLK kernels match) raises a block scale below e4m3's 2^-6 to it: nvfp4_floor on."""
     _need("fa4-fp4", fmt, HALF)

@@ -15,7 +15,7 @@ from flashcheck.core.numerics import (
     info,
     round_to,
 )
-from flashcheck.core.quant import group_ids, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.core.quant import group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
 from flashcheck.kernels.fp8_native import int_quantized, scaled
 from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
@@ -43,17 +43,23 @@ def quantize_tokens(
     warps: tuple[int, int] = (SAGE_WARP_Q, SAGE_WARP_K),
     mx_rounding: str = "floor",
     nvfp4_floor: bool = False,
+    parts: dict | None = None,
 ) -> torch.Tensor:
     """t [B, H, L, D] quantised to fmt with `scaling` (QK_SCALINGS / V_SCALINGS): tensor, block (of `block`
     tokens), token, thread (SageAttention2: role q 8 groups per warps[0] rows, k 4 per warps[1]), channel (one scale per
     column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
     q and k, along the tokens for v; MX scales rounded by `mx_rounding`, NVFP4 block scales floored by
-    `nvfp4_floor`)."""
+    `nvfp4_floor`). parts (a dict): NVFP4's pieces (core.quant.nvfp4_parts: the block-scaled values, the tensor
+    descale) stored under `role`, for the block-scaled MMA (kernels.mma_ops)."""
     along = -2 if role == "v" else -1
     if scaling == "mx":
         return quantize_mx(t, fmt, dim=along, rounding=mx_rounding or "floor")
     if scaling == "nvfp4":
-        return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
+        if parts is None:
+            return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
+        got = nvfp4_parts(t, dim=along, scale_floor=nvfp4_floor)
+        parts[role] = got
+        return got.values
     if scaling == "sage3":
         return fp4x16(t, dim=along).to(t.dtype)
     warp_q, warp_k = warps
@@ -87,11 +93,12 @@ def fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
     return quantize_fp4x16(x32, dim=dim) if fast is None else fast
 
 
-def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
+def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int, parts: dict | None = None):
     """(q, k, v) as the quantized kernel holds them. smooth_k subtracts K's mean over the tokens (a per-row
     constant of the scores, which softmax cancels: the kernels drop it); smooth_q subtracts each query block's
     mean before quantising and adds it back inside the float32 score product (the kernels add the GEMV
-    mean · K^T to the scores). V in policy.v_format (default: input) with v_scaling."""
+    mean · K^T to the scores). V in policy.v_format (default: input) with v_scaling. parts (a dict): the NVFP4
+    pieces of the returned q, k, v under "q", "k", "v" (see quantize_tokens; none for a smoothed q)."""
     fmt = policy.input
     if fmt == Format.FP64:
         return q, k, v
@@ -109,10 +116,13 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int):
         q = q - qm
     warps = (policy.qk_warp_q or SAGE_WARP_Q, policy.qk_warp_k or SAGE_WARP_K)
     knobs = {"mx_rounding": policy.mx_rounding or "floor", "nvfp4_floor": policy.nvfp4_floor, "warps": warps}
+    knobs["parts"] = parts
     qq = quantize_tokens(q, fmt, policy.qk_scaling, block=block_q, role="q", **knobs)
     kq = quantize_tokens(k, fmt, policy.qk_scaling, block=block_k, role="k", **knobs)
     if qm is not None:
         qq = qq + qm
+        if parts is not None:
+            parts.pop("q", None)  # q's values are no longer the pieces' product
     vfmt = policy.v_format or fmt
     vq = quantize_tokens(v, vfmt, policy.v_scaling, block=block_k, role="v", scale_max=policy.v_scale_max, **knobs)
     return qq, kq, vq
