@@ -39,15 +39,17 @@ def fp4x16_row(vec: np.ndarray) -> np.ndarray:
     return out
 
 
-def _attend(q2, k2, v, *, block_k: int, reverse: bool, causal: bool, quant_p, scale: float):
-    """Online softmax over key blocks (exp2, log2(e) in the scale) with P quantised by quant_p(P) -> (Pq, unit)."""
+def _attend(q2, k2, v, *, block_k: int, reverse: bool, causal: bool, quant_p, scale: float, start=None):
+    """Online softmax over key blocks (exp2, log2(e) in the scale) with P quantised by quant_p(P) -> (Pq, unit).
+    start [Lq, Lk]: added to each product q2[i] k2[j] before the scale (the MMA's initial accumulator)."""
     lq, lk = q2.shape[0], k2.shape[0]
     blocks = [(c, min(c + block_k, lk)) for c in range(0, lk, block_k)]
     out, mag = np.zeros((lq, v.shape[1])), np.zeros((lq, v.shape[1]))
     for i in range(lq):
         m, l, o, a = -math.inf, 0.0, np.zeros(v.shape[1]), np.zeros(v.shape[1])
         for c0, c1 in reversed(blocks) if reverse else blocks:
-            s = np.array([float(q2[i] @ k2[j]) * scale * LOG2E for j in range(c0, c1)])
+            c = np.zeros(c1 - c0) if start is None else start[i, c0:c1]
+            s = np.array([(float(q2[i] @ k2[j]) + c[j - c0]) * scale * LOG2E for j in range(c0, c1)])
             if causal:
                 s[np.arange(c0, c1) > i + lk - lq] = -math.inf
             if np.all(np.isneginf(s)):
@@ -64,21 +66,34 @@ def _attend(q2, k2, v, *, block_k: int, reverse: bool, causal: bool, quant_p, sc
     return out, mag
 
 
-def sage3_oracle(q, k, v, half: str = "bf16", causal: bool = False):
-    """SageAttention3 (sageattention3_blackwell at d1a57a5): api.py's smoothing, the 1x16 FP4 quantiser, P at
-    448 * 6 with per-16 scales (element by the float32 scale, MMA by its e4m3 rounding), key blocks of 128 last
-    to first."""
+def sage3_qk(q, k, half: str = "bf16"):
+    """SageAttention3's Q K^T operands (sageattention3_blackwell at d1a57a5, api.py preprocess_qkv): (Qs' [Lq, D],
+    Ks' [Lk, D] in 1x16 FP4, delta_s [Lq, Lk]): K smoothed in `half`, Q's per-128-row mean qm (float32, the
+    kernel pads L with zero rows) subtracted, delta_s = torch.matmul(qm, Ks^T) in `half` then float32: here
+    the exact sum (math.fsum) of the products rounded once to `half` (ml_dtypes / numpy casts from float64)."""
     h = HALF[half]
-    qh, kh, vh = rnd(q, h), rnd(k, h), rnd(v, h)
+    qh, kh = rnd(q, h), rnd(k, h)
     ks = rnd(kh - rnd(np.float32(kh.astype(np.float32).mean(axis=0)), h), h)
-    lq, d = qh.shape
+    lq = qh.shape[0]
     qs, qm = np.zeros_like(qh), np.zeros_like(qh)
     for g in range(0, lq, 128):
         mean = np.float32(qh[g : g + 128].sum(axis=0) / 128.0)  # the kernel pads L with zero rows
         qs[g : g + 128] = rnd(qh[g : g + 128] - mean, h)
         qm[g : g + 128] = rnd(mean, h)
-    qq = np.stack([fp4x16_row(r) for r in qs])
-    kq = np.stack([fp4x16_row(r) for r in ks])
+    exact = np.array([[math.fsum(qm[i] * ks[j]) for j in range(len(ks))] for i in range(lq)])
+    delta = np.asarray(exact, np.float64).astype(h).astype(np.float64)
+    return np.stack([fp4x16_row(r) for r in qs]), np.stack([fp4x16_row(r) for r in ks]), delta
+
+
+def sage3_oracle(q, k, v, half: str = "bf16", causal: bool = False):
+    """SageAttention3 (sageattention3_blackwell at d1a57a5): api.py's smoothing and delta_s (sage3_qk), the
+    1x16 FP4 quantiser, the scores Qs' Ks'^T + delta_s (delta_s the Q K^T MMA's initial accumulator, mainloop
+    add_delta_s), P at 448 * 6 with per-16 scales (element by the float32 scale, MMA by its e4m3 rounding), key
+    blocks of 128 last to first."""
+    h = HALF[half]
+    vh = rnd(v, h)
+    d = q.shape[1]
+    qq, kq, delta = sage3_qk(q, k, half)
     vq = np.stack([fp4x16_row(c) for c in vh.T]).T  # blocks of 16 tokens per channel
     unit = 448.0 * 6.0
 
@@ -91,8 +106,8 @@ def sage3_oracle(q, k, v, half: str = "bf16", causal: bool = False):
                 out[b : b + 16] = rnd(sat(pt[b : b + 16] / a, 6.0), E2M1) * float(rnd(a, E4M3))
         return out, unit
 
-    q2, k2 = np.concatenate([qq, qm], 1), np.concatenate([kq, ks], 1)
-    out, mag = _attend(q2, k2, vq, block_k=128, reverse=True, causal=causal, quant_p=quant_p, scale=d**-0.5)
+    kw = {"block_k": 128, "reverse": True, "causal": causal, "quant_p": quant_p, "scale": d**-0.5}
+    out, mag = _attend(qq, kq, vq, start=delta, **kw)
     return rnd(out, h), mag
 
 

@@ -307,7 +307,7 @@ def _query_tile(
         q_i, o_i, m_i, l_i, pv = rows_i
         mma_qk = None
         if ops is not None and ops.model_qk is not None:
-            mma_qk = (ops.q.rows(a, r1), ops.k.rows(t.c0, t.c1), ops.model_qk)
+            mma_qk = (ops.q.rows(a, r1), ops.k.rows(t.c0, t.c1), ops.model_qk, ops.qk_c(a, r1, t.c0, t.c1))
         s = _tile_scores(q_i, k, (a, r1, lq, lk), t, cfg, pol, sc_s, scratch.s, mma_qk)
         pv = _Scratch.view(scratch.pv, (b, h, r1 - a, dv)) if pv is None else pv
         args = (s, v[..., t.c0 : t.c1, :], o_i, m_i, l_i, pol, exp, lq - t.r0)  # lq - t.r0: the rows unchunked
@@ -331,11 +331,13 @@ def _tile_scores(
 ):
     """rnd_score(sc * q_r k_j^T) plus the tile's mask, for query rows r0:r1 (q_r, of Lq) and key block t (of
     Lk): [B, H, r1 - r0, c1 - c0], formed in the flat buffer `buf`. sc = 1 skips the multiply. mma_qk (the
-    step's Q and K operands and the policy's qk_mma model): the tensor core's product of the codes, descaled."""
+    step's Q and K operands, the policy's qk_mma model and the MMA's initial C or None): the tensor core's
+    product of the codes, descaled."""
     r0, r1, lq, lk = rows
     out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
     if mma_qk is not None:  # kernels.mma: the FP8/FP4 MMA as the hardware computes it, scale folded in once
-        prod, sc = qk_scores(*mma_qk, sc, out=out), 1.0
+        q_op, k_op, model, c = mma_qk
+        prod, sc = qk_scores(q_op, k_op, model, sc, out=out, c=c), 1.0
     elif pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
         k_t = k[..., t.c0 : t.c1, :].transpose(-1, -2)
         prod = out.copy_(mm_accumulate(q_r, k_t, pol.qk_acc_bits))

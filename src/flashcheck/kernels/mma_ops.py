@@ -29,6 +29,7 @@ from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
 from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
+from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
 
 OPERAND_FORMATS = {Format.FP8_E4M3: "e4m3", Format.FP8_E5M2: "e5m2", Format.FP4_E2M1: "e2m1",
                    Format.FP6_E2M3: "e2m3", Format.FP6_E3M2: "e3m2"}  # fmt: skip
@@ -153,6 +154,7 @@ class MMAOperands:
     q: Operand | None
     k: Operand | None
     v: Operand | None
+    qk_start: DeltaS | None = None  # the Q K^T MMA's initial C by tile (SageAttention3's delta_s), else +0
 
     @staticmethod
     def make(q, k, v, pol: Policy, block_q: int, block_k: int, parts: dict | None = None) -> MMAOperands | None:
@@ -169,7 +171,12 @@ class MMAOperands:
             qo, ko = _split_input(q, pol, "q", block_q, got), _split_input(k, pol, "k", block_k, got)
         if pv is not None:
             vo = _values(v) if pol.exact_inputs == "v" else _split_input(v, pol, "v", block_k, got)
-        return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo)
+        start = DeltaS.make(q, k, pol.source_format or Format.BF16) if _sage3_qk(pol) and qo is not None else None
+        return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo, start)
+
+    def qk_c(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
+        """The Q K^T MMA's initial C for query rows r0:r1 and keys c0:c1 (float32, in the MMA's units), or None."""
+        return None if self.qk_start is None else self.qk_start.block(r0, r1, c0, c1)
 
     def v_block(self, c0: int, c1: int) -> Operand:
         """V's rows c0:c1 with one scale per column (a per-row-block scale that changes inside the key block
@@ -183,9 +190,16 @@ class MMAOperands:
         return blk
 
 
+def _sage3_qk(pol: Policy) -> bool:
+    """SageAttention3's Q and K (kernels.sage3 rule 2): their FP4 columns, delta_s the MMA's initial C."""
+    return pol.qk_scaling == "sage3"
+
+
 def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, parts=None, exact: bool = True) -> Operand:
     if parts and role in parts:
         return block_scaled(parts[role])
+    if role != "v" and _sage3_qk(pol):  # e2m1 x e4m3 values (scales vary along D): kernels.mma's f32 tile
+        return _values(sage3_fp4_part(x))
     fmt, groups, rows, top = _input_groups(pol, role, block)
     return split(x, fmt, groups, rows=rows, top=top, exact=exact)
 
@@ -204,11 +218,19 @@ def v_codes(v: torch.Tensor, pol: Policy, block_k: int) -> Operand:
     return _split_input(v, pol, "v", block_k, exact=False)
 
 
-def qk_scores(q: Operand, k: Operand, model: MMAModel, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def qk_scores(
+    q: Operand,
+    k: Operand,
+    model: MMAModel,
+    factor: float,
+    out: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+) -> torch.Tensor:
     """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
-    written and returned (the descale in one C pass, kernels.preset_native, where it applies)."""
-    acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, fmt=(q.fmt, k.fmt))
+    written and returned (the descale in one C pass, kernels.preset_native, where it applies). c (float32
+    [..., Mq, Mk], in the MMA's units): the accumulator the MMA starts from (None: +0)."""
+    acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, c=c, fmt=(q.fmt, k.fmt))
     k_scale = k.scale.transpose(-1, -2)
     if out is not None and descale_into(acc, q.scale, k_scale, factor, out) is not None:
         return out

@@ -157,10 +157,11 @@ def sage3_fp4(fmt: Format) -> Policy:
     """SageAttention3 (arXiv 2505.11594) as its Blackwell kernel does it (thu-ml/SageAttention at commit
     d1a57a5, sageattention3_blackwell/sageattn3/api.py, quantization/fp4_quantization_4d.cu,
     blackwell/softmax_fused.h, mainloop_tma_ws.h; the rules in kernels.sage3): K smoothed over the tokens,
-    Q's per-128-row-block mean subtracted and q̄ K^T added back into the fp32 scores, Q, K, V in 1x16 FP4
-    blocks with one e4m3 scale amax / 6 and no tensor scale, P offset so the running max maps to 448 * 6
-    before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the input dtype. A block scale
-    whose e4m3 cast is subnormal or zero is kept (fp4_quantization_4d.cu: no floor; nvfp4_floor does not apply)."""
+    Q's per-128-row-block mean subtracted and q̄ K^T (in the input dtype) the Q K^T MMA's initial fp32 C,
+    Q, K, V in 1x16 FP4 blocks with one e4m3 scale amax / 6 and no tensor scale, P offset so the running max
+    maps to 448 * 6 before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the
+    input dtype. A block scale whose e4m3 cast is subnormal or zero is kept (fp4_quantization_4d.cu: no floor;
+    nvfp4_floor does not apply)."""
     _need("sage3-fp4", fmt, HALF)
     base = mixed_policy(Format.FP4_E2M1).replace(p=Format.FP4_E2M1, output=fmt)
     return base.replace(

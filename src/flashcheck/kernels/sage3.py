@@ -7,11 +7,16 @@ sageattn3/blackwell/softmax_fused.h with mainloop_tma_ws.h. Each rule below is r
    Ks = rnd(K - km) (api.py preprocess_qkv, `k -= k.mean(dim=-2, keepdim=True)`); softmax cancels km.
 2. Q's per-128-row-block mean (triton_group_mean, GROUP_SIZE 128, over L padded with zero rows to a multiple
    of 128, so a ragged last block divides by 128): qm in float32, stored rounded to `half`; Qs = rnd(Q - qm).
-   The kernel adds delta_s = qm Ks^T back into the score accumulator before the Q K^T MMA (add_delta_s):
-   the scores are Qs' Ks'^T + qm Ks^T with Ks unquantised. Here that is one product of the concatenations
-   [Qs', qm] and [Ks', Ks] along D (2 D columns; the callers fix the softmax scale from the original D).
-   Left out: api.py forms delta_s as a 16-bit matmul before casting it to float32 (one more rounding of
-   qm Ks^T to `half`).
+   api.py preprocess_qkv forms delta_s = torch.matmul(qm, Ks^T).to(float32) [B, H, L / 128, Lk], a 16-bit
+   matmul: here the exact products summed in float64 (exact unless their magnitudes span over about 2^23),
+   rounded once to `half` and widened. The mainloop's add_delta_s writes delta_s into the score accumulator
+   tSrS (stride 0 over the 128 rows, SmemLayoutAtomDS) before the Q K^T MMA runs over the FP4 k_blocks into
+   it: delta_s is the MMA's initial C. sage3_inputs returns the concatenations [Qs', qm] and [Ks', Ks] along
+   D (2 D columns; the callers fix the softmax scale from the original D); the MMA model (kernels.mma_ops)
+   splits them back (sage3_fp4_part, DeltaS) and runs the chain over the D FP4 columns (values e2m1 * e4m3)
+   from c = delta_s. Paths without a tensor-core model take the product of the concatenations,
+   Qs' Ks'^T + qm Ks^T (qm Ks^T not rounded to `half`). Left out: cuBLAS's fp32 summation inside delta_s's
+   matmul (its order is not modelled).
 3. Q, K (blocks along D) and V (transposed: blocks of 16 tokens per channel) are FP4 with one e4m3 scale per
    16 elements and no tensor scale: s = e4m3(amax / 6) (round to nearest, saturating; a subnormal or zero s
    is kept), element e2m1(x * (1 / s)) (round to nearest even, saturating; s = 0 gives 0), value e2m1 * s.
@@ -24,6 +29,8 @@ The kernel's exp2 and reciprocals are the GPU's approximate instructions (ex2.ap
 they are correctly rounded. Tensors [B, H, L, D]; every function returns dequantised values in float64."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -56,8 +63,9 @@ def block_means(q: torch.Tensor, group: int = SAGE3_Q_GROUP) -> torch.Tensor:
 
 def sage3_inputs(q, k, v, half: Format, quantize=quantize_fp4x16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q', k', v) as SageAttention3's kernel multiplies them (rules 1-3): q' = [Qs', qm] and k' = [Ks', Ks]
-    [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T; v [B, H, L, Dv] FP4 along the tokens. `quantize`:
-    quantize_fp4x16 or a function giving its values (kernels.quantized passes its C pass)."""
+    [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T (the MMA model: sage3_fp4_part and DeltaS); v
+    [B, H, L, Dv] FP4 along the tokens. `quantize`: quantize_fp4x16 or a function giving its values
+    (kernels.quantized passes its C pass)."""
     qh, kh, vh = (round_to(t.to(torch.float32), half) for t in (q, k, v))
     km = round_to(kh.mean(dim=-2, keepdim=True), half)
     ks = round_to(kh - km, half)
@@ -67,6 +75,33 @@ def sage3_inputs(q, k, v, half: Format, quantize=quantize_fp4x16) -> tuple[torch
     q2 = torch.cat([qq, round_to(qm, half).double()], dim=-1)
     k2 = torch.cat([kq, ks.double()], dim=-1)
     return q2, k2, quantize(vh, dim=-2)
+
+
+def sage3_fp4_part(x2: torch.Tensor) -> torch.Tensor:
+    """The FP4 columns Qs' or Ks' [B, H, L, D] of sage3_inputs' q' or k' [B, H, L, 2 D] (a view)."""
+    return x2[..., : x2.shape[-1] // 2]
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaS:
+    """delta_s = qm Ks^T (rule 2) per 128-row query group: values [B, H, ceil(Lq / 128), Lk] float32 holding
+    `half` values (api.py's 16-bit matmul cast to float32)."""
+
+    values: torch.Tensor
+
+    @staticmethod
+    def make(q2: torch.Tensor, k2: torch.Tensor, half: Format) -> DeltaS:
+        """From sage3_inputs' q' [B, H, Lq, 2 D] (qm, in half, in its last D columns, constant per group) and
+        k' [B, H, Lk, 2 D] (Ks in its last D): the float64 sum of the exact products rounded once to half."""
+        d = q2.shape[-1] // 2
+        qm = q2[..., ::SAGE3_Q_GROUP, d:].to(torch.float64)  # one row per group
+        ks = k2[..., d:].to(torch.float64)
+        return DeltaS(round_to(qm @ ks.transpose(-1, -2), half).to(torch.float32))
+
+    def block(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """delta_s of query rows r0:r1 and keys c0:c1, [B, H, r1 - r0, c1 - c0] float32 (a new tensor)."""
+        ids = torch.arange(r0, r1, device=self.values.device) // SAGE3_Q_GROUP
+        return self.values[..., c0:c1].index_select(-2, ids)
 
 
 def sage3_p(p: torch.Tensor, p_scale: float = SAGE3_P_SCALE) -> torch.Tensor:
