@@ -1,23 +1,40 @@
 """Split-KV ("flash-decoding") attention: S key chunks computed independently, merged through their LSEs.
 
 Shapes: q [B, H, Lq, D] (decoding: Lq of 1 or a few draft tokens), k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
-(a long KV cache). Each chunk is one flash pass (kernels.flash) whose normalised partial output and
-log-sum-exp are stored in the policy's `merge` format; the combine (FA2's flash_fwd_combine: lse =
-log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s) also runs in `merge`, and only its result is
-rounded to `output`. The merge is the numerics source unique to decoding.
+(a long KV cache). Quantised once: Q, K, V are rounded / quantised for the whole cache as the flash kernel does
+(kernels.fp8.round_inputs under the policy itself: FP8 tensor or block scales, NVFP4 block and tensor scales,
+SageAttention's K smoothing by the cache's mean, the Hadamard rotation), and the tensor-core models' operands
+(codes and scales, sage3's delta_s) are split once (kernels.mma_ops.MMAOperands). Each split is the flash forward
+over its own whole key blocks (kernels.flash.forward_keys) on those codes and scales, with the policy's own step
+numerics (P's quantisation against the split's running max, the MMA chains) and causal / mask positions of the
+whole cache; its normalised partial output and log-sum-exp are stored in the policy's `merge` format. The
+combine (lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s) also runs in `merge`, and only its result
+is rounded to `output`. So splits=1 is the flash kernel bit for bit; with S > 1 the splits differ from one
+flash pass by the merge's roundings and by each split's softmax starting afresh (its own running max, so P
+rounds differently where P is narrow), as on the hardware.
+
+Source: FlashAttention-3, Dao-AILab/flash-attention at 0251105a2fb19d2957484b7f023cd8c115286ced: a split's key
+blocks are its ceil(n_blocks / num_splits) share of the causal block range (hopper/block.h, get_n_block_min_max,
+lines 48-54); its FP8 descales are the (batch, KV head) q_descale * k_descale folded into the softmax scale
+(hopper/flash_fwd_kernel_sm90.h, lines 408-414) and v_descale in softmax.finalize
+(hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, line 1241), read from the same tensors whatever the split; the
+epilogue stores the split's O in float (ElementPartial, O_partial[..., split_idx]) and its LSE in LSE_partial
+(hopper/epilogue_fwd.hpp, lines 30, 294-306, 365); hopper/flash_fwd_combine_kernel.h (lines 596-619) merges them
+(lse_sum = log sum_s exp(lse_s - lse_max) + lse_max, each O_s weighted by exp(lse_s - lse_max) / sum).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from flashcheck.core.numerics import Format, Policy, parse_policy
-from flashcheck.kernels.flash import flash_attention
+from flashcheck.core.numerics import Policy, parse_policy
+from flashcheck.kernels.flash import LOG2E, FlashConfig, forward_keys
 from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import resolve_scale, rnd, safe_max
+from flashcheck.kernels.mma_ops import MMAOperands
+from flashcheck.kernels.ops import resolve_scale, rnd, safe_max, settle_exp
 from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 
@@ -79,22 +96,33 @@ def split_kv_attention(
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
+    settle_exp()  # see ops.settle_exp, as flash_attention
     k, v = expand_kv_heads(q, k, v)
-    lq, lk = q.shape[-2], k.shape[-2]
+    cfg = FlashConfig(
+        policy=pol, block_q=block_q, block_k=block_k, algorithm=algorithm, causal=causal, mask=mask, scale=scale,
+        key_order=pol.kv_order or "forward", exp2=exp2,
+    )  # fmt: skip
     with torch.autocast(device_type=q.device.type, enabled=False):
-        qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=block_q, block_k=block_k)
-        work = Format.FP64 if pol.work_dtype == torch.float64 else Format.FP32
-        # inputs are rounded once above; each chunk keeps them (exact) and stores its result in merge
-        part = pol.replace(input=work, output=pol.merge, hadamard=False, fp8_scaling="tensor")
-        outs, lses = [], []
-        for c0, c1 in spans:
-            bias = tile_bias((0, lq), (c0, c1), lq, lk, causal=causal, mask=mask, dtype=qr.dtype)
-            o_s, lse_s = flash_attention(
-                qr, kr[..., c0:c1, :], vr[..., c0:c1, :], policy=part, block_q=block_q, block_k=block_k,
-                algorithm=algorithm, mask=bias, scale=scale, exp2=exp2, return_lse=True,
-            )  # fmt: skip
-            outs.append(rnd(o_s, pol, "merge"))
-            lses.append(rnd(lse_s.unsqueeze(-1), pol, "merge"))
+        outs, lses = split_partials(q, k, v, cfg, spans)
         acc, lse = merge_partials(outs, lses, pol)
         out = rnd(acc, pol, "output")
     return (out, lse.squeeze(-1)) if return_lse else out
+
+
+def split_partials(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: FlashConfig, spans: list[tuple[int, int]]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The splits' partial outputs O_s [B, H, Lq, Dv] and natural-log LSEs [B, H, Lq, 1], both in cfg.policy's
+    merge format, of q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv] (KV heads expanded) over the key
+    chunks `spans` (whole key blocks): the inputs rounded / quantised once for the whole cache, the tensor-core
+    operands split once, each split the flash forward over its own key blocks (see the module docstring)."""
+    pol = cfg.policy
+    parts: dict = {}  # NVFP4 inputs' pieces, for the block-scaled MMA
+    qr, kr, vr, _ = round_inputs(q, k, v, pol, block_q=cfg.block_q, block_k=cfg.block_k, parts=parts)
+    ops = MMAOperands.make(qr, kr, vr, pol, cfg.block_q, cfg.block_k, parts)
+    outs, lses = [], []
+    for span in spans:
+        o_s, lse_s = forward_keys(qr, kr, vr, dataclasses.replace(cfg, keys=span), ops)
+        outs.append(rnd(o_s, pol, "merge"))
+        lses.append(rnd(lse_s / LOG2E if cfg.exp2 else lse_s, pol, "merge"))
+    return outs, lses

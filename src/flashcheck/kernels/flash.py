@@ -54,7 +54,8 @@ class FlashConfig:
     explicit permutation of key-block indices. `exp2`: scores in log2 units with log2(e) folded into
     the scale, as FA2 kernels compute them. `p_probe(p, p_cast)`: called with each forward step's P before and
     after its cast (see _knob_step); from the query tiles' threads, so it must be thread-safe. `sink`: sink
-    logits [H] (forward only), added to l at the end as FA4's finalize does."""
+    logits [H] (forward only), added to l at the end as FA4's finalize does. `keys`: the key range (start, stop),
+    whole key blocks, the forward runs over (one split of split-KV decoding, see forward_keys); None: every key."""
 
     policy: Policy
     block_q: int = 128
@@ -70,6 +71,7 @@ class FlashConfig:
     tie_beta: float | None = None
     p_probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None
     sink: torch.Tensor | None = None
+    keys: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.tie_beta is not None and (self.algorithm != "fa2" or not self.tie_beta > 1):
@@ -82,6 +84,8 @@ class FlashConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.keys is not None and (self.keys[0] % self.block_k or not 0 <= self.keys[0] <= self.keys[1]):
+            raise ValueError(f"keys={self.keys!r} must be a range (start, stop) of whole key blocks of {self.block_k}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if isinstance(self.key_order, str) and self.key_order not in KEY_ORDERS:
@@ -91,8 +95,14 @@ class FlashConfig:
             )
 
     def blocks(self, lk: int) -> list[tuple[int, int]]:
-        """Key blocks (start, stop) in processing order."""
-        spans = [(c0, min(lk, c0 + self.block_k)) for c0 in range(0, lk, self.block_k)]
+        """Key blocks (start, stop) in processing order (those inside `keys` only, in the same order)."""
+        spans = self._ordered([(c0, min(lk, c0 + self.block_k)) for c0 in range(0, lk, self.block_k)])
+        if self.keys is None:
+            return spans
+        k0, k1 = self.keys
+        return [(c0, c1) for c0, c1 in spans if k0 <= c0 and c1 <= k1]
+
+    def _ordered(self, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
         order = self.key_order
         if order == "forward":
             return spans
@@ -134,12 +144,13 @@ def _scores(q_r, k_j, t: _Tiles, lq: int, lk: int, cfg: FlashConfig, pol: Policy
     return s
 
 
-def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None, parts: dict | None = None):
+def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = None, parts: dict | None = None, ops=None):
     """Returns (out_hi, out, lse): the normalised accumulator before output rounding, the output, and
     the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
     (None: sized by TILE_BYTES; Lq: one tile, every row at once) agree to a few units in the last place
     (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it). `parts`:
-    round_inputs' NVFP4 pieces of q, k, v (the block-scaled MMA's operands, kernels.mma_ops), or None.
+    round_inputs' NVFP4 pieces of q, k, v (the block-scaled MMA's operands, kernels.mma_ops), or None. `ops`:
+    the MMAOperands of q, k, v made already (None: made here).
 
     On a busy CPU (fewer cores free than threads) a run of several tiles is single-threaded throughout: its
     tiles' ops are so already (see _run_tiles), and the few ops around them are element-wise or exact
@@ -148,9 +159,9 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     if tile_rows is None:
         tile_rows = _tile_rows(q.shape, k.shape[-2], cfg.block_k, q.dtype, _mma(pol))
     if not _busy(q, tile_rows):
-        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts)
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts, ops)
     with _one_thread():
-        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts)
+        return _forward_tiles(q, k, v, cfg, pol, tile_rows, parts, ops)
 
 
 def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype, even: bool = False) -> int:
@@ -189,7 +200,7 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts: dict | None = None):
+def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts: dict | None = None, ops=None):
     """_forward at tile_rows rows per query tile."""
     b, h, lq, _ = q.shape
     lk, dv = k.shape[-2], v.shape[-1]
@@ -199,7 +210,8 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     l = torch.empty(b, h, lq, 1, dtype=work, device=q.device)
     steps = _steps(cfg, lq, lk)
     tiles = row_chunks(lq, tile_rows)
-    ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)  # the tensor-core models' operands, or None
+    if ops is None:  # the tensor-core models' operands, or None
+        ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
     runs = _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops)
     for (r0, r1), (o_t, m_t, l_t) in zip(tiles, runs, strict=True):
@@ -521,6 +533,17 @@ def _remove_ds_row_sums(fix: RowSumFix, q, dq, dk, cfg: FlashConfig, pol: Policy
         vis = _visible(t, lq, lk, cfg, q.dtype)
         dk[..., t.c0 : t.c1, :] = fix.fix_dk_tile(dk[..., t.c0 : t.c1, :], q[..., t.r0 :, :], t.r0, vis, s_nat, pol)
     return fix.fix_dq(dq, s_nat, pol), dk
+
+
+def forward_keys(q, k, v, cfg: FlashConfig, ops: MMAOperands | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split of split-KV decoding (kernels.decode): the forward of q [B, H, Lq, D], k [B, H, Lk, D],
+    v [B, H, Lk, Dv] as round_inputs returned them for the whole cache, over the key blocks of cfg.keys only
+    (masks and causal alignment by the cache's own indices), the tensor-core models on `ops` (MMAOperands.make
+    of the same q, k, v: the whole cache's codes and scales, or None). Returns the normalised accumulator before
+    output rounding [B, H, Lq, Dv] and the LSE [B, H, Lq, 1] (log2 units when cfg.exp2; -inf where a row sees
+    no key of the range)."""
+    out_hi, _, lse = _forward(q, k, v, cfg, cfg.policy, ops=ops)
+    return out_hi, lse
 
 
 class _FlashFunction(torch.autograd.Function):
