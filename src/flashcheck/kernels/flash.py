@@ -252,18 +252,20 @@ def _run_tiles(
 class _Scratch:
     """A query tile's reused step buffers (flat, so a step of fewer rows or a narrower key block takes a
     contiguous prefix, laid out as a fresh tensor would be): the score block, its copy cast to the `p`
-    stage's dtype, and the P·V product. Allocating these per step cost more than the arithmetic (each is a
-    fresh mapping of zeroed pages), and a step's values are the same in either."""
+    stage's dtype, the P·V product, and a second score block (_knob_step's P or its cast, whichever s does
+    not hold). Allocating these per step cost more than the arithmetic (each is a fresh mapping of zeroed
+    pages), and a step's values are the same in either."""
 
     s: torch.Tensor
     p: torch.Tensor
     pv: torch.Tensor
+    e: torch.Tensor
 
     @staticmethod
     def make(rows: int, cols: int, dv: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Scratch:
         """rows: B * H * tile rows; cols: the widest key block."""
-        s, pv = (torch.empty(n, dtype=dtype, device=device) for n in (rows * cols, rows * dv))
-        return _Scratch(s, cast_scratch(rows * cols, dtype, pol, "p", device), pv)
+        s, pv, e = (torch.empty(n, dtype=dtype, device=device) for n in (rows * cols, rows * dv, rows * cols))
+        return _Scratch(s, cast_scratch(rows * cols, dtype, pol, "p", device), pv, e)
 
     @staticmethod
     def view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -313,7 +315,7 @@ def _query_tile(
         more = {}
         if step is _knob_step and ops is not None and ops.model_pv is not None:
             more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv)}
-        m_new, l_new = step(*args, (scratch.p, pv), **extra, **more)
+        m_new, l_new = step(*args, (scratch.p, pv, scratch.e), **extra, **more)
         if i == 0:
             m, l = m_new, l_new
         else:
@@ -428,18 +430,24 @@ def _knob_step(
     alpha = rnd(exp(m - ms), pol, "stats")
     x = s.sub_(ms)
     low_p = pol.p != Format.FP64
+    # a second block for P or its cast (bufs[2]; not where a probe sees them: it may keep them)
+    e = _Scratch.view(bufs[2], s.shape) if len(bufs) > 2 and s.dtype == torch.float32 and probe is None else None
     if pol.exp2_emu and low_p:
         # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
         cols = column_mask(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
         cols = cols[: x.shape[-1]]
         # natural-log scores: one more rounding than FA4's FMA
-        p = exp2_fa4(x if log2 else x * LOG2E, cols, ex2_columns)
+        p = exp2_fa4(x if log2 else x * LOG2E, cols, ex2_columns, out=e)
     else:
         p = exp(x, out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
-    pc, sc = (quantize_p(p, pol), pol.p_scale) if low_p else (p, 1.0)
+    spare = None if probe is not None else (e if p is s else s)  # the scores are spent: s may take P's cast
+    pc, sc = (quantize_p(p, pol, out=spare), pol.p_scale) if low_p else (p, 1.0)
     if probe is not None:
         probe(p, pc)
+    if mma_v is not None and info(pol.stage("accum")).dtype == o.dtype:  # the rescale folded into the P·V MMA's start
+        pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1], alpha=alpha, buf=bufs[1])
+        return m_new, l
     rnd_(o.mul_(alpha), pol, "accum")
     if mma_v is not None:
         pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1])
