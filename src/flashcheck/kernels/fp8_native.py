@@ -44,38 +44,43 @@ static inline double fp8_round(double y, int mbits, int emin, double maxv) {
 SOURCE = (
     ROUND_SOURCE
     + r"""
-/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n: the contiguous cases apart, so they vectorise */
-static void row_scaled(const double *x, int64_t dx, const double *s, int64_t ds, double *out, int64_t n, int mbits,
-                       int emin, double maxv, int mul) {
-    if (dx == 1 && ds == 0) {
-        const double sc = s[0];
-        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv) * sc;
-        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv);
-    } else if (dx == 1 && ds == 1) {
-        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv) * s[i];
-        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv);
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            const double sc = s[i * ds], r = fp8_round(x[i * dx] / sc, mbits, emin, maxv);
-            out[i] = mul ? r * sc : r;
-        }
-    }
+/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n, in double (x's values exact in it), stored
+   as TO (a float out: the double result's rounding, as torch's .to); the contiguous cases apart, so they
+   vectorise. Over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in elements), out contiguous. */
+#define SCALED(NAME, TI, TO)                                                                                    \
+static void row_##NAME(const TI *x, int64_t dx, const double *s, int64_t ds, TO *out, int64_t n, int mbits,     \
+                       int emin, double maxv, int mul) {                                                        \
+    if (dx == 1 && ds == 0) {                                                                                   \
+        const double sc = s[0];                                                                                 \
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = (TO)(fp8_round((double)x[i] / sc, mbits, emin, maxv) * sc); \
+        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / sc, mbits, emin, maxv);     \
+    } else if (dx == 1 && ds == 1) {                                                                            \
+        if (mul) for (int64_t i = 0; i < n; i++)                                                                \
+            out[i] = (TO)(fp8_round((double)x[i] / s[i], mbits, emin, maxv) * s[i]);                            \
+        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / s[i], mbits, emin, maxv);   \
+    } else {                                                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], r = fp8_round((double)x[i * dx] / sc, mbits, emin, maxv);              \
+            out[i] = (TO)(mul ? r * sc : r);                                                                    \
+        }                                                                                                       \
+    }                                                                                                           \
+}                                                                                                               \
+                                                                                                                \
+void NAME(const TI *x, const int64_t *xs, const double *s, const int64_t *ss, TO *out, const int64_t *n,        \
+          int mbits, int emin, double maxv, int mul) {                                                          \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
+        const TI *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                   \
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
+        row_##NAME(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);                                \
+    }                                                                                                           \
 }
-
-/* out = fp8_round(x / s) (* s when mul) over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in
-   elements), out contiguous */
-void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const int64_t *ss, double *out,
-                   const int64_t *n, int mbits, int emin, double maxv, int mul) {
-    int64_t o = 0;
-    for (int64_t i0 = 0; i0 < n[0]; i0++)
-    for (int64_t i1 = 0; i1 < n[1]; i1++)
-    for (int64_t i2 = 0; i2 < n[2]; i2++)
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
-        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
-        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
-        row_scaled(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);
-    }
-}
+SCALED(fc_fp8_scaled, double, double)
+SCALED(fc_fp8_scaled_df, double, float)
+SCALED(fc_fp8_scaled_ff, float, float)
 
 /* out[i0, i1, i2, i3] = max |x[i0, i1, i2, i3, :]| (NaN when any is NaN), the last dim contiguous */
 #define ABSMAX(NAME, T)                                                                                         \
@@ -214,13 +219,18 @@ def _layout(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return xs, ss, torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
 
 
-def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
-    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool, dtype=torch.float64) -> torch.Tensor:
+    """The C pass over x (float64, or float32 with a float32 dtype; at most 5 dims) and scale broadcast to x's
+    shape; a new contiguous tensor of `dtype` (float32: the float64 result rounded, as .to rounds it)."""
     xs, ss, n = _layout(x, scale)
-    out = torch.empty(x.shape, dtype=torch.float64)
+    out = torch.empty(x.shape, dtype=dtype)
     ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr())
-    lib.fc_fp8_scaled(*ptrs, *_params(fmt), int(mul))
+    fn = lib.fc_fp8_scaled if dtype == torch.float64 else _SCALED_F32[x.dtype](lib)
+    fn(*ptrs, *_params(fmt), int(mul))
     return out
+
+
+_SCALED_F32 = {torch.float64: lambda lib: lib.fc_fp8_scaled_df, torch.float32: lambda lib: lib.fc_fp8_scaled_ff}
 
 
 def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
@@ -254,10 +264,16 @@ def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtypes=(torch.flo
     )  # (torch.broadcast_shapes materialises the shape: 60 ms for a 128 MiB tensor)
 
 
-def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """core.numerics.quantize_scaled(x, fmt, scale) (x / scale rounded to fmt, times scale), in one C pass
-    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims])."""
+    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims]).
+    dtype float32: that result .to(float32), for a float64 or float32 x (taken as its float64 values), in the
+    same pass where it applies."""
     lib = library()
+    if dtype == torch.float32:
+        if lib is None or not _usable(x, fmt, scale, (torch.float64, torch.float32)):
+            return quantize_scaled(x.to(torch.float64), fmt, scale).to(torch.float32)
+        return _run(lib, x, fmt, scale, True, torch.float32)
     if lib is None or not _usable(x, fmt, scale):
         return quantize_scaled(x, fmt, scale)
     return _run(lib, x, fmt, scale, True)
@@ -297,6 +313,8 @@ def _native() -> tuple[object | None, str]:
     lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
     for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
+    for fn in (lib.fc_fp8_scaled_df, lib.fc_fp8_scaled_ff):
+        fn.argtypes, fn.restype = _ARGS, None
     lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
     for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
         fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
@@ -314,6 +332,11 @@ def _native() -> tuple[object | None, str]:
             for w, g_ in ((want, got), (want_codes, got_codes)):
                 if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
                     return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
+            x32 = xv.float()  # float32 in (and float64 in), float32 out: the float64 result's .to(float32)
+            for xin, w in ((xv, want), (x32, quantize_scaled(x32.double(), fmt, sv))):
+                got32 = _run(lib, xin, fmt, sv, True, torch.float32)
+                if not torch.equal(w.float().view(torch.int32), got32.view(torch.int32)):
+                    return None, f"the C FP8 rounding to float32 differs from torch's ({fmt.value}): torch runs it"
     from flashcheck.core.quant import quantize_int
 
     xi = torch.cat([x[x.abs() < 1e6], torch.tensor([-0.0, 0.0, 0.5, -0.5, 1.5, -2.5])])
@@ -380,9 +403,11 @@ def _absmax_cols(lib, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None) -> torch.Tensor:
-    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max."""
+def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max. dtype float64: the
+    scale of x's float64 values (a maximum of float32 values is exact in float64), without a float64 copy."""
     a = abs_max(x.detach(), dim)
+    a = a if dtype is None else a.to(dtype)
     a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     return torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
 
