@@ -285,9 +285,10 @@ _DIMS4 = ctypes.c_int64 * _DIMS  # strides and shapes go to C as ctypes arrays (
 
 
 def _strides(t: torch.Tensor, shape: torch.Size):
-    """t's strides broadcast to `shape` (<= 4 dims), int64 [4] with leading zeros."""
-    st = t.expand(shape).stride()
-    return _DIMS4(*((0,) * (_DIMS - len(st)) + tuple(st)))
+    """t's strides broadcast to `shape` (<= 4 dims, t broadcasting to it), int64 [4] with leading zeros: 0 along
+    a dim of size 1 (expand's strides there, without its view)."""
+    st = tuple(0 if n == 1 else d for n, d in zip(t.shape, t.stride(), strict=True))
+    return _DIMS4(*((0,) * (_DIMS - len(st)) + st))
 
 
 def _shape(shape: torch.Size):
