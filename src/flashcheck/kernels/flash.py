@@ -22,7 +22,7 @@ from flashcheck.kernels.fastmath import column_mask, exp2_fa4, mm_accumulate, rc
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
+from flashcheck.kernels.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
 from flashcheck.kernels.native_step import acc_update, softmax_step
 from flashcheck.kernels.ops import (
@@ -209,13 +209,27 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int):
         exp = torch.exp2 if cfg.exp2 else torch.exp
         l = rnd(l + exp(sk - m), pol, "stats")
     dead = l == 0
-    if cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
+    v_scale = held_v_scale(ops, pol, work)
+    if v_scale is not None:  # o in the P·V MMA's units: V's descale folded into 1 / row sum, as the kernels do
+        o = rnd(o * _held_factor(l, dead, v_scale, pol), pol, "accum")
+    elif cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
         o = rnd(o * rcp_approx(torch.where(dead, torch.ones_like(l), l)), pol, "accum")
     elif cfg.algorithm == "fa2":
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
     return o, rnd_fresh(o, pol, "output"), lse
+
+
+def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol: Policy) -> torch.Tensor:
+    """The float32 factor that takes O from MMA units to its normalised value [B, H, Lq, 1]: 1 / (the row sum of
+    P in the MMA's units, l * p_scale) times V's descale in float32, as FA3's Softmax::finalize(v_descale)
+    (hopper/softmax.h: inv_sum * final_scale, 0 where the sum is 0) and FA4's correction epilogue
+    (flash_attn/cute/flash_fwd_sm100.py: rcp_approx(row_sum) * v_descale) form it; one rounding each."""
+    row_sum = l * pol.p_scale if pol.p_scale != 1.0 else l
+    inv = rcp_approx(torch.where(dead, torch.ones_like(row_sum), row_sum))
+    inv = torch.where(dead, torch.zeros_like(inv), inv)
+    return inv * v_scale.to(torch.float32)
 
 
 def _run_tiles(
@@ -297,6 +311,7 @@ def _query_tile(
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
+    held = held_v_scale(ops, pol, q.dtype) is not None  # o in the P·V MMA's units throughout (see pv_accumulate)
     for t in steps:
         a = max(r0, t.r0)
         if a >= r1:
@@ -314,7 +329,7 @@ def _query_tile(
         args = (s, v[..., t.c0 : t.c1, :], o_i, m_i, l_i, pol, exp, lq - t.r0)  # lq - t.r0: the rows unchunked
         more = {}
         if step is _knob_step and ops is not None and ops.model_pv is not None:
-            more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv)}
+            more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv, held)}
         m_new, l_new = step(*args, (scratch.p, pv, scratch.e), **extra, **more)
         if i == 0:
             m, l = m_new, l_new
@@ -420,7 +435,8 @@ def _knob_step(
     and the P·V MMA's narrow accumulator, one-level (into O) or promoted every acc_promote keys. Without knobs
     it computes what _fa2_step does; `probe(p, p_cast)` (FlashConfig.p_probe) sees each step's P before and
     after its cast (the cast in p_scale units), e.g. to count P values that underflow. mma_v (V's operand for
-    the key block and the policy's pv_mma model): the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
+    the key block, the policy's pv_mma model, and whether O stays in the MMA's units, mma_ops.held_v_scale):
+    the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
     mt = s.amax(dim=-1, keepdim=True)
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     if pol.rescale_threshold > 0:
@@ -446,7 +462,7 @@ def _knob_step(
     if probe is not None:
         probe(p, pc)
     if mma_v is not None and info(pol.stage("accum")).dtype == o.dtype:  # the rescale folded into the P·V MMA's start
-        pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1], alpha=alpha, buf=bufs[1])
+        pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1], alpha=alpha, buf=bufs[1], held=mma_v[2])
         return m_new, l
     rnd_(o.mul_(alpha), pol, "accum")
     if mma_v is not None:

@@ -209,17 +209,48 @@ def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
     return Operand(pc.to(torch.float32), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
 
 
+def held_v_scale(ops: MMAOperands | None, pol: Policy, work: torch.dtype) -> torch.Tensor | None:
+    """V's descale [.., 1, 1] (float64) where the flash forward keeps O in the P·V MMA's units for the whole key
+    loop, as FA3 and FA4 hold their fp32 accumulator: the MMA accumulates into O (one level, an fp32 register,
+    float32 work), V has codes and one scale per head (FA3's and FA4's v_descale), applied once at the end (see
+    kernels.flash). None where O is converted at every key block instead (V scaled per key block or column,
+    dequantised V, two-level accumulation, an fp16 register)."""
+    if ops is None or ops.model_pv is None or ops.v is None or ops.v.fmt == "fp32" or pol.acc_promote:
+        return None
+    if (pol.acc_nearest and pol.acc_bits == 10) or work != torch.float32 or info(pol.stage("accum")).dtype != work:
+        return None
+    sc = ops.v.scale
+    return sc if sc.dim() >= 2 and sc.shape[-1] == 1 and sc.shape[-2] == 1 else None
+
+
 def pv_accumulate(
-    p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: Policy, model: MMAModel, alpha=None, buf=None
+    p: Operand,
+    v: Operand,
+    o: torch.Tensor,
+    p_scale: float,
+    pol: Policy,
+    model: MMAModel,
+    alpha=None,
+    buf=None,
+    held: bool = False,
 ) -> None:
     """o = o * alpha + P V / p_scale (o [..., M, Dv], updated in place; alpha [..., M, 1] of o's dtype, the
     step's rescale, a float32 product, or None): the MMA of P's and V's codes with V's per-column scale after
     it. One level (no acc_promote): the MMA accumulates into O (FA3, FA4), o converted to the MMA's units and
     back (with buf, a float32 tensor of o's shape, in C without copies: the rescale folded into the conversion);
-    two levels: the block's product from +0, promoted every acc_promote keys (Sage)."""
-    unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
+    two levels: the block's product from +0, promoted every acc_promote keys (Sage). held (see held_v_scale):
+    o is already in MMA units (float32), rescaled in place by alpha (FA3's and FA4's rescale of the fp32
+    accumulator) and continued by the MMA, no conversion; V's scale and p_scale are applied once at the end."""
     acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
     fmts = (p.fmt, v.fmt)
+    if held:
+        if alpha is not None:
+            o.mul_(alpha)
+        o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
+        if not mma_into(p.codes, v.codes, model, o, fmt=fmts):
+            o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
+        return
+    unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
     if alpha is not None and buf is not None and not pol.acc_promote and acc == "fp32":
         c = pv_start(o, alpha, unit, buf)
         if c is not None and mma_into(p.codes, v.codes, model, c, fmt=fmts):
