@@ -251,7 +251,7 @@ def pv_accumulate(
             o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
         return
     unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
-    if alpha is not None and buf is not None and not pol.acc_promote and acc == "fp32":
+    if alpha is not None and buf is not None and not pol.acc_promote and acc == "fp32" and "fp32" not in fmts:
         c = pv_start(o, alpha, unit, buf)
         if c is not None and mma_into(p.codes, v.codes, model, c, fmt=fmts):
             if units(c, unit, o, UNIT_MUL) is None:
