@@ -6,7 +6,7 @@ import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
 from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
-from flashcheck.kernels.fp8_native import block_amax, scaled
+from flashcheck.kernels.fp8_native import block_amax, hadamard, scaled
 from flashcheck.kernels.ops import rnd_fresh
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
@@ -70,7 +70,7 @@ def round_inputs(
     if _fp8_float32(q, k, v, policy):  # FP8 in float32: float32 in and out of the C passes, the same values
         if policy.hadamard:
             rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
-            q, k = q.to(torch.float64) @ rot, k.to(torch.float64) @ rot
+            q, k = (_rotated(t, rot) for t in (q, k))
         return *_fp8_rounded(q, k, v, policy, block_q, block_k, torch.float32), rot
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     if policy.hadamard:
@@ -92,6 +92,13 @@ def _plain_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Po
 
 
 _CASTS = (Format.FP32, Format.BF16, Format.FP16)
+
+
+def _rotated(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (float32) @ rot in float64: butterflies where every row's sum is exact (fp8_native.hadamard), else the
+    float64 product; the same bits."""
+    fast = hadamard(x, rot)
+    return x.to(torch.float64) @ rot if fast is None else fast
 
 
 def _fp8_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 
 import torch
 
@@ -194,6 +195,43 @@ int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t 
 }
 SPLIT(split, double)
 SPLIT(split_f32, float)
+
+/* kernels.fp8's Hadamard rotation x @ M of float32 rows x [rows, d] (d a power of two, 2^ld), M = diag(signs) H
+   post (H Sylvester's, post a power of two), into float64 out [rows, d], by butterflies: 1 when every row's sum
+   is exact in float64 in any order (each product x_i m_ij is exact; the terms are multiples of 2^(lsb - k) below
+   2^(emax + 1 + ld - k) in sum, so with emax + 1 + ld - lsb <= 53 no partial sum rounds: a BLAS's x @ M gives
+   the same bits, whatever its order; a zero result is +0 there too, as some term is not 0), else 0 (a row of
+   zeros, an Inf or NaN, or too wide a range of exponents; out then partly written). */
+int fc_hadamard_rows(const float *x, int64_t rows, int64_t d, int ld, const double *signs, double post,
+                     double *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        double *o = out + r * d;
+        int emax = -1000, lmin = 1000, any = 0, bad = 0;
+        for (int64_t i = 0; i < d; i++) {
+            uint32_t u; memcpy(&u, xr + i, 4);
+            const int e = (int)((u >> 23) & 0xff), m = (int)(u & 0x7fffff);
+            bad |= e == 255;
+            if (e || m) {
+                const int ex = e ? e - 127 : -126, lsb = e ? ex - 23 : -149;
+                any = 1;
+                emax = ex > emax ? ex : emax;
+                lmin = lsb < lmin ? lsb : lmin;
+            }
+            o[i] = (double)xr[i] * signs[i];
+        }
+        if (bad || !any || emax + 1 + ld - lmin > 53) return 0;
+        for (int64_t h = 1; h < d; h *= 2)
+            for (int64_t i = 0; i < d; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    const double a = o[j], b = o[j + h];
+                    o[j] = a + b;
+                    o[j + h] = a - b;
+                }
+        for (int64_t i = 0; i < d; i++) o[i] *= post;
+    }
+    return 1;
+}
 """
 )
 
@@ -315,6 +353,8 @@ def _native() -> tuple[object | None, str]:
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
     for fn in (lib.fc_fp8_scaled_df, lib.fc_fp8_scaled_ff):
         fn.argtypes, fn.restype = _ARGS, None
+    lib.fc_hadamard_rows.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _P, ctypes.c_double, _P]
+    lib.fc_hadamard_rows.restype = ctypes.c_int
     lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
     for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
         fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
@@ -353,7 +393,66 @@ def _native() -> tuple[object | None, str]:
             want, got = t.abs().amax(dim, keepdim=True), fn(lib, t)
             if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
                 return None, "the C maximum of |x| differs from torch's: torch runs it"
+    bad = _selftest_hadamard(lib)
+    if bad:
+        return None, bad
     return lib, ""
+
+
+def _selftest_hadamard(lib) -> str:
+    """Empty when the butterflies give x @ M's bits (torch's float64 product) on rows within their exact range, and
+    refuse a row beyond it, a row of zeros and an Inf; else what differs."""
+    from flashcheck.kernels.fp8 import incoherence_matrix
+
+    g = torch.Generator().manual_seed(1)
+    for d in (4, 16, 64):
+        sign = torch.where(torch.rand(3, 40, d, generator=g) < 0.5, -1.0, 1.0)
+        x = sign * (1 + torch.rand(3, 40, d, generator=g)) * torch.exp2(torch.randint(-6, 4, (3, 40, d), generator=g))
+        x[0, 0, : d // 2] = 0.0
+        x[0, 1, 1] = -0.0
+        x[1, :, : d // 4] *= 2.0**-12  # a range of 2^22 and 24-bit significands: the widest that stays exact
+        rot = incoherence_matrix(d, 7)
+        got = _hadamard(lib, x, rot)
+        if got is None or not torch.equal((x.double() @ rot).view(torch.int64), got.view(torch.int64)):
+            return f"the C Hadamard rotation differs from x @ M (d={d}): torch runs it"
+        for spoil in (2.0**-40, 0.0, float("inf")):
+            y = x.clone()
+            y[2, 3] = y[2, 3] * spoil if spoil != float("inf") else spoil
+            if spoil == 2.0**-40:
+                y[2, 3, 1:] = x[2, 3, 1:]
+            if _hadamard(lib, y, rot) is not None:
+                return "the C Hadamard rotation takes a row it cannot sum exactly: torch runs it"
+    return ""
+
+
+def hadamard(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
+    """x.to(float64) @ rot, the same bits, for a float32 x [..., d] (CPU, contiguous) and rot kernels.fp8's
+    incoherence matrix (signs times H times a power of two): float64 [x's shape], by butterflies in C where every
+    row's sum is exact in float64 (then any summation order gives the same bits); None where that does not hold or
+    the pass does not apply (the caller multiplies)."""
+    lib = library()
+    ok = lib is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+    if not (ok and x.dim() >= 1 and x.numel() and not (torch.is_grad_enabled() and x.requires_grad)):
+        return None
+    return _hadamard(lib, x, rot)
+
+
+def _hadamard(lib, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
+    d = x.shape[-1]
+    if rot.dtype != torch.float64 or rot.shape != (d, d) or d & (d - 1):
+        return None
+    post = abs(float(rot[0, 0]))
+    signs = torch.sign(rot[:, 0]).contiguous()
+    if post == 0.0 or math.frexp(post)[0] != 0.5:  # the scale 1 / sqrt(d) is a power of two for d = 4^n only
+        return None
+    from flashcheck.kernels.fp8 import hadamard_matrix
+
+    if not torch.equal(signs.unsqueeze(-1) * hadamard_matrix(d) * post, rot):
+        return None
+    out = torch.empty(x.shape, dtype=torch.float64)
+    ok = lib.fc_hadamard_rows(x.data_ptr(), x.numel() // d, d, d.bit_length() - 1, signs.data_ptr(), post,
+                              out.data_ptr())  # fmt: skip
+    return out if ok else None
 
 
 def library():
