@@ -106,3 +106,33 @@ def test_torch_path_where_the_library_is_off(monkeypatch):
     assert _same(fp8_native.scaled(x, Format.FP8_E4M3, scale), quantize_scaled(x, Format.FP8_E4M3, scale))
     assert fp8_native.codes(x, Format.FP8_E4M3, scale) is None
     assert fp8_native.int_quantized(x, Format.INT8, "thread", block=16, warp=32, threads=4) is None
+
+
+@pytest.mark.parametrize("fmt", [Format.FP8_E4M3, Format.FP8_E5M2])
+def test_scaled_to_float32_equals_float64_result_rounded(lib, fmt):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 50, 16, generator=g) * torch.exp2(torch.randint(-20, 20, (2, 3, 50, 1), generator=g))
+    for scale in (torch.full((1, 1, 1, 1), 0.013, dtype=torch.float64), torch.rand(2, 3, 50, 1, dtype=torch.float64)):
+        want = quantize_scaled(x.double(), fmt, scale).to(torch.float32)
+        for xin in (x, x.double()):
+            got = fp8_native.scaled(xin, fmt, scale, torch.float32)
+            assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    want = quantize_blocks(x.double(), fmt, 16).to(torch.float32)
+    assert torch.equal(quantize_blocks(x, fmt, 16, torch.float32).view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("d", [16, 64, 256])
+def test_hadamard_butterflies_equal_the_float64_product(lib, d):
+    from flashcheck.kernels.fp8 import incoherence_matrix
+
+    g = torch.Generator().manual_seed(d)
+    rot = incoherence_matrix(d, 3)
+    x = torch.randn(2, 3, 100, d, generator=g).clamp(-4, 4)
+    x[x.abs() < 2.0**-12] = 0.0  # a range the float64 sums hold exactly
+    x[0, 0, 0] = 0.0
+    x[0, 0, 0, 5] = 2.0**-140  # a float32 subnormal beside zeros
+    got = fp8_native.hadamard(x, rot)
+    assert got is not None and torch.equal(got.view(torch.int64), (x.double() @ rot).view(torch.int64))
+    x[1, 2, 50, 0] = 2.0**-30  # beyond the exact range: the caller multiplies
+    assert fp8_native.hadamard(x, rot) is None
+    assert fp8_native.hadamard(x[..., :32], incoherence_matrix(32, 3)) is None  # 1 / sqrt(32): not a power of two

@@ -186,3 +186,36 @@ def test_fp32_operands_bit_equal_to_torch_chain_on_both_tiles(lib, monkeypatch, 
         finally:
             torch.set_num_threads(before)
         assert _same(got, want)
+
+
+def test_mma_into_continues_acc_as_mma_matmul(lib):
+    a = operands("e4m3", (2, 5, 70), 1).float()
+    b = operands("e4m3", (2, 70, 12), 2).float()
+    c = operands("fp32", (2, 5, 12), 3).float() + 0.0  # the start holds no -0
+    for model in (HOPPER, B200):
+        want = mma_matmul(a, b, model, c=c, fmt="e4m3")
+        acc = c.clone()
+        assert mma.mma_into(a, b, model, acc, fmt="e4m3")
+        assert _same(acc, want)
+    acc = c.clone()
+    assert not mma.mma_into(a.double(), b.double(), HOPPER, acc, fmt="fp32")  # the float64 variant: not in place
+    assert not mma.mma_into(a, b, HOPPER, acc.double(), fmt="e4m3")
+    assert _same(acc, c)
+
+
+def test_pv_accumulate_rescale_fold_equals_rescale_first(lib):
+    from flashcheck.core.numerics import parse_policy
+    from flashcheck.kernels.mma_ops import Operand, pv_accumulate
+
+    pol = parse_policy("fa3-fp8")
+    g = torch.Generator().manual_seed(5)
+    p = Operand(operands("e4m3", (1, 2, 9, 64), 7).float(), torch.ones(1, 1, 1, 1, dtype=torch.float64), "e4m3")
+    for scale in (torch.full((1, 1, 1, 1), 0.37 / 448, dtype=torch.float64), torch.rand(1, 2, 1, 16, generator=g)):
+        v = Operand(operands("e4m3", (1, 2, 64, 16), 8).float(), scale.to(torch.float64), "e4m3")
+        o = torch.randn(1, 2, 9, 16, generator=g)
+        alpha = torch.rand(1, 2, 9, 1, generator=g)
+        want = o.clone().mul_(alpha)
+        pv_accumulate(p, v, want, 256.0, pol, HOPPER)
+        got = o.clone()
+        pv_accumulate(p, v, got, 256.0, pol, HOPPER, alpha=alpha, buf=torch.empty(o.shape))
+        assert _same(got, want)

@@ -89,3 +89,47 @@ def test_library_off_gives_none(monkeypatch):
     p = _p(5)
     assert preset_native.p_fp8(p, 256.0, Format.FP8_E4M3) is None
     assert preset_native.sage3_p(p, 2688.0) is None
+
+
+def test_descale_in_place_and_one_scale_match_torch(lib):
+    g = torch.Generator().manual_seed(6)
+    acc = torch.randn(1, 4, 30, 72, generator=g) * 300
+    one = torch.full((1, 1, 1, 1), 0.37, dtype=torch.float64)
+    for a, b in ((one, one * 0.2), (torch.rand(1, 4, 30, 1, generator=g, dtype=torch.float64), one)):
+        want = acc.to(torch.float64).mul_((a * 0.18) * b).to(torch.float32)
+        got = acc.clone()
+        assert preset_native.descale(got, a, b, 0.18, got) is got  # the MMA's accumulator descaled where it lies
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def test_pv_start_matches_rescale_then_division(lib):
+    g = torch.Generator().manual_seed(7)
+    o = torch.randn(1, 8, 60, 72, generator=g)[:, :, 20:]
+    o[0, 0, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
+    alpha = torch.rand(1, 8, 40, 1, generator=g)
+    alpha[0, 1] = 0.0
+    for unit in (torch.rand(1, 8, 1, 72, generator=g, dtype=torch.float64) / 448, torch.full((1, 1, 1, 1), 0.3 / 256)):
+        unit = unit.to(torch.float64)
+        want = o.mul(alpha).to(torch.float64).div_(unit).to(torch.float32) + 0.0  # mma's start: a zero c is +0
+        out = torch.empty(o.shape)
+        assert preset_native.pv_start(o, alpha, unit, out) is out
+        assert torch.equal(_bits(out), _bits(want))
+    assert preset_native.pv_start(o, alpha.expand(1, 8, 40, 72), unit, out) is None  # alpha one per row only
+
+
+@pytest.mark.parametrize("width", [128, 70, 16])
+def test_ex2_columns_span_matches_emulation(lib, width):
+    from flashcheck.kernels.fastmath import POLY_EX2_3, column_mask, ex2_emulation
+
+    g = torch.Generator().manual_seed(width)
+    x = (torch.randn(3, 37, width, generator=g) * 40 - 20).clamp(max=127.0)
+    x[0, 0, :6] = torch.tensor([-200.0, -127.0, -126.5, -0.0, 127.0, -float("inf")])
+    idx = column_mask(max(width, 128), 10, 4, 1)[:width].nonzero().squeeze(1)
+    idx = idx if idx.numel() else torch.tensor([0, 3, 4, 15], dtype=torch.int64)
+    out = torch.exp2(x)
+    want = out.clone()
+    want[..., idx] = ex2_emulation(x[..., idx])
+    assert preset_native.ex2_columns(x, idx, POLY_EX2_3, out)
+    assert torch.equal(_bits(out), _bits(want))
+    x[1, 2, idx[0]] = 128.0  # above 127: reported (the caller runs the torch steps)
+    assert not preset_native.ex2_columns(x, idx, POLY_EX2_3, out)

@@ -22,7 +22,7 @@ from flashcheck.kernels.fastmath import column_mask, exp2_fa4, mm_accumulate, rc
 from flashcheck.kernels.fp8 import round_inputs
 from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.mma_ops import MMAOperands, p_operand, pv_accumulate, qk_scores
+from flashcheck.kernels.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
 from flashcheck.kernels.native_step import acc_update, softmax_step
 from flashcheck.kernels.ops import (
@@ -222,13 +222,27 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
         exp = torch.exp2 if cfg.exp2 else torch.exp
         l = rnd(l + exp(sk - m), pol, "stats")
     dead = l == 0
-    if cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
+    v_scale = held_v_scale(ops, pol, work)
+    if v_scale is not None:  # o in the P·V MMA's units: V's descale folded into 1 / row sum, as the kernels do
+        o = rnd(o * _held_factor(l, dead, v_scale, pol), pol, "accum")
+    elif cfg.algorithm == "fa2" and pol.approx_recip and pol.stats != Format.FP64:
         o = rnd(o * rcp_approx(torch.where(dead, torch.ones_like(l), l)), pol, "accum")
     elif cfg.algorithm == "fa2":
         o = rnd(o / torch.where(dead, torch.ones_like(l), l), pol, "accum")
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
     return o, rnd_fresh(o, pol, "output"), lse
+
+
+def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol: Policy) -> torch.Tensor:
+    """The float32 factor that takes O from MMA units to its normalised value [B, H, Lq, 1]: 1 / (the row sum of
+    P in the MMA's units, l * p_scale) times V's descale in float32, as FA3's Softmax::finalize(v_descale)
+    (hopper/softmax.h: inv_sum * final_scale, 0 where the sum is 0) and FA4's correction epilogue
+    (flash_attn/cute/flash_fwd_sm100.py: rcp_approx(row_sum) * v_descale) form it; one rounding each."""
+    row_sum = l * pol.p_scale if pol.p_scale != 1.0 else l
+    inv = rcp_approx(torch.where(dead, torch.ones_like(row_sum), row_sum))
+    inv = torch.where(dead, torch.zeros_like(inv), inv)
+    return inv * v_scale.to(torch.float32)
 
 
 def _run_tiles(
@@ -265,18 +279,20 @@ def _run_tiles(
 class _Scratch:
     """A query tile's reused step buffers (flat, so a step of fewer rows or a narrower key block takes a
     contiguous prefix, laid out as a fresh tensor would be): the score block, its copy cast to the `p`
-    stage's dtype, and the P·V product. Allocating these per step cost more than the arithmetic (each is a
-    fresh mapping of zeroed pages), and a step's values are the same in either."""
+    stage's dtype, the P·V product, and a second score block (_knob_step's P or its cast, whichever s does
+    not hold). Allocating these per step cost more than the arithmetic (each is a fresh mapping of zeroed
+    pages), and a step's values are the same in either."""
 
     s: torch.Tensor
     p: torch.Tensor
     pv: torch.Tensor
+    e: torch.Tensor
 
     @staticmethod
     def make(rows: int, cols: int, dv: int, dtype: torch.dtype, pol: Policy, device: torch.device) -> _Scratch:
         """rows: B * H * tile rows; cols: the widest key block."""
-        s, pv = (torch.empty(n, dtype=dtype, device=device) for n in (rows * cols, rows * dv))
-        return _Scratch(s, cast_scratch(rows * cols, dtype, pol, "p", device), pv)
+        s, pv, e = (torch.empty(n, dtype=dtype, device=device) for n in (rows * cols, rows * dv, rows * cols))
+        return _Scratch(s, cast_scratch(rows * cols, dtype, pol, "p", device), pv, e)
 
     @staticmethod
     def view(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -308,6 +324,7 @@ def _query_tile(
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
+    held = held_v_scale(ops, pol, q.dtype) is not None  # o in the P·V MMA's units throughout (see pv_accumulate)
     for t in steps:
         a = max(r0, t.r0)
         if a >= r1:
@@ -325,8 +342,8 @@ def _query_tile(
         args = (s, v[..., t.c0 : t.c1, :], o_i, m_i, l_i, pol, exp, lq - t.r0)  # lq - t.r0: the rows unchunked
         more = {}
         if step is _knob_step and ops is not None and ops.model_pv is not None:
-            more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv)}
-        m_new, l_new = step(*args, (scratch.p, pv), **extra, **more)
+            more = {"mma_v": (ops.v_block(t.c0, t.c1), ops.model_pv, held)}
+        m_new, l_new = step(*args, (scratch.p, pv, scratch.e), **extra, **more)
         if i == 0:
             m, l = m_new, l_new
         else:
@@ -433,7 +450,8 @@ def _knob_step(
     and the P·V MMA's narrow accumulator, one-level (into O) or promoted every acc_promote keys. Without knobs
     it computes what _fa2_step does; `probe(p, p_cast)` (FlashConfig.p_probe) sees each step's P before and
     after its cast (the cast in p_scale units), e.g. to count P values that underflow. mma_v (V's operand for
-    the key block and the policy's pv_mma model): the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
+    the key block, the policy's pv_mma model, and whether O stays in the MMA's units, mma_ops.held_v_scale):
+    the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
     mt = s.amax(dim=-1, keepdim=True)
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     if pol.rescale_threshold > 0:
@@ -443,18 +461,24 @@ def _knob_step(
     alpha = rnd(exp(m - ms), pol, "stats")
     x = s.sub_(ms)
     low_p = pol.p != Format.FP64
+    # a second block for P or its cast (bufs[2]; not where a probe sees them: it may keep them)
+    e = _Scratch.view(bufs[2], s.shape) if len(bufs) > 2 and s.dtype == torch.float32 and probe is None else None
     if pol.exp2_emu and low_p:
         # FA4's key block is always block_k columns wide (a ragged last one masked): columns by that width
         cols = column_mask(max(x.shape[-1], block_k), pol.exp2_emu, pol.exp2_emu_res, pol.exp2_emu_start)
         cols = cols[: x.shape[-1]]
         # natural-log scores: one more rounding than FA4's FMA
-        p = exp2_fa4(x if log2 else x * LOG2E, cols, ex2_columns)
+        p = exp2_fa4(x if log2 else x * LOG2E, cols, ex2_columns, out=e)
     else:
         p = exp(x, out=s)
     l = rnd(alpha * l + p.sum(dim=-1, keepdim=True), pol, "stats")
-    pc, sc = (quantize_p(p, pol), pol.p_scale) if low_p else (p, 1.0)
+    spare = None if probe is not None else (e if p is s else s)  # the scores are spent: s may take P's cast
+    pc, sc = (quantize_p(p, pol, out=spare), pol.p_scale) if low_p else (p, 1.0)
     if probe is not None:
         probe(p, pc)
+    if mma_v is not None and info(pol.stage("accum")).dtype == o.dtype:  # the rescale folded into the P·V MMA's start
+        pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1], alpha=alpha, buf=bufs[1], held=mma_v[2])
+        return m_new, l
     rnd_(o.mul_(alpha), pol, "accum")
     if mma_v is not None:
         pv_accumulate(p_operand(pc, pol), mma_v[0], o, sc, pol, mma_v[1])

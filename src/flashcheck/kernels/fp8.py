@@ -6,7 +6,7 @@ import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
 from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
-from flashcheck.kernels.fp8_native import block_amax, scaled
+from flashcheck.kernels.fp8_native import block_amax, hadamard, scaled
 from flashcheck.kernels.ops import rnd_fresh
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
 
@@ -28,15 +28,18 @@ def incoherence_matrix(d: int, seed: int = 0, dtype: torch.dtype = torch.float64
     return signs.unsqueeze(-1) * hadamard_matrix(d, dtype) / d**0.5
 
 
-def quantize_blocks(x: torch.Tensor, fmt: Format, block: int) -> torch.Tensor:
-    """Round x [B, H, L, D] to fmt with one scale per block of `block` rows x D (ragged last block)."""
+def quantize_blocks(x: torch.Tensor, fmt: Format, block: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Round x [B, H, L, D] to fmt with one scale per block of `block` rows x D (ragged last block). dtype
+    float32: the float64 result rounded to float32, x float64 or float32 (taken as its float64 values)."""
     b, h, n, d = x.shape
     block = max(1, min(block, n))  # a block longer than x is one block: same scale, no giant zero padding
     if x.is_contiguous() and x.numel():  # the same values without padding x: per-block amax by views, per-row scales
-        amax = block_amax(x.detach(), block)
+        amax = block_amax(x.detach(), block).to(torch.float64)  # a float32 maximum is exact in float64
         amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
         scale = torch.where(amax > 0, amax / info(fmt).max, torch.ones_like(amax))  # numerics.amax_scale's steps
-        return scaled(x, fmt, scale.expand(b, h, -1, block, 1).reshape(b, h, -1, 1)[:, :, :n])
+        return scaled(x, fmt, scale.expand(b, h, -1, block, 1).reshape(b, h, -1, 1)[:, :, :n], dtype)
+    if dtype is not None:
+        return quantize_blocks(x.to(torch.float64), fmt, block).to(dtype)
     pad = (-n) % block
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
     xb = xp.reshape(b, h, -1, block, d)
@@ -66,8 +69,13 @@ def round_inputs(
     are NVFP4 values, by role "q", "k", "v"."""
     if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
         return *(_fresh(rnd_fresh(t, policy, "input"), t) for t in (q, k, v)), None
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
     rot = None
+    if _fp8_float32(q, k, v, policy):  # FP8 in float32: float32 in and out of the C passes, the same values
+        if policy.hadamard:
+            rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
+            q, k = (_rotated(t, rot) for t in (q, k))
+        return *_fp8_rounded(q, k, v, policy, block_q, block_k, torch.float32), rot
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
     if policy.hadamard:
         rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
         q, k = q @ rot, k @ rot
@@ -92,6 +100,20 @@ def _plain_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Po
 _CASTS = (Format.FP32, Format.BF16, Format.FP16)
 
 
+def _rotated(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (float32) @ rot in float64: butterflies where every row's sum is exact (fp8_native.hadamard), else the
+    float64 product; the same bits."""
+    fast = hadamard(x, rot)
+    return x.to(torch.float64) @ rot if fast is None else fast
+
+
+def _fp8_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
+    """float32 inputs that the policy scales to FP8 (per tensor or per block) in float32 work."""
+    fp8 = policy.work_dtype == torch.float32 and not policy.exact_inputs and policy.input in FP8_FORMATS
+    fp8 = fp8 and not uses_quantized_inputs(policy)
+    return fp8 and all(t.dtype == torch.float32 for t in (q, k, v))
+
+
 def _fresh(rounded: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """rounded, never the caller's own tensor (round_to returns its input when the stage is its dtype)."""
     return rounded.clone() if rounded is source else rounded
@@ -106,10 +128,15 @@ def _rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None, 
         return qq.to(work), kq.to(work), vq.to(work)
     if fmt not in FP8_FORMATS:
         return round_to(q.to(work), fmt), round_to(k.to(work), fmt), round_to(v.to(work), fmt)
+    out = _fp8_rounded(q, k, v, policy, block_q, block_k)
+    return out[0].to(work), out[1].to(work), out[2].to(work)
+
+
+def _fp8_rounded(q, k, v, policy: Policy, block_q: int | None, block_k: int | None, dtype: torch.dtype | None = None):
+    """Q, K, V scaled to policy.input (FP8) per tensor or per block, float64 (dtype None) or rounded to dtype."""
+    fmt = policy.input
     if policy.fp8_scaling == "block":
         if block_q is None or block_k is None:
             raise ValueError("fp8_scaling='block' needs tiles: use the flash kernel (block_q, block_k)")
-        out = [quantize_blocks(t, fmt, blk) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
-    else:
-        out = [scaled(t, fmt, tensor_scale(t, fmt)) for t in (q, k, v)]
-    return out[0].to(work), out[1].to(work), out[2].to(work)
+        return [quantize_blocks(t, fmt, blk, dtype) for t, blk in ((q, block_q), (k, block_k), (v, block_k))]
+    return [scaled(t, fmt, tensor_scale(t, fmt, dtype=torch.float64), dtype) for t in (q, k, v)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 
 import torch
 
@@ -44,38 +45,43 @@ static inline double fp8_round(double y, int mbits, int emin, double maxv) {
 SOURCE = (
     ROUND_SOURCE
     + r"""
-/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n: the contiguous cases apart, so they vectorise */
-static void row_scaled(const double *x, int64_t dx, const double *s, int64_t ds, double *out, int64_t n, int mbits,
-                       int emin, double maxv, int mul) {
-    if (dx == 1 && ds == 0) {
-        const double sc = s[0];
-        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv) * sc;
-        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / sc, mbits, emin, maxv);
-    } else if (dx == 1 && ds == 1) {
-        if (mul) for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv) * s[i];
-        else for (int64_t i = 0; i < n; i++) out[i] = fp8_round(x[i] / s[i], mbits, emin, maxv);
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            const double sc = s[i * ds], r = fp8_round(x[i * dx] / sc, mbits, emin, maxv);
-            out[i] = mul ? r * sc : r;
-        }
-    }
+/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n, in double (x's values exact in it), stored
+   as TO (a float out: the double result's rounding, as torch's .to); the contiguous cases apart, so they
+   vectorise. Over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in elements), out contiguous. */
+#define SCALED(NAME, TI, TO)                                                                                    \
+static void row_##NAME(const TI *x, int64_t dx, const double *s, int64_t ds, TO *out, int64_t n, int mbits,     \
+                       int emin, double maxv, int mul) {                                                        \
+    if (dx == 1 && ds == 0) {                                                                                   \
+        const double sc = s[0];                                                                                 \
+        if (mul) for (int64_t i = 0; i < n; i++) out[i] = (TO)(fp8_round((double)x[i] / sc, mbits, emin, maxv) * sc); \
+        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / sc, mbits, emin, maxv);     \
+    } else if (dx == 1 && ds == 1) {                                                                            \
+        if (mul) for (int64_t i = 0; i < n; i++)                                                                \
+            out[i] = (TO)(fp8_round((double)x[i] / s[i], mbits, emin, maxv) * s[i]);                            \
+        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / s[i], mbits, emin, maxv);   \
+    } else {                                                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            const double sc = s[i * ds], r = fp8_round((double)x[i * dx] / sc, mbits, emin, maxv);              \
+            out[i] = (TO)(mul ? r * sc : r);                                                                    \
+        }                                                                                                       \
+    }                                                                                                           \
+}                                                                                                               \
+                                                                                                                \
+void NAME(const TI *x, const int64_t *xs, const double *s, const int64_t *ss, TO *out, const int64_t *n,        \
+          int mbits, int emin, double maxv, int mul) {                                                          \
+    int64_t o = 0;                                                                                              \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
+    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
+    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
+    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
+        const TI *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                   \
+        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
+        row_##NAME(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);                                \
+    }                                                                                                           \
 }
-
-/* out = fp8_round(x / s) (* s when mul) over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in
-   elements), out contiguous */
-void fc_fp8_scaled(const double *x, const int64_t *xs, const double *s, const int64_t *ss, double *out,
-                   const int64_t *n, int mbits, int emin, double maxv, int mul) {
-    int64_t o = 0;
-    for (int64_t i0 = 0; i0 < n[0]; i0++)
-    for (int64_t i1 = 0; i1 < n[1]; i1++)
-    for (int64_t i2 = 0; i2 < n[2]; i2++)
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {
-        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
-        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
-        row_scaled(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);
-    }
-}
+SCALED(fc_fp8_scaled, double, double)
+SCALED(fc_fp8_scaled_df, double, float)
+SCALED(fc_fp8_scaled_ff, float, float)
 
 /* out[i0, i1, i2, i3] = max |x[i0, i1, i2, i3, :]| (NaN when any is NaN), the last dim contiguous */
 #define ABSMAX(NAME, T)                                                                                         \
@@ -189,6 +195,43 @@ int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t 
 }
 SPLIT(split, double)
 SPLIT(split_f32, float)
+
+/* kernels.fp8's Hadamard rotation x @ M of float32 rows x [rows, d] (d a power of two, 2^ld), M = diag(signs) H
+   post (H Sylvester's, post a power of two), into float64 out [rows, d], by butterflies: 1 when every row's sum
+   is exact in float64 in any order (each product x_i m_ij is exact; the terms are multiples of 2^(lsb - k) below
+   2^(emax + 1 + ld - k) in sum, so with emax + 1 + ld - lsb <= 53 no partial sum rounds: a BLAS's x @ M gives
+   the same bits, whatever its order; a zero result is +0 there too, as some term is not 0), else 0 (a row of
+   zeros, an Inf or NaN, or too wide a range of exponents; out then partly written). */
+int fc_hadamard_rows(const float *x, int64_t rows, int64_t d, int ld, const double *signs, double post,
+                     double *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        double *o = out + r * d;
+        int emax = -1000, lmin = 1000, any = 0, bad = 0;
+        for (int64_t i = 0; i < d; i++) {
+            uint32_t u; memcpy(&u, xr + i, 4);
+            const int e = (int)((u >> 23) & 0xff), m = (int)(u & 0x7fffff);
+            bad |= e == 255;
+            if (e || m) {
+                const int ex = e ? e - 127 : -126, lsb = e ? ex - 23 : -149;
+                any = 1;
+                emax = ex > emax ? ex : emax;
+                lmin = lsb < lmin ? lsb : lmin;
+            }
+            o[i] = (double)xr[i] * signs[i];
+        }
+        if (bad || !any || emax + 1 + ld - lmin > 53) return 0;
+        for (int64_t h = 1; h < d; h *= 2)
+            for (int64_t i = 0; i < d; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    const double a = o[j], b = o[j + h];
+                    o[j] = a + b;
+                    o[j + h] = a - b;
+                }
+        for (int64_t i = 0; i < d; i++) o[i] *= post;
+    }
+    return 1;
+}
 """
 )
 
@@ -214,13 +257,18 @@ def _layout(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return xs, ss, torch.tensor((1,) * pad + tuple(x.shape), dtype=torch.int64)
 
 
-def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool) -> torch.Tensor:
-    """The C pass over x (float64, at most 5 dims) and scale broadcast to x's shape; a new contiguous tensor."""
+def _run(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, mul: bool, dtype=torch.float64) -> torch.Tensor:
+    """The C pass over x (float64, or float32 with a float32 dtype; at most 5 dims) and scale broadcast to x's
+    shape; a new contiguous tensor of `dtype` (float32: the float64 result rounded, as .to rounds it)."""
     xs, ss, n = _layout(x, scale)
-    out = torch.empty(x.shape, dtype=torch.float64)
+    out = torch.empty(x.shape, dtype=dtype)
     ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), out.data_ptr(), n.data_ptr())
-    lib.fc_fp8_scaled(*ptrs, *_params(fmt), int(mul))
+    fn = lib.fc_fp8_scaled if dtype == torch.float64 else _SCALED_F32[x.dtype](lib)
+    fn(*ptrs, *_params(fmt), int(mul))
     return out
+
+
+_SCALED_F32 = {torch.float64: lambda lib: lib.fc_fp8_scaled_df, torch.float32: lambda lib: lib.fc_fp8_scaled_ff}
 
 
 def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
@@ -254,10 +302,16 @@ def _usable(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtypes=(torch.flo
     )  # (torch.broadcast_shapes materialises the shape: 60 ms for a 128 MiB tensor)
 
 
-def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
+def scaled(x: torch.Tensor, fmt: Format, scale: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """core.numerics.quantize_scaled(x, fmt, scale) (x / scale rounded to fmt, times scale), in one C pass
-    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims])."""
+    where it applies (float64 CPU tensors, an FP8 format, scale broadcasting to x; x [any shape, <= 5 dims]).
+    dtype float32: that result .to(float32), for a float64 or float32 x (taken as its float64 values), in the
+    same pass where it applies."""
     lib = library()
+    if dtype == torch.float32:
+        if lib is None or not _usable(x, fmt, scale, (torch.float64, torch.float32)):
+            return quantize_scaled(x.to(torch.float64), fmt, scale).to(torch.float32)
+        return _run(lib, x, fmt, scale, True, torch.float32)
     if lib is None or not _usable(x, fmt, scale):
         return quantize_scaled(x, fmt, scale)
     return _run(lib, x, fmt, scale, True)
@@ -297,6 +351,10 @@ def _native() -> tuple[object | None, str]:
     lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
     for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
         fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
+    for fn in (lib.fc_fp8_scaled_df, lib.fc_fp8_scaled_ff):
+        fn.argtypes, fn.restype = _ARGS, None
+    lib.fc_hadamard_rows.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _P, ctypes.c_double, _P]
+    lib.fc_hadamard_rows.restype = ctypes.c_int
     lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
     for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
         fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
@@ -314,6 +372,11 @@ def _native() -> tuple[object | None, str]:
             for w, g_ in ((want, got), (want_codes, got_codes)):
                 if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
                     return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
+            x32 = xv.float()  # float32 in (and float64 in), float32 out: the float64 result's .to(float32)
+            for xin, w in ((xv, want), (x32, quantize_scaled(x32.double(), fmt, sv))):
+                got32 = _run(lib, xin, fmt, sv, True, torch.float32)
+                if not torch.equal(w.float().view(torch.int32), got32.view(torch.int32)):
+                    return None, f"the C FP8 rounding to float32 differs from torch's ({fmt.value}): torch runs it"
     from flashcheck.core.quant import quantize_int
 
     xi = torch.cat([x[x.abs() < 1e6], torch.tensor([-0.0, 0.0, 0.5, -0.5, 1.5, -2.5])])
@@ -330,7 +393,66 @@ def _native() -> tuple[object | None, str]:
             want, got = t.abs().amax(dim, keepdim=True), fn(lib, t)
             if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
                 return None, "the C maximum of |x| differs from torch's: torch runs it"
+    bad = _selftest_hadamard(lib)
+    if bad:
+        return None, bad
     return lib, ""
+
+
+def _selftest_hadamard(lib) -> str:
+    """Empty when the butterflies give x @ M's bits (torch's float64 product) on rows within their exact range, and
+    refuse a row beyond it, a row of zeros and an Inf; else what differs."""
+    from flashcheck.kernels.fp8 import incoherence_matrix
+
+    g = torch.Generator().manual_seed(1)
+    for d in (4, 16, 64):
+        sign = torch.where(torch.rand(3, 40, d, generator=g) < 0.5, -1.0, 1.0)
+        x = sign * (1 + torch.rand(3, 40, d, generator=g)) * torch.exp2(torch.randint(-6, 4, (3, 40, d), generator=g))
+        x[0, 0, : d // 2] = 0.0
+        x[0, 1, 1] = -0.0
+        x[1, :, : d // 4] *= 2.0**-12  # a range of 2^22 and 24-bit significands: the widest that stays exact
+        rot = incoherence_matrix(d, 7)
+        got = _hadamard(lib, x, rot)
+        if got is None or not torch.equal((x.double() @ rot).view(torch.int64), got.view(torch.int64)):
+            return f"the C Hadamard rotation differs from x @ M (d={d}): torch runs it"
+        for spoil in (2.0**-40, 0.0, float("inf")):
+            y = x.clone()
+            y[2, 3] = y[2, 3] * spoil if spoil != float("inf") else spoil
+            if spoil == 2.0**-40:
+                y[2, 3, 1:] = x[2, 3, 1:]
+            if _hadamard(lib, y, rot) is not None:
+                return "the C Hadamard rotation takes a row it cannot sum exactly: torch runs it"
+    return ""
+
+
+def hadamard(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
+    """x.to(float64) @ rot, the same bits, for a float32 x [..., d] (CPU, contiguous) and rot kernels.fp8's
+    incoherence matrix (signs times H times a power of two): float64 [x's shape], by butterflies in C where every
+    row's sum is exact in float64 (then any summation order gives the same bits); None where that does not hold or
+    the pass does not apply (the caller multiplies)."""
+    lib = library()
+    ok = lib is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+    if not (ok and x.dim() >= 1 and x.numel() and not (torch.is_grad_enabled() and x.requires_grad)):
+        return None
+    return _hadamard(lib, x, rot)
+
+
+def _hadamard(lib, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
+    d = x.shape[-1]
+    if rot.dtype != torch.float64 or rot.shape != (d, d) or d & (d - 1):
+        return None
+    post = abs(float(rot[0, 0]))
+    signs = torch.sign(rot[:, 0]).contiguous()
+    if post == 0.0 or math.frexp(post)[0] != 0.5:  # the scale 1 / sqrt(d) is a power of two for d = 4^n only
+        return None
+    from flashcheck.kernels.fp8 import hadamard_matrix
+
+    if not torch.equal(signs.unsqueeze(-1) * hadamard_matrix(d) * post, rot):
+        return None
+    out = torch.empty(x.shape, dtype=torch.float64)
+    ok = lib.fc_hadamard_rows(x.data_ptr(), x.numel() // d, d, d.bit_length() - 1, signs.data_ptr(), post,
+                              out.data_ptr())  # fmt: skip
+    return out if ok else None
 
 
 def library():
@@ -380,9 +502,11 @@ def _absmax_cols(lib, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None) -> torch.Tensor:
-    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max."""
+def amax_scale(x: torch.Tensor, fmt: Format, dim: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """core.numerics.amax_scale(x, fmt, dims=None or (dim,)): the same values, by abs_max. dtype float64: the
+    scale of x's float64 values (a maximum of float32 values is exact in float64), without a float64 copy."""
     a = abs_max(x.detach(), dim)
+    a = a if dtype is None else a.to(dtype)
     a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     return torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
 

@@ -225,6 +225,26 @@ def mma_matmul(
     return _matmul(a, b, model, c, promote_every, fmts, acc == "fp16", native_library())
 
 
+def mma_into(a: torch.Tensor, b: torch.Tensor, model: MMAModel, acc: torch.Tensor, *, fmt) -> bool:
+    """acc [..., M, N] (float32, contiguous, holding no -0: the value mma_matmul's start makes of a c) continued
+    in place over a [..., M, K] @ b [..., K, N] as mma_matmul(a, b, model, c=acc, fmt=fmt) computes it (one level,
+    fp32 register), without its copies: True when done, False (acc untouched) where the chain would not run in C
+    on float32 here (the caller then runs mma_matmul)."""
+    lib = native_library()
+    if lib is None or a.device.type != "cpu" or acc.dtype != torch.float32 or not acc.is_contiguous():
+        return False
+    from flashcheck.kernels.mma_native import chain, work_dtype
+
+    fmts = _checked_formats(a, b, fmt, "fp32", None)
+    ba, bb = a.shape[:-2], b.shape[:-2]
+    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)
+    if work_dtype(model, fmts) != torch.float32 or acc.shape != (*batch, a.shape[-2], b.shape[-1]):
+        return False
+    if a.shape[-1]:
+        chain(lib, a, b, acc, model, fmts, (EMIN[fmts[0]], EMIN[fmts[1]]), False)
+    return True
+
+
 def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str, str], fp16: bool, lib):
     """mma_matmul with its arguments checked; lib: kernels.mma_native's library, or None for the torch chain."""
     k = a.shape[-1]

@@ -25,8 +25,8 @@ from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
 from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
-from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_matmul
-from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, units
+from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
+from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, pv_start, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
 from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
@@ -230,8 +230,14 @@ def qk_scores(
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
     written and returned (the descale in one C pass, kernels.preset_native, where it applies). c (float32
     [..., Mq, Mk], in the MMA's units): the accumulator the MMA starts from (None: +0)."""
-    acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, c=c, fmt=(q.fmt, k.fmt))
     k_scale = k.scale.transpose(-1, -2)
+    fmts = (q.fmt, k.fmt)
+    start = None if out is None else (out.zero_() if c is None else out.copy_(c).add_(0.0))  # -0 + 0: +0
+    if start is not None and mma_into(q.codes, k.codes.transpose(-1, -2), model, start, fmt=fmts):
+        if descale_into(out, q.scale, k_scale, factor, out) is None:  # the product descaled where it lies
+            out.copy_(out.to(torch.float64).mul_((q.scale * factor) * k_scale))
+        return out
+    acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, c=c, fmt=fmts)
     if out is not None and descale_into(acc, q.scale, k_scale, factor, out) is not None:
         return out
     scores = acc.to(torch.float64).mul_((q.scale * factor) * k_scale).to(torch.float32)
@@ -247,13 +253,56 @@ def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
     return Operand(pc.to(torch.float32), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
 
 
-def pv_accumulate(p: Operand, v: Operand, o: torch.Tensor, p_scale: float, pol: Policy, model: MMAModel) -> None:
-    """o += P V / p_scale (o [..., M, Dv], updated in place): the MMA of P's and V's codes with V's per-column
-    scale after it. One level (no acc_promote): the MMA accumulates into O (FA3, FA4), o converted to the
-    MMA's units and back; two levels: the block's product from +0, promoted every acc_promote keys (Sage)."""
-    unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
+def held_v_scale(ops: MMAOperands | None, pol: Policy, work: torch.dtype) -> torch.Tensor | None:
+    """V's descale [.., 1, 1] (float64) where the flash forward keeps O in the P·V MMA's units for the whole key
+    loop, as FA3 and FA4 hold their fp32 accumulator: the MMA accumulates into O (one level, an fp32 register,
+    float32 work), V has codes and one scale per head (FA3's and FA4's v_descale), applied once at the end (see
+    kernels.flash). None where O is converted at every key block instead (V scaled per key block or column,
+    dequantised V, two-level accumulation, an fp16 register)."""
+    if ops is None or ops.model_pv is None or ops.v is None or ops.v.fmt == "fp32" or pol.acc_promote:
+        return None
+    if (pol.acc_nearest and pol.acc_bits == 10) or work != torch.float32 or info(pol.stage("accum")).dtype != work:
+        return None
+    sc = ops.v.scale
+    return sc if sc.dim() >= 2 and sc.shape[-1] == 1 and sc.shape[-2] == 1 else None
+
+
+def pv_accumulate(
+    p: Operand,
+    v: Operand,
+    o: torch.Tensor,
+    p_scale: float,
+    pol: Policy,
+    model: MMAModel,
+    alpha=None,
+    buf=None,
+    held: bool = False,
+) -> None:
+    """o = o * alpha + P V / p_scale (o [..., M, Dv], updated in place; alpha [..., M, 1] of o's dtype, the
+    step's rescale, a float32 product, or None): the MMA of P's and V's codes with V's per-column scale after
+    it. One level (no acc_promote): the MMA accumulates into O (FA3, FA4), o converted to the MMA's units and
+    back (with buf, a float32 tensor of o's shape, in C without copies: the rescale folded into the conversion);
+    two levels: the block's product from +0, promoted every acc_promote keys (Sage). held (see held_v_scale):
+    o is already in MMA units (float32), rescaled in place by alpha (FA3's and FA4's rescale of the fp32
+    accumulator) and continued by the MMA, no conversion; V's scale and p_scale are applied once at the end."""
     acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
     fmts = (p.fmt, v.fmt)
+    if held:
+        if alpha is not None:
+            o.mul_(alpha)
+        o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
+        if not mma_into(p.codes, v.codes, model, o, fmt=fmts):
+            o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
+        return
+    unit = v.scale / p_scale  # [..., 1 or M, Dv]: value of one MMA unit
+    if alpha is not None and buf is not None and not pol.acc_promote and acc == "fp32" and "fp32" not in fmts:
+        c = pv_start(o, alpha, unit, buf)
+        if c is not None and mma_into(p.codes, v.codes, model, c, fmt=fmts):
+            if units(c, unit, o, UNIT_MUL) is None:
+                o.copy_(c.to(torch.float64).mul_(unit))
+            return
+    if alpha is not None:
+        o.mul_(alpha)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
         if units(part, unit, o, UNIT_ADD) is None:  # one C pass (kernels.preset_native) where it applies

@@ -114,6 +114,56 @@ int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
     return !bad;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+/* 8 float32 lanes of p: p = (float)((double)p * f + c), the product exact in double, then the sum rounded once
+   to double and once to float (no FMA) */
+static inline __m256 horner8(__m256 p, __m256 f, double c) {
+    const __m512d t = _mm512_add_pd(_mm512_mul_pd(_mm512_cvtps_pd(p), _mm512_cvtps_pd(f)), _mm512_set1_pd(c));
+    return _mm512_cvtpd_ps(t);  /* round to nearest (the default MXCSR mode, as the C casts) */
+}
+
+/* fc_ex2_cols for FA4's cubic (np 4) on idx ascending in a span of at most 1024 columns: the span's every column
+   computed 16 at a time, stored only where idx names it (masked stores). 0 where it does not apply. */
+static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const int64_t *idx, int64_t ni,
+                      const double *poly, int *bad) {
+    if (ni < 1 || idx[ni - 1] - idx[0] >= 1024) return 0;
+    for (int64_t j = 1; j < ni; j++) if (idx[j] <= idx[j - 1]) return 0;
+    const int64_t lo = idx[0], span = idx[ni - 1] + 1 - lo, nv = (span + 15) / 16;
+    __mmask16 sel[64] = {0};
+    for (int64_t j = 0; j < ni; j++) sel[(idx[j] - lo) / 16] |= (__mmask16)(1u << ((idx[j] - lo) % 16));
+    const __m512 top = _mm512_set1_ps((float)poly[3]), lim = _mm512_set1_ps(127.0f), low = _mm512_set1_ps(-127.0f);
+    __mmask16 worse = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * w + lo;
+        float *orow = out + r * w + lo;
+        for (int64_t k = 0; k < nv; k++) {
+            const int64_t left = span - 16 * k;
+            const __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1), m = sel[k];
+            const __m512 v = _mm512_maskz_loadu_ps(in, xr + 16 * k);
+            worse |= m & ~_mm512_cmp_ps_mask(v, lim, _CMP_LE_OQ);  /* NaN or above 127 */
+            const __m512 xc = _mm512_max_ps(v, low);  /* v < -127 ? -127 : v (a NaN is reported above) */
+            const __m512 fl = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            const __m512 f = _mm512_sub_ps(xc, fl);
+            __m256 halves[2];
+            for (int h = 0; h < 2; h++) {
+                const __m256 fh = h ? _mm512_extractf32x8_ps(f, 1) : _mm512_castps512_ps256(f);
+                __m256 p = _mm512_castps512_ps256(top);
+                p = horner8(p, fh, poly[2]);
+                p = horner8(p, fh, poly[1]);
+                halves[h] = horner8(p, fh, poly[0]);
+            }
+            const __m512 p = _mm512_insertf32x8(_mm512_castps256_ps512(halves[0]), halves[1], 1);
+            const __m512i e = _mm512_slli_epi32(_mm512_cvttps_epi32(fl), 23);
+            const __m512i u = _mm512_add_epi32(_mm512_castps_si512(p), e);
+            _mm512_mask_storeu_ps(orow + 16 * k, m, _mm512_castsi512_ps(u));
+        }
+    }
+    *bad |= worse != 0;
+    return 1;
+}
+#endif
+
 /* fastmath.ex2_emulation on the columns idx[ni] of x [rows, w] (float32, contiguous), written into out (the same
    layout): xc = max(x, -127), fl = floor(xc), f = xc - fl (exact), p = poly[np - 1] then p = (float)((double)p * f
    + poly[j]) for j = np - 2 .. 0 (the product exact in double), and fl added into p's exponent bits (an integer
@@ -122,6 +172,9 @@ int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64
                 const double *poly, int np) {
     int bad = 0;
     const float top = (float)poly[np - 1];
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (np == 4 && ex2_span16(x, out, rows, w, idx, ni, poly, &bad)) return !bad;
+#endif
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * w;
         float *orow = out + r * w;
@@ -153,7 +206,13 @@ void fc_descale(const float *acc, const int64_t *as, const double *qs, const int
         const float *a = R(acc, as);
         const double *k = R(ks, kss), qf = *R(qs, qss) * factor;  /* qs is constant along the row (its stride 0) */
         float *o = R(out, os);
-        if (sa == 1 && sk == 1 && so == 1)
+        if (sa == 1 && sk == 0 && so == 1) {  /* one scale for the row (per-tensor K): qf * k[i] is one value */
+            const double f = qf * k[0];
+            if (a == o) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)o[i] * f);
+            else for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * f);
+        } else if (sa == 1 && sk == 1 && so == 1 && a == o)  /* in place (acc is out) */
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)o[i] * (qf * k[i]));
+        else if (sa == 1 && sk == 1 && so == 1)
             for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * (qf * k[i]));
         else
             for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sa] * (qf * k[i * sk]));
@@ -170,12 +229,38 @@ void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t 
         const float *a = R(x, xs);
         const double *b = R(u, us);
         float *o = R(out, os);
-        if (unit && mode == 0) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b[i]);
+        const double b0 = *b;  /* a unit constant along the row (stride 0): the loops below vectorise */
+        if (sx == 1 && su == 0 && so == 1 && mode == 0)
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b0);
+        else if (sx == 1 && su == 0 && so == 1 && mode == 1)
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b0);
+        else if (sx == 1 && su == 0 && so == 1)
+            for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b0);
+        else if (unit && mode == 0) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b[i]);
         else if (unit && mode == 1) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b[i]);
         else if (unit) for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b[i]);
         else if (mode == 0) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] / b[i * su]);
         else if (mode == 1) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] * b[i * su]);
         else for (int64_t i = 0; i < w; i++) o[i * so] = o[i * so] + (float)((double)a[i * sx] * b[i * su]);
+    }
+}
+
+/* the P·V MMA's first accumulator from O: out = (float)((double)(o * alpha) / u) + 0 (o * alpha the float32
+   product of the step's rescale, alpha one per row; + 0 as kernels.mma's start makes a zero c +0); o, out float32
+   [n], contiguous rows of n[3] */
+void fc_pv_start(const float *o, const int64_t *os, const float *al, const int64_t *als, const double *u,
+                 const int64_t *us, float *out, const int64_t *outs, const int64_t *n) {
+    const int64_t w = n[3], sx = os[3], su = us[3], so = outs[3];
+    LOOP3(n) {
+        const float *a = R(o, os), f = *R(al, als);
+        const double *b = R(u, us);
+        float *c = R(out, outs);
+        const double b0 = *b;
+        if (sx == 1 && su == 0 && so == 1)
+            for (int64_t i = 0; i < w; i++) c[i] = (float)((double)(a[i] * f) / b0) + 0.0f;
+        else if (sx == 1 && su == 1 && so == 1)
+            for (int64_t i = 0; i < w; i++) c[i] = (float)((double)(a[i] * f) / b[i]) + 0.0f;
+        else for (int64_t i = 0; i < w; i++) c[i * so] = (float)((double)(a[i * sx] * f) / b[i * su]) + 0.0f;
     }
 }
 """
@@ -200,9 +285,10 @@ _DIMS4 = ctypes.c_int64 * _DIMS  # strides and shapes go to C as ctypes arrays (
 
 
 def _strides(t: torch.Tensor, shape: torch.Size):
-    """t's strides broadcast to `shape` (<= 4 dims), int64 [4] with leading zeros."""
-    st = t.expand(shape).stride()
-    return _DIMS4(*((0,) * (_DIMS - len(st)) + tuple(st)))
+    """t's strides broadcast to `shape` (<= 4 dims, t broadcasting to it), int64 [4] with leading zeros: 0 along
+    a dim of size 1 (expand's strides there, without its view)."""
+    st = tuple(0 if n == 1 else d for n, d in zip(t.shape, t.stride(), strict=True))
+    return _DIMS4(*((0,) * (_DIMS - len(st)) + st))
 
 
 def _shape(shape: torch.Size):
@@ -215,21 +301,24 @@ def _broadcasts(small: torch.Tensor, shape: torch.Size) -> bool:
     )
 
 
-def p_fp8(p: torch.Tensor, p_scale: float, fmt: Format) -> torch.Tensor | None:
+def p_fp8(p: torch.Tensor, p_scale: float, fmt: Format, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """round_to(p * p_scale if p_scale != 1 else p, fmt) for float32 P (contiguous, CPU) and an FP8 fmt, a new
-    float32 tensor; None where the pass does not apply or meets a NaN (the caller's torch steps then run)."""
+    float32 tensor (or `out`, float32 contiguous of p's shape, not p); None where the pass does not apply or meets
+    a NaN (the caller's torch steps then run)."""
     lib = library()
     if lib is None or fmt not in _FP8 or not _plain(p) or not p.is_contiguous():
         return None
-    return _p_fp8(lib, p, p_scale, fmt)
+    if out is not None and not (_plain(out) and out.is_contiguous() and out.shape == p.shape):
+        out = None
+    return _p_fp8(lib, p, p_scale, fmt, out)
 
 
 _FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
 
 
-def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format) -> torch.Tensor | None:
+def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format, out: torch.Tensor | None = None) -> torch.Tensor | None:
     fi = info(fmt)
-    out = torch.empty_like(p, memory_format=torch.contiguous_format)
+    out = torch.empty_like(p, memory_format=torch.contiguous_format) if out is None else out
     ok = lib.fc_p_fp8(p.data_ptr(), out.data_ptr(), p.numel(), p_scale, int(p_scale != 1.0), fi.precision - 1,
                       fi.min_exp - 1, float(fi.max))  # fmt: skip
     return out if ok else None
@@ -327,6 +416,28 @@ def _units(lib, x, unit, out, mode: int) -> None:
     lib.fc_units(x.data_ptr(), st[0], unit.data_ptr(), st[1], out.data_ptr(), st[2], _shape(shape), mode)
 
 
+def pv_start(o: torch.Tensor, alpha: torch.Tensor, unit: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+    """The P·V MMA's first accumulator in one pass: (o * alpha in float32, divided by unit in float64) rounded to
+    float32, + 0 (kernels.mma's start: a zero is +0), written into out (float32, o's shape; returned). o float32
+    [..., M, Dv] (unchanged), alpha float32 [..., M, 1], unit float64 broadcasting to o. None (nothing written)
+    where the pass does not apply."""
+    lib = library()
+    shape = o.shape
+    ok = lib is not None and _plain(o) and _plain(out) and out.shape == shape and _plain(alpha)
+    ok = ok and _broadcasts(alpha, shape) and alpha.dim() >= 1 and alpha.shape[-1] == 1
+    if not (ok and _plain(unit, torch.float64) and _broadcasts(unit, shape)):
+        return None
+    _pv_start(lib, o, alpha, unit, out)
+    return out
+
+
+def _pv_start(lib, o, alpha, unit, out) -> None:
+    shape = o.shape
+    st = [_strides(t, shape) for t in (o, alpha, unit, out)]
+    lib.fc_pv_start(o.data_ptr(), st[0], alpha.data_ptr(), st[1], unit.data_ptr(), st[2], out.data_ptr(), st[3],
+                    _shape(shape))  # fmt: skip
+
+
 def _selftest(lib) -> str:
     """The first pass that differs from its torch steps (words), or "" when every one matches bit for bit."""
     from flashcheck.core.numerics import round_to
@@ -384,6 +495,10 @@ def _selftest_steps(lib, g: torch.Generator) -> str:
         _descale(lib, acc, a, b.transpose(-1, -2), 0.125, out)
         if not torch.equal(want.view(torch.int32), out.view(torch.int32)):
             return "the Q K^T descale"
+        inplace = acc.clone()  # acc in out (the MMA's accumulator descaled where it lies)
+        _descale(lib, inplace, a, b.transpose(-1, -2), 0.125, inplace)
+        if not torch.equal(want.view(torch.int32), inplace.view(torch.int32)):
+            return "the Q K^T descale in place"
     o = torch.randn(2, 3, 8, 9, generator=g)[:, :, 3:]  # strided rows
     for u in (torch.rand(2, 3, 1, 9, generator=g, dtype=torch.float64) / 3, one / 3):
         want_div = o.to(torch.float64, copy=True).div_(u).to(torch.float32)
@@ -398,6 +513,15 @@ def _selftest_steps(lib, g: torch.Generator) -> str:
         for w_, g_ in ((want_div, got_div), (want_mul.to(torch.float32), got_mul), (want_add, got_add)):
             if not torch.equal(w_.view(torch.int32), g_.contiguous().view(torch.int32)):
                 return "the P·V unit conversions"
+        alpha = torch.rand(2, 3, 5, 1, generator=g)
+        alpha[0, 0] = 0.0
+        oz = o.clone()
+        oz[0, 1, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])  # zeros and an underflow: +0 as the start makes
+        want = oz.mul(alpha).to(torch.float64).div_(u).to(torch.float32) + 0.0
+        got = torch.empty(2, 3, 8, 9)[:, :, 3:]
+        _pv_start(lib, oz, alpha, u, got)
+        if not torch.equal(want.view(torch.int32), got.contiguous().view(torch.int32)):
+            return "the P·V MMA's start"
     return ""
 
 
@@ -414,6 +538,7 @@ def _native() -> tuple[object | None, str]:
     lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
+    lib.fc_pv_start.argtypes, lib.fc_pv_start.restype = [_P] * 9, None
     failed = _selftest(lib)
     if failed:
         return None, f"the C pass differs from the torch steps ({failed}): torch runs it"

@@ -128,7 +128,7 @@ def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int, part
     return qq, kq, vq
 
 
-def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
+def quantize_p(p: torch.Tensor, policy: Policy, out: torch.Tensor | None = None) -> torch.Tensor:
     """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
     P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.sage3.sage3_p:
     P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
@@ -140,5 +140,6 @@ def quantize_p(p: torch.Tensor, policy: Policy) -> torch.Tensor:
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
         amax = rowmax * policy.p_scale
         return quantize_nvfp4(p * policy.p_scale, dim=-1, tensor_amax=amax, scale_floor=policy.nvfp4_floor).to(p.dtype)
-    fast = p_fp8(p, policy.p_scale, policy.p) if not policy.p_scaling else None  # FP8 P: one C pass, or None
+    # FP8 P: one C pass (into `out`, a float32 tensor of p's shape, not p, where given), or None
+    fast = p_fp8(p, policy.p_scale, policy.p, out) if not policy.p_scaling else None
     return round_to(p * policy.p_scale if policy.p_scale != 1.0 else p, policy.p) if fast is None else fast
