@@ -98,3 +98,18 @@ def test_delta_s_is_the_exact_product_rounded_once_to_the_half_dtype(half):
     assert (vals != exact).mean() > 0.5  # the rounding to half is not a no-op on these data
     _, _, want = sage3_qk(q, k, half)  # the oracle's per-row delta_s, from its own smoothing
     assert np.array_equal(ds.block(0, LQ, 0, LK)[0, 0].numpy(), want.astype(np.float32))
+
+
+def test_raising_the_input_stage_leaves_the_sage3_knob_inert():
+    """With the input stage FP64 (explain's "input raised"), q and k are the plain inputs: the MMA takes them whole
+    (no FP4 half, no delta_s), exactly as without the sage3 knob (a regression: it once halved them)."""
+    from flashcheck.core.numerics import Format
+    from flashcheck.kernels import flash_attention
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 160, 32, generator=g) for _ in range(3))
+    kw = resolve("sage3-fp4", "bf16", 160, 160, 32, False)
+    raised = kw["policy"].replace(input=Format.FP64)
+    got = flash_attention(q, k, v, **{**kw, "policy": raised})
+    plain = flash_attention(q, k, v, **{**kw, "policy": raised.replace(qk_scaling="")})
+    assert torch.equal(got, plain)

@@ -191,8 +191,10 @@ class MMAOperands:
 
 
 def _sage3_qk(pol: Policy) -> bool:
-    """SageAttention3's Q and K (kernels.sage3 rule 2): their FP4 columns, delta_s the MMA's initial C."""
-    return pol.qk_scaling == "sage3"
+    """SageAttention3's Q and K (kernels.sage3 rule 2): their FP4 columns, delta_s the MMA's initial C. Only where
+    kernels.quantized.quantize_inputs made sage3_inputs' 2 D columns: with the input stage FP64 the knob is inert
+    (core.numerics) and q, k are the plain inputs."""
+    return pol.qk_scaling == "sage3" and pol.input != Format.FP64
 
 
 def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, parts=None, exact: bool = True) -> Operand:
