@@ -60,7 +60,7 @@ def test_sage3_scores_are_the_chain_from_delta_s_bit_for_bit(half):
     q, k = _qk(11, half)
     qq, kq, delta = sage3_qk(q, k, half)
     _, _, ops = _operands(q, k, half)
-    assert ops is not None and ops.model_qk is B200 and ops.q.fmt == ops.k.fmt == "fp32"
+    assert ops is not None and ops.model_qk is B200 and ops.q.fmt == ops.k.fmt == "e2m1s"
     assert ops.q.codes.shape[-1] == D  # the FP4 columns only
     sc = D**-0.5 * LOG2E
     want = _oracle_scores(qq, kq, delta, sc)
