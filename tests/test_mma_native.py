@@ -208,6 +208,8 @@ def test_e2m1s_operands_bit_equal_to_fp32_operands(lib, case):
     if fmts[0] == "e2m1s":
         a[0, 0, :3] = torch.tensor([2.0**-10, -2688.0, 0.5 * 2.0**-7])  # e2m1's 0.5 times e4m3's extremes
         a[1, 2] = operands("e2m1", (150,), 140 + case) * 2.0**-9  # a row of e4m3's smallest scale: no clamping
+        a[2, 3] = 240.0  # with b's column below, every term the largest one (significands 1.875): int32 sums
+    b[2, :, 5] = -1.875 if fmts[1] == "e2m1s" else -448.0
     b[1, :, 3] = 0.0
     c = (operands("fp32", (3, 7, 21), 130 + case) * c_scale).to(torch.float32)
     twin = tuple("fp32" if f == "e2m1s" else f for f in fmts)
@@ -221,8 +223,8 @@ def test_e2m1s_operands_bit_equal_to_fp32_operands(lib, case):
 
 def test_fp4_operands_enter_as_e2m1s_and_others_fall_back():
     """The quantisers' block-scaled values (NVFP4's with subnormal block scales, SageAttention3's Q K V and P)
-    become "e2m1s" operands; a value "e2m1s" cannot hold (too small, too large, too many bits, not a float32)
-    keeps the whole operand "fp32" (the float64 path)."""
+    become "e2m1s" operands; a value "e2m1s" cannot hold (too small, too large, too many bits, a significand
+    above 1.875, not a float32) keeps the whole operand "fp32" (the float64 path)."""
     from flashcheck.core.quant import nvfp4_parts
     from flashcheck.kernels.mma_ops import _fp4_scaled, block_scaled
     from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_p
@@ -238,7 +240,7 @@ def test_fp4_operands_enter_as_e2m1s_and_others_fall_back():
     ):
         assert op.fmt == "e2m1s" and op.codes.dtype == torch.float32
     good = quantize_fp4x16(x)
-    for bad in (2.0**-11, 4096.0, 1.0 + 2.0**-6, 1.0 + 2.0**-30):
+    for bad in (2.0**-11, 4096.0, 1.0 + 2.0**-6, 1.9375, 1.0 + 2.0**-30):
         y = good.clone()
         y[1, 2, 3, 4] = bad
         op = _fp4_scaled(y)

@@ -25,15 +25,19 @@ from flashcheck.kernels.mma_c import SOURCE
 # (kernels.mma.EMIN): e2m1 x e4m3 values, 2 + 4 bits; exponents in [-10, 11], within the f32 variant's int8 range
 # (kept in [emin, 16]; a nonzero product's exponent sum >= 2 emin >= -28, the tile's efloor)
 SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3, "e2m1s": 6}
+# the largest significand of a format's values where below (2 - 2^(1 - SIG_BITS)): e2m1 x e4m3's is 1.875 (1 x
+# 1.875, 1.5 x 1.25; a product of 2 or more halves), as e4m3's
+SIG_MAX = {"e2m1s": 1.875}
 MIN_ROWS_PER_THREAD = 1 << 21  # products per thread below which one thread does the call (a decoding step)
 _ARGS = [ctypes.c_void_p, *[ctypes.c_int64] * 3] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 9
 
 
 @functools.cache
 def _sub(model, fa: str, fb: str) -> int:
-    """k per int32 partial sum: each truncated term is below (2 - 2^(1-s_a)) (2 - 2^(1-s_b)) 2^frac, c's
-    below 2^(frac + 1); the partial sums stay below 2^31."""
-    term = (2.0 - 2.0 ** (1 - SIG_BITS[fa])) * (2.0 - 2.0 ** (1 - SIG_BITS[fb])) * 2.0**model.frac
+    """k per int32 partial sum: each truncated term is below (2 - 2^(1-s_a)) (2 - 2^(1-s_b)) 2^frac (SIG_MAX's
+    significands where given), c's below 2^(frac + 1); the partial sums stay below 2^31."""
+    sig = [SIG_MAX.get(f, 2.0 - 2.0 ** (1 - SIG_BITS[f])) for f in (fa, fb)]
+    term = sig[0] * sig[1] * 2.0**model.frac
     return max(1, min(model.nfma, int((2.0**31 - 2.0 ** (model.frac + 1)) // term)))
 
 

@@ -60,7 +60,8 @@ def _values(x: torch.Tensor) -> Operand:
 def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
     """x holding block-scaled FP4 values e2m1 x e4m3 (or 0) as an "e2m1s" operand: float32 (exact), scale 1.
     check: that every value is one kernels.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
-    0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits, slower); unchecked: P (sage3_p's)."""
+    a significand of at most 1.875, 0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits,
+    slower); unchecked: P (sage3_p's)."""
     x32 = x.to(torch.float32)
     if check and not _fits_e2m1s(x, x32):
         return _values(x)
@@ -73,7 +74,8 @@ def _fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
         return False
     u = x32.view(torch.int32)
     e = (u >> 23) & 0xFF  # biased exponent: 117 .. 138 is 2^-10 .. 2^11
-    bad = ((u & 0x7FFFFFFF) != 0) & ((e < 117) | (e > 138) | ((u & 0x3FFFF) != 0))  # low 18 bits: beyond 6
+    mant = u & 0x7FFFFF  # at most 0x700000 (1.875) with its low 18 bits 0 (5 fraction bits)
+    bad = ((u & 0x7FFFFFFF) != 0) & ((e < 117) | (e > 138) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
     return not bool(bad.any())
 
 
