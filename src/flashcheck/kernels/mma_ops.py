@@ -73,9 +73,9 @@ def _fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and not bool((x32 == x).all()):
         return False
     u = x32.view(torch.int32)
-    e = (u >> 23) & 0xFF  # biased exponent: 117 .. 138 is 2^-10 .. 2^11
+    e = ((u >> 23) & 0xFF) - 127  # the exponent: -10 .. 11 (2^-10 .. 2^11)
     mant = u & 0x7FFFFF  # at most 0x700000 (1.875) with its low 18 bits 0 (5 fraction bits)
-    bad = ((u & 0x7FFFFFFF) != 0) & ((e < 117) | (e > 138) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
+    bad = ((u & 0x7FFFFFFF) != 0) & ((e < -10) | (e > 11) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
     return not bool(bad.any())
 
 
