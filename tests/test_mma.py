@@ -214,7 +214,7 @@ def test_models_and_bad_input():
 def test_flash_operands_split_into_codes_and_scales(name):
     """kernels.mma_ops recovers the codes the tensor core multiplies from each preset's dequantised Q, K, V (FA3's
     per-block, FA4's per-tensor, Sage's per-channel scales); NVFP4 operands are round_inputs' pieces: the
-    block-scaled values (e2m1 x e4m3, "fp32" operands) times the fp32 tensor descale."""
+    block-scaled values (e2m1 x e4m3, float32 "e2m1s" operands) times the fp32 tensor descale."""
     from flashcheck.kernels.fp8 import round_inputs
     from flashcheck.kernels.mma_ops import MMAOperands
     from flashcheck.kernels.presets import default_format, resolve
@@ -230,11 +230,11 @@ def test_flash_operands_split_into_codes_and_scales(name):
     for op, held in ((ops.q, qr), (ops.k, kr), (ops.v, vr)):
         if op is None:
             continue
-        assert op.fmt == ("fp32" if name == "fa4-fp4" else "e4m3")
+        assert op.fmt == ("e2m1s" if name == "fa4-fp4" else "e4m3")
         if op.fmt == "e4m3":
             assert torch.equal(op.codes.double(), op.codes.to(torch.float8_e4m3fn).double())  # exact e4m3 values
         else:  # e2m1 x e4m3: at most 6 significant bits, and a scalar descale
-            assert torch.equal(op.codes, op.codes.float().double()) and op.scale.numel() == 1
+            assert op.codes.dtype == torch.float32 and op.scale.numel() == 1
             assert float((torch.frexp(op.codes)[0] * 64).frac().abs().max()) == 0.0
-        assert torch.allclose(op.codes * op.scale, held.double(), rtol=2.0**-20, atol=0)
+        assert torch.allclose(op.codes.double() * op.scale, held.double(), rtol=2.0**-20, atol=0)
     assert ops.v is not None and (ops.q is not None) == bool(pol.qk_mma)

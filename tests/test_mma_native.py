@@ -219,3 +219,62 @@ def test_pv_accumulate_rescale_fold_equals_rescale_first(lib):
         got = o.clone()
         pv_accumulate(p, v, got, 256.0, pol, HOPPER, alpha=alpha, buf=torch.empty(o.shape))
         assert _same(got, want)
+
+
+E2M1S_CASES = [  # model, formats (the "e2m1s" side's float64 twin is "fp32"), promote_every, fp16, c scale
+    (B200, ("e2m1s", "e2m1s"), None, False, 1e3),  # fa4-fp4's and sage3-fp4's Q K^T, sage3-fp4's P V
+    (B200, ("e4m3", "e2m1s"), None, False, 1.0),  # fa4-fp4's P V (P e4m3 codes)
+    (HOPPER, ("e2m1s", "e2m1s"), None, False, 2.0**-20),
+    (ADA, ("e2m1s", "e4m3"), 32, True, 10.0),
+    (ADA, ("e2m1s", "e2m1s"), 64, False, 0.0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(E2M1S_CASES)))
+def test_e2m1s_operands_bit_equal_to_fp32_operands(lib, case):
+    """Block-scaled FP4 values e2m1 x e4m3 as float32 "e2m1s" operands (kernels.mma_c's f32 variant) give the bits
+    of the same values as float64 "fp32" operands (the f64 variant, and the torch chain of each): random values
+    with zeros and e4m3-subnormal scales, the extremes 2^-10 and 2688, ragged K and N, a column of no products."""
+    model, fmts, promote, fp16, c_scale = E2M1S_CASES[case]
+    a = operands(fmts[0], (3, 7, 150), 110 + case)
+    b = operands(fmts[1], (3, 150, 21), 120 + case)
+    if fmts[0] == "e2m1s":
+        a[0, 0, :3] = torch.tensor([2.0**-10, -2688.0, 0.5 * 2.0**-7])  # e2m1's 0.5 times e4m3's extremes
+        a[1, 2] = operands("e2m1", (150,), 140 + case) * 2.0**-9  # a row of e4m3's smallest scale: no clamping
+        a[2, 3] = 240.0  # with b's column below, every term the largest one (significands 1.875): int32 sums
+    b[2, :, 5] = -1.875 if fmts[1] == "e2m1s" else -448.0
+    b[1, :, 3] = 0.0
+    c = (operands("fp32", (3, 7, 21), 130 + case) * c_scale).to(torch.float32)
+    twin = tuple("fp32" if f == "e2m1s" else f for f in fmts)
+    a64, b64 = (x if f == "e2m1s" else x.to(torch.float32) for x, f in ((a, fmts[0]), (b, fmts[1])))
+    want = _matmul(a64, b64, model, c, promote, twin, fp16, lib)
+    assert _same(_matmul(a64, b64, model, c, promote, twin, fp16, None), want)
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    for chain in (lib, None):
+        assert _same(_matmul(a32, b32, model, c, promote, fmts, fp16, chain), want)
+
+
+def test_fp4_operands_enter_as_e2m1s_and_others_fall_back():
+    """The quantisers' block-scaled values (NVFP4's with subnormal block scales, SageAttention3's Q K V and P)
+    become "e2m1s" operands; a value "e2m1s" cannot hold (too small, too large, too many bits, a significand
+    above 1.875, not a float32) keeps the whole operand "fp32" (the float64 path)."""
+    from flashcheck.core.quant import nvfp4_parts
+    from flashcheck.kernels.mma_ops import _fp4_scaled, block_scaled
+    from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_p
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 64, 48, generator=g) * torch.exp2(torch.randint(-12, 6, (2, 3, 64, 1), generator=g))
+    x[0, 0, 0] = 1e-30  # a block whose e4m3 scale is subnormal or 0 against the tensor's amax
+    for op in (
+        block_scaled(nvfp4_parts(x)),
+        _fp4_scaled(quantize_fp4x16(x)),
+        _fp4_scaled(quantize_fp4x16(x, dim=-2)),
+        _fp4_scaled(sage3_p(torch.rand(2, 3, 64, 48, generator=g) ** 8)),
+    ):
+        assert op.fmt == "e2m1s" and op.codes.dtype == torch.float32
+    good = quantize_fp4x16(x)
+    for bad in (2.0**-11, 4096.0, 1.0 + 2.0**-6, 1.9375, 1.0 + 2.0**-30):
+        y = good.clone()
+        y[1, 2, 3, 4] = bad
+        op = _fp4_scaled(y)
+        assert op.fmt == "fp32" and op.codes.dtype == torch.float64 and torch.equal(op.codes, y)

@@ -205,7 +205,8 @@ _EMULATED_NAMES = ("fp4-e2m1", "fp6-e2m3", "fp6-e3m2", "int8", "int4")
 )
 def test_round_exact_by_bits_matches_the_frexp_spacing(fmt, dtype):
     """_round_exact's ulp from the exponent bits gives spacing()'s rounding bit for bit: random bit patterns
-    (subnormals, zeros, inf, NaN), ties and values around every format's limits, clamped and not."""
+    (subnormals, zeros, inf, NaN), ties and values around every format's limits, clamped and not, contiguous
+    and as strided views (transposed, every other element)."""
     fmt = numerics.parse_format(fmt)
     g = torch.Generator().manual_seed(5)
     patterns = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
@@ -222,6 +223,10 @@ def test_round_exact_by_bits_matches_the_frexp_spacing(fmt, dtype):
         got = numerics._round_exact(xs, fmt)
         same = (got.view(itype) == want.view(itype)) | (got.isnan() & want.isnan())
         assert bool(same.all()), xs[~same][:5]
+        n = xs.numel() // 12 * 12
+        for view, w in ((xs[:n].view(12, -1).t(), want[:n].view(12, -1).t()), (xs[::2], want[::2])):
+            got = numerics._round_exact(view, fmt)
+            assert bool(((got.view(itype) == w.view(itype)) | (got.isnan() & w.isnan())).all())
 
 
 @pytest.mark.parametrize("fmt", [Format.FP8_E4M3, Format.FP8_E5M2])

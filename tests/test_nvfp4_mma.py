@@ -116,8 +116,8 @@ def test_fa4_fp4_qk_scores_are_the_block_scaled_mma(shape, floor):
     raw = k[..., :16].abs().amax(-1).float() / 6.0 * ((448.0 * 6.0) / k.abs().max().float())  # K's first blocks
     assert bool(((raw > 2.0**-9) & (raw < 2.0**-6)).any())  # e4m3 subnormal block scales (floored with floor)
     ops = MMAOperands.make(qr, kr, vr, pol, bq, bk, parts)
-    assert (ops.q.fmt, ops.k.fmt, ops.v.fmt) == ("fp32",) * 3
-    assert torch.equal(ops.v.codes, parts["v"].scaled.double())
+    assert (ops.q.fmt, ops.k.fmt, ops.v.fmt) == ("e2m1s",) * 3  # float32 values e2m1 x e4m3 (kernels.mma.EMIN)
+    assert torch.equal(ops.v.codes, parts["v"].scaled.float())
     factor = d**-0.5
     got = qk_scores(ops.q, ops.k, ops.model_qk, factor)
     want = _oracle(qp, kp, factor)

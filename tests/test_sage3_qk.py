@@ -60,11 +60,11 @@ def test_sage3_scores_are_the_chain_from_delta_s_bit_for_bit(half):
     q, k = _qk(11, half)
     qq, kq, delta = sage3_qk(q, k, half)
     _, _, ops = _operands(q, k, half)
-    assert ops is not None and ops.model_qk is B200 and ops.q.fmt == ops.k.fmt == "fp32"
+    assert ops is not None and ops.model_qk is B200 and ops.q.fmt == ops.k.fmt == "e2m1s"
     assert ops.q.codes.shape[-1] == D  # the FP4 columns only
     sc = D**-0.5 * LOG2E
     want = _oracle_scores(qq, kq, delta, sc)
-    for r0, r1, c0, c1 in ((0, LQ, 0, LK), (96, 200, 32, 96)):  # a tile across the group boundary at row 128
+    for r0, r1, c0, c1 in ((0, LQ, 0, LK), (96, 200, 32, 96), (130, 190, 0, 64)):  # across row 128; in one group
         got = qk_scores(ops.q.rows(r0, r1), ops.k.rows(c0, c1), ops.model_qk, sc, c=ops.qk_c(r0, r1, c0, c1))
         assert np.array_equal(got[0, 0].numpy().view(np.int32), want[r0:r1, c0:c1].view(np.int32)), (r0, c0)
 

@@ -231,7 +231,7 @@ def _round_exact(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     if fmt in INT_FORMATS:
         out = torch.round(x)  # spacing 1: x / 1 and round(.) * 1 are x and round(x), bit for bit
     else:
-        ulp = _ulp_bits(x, fmt) if x.is_contiguous() else None
+        ulp = _ulp_bits(x, fmt)  # elementwise on x's bits: any strides (a view of the same-size integer dtype)
         ulp = spacing(x, fmt).to(x.dtype) if ulp is None else ulp
         out = torch.div(x, ulp).round_().mul_(ulp)  # round rounds half to even
     big = out.abs() > fi.max

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 import torch
 
 # exponent of the smallest normal value of each operand format (subnormals share it); "fp32": operands that are
-# not format codes (dequantised values), their own exponents down to fp32's
-EMIN = {"e4m3": -6, "e5m2": -14, "e2m1": 0, "e2m3": 0, "e3m2": -2, "fp32": -126}
+# not format codes (dequantised values), their own exponents down to fp32's; "e2m1s": block-scaled FP4 values
+# e2m1 x e4m3 (NVFP4's and SageAttention3's operands, no tensor scale), |x| in {0} u [2^-10, 2688] with at most
+# 6 significant bits: -10 (e2m1's 0.5 times e4m3's smallest subnormal 2^-9) clamps none of them, so they take
+# the "fp32" operands' exponents, and the float32 chain (products exact, exponent sums >= -20)
+EMIN = {"e4m3": -6, "e5m2": -14, "e2m1": 0, "e2m3": 0, "e3m2": -2, "e2m1s": -10, "fp32": -126}
 _ZERO_EXP = -8_000  # the exponent given to zero values (int16; a sum of two fits): never a block's maximum
 TILE_ELEMS = 1 << 22  # products held at once per K chunk (float64: 32 MiB, with the exponents 64 MiB)
 
@@ -211,12 +214,13 @@ def mma_matmul(
     acc: str = "fp32",
 ) -> torch.Tensor:
     """a @ b as the tensor core computes it: a [..., M, K], b [..., K, N] (batch dims broadcast) holding values
-    exact in the operand format `fmt` (e4m3, e5m2, e2m1, e2m3, e3m2; a pair for a and b apart) as float tensors,
-    scales NOT applied (the kernels multiply their descales into the fp32 result); "fp32" takes dequantised
-    values as they are (exponents unclamped down to -126: an approximation, no hardware oracle). c [..., M, N]:
-    the accumulator the MMA starts from (fp32 values; one level: the chain's first c; two levels: the fp32 outer
-    sum's start). promote_every=N: every N k (N a multiple of nfma for the hardware's behaviour) the chain's
-    result is added to an fp32 accumulator with round-to-nearest and the chain restarts from +0. Inputs finite.
+    exact in the operand format `fmt` (e4m3, e5m2, e2m1, e2m3, e3m2, e2m1s: e2m1 x e4m3 block-scaled values; a
+    pair for a and b apart) as float tensors, scales NOT applied (the kernels multiply their descales into the
+    fp32 result); "fp32" takes dequantised values as they are (exponents unclamped down to -126: an
+    approximation, no hardware oracle). c [..., M, N]: the accumulator the MMA starts from (fp32 values; one
+    level: the chain's first c; two levels: the fp32 outer sum's start). promote_every=N: every N k (N a
+    multiple of nfma for the hardware's behaviour) the chain's result is added to an fp32 accumulator with
+    round-to-nearest and the chain restarts from +0. Inputs finite.
     acc "fp16": the MMA's accumulator register is fp16 (mma.sync ... .f16.e4m3.e4m3.f16, SageAttention2++'s
     "fp32+fp16"): each block result, formed as above, is rounded to the nearest fp16 (no oracle models this
     unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16").
@@ -305,7 +309,7 @@ def _torch_segments(a, b, batch, model: MMAModel, fmts: tuple[str, str], fp16: b
     one zero padded), float32 where the products are narrow and c has no value below 2^-100 (_chain_fast)."""
     fa, fb = fmts
     k, nf = a.shape[-1], model.nfma
-    # products of two narrow values have at most 8 significant bits within 2^-32 .. 2^34: exact in float32
+    # products of two narrow values have at most 12 significant bits within 2^-32 .. 2^34: exact in float32
     work = torch.float64 if "fp32" in (fa, fb) else torch.float32
     a64 = a.to(work).expand(*batch, *a.shape[-2:])
     bt64 = b.to(work).transpose(-1, -2).expand(*batch, b.shape[-1], k)  # [..., N, K]
@@ -337,6 +341,7 @@ def _selftest_cases():
         ("b200 late c", B200, None, e4, False, 1.0), ("b200 promoted", B200, 64, ("e5m2", "e4m3"), False, 0.0),
         ("ada e2m1", ADA, None, ("e2m1", "e3m2"), False, 1.0), ("hopper small c", HOPPER, None, e4, False, 2.0**-70),
         ("hopper fp32 operands", HOPPER, None, ("fp32", "e4m3"), False, 1.0),
+        ("b200 e2m1s", B200, None, ("e2m1s",) * 2, False, 1.0), ("ada e2m1s", ADA, 64, ("e4m3", "e2m1s"), True, 1.0),
         ("b200 fp32", B200, 96, ("fp32",) * 2, False, 1.0), ("ada fp32 fp16", ADA, None, ("fp32", "e2m3"), True, 1.0),
     ]  # fmt: skip
     for i, (name, model, promote, fmts, fp16, c_on) in enumerate(cases):

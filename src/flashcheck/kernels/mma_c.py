@@ -11,10 +11,11 @@ the block's result is formed per output and truncated to frac_out bits. The inne
 (contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
 
 - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
-  clamped exponent sum >= -28, frac <= 25): 2^(frac - E) is a normal float32, each scaled product is exact
-  (or below 1 and truncated to 0), the accumulator is float32. Early c with frac <= 13 keeps the block in one
-  int32 sum (exact as a float32), else the partial sums meet in float64. A block without a nonzero product
-  takes the float64 rule (E from c alone, at least min_exp).
+  clamped exponent sum >= -28, frac <= 25; kernels.mma_native.SIG_BITS: codes, or e2m1 x e4m3 values):
+  2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
+  accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
+  the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
+  at least min_exp).
 - f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
   does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
   that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
@@ -61,8 +62,9 @@ static inline float round_half(float x) {
     return copysignf(nearbyintf(ax * pow2f(10 - e)) * pow2f(e - 10), x);
 }
 
-/* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15] (kept
-   within [emin, 16]); a zero operand's Z8 keeps every sum with it below NOPROD8 */
+/* the f32 variant's operand exponents as int8 (their sums fit): narrow formats' exponents lie in [-14, 15], e2m1s's
+   (e2m1 x e4m3 values) in [-10, 11] (kept within [emin, 16]); a zero operand's Z8 keeps every sum with it below
+   NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
     for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
         uint32_t u; memcpy(&u, x + i, 4);

@@ -21,24 +21,30 @@ import torch
 import flashcheck.kernels.cbuild as cbuild
 from flashcheck.kernels.mma_c import SOURCE
 
-# significand bits (mantissa + 1) of the narrow operand formats: their products are exact in float32
-SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3}
+# significand bits (mantissa + 1) of the narrow operand formats: their products are exact in float32. "e2m1s"
+# (kernels.mma.EMIN): e2m1 x e4m3 values, 2 + 4 bits; exponents in [-10, 11], within the f32 variant's int8 range
+# (kept in [emin, 16]; a nonzero product's exponent sum >= 2 emin >= -28, the tile's efloor)
+SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3, "e2m1s": 6}
+# the largest significand of a format's values where below (2 - 2^(1 - SIG_BITS)): e2m1 x e4m3's is 1.875 (1 x
+# 1.875, 1.5 x 1.25; a product of 2 or more halves), as e4m3's
+SIG_MAX = {"e2m1s": 1.875}
 MIN_ROWS_PER_THREAD = 1 << 21  # products per thread below which one thread does the call (a decoding step)
 _ARGS = [ctypes.c_void_p, *[ctypes.c_int64] * 3] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 9
 
 
 @functools.cache
 def _sub(model, fa: str, fb: str) -> int:
-    """k per int32 partial sum: each truncated term is below (2 - 2^(1-s_a)) (2 - 2^(1-s_b)) 2^frac, c's
-    below 2^(frac + 1); the partial sums stay below 2^31."""
-    term = (2.0 - 2.0 ** (1 - SIG_BITS[fa])) * (2.0 - 2.0 ** (1 - SIG_BITS[fb])) * 2.0**model.frac
+    """k per int32 partial sum: each truncated term is below (2 - 2^(1-s_a)) (2 - 2^(1-s_b)) 2^frac (SIG_MAX's
+    significands where given), c's below 2^(frac + 1); the partial sums stay below 2^31."""
+    sig = [SIG_MAX.get(f, 2.0 - 2.0 ** (1 - SIG_BITS[f])) for f in (fa, fb)]
+    term = sig[0] * sig[1] * 2.0**model.frac
     return max(1, min(model.nfma, int((2.0**31 - 2.0 ** (model.frac + 1)) // term)))
 
 
 @functools.cache
 def variant(model, fa: str, fb: str) -> str:
     """ "f32" where the narrow products and their scaled terms are exact in float32 (kernels.mma_c), else "f64"."""
-    narrow = fa in SIG_BITS and fb in SIG_BITS
+    narrow = fa in SIG_BITS and fb in SIG_BITS and SIG_BITS[fa] + SIG_BITS[fb] <= 24
     return "f32" if narrow and model.frac <= 25 and _sub(model, fa, fb) >= 1 else "f64"
 
 
@@ -116,7 +122,10 @@ _GRID = {"e4m3": (3, -6, 8), "e5m2": (2, -14, 15), "e2m1": (1, 0, 2), "e2m3": (3
 
 def operands(fmt: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """Random float64 values exact in `fmt` [shape]: every exponent, subnormals, both signs, 15% zeros, ties of
-    equal magnitudes; "fp32": float32 values from 2^-149 to 2^20 (subnormals included)."""
+    equal magnitudes; "fp32": float32 values from 2^-149 to 2^20 (subnormals included); "e2m1s": e2m1 values
+    times e4m3 ones (subnormal scales included)."""
+    if fmt == "e2m1s":
+        return operands("e2m1", shape, seed) * operands("e4m3", shape, seed + 7919).abs()
     g = torch.Generator().manual_seed(seed)
     sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
     zero = torch.rand(shape, generator=g) < 0.15

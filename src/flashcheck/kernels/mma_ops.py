@@ -12,8 +12,10 @@ afterwards with the other descales. PTX ISA, "Block Scaling for mma.sync" (9.7.1
 (B * scale_B) + C, kind::mxf4nvf4 with .e2m1 elements and .ue4m3 scales at scale_vec::4X (16-element blocks), the
 same for tcgen05.mma; torchao 0.18.0 prototype/mx_formats/nvfp4_tensor.py _addmm_nvfp4_dispatch runs
 torch._scaled_mm on the codes and block scales and multiplies its result by a_scale * b_scale, the per-tensor
-scales. The block-scaled values go in as "fp32" operands (their own exponents; a model of how the hardware aligns
-scaled products, no oracle has measured it), short enough for kernels.mma_c's f32 tile."""
+scales. The block-scaled values go in with their own exponents (a model of how the hardware aligns scaled
+products, no oracle has measured it) as float32 "e2m1s" operands (kernels.mma.EMIN: no exponent of theirs is
+clamped, so the bits are the "fp32" operands'), which kernels.mma_c's f32 variant takes directly; SageAttention3's
+Q, K and P, e2m1 x e4m3 values too, alike."""
 
 from __future__ import annotations
 
@@ -53,6 +55,28 @@ class Operand:
 
 def _values(x: torch.Tensor) -> Operand:
     return Operand(x.to(torch.float64), torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "fp32")
+
+
+def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
+    """x holding block-scaled FP4 values e2m1 x e4m3 (or 0) as an "e2m1s" operand: float32 (exact), scale 1.
+    check: that every value is one kernels.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
+    a significand of at most 1.875, 0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits,
+    slower); unchecked: P (sage3_p's)."""
+    x32 = x.to(torch.float32)
+    if check and not _fits_e2m1s(x, x32):
+        return _values(x)
+    return Operand(x32, torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "e2m1s")
+
+
+def _fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
+    """Whether x (and x32, its float32 copy) hold only "e2m1s" values (see _fp4_scaled), on float32 bits."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and not bool((x32 == x).all()):
+        return False
+    u = x32.view(torch.int32)
+    e = ((u >> 23) & 0xFF) - 127  # the exponent: -10 .. 11 (2^-10 .. 2^11)
+    mant = u & 0x7FFFFF  # at most 0x700000 (1.875) with its low 18 bits 0 (5 fraction bits)
+    bad = ((u & 0x7FFFFFFF) != 0) & ((e < -10) | (e > 11) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
+    return not bool(bad.any())
 
 
 def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0, exact: bool = True) -> Operand:
@@ -201,17 +225,21 @@ def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, parts=None
     if parts and role in parts:
         return block_scaled(parts[role])
     if role != "v" and _sage3_qk(pol):  # e2m1 x e4m3 values (scales vary along D): kernels.mma's f32 tile
-        return _values(sage3_fp4_part(x))
+        return _fp4_scaled(sage3_fp4_part(x))
+    if role == "v" and exact and (_sage3_qk(pol) or pol.v_scaling == "sage3"):  # FP4 x16 along the tokens
+        return _fp4_scaled(x)
     fmt, groups, rows, top = _input_groups(pol, role, block)
     return split(x, fmt, groups, rows=rows, top=top, exact=exact)
 
 
 def block_scaled(pieces) -> Operand:
     """NVFP4 pieces (core.quant.NVFP4Parts) as the block-scaled MMA's operand: the block-scaled values e2m1 x
-    e4m3 scale [B, H, L, D] (float64, exact) as "fp32" codes, the fp32 tensor descale as the scale."""
+    e4m3 scale [B, H, L, D] (float32, exact; the block scale saturates at 448) as "e2m1s" codes, the fp32 tensor
+    descale as the scale."""
     w, descale = pieces.scaled, pieces.descale
     scale = descale.to(torch.float64).reshape((1,) * w.dim()) if descale.numel() == 1 else descale.to(torch.float64)
-    return Operand(w.to(torch.float64), scale, "fp32")
+    op = _fp4_scaled(w)
+    return Operand(op.codes, scale, op.fmt)
 
 
 def v_codes(v: torch.Tensor, pol: Policy, block_k: int) -> Operand:
@@ -247,9 +275,11 @@ def qk_scores(
 
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
-    """P as the P·V MMA takes it: quantize_p's values (P x p_scale in pol.p: codes), or with NVFP4 P its
-    dequantised values."""
+    """P as the P·V MMA takes it: quantize_p's values (P x p_scale in pol.p: codes; SageAttention3's e2m1 x e4m3
+    values, kernels.sage3.sage3_p, as "e2m1s"), or with NVFP4 P its dequantised values."""
     name = OPERAND_FORMATS.get(pol.p)
+    if pol.p_scaling == "sage3":
+        return _fp4_scaled(pc, check=False)  # e2m1 x e4m3 by construction (kernels.sage3 rule 4)
     if pol.p_scaling or name is None:
         return _values(pc)
     return Operand(pc.to(torch.float32), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)

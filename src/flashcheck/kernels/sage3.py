@@ -99,9 +99,14 @@ class DeltaS:
         return DeltaS(round_to(qm @ ks.transpose(-1, -2), half).to(torch.float32))
 
     def block(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
-        """delta_s of query rows r0:r1 and keys c0:c1, [B, H, r1 - r0, c1 - c0] float32 (a new tensor)."""
-        ids = torch.arange(r0, r1, device=self.values.device) // SAGE3_Q_GROUP
-        return self.values[..., c0:c1].index_select(-2, ids)
+        """delta_s of query rows r0:r1 and keys c0:c1, [B, H, r1 - r0, c1 - c0] float32: a view of the group's
+        row (stride 0 over the rows) where they lie in one group, else a new tensor (each group's row repeated)."""
+        g0, g1 = r0 // SAGE3_Q_GROUP, (r1 - 1) // SAGE3_Q_GROUP + 1
+        rows = self.values[..., g0:g1, c0:c1]
+        if g1 - g0 == 1:
+            return rows.expand(*rows.shape[:-2], r1 - r0, c1 - c0)
+        off = r0 - g0 * SAGE3_Q_GROUP
+        return rows.repeat_interleave(SAGE3_Q_GROUP, dim=-2)[..., off : off + r1 - r0, :]
 
 
 def sage3_p(p: torch.Tensor, p_scale: float = SAGE3_P_SCALE) -> torch.Tensor:
