@@ -83,9 +83,12 @@ def test_per_step_conversion_fails_the_oracle_unless_the_unit_is_a_power_of_two(
 
 def test_which_presets_hold_o_in_units():
     q = torch.randn(1, 2, 64, 32)
-    for name, held in (("fa4-fp8", True), ("fa3-fp8", False), ("fa3-fp8-fp22", False), ("sage2-hopper", False)):
+    # fa4-fp4 (NVFP4 V: block-scaled values, one tensor descale) and sage3-fp4 (FP4 V, no tensor scale) hold O too
+    cases = (("fa4-fp8", True), ("fa4-fp4", True), ("sage3-fp4", True), ("fa3-fp8", False), ("fa3-fp8-fp22", False),
+             ("sage2-hopper", False))  # fmt: skip
+    for name, held in cases:
         kw = resolve(name, default_format(name), 64, 64, 32, False)
-        pol = kw["policy"]
-        qr, kr, vr, _ = round_inputs(q, q, q, pol, block_q=kw["block_q"], block_k=kw["block_k"])
-        ops = MMAOperands.make(qr, kr, vr, pol, kw["block_q"], kw["block_k"])
+        pol, parts = kw["policy"], {}
+        qr, kr, vr, _ = round_inputs(q, q, q, pol, block_q=kw["block_q"], block_k=kw["block_k"], parts=parts)
+        ops = MMAOperands.make(qr, kr, vr, pol, kw["block_q"], kw["block_k"], parts)
         assert (held_v_scale(ops, pol, qr.dtype) is not None) == held, name

@@ -288,7 +288,8 @@ def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
 def held_v_scale(ops: MMAOperands | None, pol: Policy, work: torch.dtype) -> torch.Tensor | None:
     """V's descale [.., 1, 1] (float64) where the flash forward keeps O in the P·V MMA's units for the whole key
     loop, as FA3 and FA4 hold their fp32 accumulator: the MMA accumulates into O (one level, an fp32 register,
-    float32 work), V has codes and one scale per head (FA3's and FA4's v_descale), applied once at the end (see
+    float32 work), V has codes and one scale per head (FA3's and FA4's v_descale; fa4-fp4's NVFP4 V with its
+    tensor descale and sage3-fp4's FP4 V, block-scaled "e2m1s" values, qualify too), applied once at the end (see
     kernels.flash). None where O is converted at every key block instead (V scaled per key block or column,
     dequantised V, two-level accumulation, an fp16 register)."""
     if ops is None or ops.model_pv is None or ops.v is None or ops.v.fmt == "fp32" or pol.acc_promote:
