@@ -82,3 +82,18 @@ def test_compare_of_an_fp8_preset_says_predict_leaves_out_the_kernels_own_quanti
     assert res.exit_code in (0, 1), res.output
     assert "predicts the error after the kernel's own input quantisation" in res.output
     assert "predicts the rel_l2 of the column" not in res.output
+
+
+def test_compare_of_a_preset_quantising_16_bit_inputs_inside_says_so():
+    """fa4-fp4 takes bf16 inputs and quantises them to NVFP4 inside: the 'rounded inputs' column still holds that
+    step (a new user read predict's 0.023 against the column's 0.17), so the line names it."""
+    res = runner.invoke(app, ["compare", "--preset", "fa4-fp4", "--seq-len", "64", "--heads", "1"])
+    assert res.exit_code in (0, 1), res.output
+    assert "quantises Q, K and V to fp4-e2m1 inside the kernel" in res.output
+    assert "predicts the rel_l2 of the column" not in res.output
+
+
+def test_the_split_table_names_its_own_columns():
+    res = runner.invoke(app, ["compare", "--splits", "1,2", "--seq-len", "256", "--heads", "1", "--head-dim", "16"])
+    assert res.exit_code in (0, 1), res.output
+    assert "the max_abs and rel_l2 columns add the rounding" in res.output and "'candidate' column" not in res.output

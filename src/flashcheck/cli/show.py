@@ -66,14 +66,44 @@ def print_backends(results: list[dict]) -> None:
         console.print(escape(line))
 
 
-PREDICTS = (
-    "flashcheck predict predicts the rel_l2 of the column 'vs FP64 of rounded inputs' (the kernel's own error); "
-    "the 'candidate' column adds the rounding of the inputs"
-)
 PREDICTS_INSIDE = (
     "flashcheck predict predicts the error after the kernel's own input quantisation, which both columns here include: "
     "`flashcheck explain` shows that input stage apart"
 )
+
+
+def predicts_line(inside: str | None = None, columns: str = "the 'candidate' column adds") -> str:
+    """Which error `flashcheck predict` predicts, under a table whose `columns` hold the error with the inputs'
+    rounding. inside: the format a preset quantises Q, K, V to inside the kernel (in every column then)."""
+    if inside:
+        return f"this preset quantises Q, K and V to {inside} inside the kernel; " + PREDICTS_INSIDE
+    return (
+        "flashcheck predict predicts the rel_l2 of the column 'vs FP64 of rounded inputs' (the kernel's own error); "
+        f"{columns} the rounding of the inputs"
+    )
+
+
+def quantised_inside(pol) -> str | None:
+    """The format pol quantises Q, K, V to inside the kernel from 16-bit inputs (kernels.quantized: Sage, NVFP4,
+    MX presets), or None."""
+    from flashcheck.core.numerics import Format
+    from flashcheck.kernels.quantized import uses_quantized_inputs
+
+    return pol.input.value if pol.input != Format.FP64 and uses_quantized_inputs(pol) else None
+
+
+def _preset_inside(r: dict) -> str | None:
+    """quantised_inside of a result row's preset (None for other methods)."""
+    cfg = r["config"]
+    if not cfg.get("preset"):
+        return None
+    from flashcheck.kernels.presets import resolve
+
+    try:
+        pol = resolve(cfg["preset"], cfg["numerics"], cfg["seq_len"], cfg["seq_len"], cfg["head_dim"], cfg["causal"])
+    except (KeyError, ValueError, TypeError):
+        return None
+    return quantised_inside(pol["policy"])
 
 
 def _print_metrics(console, r: dict) -> None:
@@ -90,7 +120,7 @@ def _print_metrics(console, r: dict) -> None:
         if r["config"]["numerics"].startswith("fp8"):  # the kernel's own quantisation is in both columns
             console.print(PREDICTS_INSIDE, soft_wrap=True)
             return
-    console.print(PREDICTS, soft_wrap=True)
+    console.print(predicts_line(_preset_inside(r)), soft_wrap=True)
 
 
 def _why_not_rounded(r: dict) -> str:
@@ -204,7 +234,7 @@ def print_compare(cfg, result) -> None:
             f"{result.candidate_rounded[key]:.3e}",
         )
     console.print(table)
-    console.print(PREDICTS, soft_wrap=True)
+    console.print(predicts_line(quantised_inside(cfg.candidate_policy())), soft_wrap=True)
     if cfg.inputs.padding != "none":
         console.print(escape(padding_counts(cfg.inputs, cfg.causal)))
 
@@ -282,4 +312,7 @@ def print_decoding(cfgs: list, records: list) -> None:
             f"{rec.candidate_rounded['rel_l2']:.3e}",
         )
     console.print(table)
-    console.print(PREDICTS, soft_wrap=True)
+    console.print(
+        predicts_line(quantised_inside(cfgs[0].candidate_policy()), "the max_abs and rel_l2 columns add"),
+        soft_wrap=True,
+    )
