@@ -219,7 +219,7 @@ def test_flash_tiles_on_odd_shapes_move_the_output_less_than_the_kernels_own_err
 def test_flash_default_tiles_by_bytes(monkeypatch):
     q, k, v = scale_qkv(200, 120, seed=5)
     real_forward = flash_mod._forward
-    monkeypatch.setattr(flash_mod, "_forward", lambda *a: real_forward(*a, tile_rows=24))
+    monkeypatch.setattr(flash_mod, "_forward", lambda *a, **kw: real_forward(*a, **{**kw, "tile_rows": 24}))
     want = flash_attention(q, k, v, policy="bf16-mixed", block_k=32, causal=True)  # tiles of 24 rows, asked for
     monkeypatch.setattr(flash_mod, "_forward", real_forward)
     monkeypatch.setattr(flash_mod, "TILE_BYTES", 2 * 32 * 4 * 24)  # 24 rows of one fp32 key block
@@ -239,7 +239,7 @@ def test_tiled_flash_gradients_unchanged(monkeypatch):
     real = flash_mod._forward
     grads = []
     for tile in (72, 8):
-        monkeypatch.setattr(flash_mod, "_forward", lambda *a, _t=tile: real(*a, tile_rows=_t))
+        monkeypatch.setattr(flash_mod, "_forward", lambda *a, _t=tile, **kw: real(*a, **{**kw, "tile_rows": _t}))
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         flash_attention(*leaves, policy="bf16-mixed", block_k=16, causal=True).sum().backward()
         grads.append([t.grad for t in leaves])

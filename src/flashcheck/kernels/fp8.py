@@ -7,25 +7,10 @@ import torch
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
 from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
 from flashcheck.kernels.fp8_native import block_amax, hadamard, scaled
+from flashcheck.kernels.hadamard import hadamard_matrix as hadamard_matrix  # re-exported: part of this API
+from flashcheck.kernels.hadamard import incoherence_matrix
 from flashcheck.kernels.ops import rnd_fresh
 from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
-
-
-def hadamard_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The Sylvester Hadamard matrix H [d, d] (entries +-1), d a power of two."""
-    if d < 1 or d & (d - 1):
-        raise ValueError(f"Hadamard incoherent processing needs a power-of-two head dim; got {d}")
-    h = torch.ones(1, 1, dtype=dtype)
-    while h.shape[0] < d:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
-
-
-def incoherence_matrix(d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """M = diag(random +-1) H / sqrt(d) [d, d]: orthogonal, so (Q M)(K M)^T = Q K^T exactly."""
-    g = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (d,), generator=g).to(dtype) * 2 - 1
-    return signs.unsqueeze(-1) * hadamard_matrix(d, dtype) / d**0.5
 
 
 def quantize_blocks(x: torch.Tensor, fmt: Format, block: int, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -402,7 +402,7 @@ def _native() -> tuple[object | None, str]:
 def _selftest_hadamard(lib) -> str:
     """Empty when the butterflies give x @ M's bits (torch's float64 product) on rows within their exact range, and
     refuse a row beyond it, a row of zeros and an Inf; else what differs."""
-    from flashcheck.kernels.fp8 import incoherence_matrix
+    from flashcheck.kernels.hadamard import incoherence_matrix
 
     g = torch.Generator().manual_seed(1)
     for d in (4, 16, 64):
@@ -445,7 +445,7 @@ def _hadamard(lib, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
     signs = torch.sign(rot[:, 0]).contiguous()
     if post == 0.0 or math.frexp(post)[0] != 0.5:  # the scale 1 / sqrt(d) is a power of two for d = 4^n only
         return None
-    from flashcheck.kernels.fp8 import hadamard_matrix
+    from flashcheck.kernels.hadamard import hadamard_matrix
 
     if not torch.equal(signs.unsqueeze(-1) * hadamard_matrix(d) * post, rot):
         return None
