@@ -15,6 +15,7 @@ from flashcheck.cli.app import (
     _console,
     _fail_usage,
     _out_folder,
+    _probe,
     app,
     default_out,
 )
@@ -124,6 +125,8 @@ def report(
 
     # report rewrites the folder's report and figures: a link is refused (dangling or not), as study's --out is
     _guarded(lambda: refuse_link(folder, "FOLDER, which report rewrites"))
+    if Path(folder).is_dir():  # a folder report cannot write into: said before anything is read
+        _guarded(lambda: _probe(Path(folder), f"FOLDER {folder!r}, which report rewrites,"))
     if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
         _console(stderr=True).print(
             f"note: {folder} is in use by {holder}, still running: this report covers the records stored so far "
