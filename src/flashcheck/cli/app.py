@@ -204,7 +204,6 @@ def _int_list(text: str, flag: str) -> list[int]:
     return vals
 
 
-INT64 = (-(2**63), 2**63 - 1)
 BLOCK_MAX = 2**31 - 1
 
 
@@ -217,6 +216,10 @@ def _int_range(name: str, lo: int, hi: int):
         return value
 
     return check
+
+
+MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
+_seed = _int_range("--seed", 0, MAX_SEED)  # the rule of every command's --seed (a typer callback; None passes)
 
 
 def _no_empty(options: dict[str, str | None]) -> None:
