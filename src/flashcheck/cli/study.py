@@ -184,11 +184,11 @@ def _print_claims(claims: list[dict], console) -> None:
     """The guide's claims, one line each: verdict, claim, id, what was measured (the conditions are in the report)."""
     from rich.markup import escape
 
-    from flashcheck.questions.guide.report import table_status
+    from flashcheck.questions.guide.report import shown_status
 
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
-    for f in claims:
-        word = f"[{colour.get(f['status'], 'dim')}]{table_status(f)}[/]"
+    for f in claims:  # the verdict as the report's table shows it, with its why (a busy machine, a side missed)
+        word = f"[{colour.get(f['status'], 'dim')}]{escape(shown_status(f))}[/]"
         console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
 
 
@@ -227,6 +227,11 @@ def finding_status(f: dict) -> str:
     return f.get("status") or {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
 
 
+def verdict_text(f: dict) -> str:
+    """What a verdict line says after its id and status: the claim, then what was measured, as report.md words it."""
+    return f"{f['claim']}. Measured: {f['measured']}" if f.get("claim") else f["measured"]
+
+
 def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
     from rich.markup import escape
 
@@ -254,7 +259,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             if status == "not measured":
                 continue  # one line for all of them, below (quick printed 13 such lines)
             mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
-            console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+            console.print(f"{escape(f['id'])}: {mark} — {escape(verdict_text(f))}")
         if unmeasured:
             console.print(f"[dim]not measured by this study ({len(unmeasured)}): {escape(', '.join(unmeasured))}[/]")
         if summary.get("guide"):
