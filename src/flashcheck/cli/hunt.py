@@ -31,11 +31,22 @@ def parse_budget(text: str, flag: str = "--budget") -> float:
     return seconds
 
 
+def default_folder(target: str) -> str:
+    """hunt's --out when none is given: flashcheck-hunt-TARGET with ':' as '-' (flashcheck-hunt-sdpa-math-bf16),
+    so that hunting another target needs no --out; flashcheck-hunt for a name no folder name can carry."""
+    name = target.strip().replace(":", "-")
+    return f"flashcheck-hunt-{name}" if re.fullmatch(r"[\w.+-]+", name) else "flashcheck-hunt"
+
+
 @app.command()
 def hunt(
     target: str = typer.Argument(..., help=TARGET_HELP),
     budget: str = typer.Option("5m", help=BUDGET_HELP),
-    out: str = typer.Option("flashcheck-hunt", help="Folder of the findings store, summary.json and report.md."),
+    out: str = typer.Option(
+        None,
+        help="Folder of the findings store, summary.json and report.md (default: flashcheck-hunt-TARGET, "
+        "':' as '-', so that each target resumes its own hunt).",
+    ),
     seed: int = typer.Option(
         None, callback=_seed, help="Seed of Hypothesis's search (round i uses SEED + i; default: random)."
     ),
@@ -54,6 +65,7 @@ def hunt(
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
     sinks, extreme log-sum-exps, overflow; each finding shrunk, with a one-line reproducer."""
+    out = default_folder(target) if out is None else out
     try:
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
