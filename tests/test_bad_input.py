@@ -197,6 +197,8 @@ DOCTOR = [
     r("doctor-dtype-fp64", "doctor --dtype fp64", "fp64"),
     r("doctor-dtype-int8", "doctor --dtype int8", "int8"),
     r("doctor-dtype-list", "doctor --dtype bf16,fp16", "bf16,fp16"),
+    r("doctor-dtype-unknown", "doctor --dtype fp7", "'fp7'", "expected one of fp32, bf16, fp16\n"),  # only those
+    r("doctor-dtype-fp8", "doctor --dtype fp8-e4m3", "'fp8-e4m3'", "expected one of fp32, bf16, fp16\n"),
     r("doctor-unknown-flag", "doctor --no-such-flag", "--no-such-flag"),
     r("doctor-extra-argument", "doctor extra", "extra"),
 ]
@@ -422,7 +424,17 @@ HUNT = [
     r("hunt-callable-format-unknown", "hunt mod:fn:fp9", "'fp9'", "fp8-e4m3"),
 ]
 
+SEED_RULE = "--seed must be an integer from 0 to 9223372036854775807"  # one rule, one validator (cli.app._seed)
+SEEDS = [  # every command's --seed (test_every_seed_option_has_a_row), each refusing -1 with the same words
+    r("seed-negative-compare", "compare --seed -1", "-1", SEED_RULE),
+    r("seed-negative-explain", "explain --seed -1", "-1", SEED_RULE),
+    r("seed-negative-predict", "predict --seq-len 8 --seed -1", "-1", SEED_RULE),
+    r("seed-negative-hunt", "hunt sdpa-math --seed -1", "-1", SEED_RULE),
+    r("seed-huge-hunt", "hunt sdpa-math --seed 9223372036854775808", "9223372036854775808", SEED_RULE),
+]
+
 ROWS = [
+    *SEEDS,
     *COMPARE,
     *CONSISTENCY,
     *JUDGE,
@@ -680,6 +692,17 @@ def test_the_table_covers_every_command():
     assert len(ROWS) >= 150
     assert len({row.id for row in ROWS}) == len(ROWS), "row ids must be unique"
     assert _registered() <= {row.command for row in ROWS}
+
+
+def test_every_seed_option_has_a_row():
+    """The commands that take --seed are those of SEEDS (a new --seed must use cli.app._seed and get a row)."""
+    import typer.main
+
+    from flashcheck.cli import app
+
+    group = typer.main.get_command(app)
+    seeded = {n for n, c in group.commands.items() if any("--seed" in p.opts for p in c.params)}
+    assert seeded == {row.argv[0] for row in SEEDS}
 
 
 # --- real processes, and the tally of the whole table ----------------------------------------------

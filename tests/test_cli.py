@@ -105,3 +105,22 @@ def test_console_script_runs():
         check=True,
     )
     assert json.loads(out.stdout)["candidate"]["max_abs"] > 0
+
+
+def test_python_dash_m_flashcheck_is_the_cli():
+    """`python -m flashcheck` runs the same app as the `flashcheck` script (help, and exit 2 on bad usage)."""
+    out = subprocess.run([sys.executable, "-m", "flashcheck", "--help"], capture_output=True, text=True, check=True)
+    assert "compare" in out.stdout and "hunt" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "flashcheck", "nosuch"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr
+
+
+def test_compare_help_lists_every_kernel_preset():
+    """--preset's help is built from the registry: every preset the unknown-preset error lists is in it."""
+    import re
+
+    from flashcheck.kernels.presets import KERNEL_PRESETS
+
+    res = runner.invoke(app, ["compare", "--help"])
+    text = re.sub(r"-\s+", "-", " ".join(res.output.split()))  # help wraps lines, also after a hyphen
+    assert res.exit_code == 0 and all(f" {name}," in text or f" {name} " in text for name in KERNEL_PRESETS), text

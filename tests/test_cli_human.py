@@ -397,7 +397,7 @@ def test_study_and_report_human(small_study):
             if f["status"] == "not measured":  # all of them on one line (issue 34)
                 assert f["id"] in one_line(output, "not measured by this study (")
             else:
-                one_line(output, f"{f['id']}: {f['status']} — {f['measured']}")
+                one_line(output, f"{f['id']}: {f['status']} — {f['claim']}. Measured: {f['measured']}")
 
 
 def test_a_long_verdict_stays_on_one_line(capsys):
@@ -410,7 +410,7 @@ def test_a_long_verdict_stays_on_one_line(capsys):
     _print_findings(summary, None, "out")
     out = capsys.readouterr().out
     assert ESC not in out
-    one_line(out, f"square_tiles: does not hold — {measured}")
+    one_line(out, f"square_tiles: does not hold — c. Measured: {measured}")  # the claim as report.md has it
 
 
 def _checkpoints(folder: Path, seed: int) -> None:

@@ -457,7 +457,7 @@ def test_fp16_structural_counts_only_where_bf16_is_right():
     assert f["status"] == "structural" and "Lk = 65520 keys at the maximum (non-finite; bf16 ok)" in f["measured"]
 
 
-def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_inconclusive(monkeypatch):
+def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_inconclusive(monkeypatch, capsys):
     """A timed task stores the 1-minute load average before and after, the cores and this process's threads
     (a search does not); the latency claim that holds on a quiet machine is inconclusive when a timing it
     rests on ran with a load beyond 0.75 x cores besides the process's own thread (core.load)."""
@@ -491,6 +491,15 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
 
     assert shown_status(f).startswith("inconclusive: the machine was busy (1 of 1 timings ran under a load average 12")
     assert shown_status(latency_claim({"t": task | {"load": quiet}}, TINY)) == "holds"
+    task["id"] = "cost/sdpa-math:bf16/fwd/L=1024"  # a timing task's id holds colons: the why is still found
+    f = latency_claim({"t": task}, TINY)
+    assert shown_status(f).startswith("inconclusive: the machine was busy (1 of 1 timings ran under a load average 12")
+    from flashcheck.cli.app import _console
+    from flashcheck.cli.study import _print_claims  # and the console's claim line says it too
+
+    _print_claims([f], _console())
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{shown_status(f)}: {f['claim']}") and "\n" not in line, line
 
 
 def test_fp16_claim_before_any_search_is_stored_is_not_measured_yet():

@@ -113,6 +113,21 @@ def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
     assert list((tmp_path / "h" / "findings").glob("*.json"))
 
 
+def test_cli_hunts_of_two_targets_need_no_out(tmp_path, monkeypatch):
+    """Without --out each target hunts in its own folder (flashcheck-hunt-TARGET, ':' as '-'), so the README's
+    hunts of one target after another run one after the other (one shared folder refused the second)."""
+    from flashcheck.cli.hunt import default_folder
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for target in ("hunt_bugs:correct", "torch-cpu-flash"):
+        res = runner.invoke(app, ["hunt", target, "--budget", "1m", "--rounds", "1", "--seed", "0", "--forward-only"])
+        assert res.exit_code in (0, 1) and "holds a hunt of" not in res.output, res.output
+        assert (tmp_path / default_folder(target) / "summary.json").is_file()
+    assert default_folder("hunt_bugs:correct") == "flashcheck-hunt-hunt_bugs-correct"
+    assert default_folder("a/b") == "flashcheck-hunt"  # no folder name: the shared one, as before
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

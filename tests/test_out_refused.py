@@ -4,6 +4,7 @@ take their own folder again (the rule explain, hunt, validate, ... follow: cli.a
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -41,3 +42,28 @@ def test_train_study_takes_its_own_folder_again(tmp_path):
         res = runner.invoke(app, args)
         assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "summary.json").read_text())["study"] == "tied-max"
+
+
+UNWRITABLE = "/proc/flashcheck-nope"  # /proc takes no new folder, even from root (os.access says yes there)
+OUTPUTS = {
+    "hunt": ["hunt", "fa3-fp8", "--budget", "5s", "--seed", "0", "--out", UNWRITABLE],
+    "explain": ["explain", "--seq-len", "64", "--heads", "1", "--out", UNWRITABLE],
+    "validate": ["validate", "--samples", "8", "--out", UNWRITABLE],
+    "validate-pin": ["validate", "--samples", "8", "--pin", "/proc/env.pin"],
+    "consistency": ["consistency", "sdpa-math", "--out", UNWRITABLE],
+    "mutants": ["mutants", "--out", UNWRITABLE],
+    "study": ["study", "--preset", "tiny", "--out", UNWRITABLE],
+    "study-serving": ["study", "--preset", "serving-tiny", "--out", UNWRITABLE],
+    "train-study": ["train-study", "--preset", "tiny", "--out", UNWRITABLE],
+    "report": ["report", "/proc"],
+}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("args", list(OUTPUTS.values()), ids=list(OUTPUTS))
+def test_unwritable_output_is_one_line_before_any_work(args):
+    """Every output path (--out, --pin, report's FOLDER) is tried before the work (which would take seconds to
+    minutes here): one line, exit 2."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "not writable" in res.output and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output

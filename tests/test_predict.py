@@ -304,6 +304,20 @@ def test_share_within_2x_on_a_real_study_is_recounted_independently(small_study)
 
 
 @pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
+def test_error_model_figure_is_the_same_for_the_same_records(small_study, tmp_path):
+    """figures/error_model.png of the same records in another order (a study's workers finish in any order) has
+    the same bytes: the right panel's jitter comes from the records, not from their order."""
+    pytest.importorskip("matplotlib")
+    from flashcheck.questions.variants.errormodel import draw, evaluate
+
+    pngs = []
+    for i, order in enumerate((sorted(small_study), sorted(small_study, reverse=True))):
+        (tmp_path / str(i)).mkdir()
+        pngs.append(draw(evaluate({c: small_study[c] for c in order}), tmp_path / str(i)).read_bytes())
+    assert pngs[0] == pngs[1]
+
+
+@pytest.mark.xdist_group("predict_small_study")  # one worker computes the module fixture small_study once
 def test_share_and_quantiles_of_known_ratios(small_study):
     """Measured errors replaced by prediction / factor with known factors: the share within 2x, the median ratio
     and the 90th percentile of the fold error are those of the factors."""

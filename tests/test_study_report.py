@@ -301,6 +301,16 @@ def test_real_backends_against_their_baseline_and_flash_against_math(tmp_path):
     assert "The CPU flash kernel against SDPA math at bf16" in text and "1.25x [" in text
 
 
+def test_fa3_conclusion_states_the_papers_conditions_once():
+    """The Table-3 sentence gives each row's paper ratio, and the conditions (the same for both rows) only once."""
+    from flashcheck.questions.paper.findings import FA3_CONDITIONS, _fa3_findings
+
+    found = [{**f, "status": "holds", "measured": "1.3x [1.2, 1.4] (n=12)"} for f in _fa3_findings([])]
+    text = next(t for t, a in conclusion(found, {}) if a == "fa3")
+    assert text.count(FA3_CONDITIONS) == 1 and text.count("Bernoulli(0.001)") == 1, text
+    assert "= 1.7x; verdict: holds" in text and "= 2.6x; verdict: holds" in text
+
+
 def test_fa3_paper_values_read_in_the_measured_ratios_order():
     """The paper's RMSEs are printed as Baseline / candidate, the order of the measured ratio beside them."""
     from flashcheck.questions.paper.findings import _fa3_findings

@@ -204,7 +204,6 @@ def _int_list(text: str, flag: str) -> list[int]:
     return vals
 
 
-INT64 = (-(2**63), 2**63 - 1)
 BLOCK_MAX = 2**31 - 1
 
 
@@ -217,6 +216,10 @@ def _int_range(name: str, lo: int, hi: int):
         return value
 
     return check
+
+
+MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
+_seed = _int_range("--seed", 0, MAX_SEED)  # the rule of every command's --seed (a typer callback; None passes)
 
 
 def _no_empty(options: dict[str, str | None]) -> None:
@@ -263,7 +266,40 @@ def _out_folder(out: str, flag: str = "--out") -> Path:
         )
     if not os.access(lowest, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out!r} is not writable: no write permission in {str(lowest)!r}")
+    _probe(full if lowest == full else full.parent, f"{flag} {out!r}")
     return path
+
+
+def _probe(folder: Path, what: str) -> None:
+    """ValueError when no folder can be made in `folder` (a read-only or virtual file system such as /proc,
+    where os.access says yes to root): one made and removed at once, so nothing is left behind."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".flashcheck-probe-", dir=folder))
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise ValueError(f"{what} is not writable: no folder can be made in {str(folder)!r} ({why})") from None
+
+
+def _out_file(path: str, flag: str) -> Path:
+    """A file a command writes (--pin), checked before any work like _out_folder: not empty, not a folder or
+    link, in a folder that exists and is writable. ValueError names the value and what is wrong."""
+    if not str(path).strip():
+        raise ValueError(f"{flag} {path!r} is empty; give a file name")
+    file = Path(path).expanduser()
+    from flashcheck.core.fileio import refuse_link
+
+    refuse_link(file, f"{flag} file")
+    if file.is_dir():
+        raise ValueError(f"{flag} {path!r} is a folder; give a file name")
+    parent = file.absolute().parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r}: the folder {str(parent)!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} is not writable: no write permission in {str(parent)!r}")
+    _probe(parent, f"{flag} {path!r}")
+    return file
 
 
 STUDY_FILES = ("records.jsonl", "study.json")  # a study's store: no other command writes into such a folder

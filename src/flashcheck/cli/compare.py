@@ -8,7 +8,6 @@ import typer
 
 from flashcheck.cli.app import (
     BLOCK_MAX,
-    INT64,
     Algorithm,
     Distribution,
     Fp8Scaling,
@@ -20,10 +19,12 @@ from flashcheck.cli.app import (
     _no_empty,
     _positive,
     _progress,
+    _seed,
     _splits_fit,
     app,
 )
 from flashcheck.cli.show import print_backends, print_compare, print_decoding, print_grads, sim_name
+from flashcheck.kernels.presets import KERNEL_PRESETS
 
 NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
@@ -56,9 +57,8 @@ DELTA_SOURCE_HELP = (
     "Which O the flash backward's delta = rowsum(dO*O) reads: forward (its rounded output, the default), "
     "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
 )
-PRESET_HELP = (
-    "Kernel preset for sim-flash: torch-cpu-flash, jax-xla, jax-xla-fused, fa2-gpu, fa3-fp8, fa3-fp8-fp22, fa4-bf16, "
-    "fa4-fp8, fa4-fp4, sage1, sage2, sage2-4b, sage2pp, sage3-fp4 (default --numerics: the preset's own input format)."
+PRESET_HELP = (  # every preset the registry holds, as the error for an unknown one lists them
+    f"Kernel preset for sim-flash: {', '.join(KERNEL_PRESETS)} (default --numerics: the preset's own input format)."
 )
 CASE_HELP = (
     "A `flashcheck hunt` finding's case (KEY=VALUE,...): rerun it on --backend (then any hunt TARGET) and judge it "
@@ -103,7 +103,7 @@ def compare(
     ds_correction: bool = typer.Option(False, "--ds-correction", help=DS_CORRECTION_HELP),
     determinism: bool = typer.Option(False, "--determinism", help=DETERMINISM_HELP),
     runs: int = typer.Option(5, callback=_int_range("--runs", 2, 1000), help="Repeated runs for --determinism."),
-    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the inputs."),
+    seed: int = typer.Option(0, callback=_seed, help="Seed of the inputs."),
     device: str = typer.Option(None, help=DEVICE_HELP),
     case: str = typer.Option(None, help=CASE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -7,7 +7,7 @@ import time
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _seed, app
 from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
@@ -31,12 +31,25 @@ def parse_budget(text: str, flag: str = "--budget") -> float:
     return seconds
 
 
+def default_folder(target: str) -> str:
+    """hunt's --out when none is given: flashcheck-hunt-TARGET with ':' as '-' (flashcheck-hunt-sdpa-math-bf16),
+    so that hunting another target needs no --out; flashcheck-hunt for a name no folder name can carry."""
+    name = target.strip().replace(":", "-")
+    return f"flashcheck-hunt-{name}" if re.fullmatch(r"[\w.+-]+", name) else "flashcheck-hunt"
+
+
 @app.command()
 def hunt(
     target: str = typer.Argument(..., help=TARGET_HELP),
     budget: str = typer.Option("5m", help=BUDGET_HELP),
-    out: str = typer.Option("flashcheck-hunt", help="Folder of the findings store, summary.json and report.md."),
-    seed: int = typer.Option(None, help="Seed of Hypothesis's search (round i uses SEED + i; default: random)."),
+    out: str = typer.Option(
+        None,
+        help="Folder of the findings store, summary.json and report.md (default: flashcheck-hunt-TARGET, "
+        "':' as '-', so that each target resumes its own hunt).",
+    ),
+    seed: int = typer.Option(
+        None, callback=_seed, help="Seed of Hypothesis's search (round i uses SEED + i; default: random)."
+    ),
     device: str = typer.Option("cpu", help="cpu or cuda: where the target runs (the FP64 reference: cpu)."),
     rule: str = typer.Option("peers", help="Budget rule: peers (max and mean error, NaN/Inf) or flashcheck."),
     rounds: int = typer.Option(
@@ -52,6 +65,7 @@ def hunt(
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
     sinks, extreme log-sum-exps, overflow; each finding shrunk, with a one-line reproducer."""
+    out = default_folder(target) if out is None else out
     try:
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
@@ -60,8 +74,6 @@ def hunt(
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
         if rounds is not None and rounds < 1:
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
-        if seed is not None and not 0 <= seed < 2**32:
-            raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {2**32 - 1}")
         from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, _splits_fit, app
+from flashcheck.cli.app import _fail_usage, _seed, _splits_fit, app
 
 _FORWARD = ("input", "score", "stats", "p", "accum", "output")
 
@@ -44,15 +44,12 @@ def _draw_options(draw: bool, heads, kv_heads, seed, scale) -> Draw | None:
         raise ValueError(f"--heads {h} is not allowed; give an integer >= 1")
     if kv_heads is not None and (kv_heads < 1 or h % kv_heads):
         raise ValueError(f"--kv-heads {kv_heads} is not allowed with --heads {h}; give a divisor of {h}")
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"--seed {seed} is not allowed; give an integer from 0 to {MAX_SEED}")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"--scale {scale} is not allowed; give a finite number > 0 (the inputs' factor)")
     return Draw(h, kv_heads, seed or 0, 1.0 if scale is None else scale)
 
 
 FIRST_ORDER_LIMIT = 1.0  # the model sums first-order terms: those it leaves out are, relative to it, of order the value
-MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
 
 
 def _draw_qkv(distribution: str, draw: Draw, lq: int, lk: int, d: int) -> tuple:
@@ -231,7 +228,7 @@ def predict(
     draw: bool = typer.Option(False, help="Measure the input statistics on drawn inputs (no kernel run)."),
     heads: int = typer.Option(None, help="Heads of the drawn inputs (default 2; implies --draw)."),
     kv_heads: int = typer.Option(None, help="K/V heads of the drawn inputs (GQA; default --heads; implies --draw)."),
-    seed: int = typer.Option(None, help="Seed of the drawn inputs (default 0; implies --draw)."),
+    seed: int = typer.Option(None, callback=_seed, help="Seed of the drawn inputs (default 0; implies --draw)."),
     scale: float = typer.Option(None, help="Factor on the drawn Q, K, V (input scale; default 1; implies --draw)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:

@@ -15,6 +15,7 @@ from flashcheck.cli.app import (
     _console,
     _fail_usage,
     _out_folder,
+    _probe,
     app,
     default_out,
 )
@@ -124,6 +125,8 @@ def report(
 
     # report rewrites the folder's report and figures: a link is refused (dangling or not), as study's --out is
     _guarded(lambda: refuse_link(folder, "FOLDER, which report rewrites"))
+    if Path(folder).is_dir():  # a folder report cannot write into: said before anything is read
+        _guarded(lambda: _probe(Path(folder), f"FOLDER {folder!r}, which report rewrites,"))
     if holder := lock_holder(folder):  # a study still writing: its records so far; it rewrites the report at its end
         _console(stderr=True).print(
             f"note: {folder} is in use by {holder}, still running: this report covers the records stored so far "
@@ -181,11 +184,11 @@ def _print_claims(claims: list[dict], console) -> None:
     """The guide's claims, one line each: verdict, claim, id, what was measured (the conditions are in the report)."""
     from rich.markup import escape
 
-    from flashcheck.questions.guide.report import table_status
+    from flashcheck.questions.guide.report import shown_status
 
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
-    for f in claims:
-        word = f"[{colour.get(f['status'], 'dim')}]{table_status(f)}[/]"
+    for f in claims:  # the verdict as the report's table shows it, with its why (a busy machine, a side missed)
+        word = f"[{colour.get(f['status'], 'dim')}]{escape(shown_status(f))}[/]"
         console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
 
 
@@ -224,6 +227,11 @@ def finding_status(f: dict) -> str:
     return f.get("status") or {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
 
 
+def verdict_text(f: dict) -> str:
+    """What a verdict line says after its id and status: the claim, then what was measured, as report.md words it."""
+    return f"{f['claim']}. Measured: {f['measured']}" if f.get("claim") else f["measured"]
+
+
 def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
     from rich.markup import escape
 
@@ -251,7 +259,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             if status == "not measured":
                 continue  # one line for all of them, below (quick printed 13 such lines)
             mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
-            console.print(f"{escape(f['id'])}: {mark} — {escape(f['measured'])}")
+            console.print(f"{escape(f['id'])}: {mark} — {escape(verdict_text(f))}")
         if unmeasured:
             console.print(f"[dim]not measured by this study ({len(unmeasured)}): {escape(', '.join(unmeasured))}[/]")
         if summary.get("guide"):

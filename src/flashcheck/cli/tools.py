@@ -10,7 +10,6 @@ import typer
 
 from flashcheck.cli.app import (
     BLOCK_MAX,
-    INT64,
     Algorithm,
     Distribution,
     Kernel,
@@ -22,6 +21,7 @@ from flashcheck.cli.app import (
     _out_folder,
     _positive,
     _progress,
+    _seed,
     app,
 )
 
@@ -105,7 +105,7 @@ def explain(
     causal: bool = typer.Option(False, help="Causal mask (bottom-right aligned)."),
     distribution: Distribution = typer.Option(Distribution.normal, help="Input distribution."),
     metric: str = typer.Option("rel_l2", help="max_abs, mean_abs, rmse or rel_l2."),
-    seed: int = typer.Option(0, callback=_int_range("--seed", *INT64), help="Seed of the drawn inputs."),
+    seed: int = typer.Option(0, callback=_seed, help="Seed of the drawn inputs."),
     out: str = typer.Option(
         "flashcheck-explain",
         help="Folder for summary.json and figures/explain.png (with --preset, by default flashcheck-explain-PRESET).",
@@ -227,11 +227,14 @@ def _print_explain(attr, metric: str) -> None:
         )
 
 
+DOCTOR_DTYPES = ("fp32", "bf16", "fp16")  # SDPA's input dtypes
+
+
 @app.command()
 def doctor(
     seq_len: int = typer.Option(1024, callback=_positive("--seq-len"), help="Shape for SDPA's choice."),
     head_dim: int = typer.Option(64, callback=_positive("--head-dim"), help="Head dim for SDPA's choice."),
-    dtype: str = typer.Option("bf16", help="dtype for SDPA's choice: fp32, bf16, fp16."),
+    dtype: str = typer.Option("bf16", help=f"dtype for SDPA's choice: {', '.join(DOCTOR_DTYPES)}."),
     causal: bool = typer.Option(False, help="A causal mask for SDPA's choice."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -242,9 +245,12 @@ def doctor(
 
     try:
         _no_empty({"--dtype": dtype})
-        fmt = parse_format(dtype)
-        if fmt.value not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"--dtype {dtype!r}; expected fp32, bf16 or fp16")
+        try:
+            fmt = parse_format(dtype)
+        except ValueError:
+            fmt = None  # said below with the formats doctor takes, not every format flashcheck knows
+        if fmt is None or fmt.value not in DOCTOR_DTYPES:
+            raise ValueError(f"--dtype {dtype!r} is not allowed; expected one of {', '.join(DOCTOR_DTYPES)}")
         # SDPA's math kernel holds L x L fp32 scores; refuse before allocating a shape that cannot fit
         check_fits(
             Footprint(batch=1, heads=8, seq_len=seq_len, head_dim=head_dim, kernels=("standard",), work_itemsize=4)

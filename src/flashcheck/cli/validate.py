@@ -10,7 +10,7 @@ import re
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, app
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
@@ -152,8 +152,8 @@ def validate(
         _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
-        if pin is not None and not pin.strip():
-            raise ValueError(f"--pin {pin!r} is not allowed; give a file name")
+        if pin is not None:
+            _out_file(pin, "--pin")  # written after a pass: checked before the work
         _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)

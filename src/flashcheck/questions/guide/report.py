@@ -191,7 +191,8 @@ def busy_reason(f: dict) -> str:
     """For a timing verdict made inconclusive by a busy machine (guide_claims.unless_busy): "the machine was busy
     (4 of 4 timings at load average 4.32 on 2 core(s))", so the cell says why; else ""."""
     reason = (f.get("verdict") or {}).get("reason", "")
-    m = re.match(r"(\d+ of \d+) timings ran on a busy machine \([^:]*: (load average [\d.]+ on \d+ core\(s\))", reason)
+    # the task id before ": load average" may hold colons itself (cost/sdpa-math:bf16/fwd/L=1024)
+    m = re.match(r"(\d+ of \d+) timings ran on a busy machine \(.*?: (load average [\d.]+ on \d+ core\(s\))", reason)
     return f"the machine was busy ({m.group(1)} timings ran under a {m.group(2)}; rerun when idle)" if m else ""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from flashcheck.questions.paper.findings import MIXED, PAPER, at_longest
+from flashcheck.questions.paper.findings import FA3_CONDITIONS, MIXED, PAPER, at_longest
 from flashcheck.reporting.verdicts import MIN_N, difference_words, ratio_interval
 from flashcheck.study.points import Point, ratio_text
 
@@ -119,10 +119,16 @@ def _fa3(by: dict, pts: dict) -> Sentence | None:
     found = [by[k] for k in ("fa3_fp16", "fa3_fp8") if k in by and by[k]["status"] != "not measured"]
     if not found:
         return None
+    conditions = f" ({FA3_CONDITIONS})"  # the same in every cell's paper column: said once, at the end
     cells = [
-        f"{f['claim'].split(' has')[0]}: {f['measured']} (paper: {f['paper']}; verdict: {f['status']})" for f in found
+        f"{f['claim'].split(' has')[0]}: {f['measured']} (paper: {f['paper'].replace(conditions, '')}; verdict: "
+        f"{f['status']})"
+        for f in found
     ]
-    return ("FlashAttention-3's Table 3 (outlier inputs, RMSE): " + "; ".join(cells) + ".", "fa3")
+    text = "FlashAttention-3's Table 3 (outlier inputs, RMSE): " + "; ".join(cells) + "."
+    if any(conditions in f["paper"] for f in found):
+        text += f" The paper's conditions: {FA3_CONDITIONS}."
+    return text, "fa3"
 
 
 def _advice(by: dict, pts: dict) -> Sentence | None:

@@ -251,8 +251,9 @@ def draw(ev: dict, folder: Path) -> Path | None:
     if not ev["rows"]:
         return None
     path = folder / "error_model.png"
+    rows = sorted(ev["rows"], key=_draw_key)  # the records' order (workers finish in any order) moves nothing
     groups: dict[str, list[dict]] = {}
-    for x in ev["rows"]:
+    for x in rows:
         groups.setdefault(implementation(x["case"]) if x["held_out"] else "training", []).append(x)
     order = ["training", "simulated", *sorted(g for g in groups if g not in ("training", "simulated"))]
     with figure(path, ncols=2, size=(5.6, 5.0)) as (_, (ax, kx)):
@@ -271,12 +272,18 @@ def draw(ev: dict, folder: Path) -> Path | None:
         label_axes(ax, x="measured rel-L2 (kernel's own)", y="predicted rel-L2")
         held = ev["held_out"]
         ax.set_title(f"{held['within_2x']:.0%} of {held['n']} held-out cases within 2x (dashed)", fontsize=9)
-        _draw_kinds(kx, ev["rows"])
+        _draw_kinds(kx, rows)
     return path
 
 
+def _draw_key(x: dict) -> tuple:
+    """A row's place in the figure, from its own data: kind, label, then values (a strip's jitter is its rank)."""
+    return kind(x["case"]), case_label(x["case"]), x["measured"], x["predicted"]
+
+
 def _draw_kinds(ax, rows: list[dict]) -> None:
-    """prediction / measured per kind (jittered strip, log axis) with the 2x band."""
+    """prediction / measured per kind (jittered strip, log axis) with the 2x band; `rows` in _draw_key's order,
+    so that each point's jitter is the same in every draw of the same records."""
     from flashcheck.reporting.figures import label_axes
 
     kinds = sorted({kind(x["case"]) for x in rows})

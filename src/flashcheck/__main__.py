@@ -1,0 +1,5 @@
+"""python -m flashcheck: the `flashcheck` command line."""
+
+from flashcheck.cli import main
+
+main()
