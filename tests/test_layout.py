@@ -24,6 +24,7 @@ FLOORS = {
     "hunt": 5,
     "questions": 6,
     "cli": 6,
+    "__main__": 6,  # `python -m flashcheck`: the command line's entry, beside cli
 }
 CAPABILITIES = {"study", "training", "validate", "guard", "doctor", "testing", "hunt"}
 
