@@ -84,3 +84,16 @@ def scale_qkv(lq: int, lk: int, d: int = 16, heads: int = 2, seed: int = 0) -> t
     k = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64) * 2
     v = torch.randn(1, heads, lk, d, generator=g, dtype=torch.float64)
     return q, k, v
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n inside the block, the caller's restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

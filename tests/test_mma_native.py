@@ -9,6 +9,7 @@ import torch
 from flashcheck.kernels import cbuild, mma
 from flashcheck.kernels.mma import ADA, B200, HOPPER, MMAModel, _matmul, mma_matmul
 from flashcheck.kernels.mma_native import operands
+from helpers import torch_threads
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +121,8 @@ def test_c_tiles_bit_equal_to_torch_chain_at_1_and_2_threads(lib, monkeypatch, c
     c[0, 0, :5] = torch.tensor([2.0**-60, -(2.0**-140), 0.0, -3.0, 1e30])
     want = _matmul(a, b, model, c, None, fmts, fp16, None)
     monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         got = _matmul(a, b, model, c, None, fmts, fp16, lib)
-    finally:
-        torch.set_num_threads(before)
     assert _same(got, want)
     if fp16 and model is ADA:
         assert bool(torch.isinf(want).any())  # the overflow case is exercised
@@ -177,14 +174,10 @@ def test_fp32_operands_bit_equal_to_torch_chain_on_both_tiles(lib, monkeypatch, 
     if ce is not None:
         c[0, 0, 0] = 2.0**ce
     monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)
-    before = torch.get_num_threads()
     for bm, cm in ((b, c[..., :40]), (b2, c)):
         want = _matmul(a, bm, model, cm, None, fmts, False, None)
-        try:
-            torch.set_num_threads(threads)
+        with torch_threads(threads):
             got = _matmul(a, bm, model, cm, None, fmts, False, lib)
-        finally:
-            torch.set_num_threads(before)
         assert _same(got, want)
 
 

@@ -243,10 +243,10 @@ def _splits_fit(splits: list[int], lk: int, block_k: int) -> int:
 
 
 def _out_folder(out: str, flag: str = "--out") -> Path:
-    """The folder a command writes into, checked before any work and without creating anything: not empty,
-    not a symbolic link, not a file, writable. A missing folder is created later, but only as the last part of
-    the path (like mkdir): a missing parent (a typo such as 'reslts/run1') is refused rather than created as a new tree.
-    ValueError names the value and what is wrong."""
+    """The folder a command writes into, checked before any work, leaving nothing behind (a probe folder is made
+    and removed at once, see _probe): not empty, not a symbolic link, not a file, writable. A missing folder is
+    created later, but only as the last part of the path (like mkdir): a missing parent (a typo such as
+    'reslts/run1') is refused rather than created as a new tree. ValueError names the value and what is wrong."""
     if not str(out).strip():
         raise ValueError(f"{flag} {out!r} is empty; give a folder")
     path = Path(out).expanduser()
