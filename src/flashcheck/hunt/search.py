@@ -11,10 +11,16 @@ A target that may kill its process (hunt.isolate.isolates: backends, user callab
 that kills it is a `crash` finding, stored at once (before the progress line, before shrinking: marked
 provisional until its round ends with the shrunk case), and the next case gets a fresh worker. The property
 raises on a crash like on any failure, so Hypothesis shrinks it (each crashing step costs a worker restart),
-and its example database replays it on resume, where it is a crash again, recorded once."""
+and its example database replays it on resume, where it is a crash again, recorded once.
+
+A seeded hunt draws the same cases wherever it runs: Hypothesis's pool of integer, float and string literals mined
+from "local" source (every imported module outside site-packages and tests: flashcheck itself in an editable
+install, not in a wheel; whatever else the session imported), which it starts searches from, is emptied for the
+hunt (_fixed_pool), so the draws depend on the seed, the target and this package's version alone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -165,11 +171,34 @@ def hunt(
 
             seed = random.SystemRandom().randrange(2**32)
         if not (isolates(target) if isolate is None else isolate):
-            return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, None)
-        with IsolatedTarget(target, out / STDERR, case_timeout_s) as worker:
+            with _fixed_pool():
+                return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, None)
+        with IsolatedTarget(target, out / STDERR, case_timeout_s) as worker, _fixed_pool():
             return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, worker)
     finally:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _fixed_pool():
+    """Hypothesis's pool of local constants empty while the block runs (see the module docstring); a Hypothesis
+    without that pool (before 6.131) has nothing to fix."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - Hypothesis moved its internals
+        yield
+        return
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "CONSTANTS_CACHE"):
+        yield
+        return
+    mined = providers._get_local_constants
+    providers._get_local_constants = providers.Constants
+    providers.CONSTANTS_CACHE.cache.clear()  # each choice type's permitted constants, cached with the pool's
+    try:
+        yield
+    finally:
+        providers._get_local_constants = mined
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step, worker) -> HuntState:

@@ -4,14 +4,14 @@ Every feature is plain in about two thirds of the draws (so that one can show al
 its lists start with the plain value, so that Hypothesis's shrinker, which moves each choice towards the first
 branch and element (and integers towards 0), leaves a finding with only the values its failure needs.
 Lengths: around multiples of the tile sizes kernels use (64, 96, 128, 176, 192, 256, 320, 448, each -1, +0, +1, and
-L % 128 == 64: up to 512), drawn as base + offset so that the shrinker keeps the offset a failure needs while it
-moves the base towards the smallest tile (a bug at 256 + 1 shrinks to 64 + 1; and one that needs L >= 2 from 64 + 1
-to 0 + 2, Hypothesis lowering the base while it raises the offset to the next in OFFSETS; with one sorted list of
-lengths the shrinker moves one index, and the lengths between 65 and 257 that it tries need not trigger, so a hunt
-could stop at 257), or any length up to 320; Lq and Lk drawn apart (Lq != Lk, causal with Lq > Lk). Head dims
-include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding, fully masked
-rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks up
-to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows, and for
+L % 128 == 64: up to 512), drawn as 64 hi + r (r from RESIDUES) so that the shrinker keeps the residue a failure needs
+while it lowers hi (a bug at 256 + 1 shrinks to 64 + 1, one at L % 128 == 64 from 192 to 64; as base + offset over
+the tile list, 176 + 16 = 192 was a local minimum, and with one sorted list of lengths the shrinker moves one index,
+and the lengths it tries in between need not trigger), or any length up to 319, drawn as 64 hi + lo (lo < 64) for the
+same reason (a plain integer's shrinker stopped at 129, 192 or 257); Lq and Lk drawn apart (Lq != Lk, causal with
+Lq > Lk). Head dims include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding,
+fully masked rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks
+up to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows, and for
 FP8 inputs up to a quarter of the format's max (112 for e4m3, 14336 for e5m2: the draws past 4 sigma saturate at
 448 or 57344, as FP8 casts do)."""
 
@@ -21,11 +21,10 @@ from flashcheck.hunt.case import FP8, HuntCase, max_magnitude
 from flashcheck.hunt.target import Target
 
 TILES = (64, 96, 128, 176, 192, 256)
-# a tile length is BASE + OFFSET, each drawn (and shrunk) on its own: a failure at 256 + 1 shrinks its base
-# towards 0 and 64 while it keeps its offset, so it reaches 64 + 1, the smallest length with the same offset
-BASES = (0, 64, 128, 96, 176, 192, 256, 320, 448)
-OFFSETS = (1, 2, 0, -1, 3, 16, 63, 64)  # base 0: lengths 1, 2, 3, 16, 63, 64; a tile +-1; and L % 128 == 64
-LENGTHS = tuple(sorted({max(1, b + o) for b in BASES for o in OFFSETS}))
+# a tile length is 64 HI + RESIDUE, each drawn (and shrunk) on its own: a failure at 256 + 1 shrinks hi towards 0
+# while it keeps its residue, so it reaches 64 + 1, the smallest length with the same residue
+RESIDUES = (1, 2, 0, -1, 3, 16, 63, 64, 32, 31, 33, 48, 47, 49)  # 96 = 64 + 32, 176 = 128 + 48, each +-1
+LENGTHS = tuple(sorted({max(1, 64 * hi + r) for hi in range(8) for r in RESIDUES}))
 HEAD_DIMS = (16, 1, 8, 24, 32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256)
 HEADS = (1, 2, 4, 8)
 PAD_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
@@ -64,8 +63,11 @@ def cases(target: Target, *, backward: bool = True):
         shift = draw(plain_or(0.0, SHIFTS)) if masks else 0.0
         sink = draw(plain_or(None, SINKS)) if masks or target.native_sink else None
         top = max_magnitude(dtype)
-        near = [top] if dtype in FP8 else []  # FP8's near-overflow draw: the largest it allows
-        magnitude = draw(plain_or(1.0, [m for m in MAGNITUDES if m <= top] + near))
+        sizes = [m for m in MAGNITUDES if m <= top]
+        if dtype in FP8:  # FP8's near-overflow draw, the largest it allows, in a quarter of the draws (saturation)
+            magnitude = draw(st.one_of(st.just(1.0), st.just(1.0), st.just(top), st.sampled_from(sizes)))
+        else:
+            magnitude = draw(plain_or(1.0, sizes))
         scale = draw(plain_or(1.0, SCALES))
         seed = draw(st.integers(0, 2**16))
         back = draw(st.booleans()) if backward and target.backward else False
@@ -77,8 +79,9 @@ def cases(target: Target, *, backward: bool = True):
 
 
 def lengths():
-    """A strategy of sequence lengths: two thirds base + offset at tile boundaries, one third any up to 320."""
+    """A strategy of sequence lengths: two thirds 64 hi + a tile residue (up to 512), one third any up to 319."""
     from hypothesis import strategies as st
 
-    tile = st.builds(lambda base, offset: max(1, base + offset), st.sampled_from(BASES), st.sampled_from(OFFSETS))
-    return st.one_of(tile, tile, st.integers(1, 320))
+    tile = st.builds(lambda hi, r: max(1, 64 * hi + r), st.integers(0, 7), st.sampled_from(RESIDUES))
+    free = st.builds(lambda hi, lo: max(1, 64 * hi + lo), st.integers(0, 4), st.integers(0, 63))
+    return st.one_of(tile, tile, free)
