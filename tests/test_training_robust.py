@@ -241,7 +241,8 @@ def test_tied_max_human_output_and_progress(tmp_path, monkeypatch):
     ids = ["tied_max_bias", "tied_max_sign", "delta_fp32_fix", "max_adjust_fix"]
     assert [f["id"] for f in summary["findings"]] == ids and summary["seeds"] == 3
     for f in summary["findings"]:
-        assert f"{f['id']}: {f['status']} — {f['measured']}" in res.stdout.splitlines(), res.stdout
+        line = f"{f['id']}: {f['status']} — {f['claim']}. Measured: {f['measured']}"  # the claim, as study prints it
+        assert f["claim"] and line in res.stdout.splitlines(), res.stdout
         assert "99th percentile of the untied control" in f["measured"]
     assert f"report: {tmp_path}/report.html, report.md, summary.json" in res.stdout
     assert re.fullmatch(r"train-study 24/24, \d+ s, untied control seed 2", res.stderr.splitlines()[-1]), res.stderr

@@ -6,6 +6,11 @@ from __future__ import annotations
 from flashcheck.cli.app import _console
 
 
+def verdict_text(f: dict) -> str:
+    """What a verdict line says after its id and status: the claim, then what was measured, as report.md words it."""
+    return f"{f['claim']}. Measured: {f['measured']}" if f.get("claim") else f["measured"]
+
+
 def sim_name(cfg) -> str:
     return f"splitkv S={cfg.splits}" if cfg.kernel == "splitkv" and cfg.splits else cfg.kernel
 

@@ -227,13 +227,10 @@ def finding_status(f: dict) -> str:
     return f.get("status") or {True: "holds", False: "does not hold", None: "not measured"}[f["holds"]]
 
 
-def verdict_text(f: dict) -> str:
-    """What a verdict line says after its id and status: the claim, then what was measured, as report.md words it."""
-    return f"{f['claim']}. Measured: {f['measured']}" if f.get("claim") else f["measured"]
-
-
 def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = False) -> None:
     from rich.markup import escape
+
+    from flashcheck.cli.show import verdict_text
 
     console = _console()
     if stats and not quiet:

@@ -145,13 +145,15 @@ def _tied_max(out: str, quiet: bool, seeds: int | None, steps: int | None, overr
 
 
 def _print_train_study(summary: dict, out: str) -> None:
+    from flashcheck.cli.show import verdict_text
+
     c = _console()
     for line in summary.get("conclusion", []):
         c.print(line, markup=False)
     if summary.get("note"):
         c.print(f"no verdicts: {summary['note']}", markup=False)
     for f in summary["findings"]:
-        c.print(f"{f['id']}: {f['status']} — {f['measured']}", markup=False)
+        c.print(f"{f['id']}: {f['status']} — {verdict_text(f)}", markup=False)
     if "ratios" in summary:
         _print_ratios(c, summary["ratios"])
     if "pairs" in summary:
