@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -340,8 +341,8 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     assert said["guide"].startswith("The production guide's claims: of ")
     md = (out / "report.md").read_text()
     part = md.split('<a id="guide"></a>')[1].split('<a id="problems"></a>')[0]
-    for st in ("inconclusive", "not measured here"):  # the counts are the table's verdicts
-        n = part.count(f"| {st} |")
+    for st in ("inconclusive", "not measured here"):  # the counts are the table's verdicts (a cell may say why)
+        n = len(re.findall(rf"\| {st}(?:: [^|]*)? \|", part))
         assert (f" {n} {st}" in said["guide"]) if n else st not in said["guide"]
     guide_md = md.split('<a id="cost"></a>')[1].split("## Environment")[0]
     assert "None" not in guide_md and "None" not in part
@@ -500,6 +501,20 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
     _print_claims([f], _console())
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"{shown_status(f)}: {f['claim']}") and "\n" not in line, line
+
+
+def test_an_inconclusive_claim_says_why_busy_or_not():
+    """Every inconclusive cell says why: the rule's reason where the machine was not busy (it said a bare
+    "inconclusive"); a GPU claim not measured here stays "not measured here"."""
+    from flashcheck.questions.guide.report import shown_status
+    from flashcheck.reporting.verdicts import Estimate, compare
+
+    v = compare(Estimate(value=1.1, low=0.9, high=1.3, n=5, method="mean"))
+    f = {"id": "fp16_band", "status": v.status, "measured": "x", "verdict": v.to_dict()}
+    assert v.status == "inconclusive" and shown_status(f) == f"inconclusive: {v.reason}", shown_status(f)
+    assert "contains 1" in shown_status(f)
+    gpu = {"id": "gpu_speed", "status": "inconclusive", "measured": "needs a GPU", "verdict": v.to_dict()}
+    assert shown_status(gpu) == "not measured here"
 
 
 def test_fp16_claim_before_any_search_is_stored_is_not_measured_yet():

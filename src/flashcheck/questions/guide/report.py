@@ -180,10 +180,12 @@ def table_status(f: dict) -> str:
 
 def shown_status(f: dict) -> str:
     """The claims table's verdict cell: table_status, and for a band missed, which side ("does not hold: below
-    the stated range: fp16 is more accurate than the guide says"), so a smaller error never reads as a failure."""
+    the stated range: fp16 is more accurate than the guide says"), so a smaller error never reads as a failure;
+    for an inconclusive one, why (busy_reason, else its rule's reason: "interval [0.9, 1.3] contains 1")."""
     st = table_status(f)
-    if st == "inconclusive" and (busy := busy_reason(f)):
-        return f"{st}: {busy}"
+    if st == "inconclusive":  # why: a busy machine, or the rule's reason (too few values, an interval across it)
+        why = busy_reason(f) or (f.get("verdict") or {}).get("reason", "")
+        return f"{st}: {why}" if why else st
     return f"{st}: {f['side']}" if f.get("side") and st == "does not hold" else st
 
 
