@@ -289,8 +289,8 @@ INLINE void tile_late(const float *ar, const void *eav, const float *bm, int64_t
             memcpy(&c, acc + t * VF, 64);
             const __m512i S = _mm512_add_epi32((__m512i)s[t], (__m512i)s2[t]);  /* wraps on overflow */
             /* (S ^ s1) & (S ^ s2) < 0: the int32 sum overflowed; ef + 127 = 254 - f outside [1, 254] */
-            const __mmask16 odd = _mm512_movepi32_mask(_mm512_ternarylogic_epi32(S, (__m512i)s[t], (__m512i)s2[t], 0x18))
-                                  | _mm512_cmpgt_epu32_mask((__m512i)sb[t], span);
+            const __m512i x = _mm512_ternarylogic_epi32(S, (__m512i)s[t], (__m512i)s2[t], 0x18);
+            const __mmask16 odd = _mm512_movepi32_mask(x) | _mm512_cmpgt_epu32_mask((__m512i)sb[t], span);
             if (!odd) {
                 const vf q = (vf)_mm512_cvt_roundepi32_ps(S, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
                 r = q * (vf)_mm512_sub_epi32(top, (__m512i)sc[t]);  /* 2^ef: bits (254 << 23) - 2^(-ef)'s */
@@ -304,6 +304,51 @@ INLINE void tile_late(const float *ar, const void *eav, const float *bm, int64_t
             r = r + c;  /* c + the block's result: one fp32 addition */
             memcpy(acc + t * VF, &r, 64);
         }
+    }
+}
+
+/* tile_f32's i32 route (early c, frac <= 13, the block in one int32 sum) with AVX-512 mask registers: where a
+   product is nonzero, E >= efloor exceeds any zero or subnormal c's exponent read from its bits (-127) and any
+   exponent sum with a zero operand, so neither needs replacing by NONE; the lanes without a product (a block's
+   exponent sum below NOPROD) take lone_c below, as in tile_f32. */
+INLINE void tile_early(const float *ar, const void *eav, const float *bm, int64_t ldb, const void *ebv,
+                       int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m, const int wide) {
+    const __m512i keep32 = _mm512_set1_epi32((int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1));
+    const __m512i top = _mm512_set1_epi32(254 << 23), expo = _mm512_set1_epi32(0x7F800000);
+    const int noprod = wide ? NOPROD16 : NOPROD8;
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
+        const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
+        vi ep[TV], s[TV];
+        vf c[TV], sc[TV];
+        __mmask16 fin[TV], odd = 0;
+        block_exps(eav, ebv, lde, k0, k1, nt, wide, ep);
+        for (int t = 0; t < nt; t++) {
+            memcpy(&c[t], acc + t * VF, 64);
+            const vi u = (vi)c[t], ec = ((u >> 23) & 0xFF) - 127;
+            fin[t] = _mm512_cmpneq_epi32_mask(_mm512_and_si512((__m512i)u, expo), expo);
+            odd |= _mm512_cmplt_epi32_mask((__m512i)ep[t], _mm512_set1_epi32(noprod));
+            const vi E = vmax(vmax(vmax(ep[t], ec), (vi){} + m->min_exp), (vi){} + m->efloor);
+            sc[t] = (vf)((m->frac + 127 - E) << 23);  /* 2^(frac - E) */
+            s[t] = (vi)_mm512_maskz_cvttps_epi32(fin[t], (__m512)(c[t] * sc[t]));  /* c's term */
+        }
+        if (k1 - k0 == 32 && m->nf == 32) TERMS(s, k0, 32)
+        else if (k1 - k0 == 16 && m->nf == 16) TERMS(s, k0, 16)
+        else TERMS(s, k0, k1 - k0)
+        for (int t = 0; t < nt; t++) {
+            /* the sum below 2^24, exact as a float32, times 2^(E - frac) (bits (254 << 23) - 2^(frac - E)'s) */
+            const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps((__m512i)s[t]),
+                                           (__m512)_mm512_sub_epi32(top, (__m512i)sc[t]));
+            vf r = (vf)_mm512_mask_and_epi32((__m512i)c[t], fin[t], (__m512i)d, keep32);  /* an infinite c stays */
+            if (m->fp16) r = vround_half(r);
+            memcpy(acc + t * VF, &r, 64);
+        }
+        if (!odd) continue;
+        for (int t = 0; t < nt; t++)
+            for (int k = 0; k < VF; k++) {
+                if (ep[t][k] >= noprod) continue;
+                const float x = !((fin[t] >> k) & 1) ? c[t][k] : (float)lone_c((double)c[t][k], m);
+                acc[t * VF + k] = m->fp16 ? round_half(x) : x;
+            }
     }
 }
 #endif
@@ -323,6 +368,10 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
 #if defined(__AVX512F__)
     if (m->late_c && !m->fp16 && m->nf <= 2 * m->sub) {
         tile_late(ar, eav, bm, ldb, ebv, lde, acc, nt, kb, K, m, wide);
+        return;
+    }
+    if (i32) {
+        tile_early(ar, eav, bm, ldb, ebv, lde, acc, nt, kb, K, m, wide);
         return;
     }
 #endif
@@ -577,7 +626,7 @@ static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, 
    vectors, else copied with N padded by zero columns (their outputs are dropped); the rows of a and acc are
    copied into buffers, RG at a time, and each group runs the chain a chunk of whole blocks of k at a time (the
    order of each output's blocks is unchanged). 0, or -1 when out of memory */
-#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK)                                                                        \
+#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK, INPLACE)                                                               \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
@@ -608,12 +657,19 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
             }                                                                                                 \
             have = bt;                                                                                        \
         }                                                                                                     \
+        /* INPLACE: a's rows where contiguous, acc's where contiguous and N a whole number of vectors */      \
+        const int ain = INPLACE && a2 == 1, cin = INPLACE && c2 == 1 && np == N;                              \
+        const T *ag = ain ? a + bt * a0 + g0 % M * a1 : ar;                                                  \
+        T *cg = cin ? acc + bt * c0 + g0 % M * c1 : cr;                                                      \
+        const int64_t lda = ain ? a1 : kk, ldc = cin ? c1 : np;                                               \
         for (int64_t r = g0; r < g1; r++) {                                                                   \
             const int64_t i = r % M, j = r - g0;                                                              \
-            if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                           \
+            if (ain) {                                                                                        \
+            } else if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                    \
             else for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];              \
-            EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
-            if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                          \
+            EXPS(ag + j * lda, ea + j * kk, K, emin_a);                                                       \
+            if (cin) {                                                                                        \
+            } else if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                   \
             else for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];            \
         }                                                                                                     \
         const int took = HOOK(ar, ea, kk, bm, ldb, eb, np, N, K, cr, g1 - g0, kc, &m, &w, bt, emin_a, emin_b); \
@@ -621,9 +677,9 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
         for (int64_t k0 = 0; k0 < K && !took; k0 += kc) {                                                     \
             const int64_t k1 = k0 + kc < K ? k0 + kc : K;                                                     \
             for (int64_t j = 0; j < g1 - g0; j++)                                                             \
-                ROW(ar + j * kk, ea + j * kk, bm, ldb, eb, np, cr + j * np, k0, k1, &m);                      \
+                ROW(ag + j * lda, ea + j * kk, bm, ldb, eb, np, cg + j * ldc, k0, k1, &m);                    \
         }                                                                                                     \
-        for (int64_t r = g0; r < g1; r++) {                                                                   \
+        for (int64_t r = g0; r < g1 && !cin; r++) {                                                           \
             const int64_t i = r % M, j = r - g0;                                                              \
             if (c2 == 1) memcpy(acc + bt * c0 + i * c1, cr + j * np, sizeof(T) * N);                          \
             else for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];            \
@@ -634,6 +690,6 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
     return (int)rc;                                                                                           \
 }
 
-CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32)
-CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32)
+CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32, 1)
+CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32, 0)
 """
