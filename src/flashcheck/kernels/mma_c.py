@@ -15,7 +15,9 @@ the block's result is formed per output and truncated to frac_out bits. The inne
   2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
   accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
   the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
-  at least min_exp).
+  at least min_exp). With AVX-512, late c with nf <= 2 sub (B200) runs tile_late (the block's two int32 halves
+  finalised on float32 bits, float64 only where their int32 sum overflows) and the early-c int32 route
+  tile_early (mask registers, no per-lane NONE blends).
 - f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
   does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
   that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
