@@ -68,7 +68,20 @@ static inline float round_half(float x) {
    (e2m1 x e4m3 values) in [-10, 11] (kept within [emin, 16]); a zero operand's Z8 keeps every sum with it below
    NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512i lo = _mm512_set1_epi32(emin + 127), hi = _mm512_set1_epi32(16 + 127);
+    const __m512i z = _mm512_set1_epi32(Z8 + 127), ff = _mm512_set1_epi32(0xFF), bias = _mm512_set1_epi32(127);
+    for (; i + 16 <= n; i += 16) {  /* the biased exponent clamped to [emin, 16] + 127 (or Z8 + 127), less 127 */
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __m512i f = _mm512_and_si512(_mm512_srli_epi32(u, 23), ff);
+        const __mmask16 nz = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFFFF));
+        const __m512i r = _mm512_mask_sub_epi32(_mm512_sub_epi32(z, bias), nz,
+                                                _mm512_min_epi32(_mm512_max_epi32(f, lo), hi), bias);
+        _mm_storeu_si128((__m128i *)(e + i), _mm512_cvtepi32_epi8(r));
+    }
+#endif
+    for (; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
         uint32_t u; memcpy(&u, x + i, 4);
         const int t = (int)((u >> 23) & 0xFF) - 127;
         e[i] = (u & 0x7FFFFFFFu) ? (int8_t)(t < emin ? emin : t > 16 ? 16 : t) : (int8_t)Z8;
