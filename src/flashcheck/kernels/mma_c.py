@@ -15,7 +15,9 @@ the block's result is formed per output and truncated to frac_out bits. The inne
   2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
   accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
   the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
-  at least min_exp).
+  at least min_exp). With AVX-512, late c with nf <= 2 sub (B200) runs tile_late (the block's two int32 halves
+  finalised on float32 bits, float64 only where their int32 sum overflows) and the early-c int32 route
+  tile_early (mask registers, no per-lane NONE blends).
 - f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
   does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
   that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
@@ -66,7 +68,20 @@ static inline float round_half(float x) {
    (e2m1 x e4m3 values) in [-10, 11] (kept within [emin, 16]); a zero operand's Z8 keeps every sum with it below
    NOPROD8 */
 static void exps_f32(const float *x, int8_t *e, int64_t n, int emin) {
-    for (int64_t i = 0; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512i lo = _mm512_set1_epi32(emin + 127), hi = _mm512_set1_epi32(16 + 127);
+    const __m512i z = _mm512_set1_epi32(Z8 + 127), ff = _mm512_set1_epi32(0xFF), bias = _mm512_set1_epi32(127);
+    for (; i + 16 <= n; i += 16) {  /* the biased exponent clamped to [emin, 16] + 127 (or Z8 + 127), less 127 */
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __m512i f = _mm512_and_si512(_mm512_srli_epi32(u, 23), ff);
+        const __mmask16 nz = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFFFF));
+        const __m512i r = _mm512_mask_sub_epi32(_mm512_sub_epi32(z, bias), nz,
+                                                _mm512_min_epi32(_mm512_max_epi32(f, lo), hi), bias);
+        _mm_storeu_si128((__m128i *)(e + i), _mm512_cvtepi32_epi8(r));
+    }
+#endif
+    for (; i < n; i++) {  /* no branch: vectorised (a float32 subnormal's -127 is clamped to emin) */
         uint32_t u; memcpy(&u, x + i, 4);
         const int t = (int)((u >> 23) & 0xFF) - 127;
         e[i] = (u & 0x7FFFFFFFu) ? (int8_t)(t < emin ? emin : t > 16 ? 16 : t) : (int8_t)Z8;
@@ -182,6 +197,17 @@ static double lone_c(double c, const model_t *m) {
     return trunc_out(trunc(c / q) * q, m->frac_out) + 0.0;
 }
 
+/* s[0 .. nt) += the truncated terms trunc(a_i b_j sc) of k in [k0, k0 + n): with n a constant (a whole block)
+   the compiler unrolls the loop fully */
+#define TERMS(s, k0, n)                                                                                            \
+    for (int64_t i = (k0); i < (k0) + (n); i++) {                                                                  \
+        const float ai = ar[i];                                                                                    \
+        for (int t = 0; t < nt; t++) {                                                                             \
+            vf b; memcpy(&b, bm + i * ldb + t * VF, 64);                                                           \
+            s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */             \
+        }                                                                                                          \
+    }
+
 /* one block's sums of truncated terms over k0..k1, 16 outputs per vector, from float32 operands: sd (two
    float64 halves per vector) starts from c's term; int32 partial sums of m->sub k cannot overflow */
 INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0, int64_t k1, const vf *sc,
@@ -190,19 +216,157 @@ INLINE void terms_f32(const float *ar, const float *bm, int64_t ldb, int64_t k0,
         const int64_t s1 = s0 + m->sub < k1 ? s0 + m->sub : k1;
         vi s[TV];
         for (int t = 0; t < nt; t++) s[t] = (vi){};
-        for (int64_t i = s0; i < s1; i++) {
-            const float ai = ar[i];
-            for (int t = 0; t < nt; t++) {
-                vf b; memcpy(&b, bm + i * ldb + t * VF, 64);
-                s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */
-            }
-        }
+        TERMS(s, s0, s1 - s0)
         for (int t = 0; t < nt; t++) {
             sd[2 * t] += lo_pd(s[t]);
             sd[2 * t + 1] += hi_pd(s[t]);
         }
     }
 }
+
+/* pass 1 of a block k0..k1: ep[t], the largest sum of the operands' exponents per output of the nt vectors
+   (below NOPROD16 / NOPROD8 where every product has a zero operand); wide: int16 exponents, else int8 */
+INLINE void block_exps(const void *eav, const void *ebv, int64_t lde, int64_t k0, int64_t k1, const int nt,
+                       const int wide, vi *ep) {
+    if (wide) {  /* 32 outputs per int16 vector */
+        const int16_t *ea = eav, *eb = ebv;
+        vh lo = (vh){} + (int16_t)-32768, hi = lo;
+        for (int64_t i = k0; i < k1; i++) {
+            vh x; memcpy(&x, eb + i * lde, 64);
+            lo = vmaxh(lo, x + ea[i]);
+            if (nt > 2) { memcpy(&x, eb + i * lde + 32, 64); hi = vmaxh(hi, x + ea[i]); }
+        }
+        int16_t e16[TV * VF];
+        memcpy(e16, &lo, 64);
+        memcpy(e16 + 32, &hi, 64);
+        for (int t = 0; t < nt; t++) {
+            ep[t] = widen16(e16 + t * VF);
+        }
+    } else {  /* all TV VF outputs at once (int8) */
+        const int8_t *ea = eav, *eb = ebv;
+        vb ep8 = (vb){} + (int8_t)-128, e1 = ep8, e2 = ep8, e3 = ep8;  /* four chains of maxima, then one */
+        int64_t i = k0;
+        for (; i + 4 <= k1; i += 4) {
+            vb x0, x1, x2, x3;
+            memcpy(&x0, eb + i * lde, 64); memcpy(&x1, eb + (i + 1) * lde, 64);
+            memcpy(&x2, eb + (i + 2) * lde, 64); memcpy(&x3, eb + (i + 3) * lde, 64);
+            ep8 = vmaxb(ep8, x0 + ea[i]); e1 = vmaxb(e1, x1 + ea[i + 1]);
+            e2 = vmaxb(e2, x2 + ea[i + 2]); e3 = vmaxb(e3, x3 + ea[i + 3]);
+        }
+        for (; i < k1; i++) {
+            vb x; memcpy(&x, eb + i * lde, 64);
+            ep8 = vmaxb(ep8, x + ea[i]);
+        }
+        ep8 = vmaxb(vmaxb(ep8, e1), vmaxb(e2, e3));
+        int8_t e8[TV * VF];
+        memcpy(e8, &ep8, sizeof e8);
+        for (int t = 0; t < nt; t++) {
+            ep[t] = widen8(e8 + t * VF);
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* tile_f32 for late c without an fp16 register where nf <= 2 sub (B200): the block in two int32 partial sums s1,
+   s2 (its halves, at most sub k each; whole blocks of 32 k in loops of constant length). S = s1 + s2 is formed
+   on float32 bits where it does not overflow int32 and ef = E - frac lies in [-126, 127] (2^ef a normal float32):
+   vcvtdq2ps rounding toward zero keeps S's 24 leading significant bits, as trunc_out's mask on float64 keeps
+   frac_out = 23 fraction bits (keep32 then keeps frac_out); |S| >= 1 times 2^ef is at least 2^-126, where
+   trunc_out only masks, and exact, or an overflow to inf as cvtpd_ps rounds the float64 product. Other vectors
+   (an int32 overflow: 32 terms near 2^27 of one sign) take the float64 route. ef = max(E, efloor) - frac: E
+   where a product is nonzero (efloor's promise); where none is, S = 0 and the result +0 + c = lone_c's. */
+INLINE void tile_late(const float *ar, const void *eav, const float *bm, int64_t ldb, const void *ebv,
+                      int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m, const int wide) {
+    const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
+    const int32_t keep32 = (int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1);
+    const __m512i top = _mm512_set1_epi32(254 << 23), span = _mm512_set1_epi32(253);
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
+        const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
+        vi ep[TV], s[TV], s2[TV], sb[TV];
+        vf sc[TV];
+        block_exps(eav, ebv, lde, k0, k1, nt, wide, ep);
+        for (int t = 0; t < nt; t++) {
+            const vi f = m->frac + 127 - vmax(ep[t], (vi){} + m->efloor);  /* 2^(frac - E)'s biased exponent */
+            sb[t] = f;
+            sc[t] = (vf)(f << 23);
+            s[t] = s2[t] = (vi){};
+        }
+        if (k1 - k0 == 32 && m->nf == 32) {
+            TERMS(s, k0, 16)
+            TERMS(s2, k0 + 16, 16)
+        } else {
+            const int64_t mid = k0 + m->nf / 2 < k1 ? k0 + m->nf / 2 : k1;
+            TERMS(s, k0, mid - k0)
+            TERMS(s2, mid, k1 - mid)
+        }
+        for (int t = 0; t < nt; t++) {
+            vf c, r;
+            memcpy(&c, acc + t * VF, 64);
+            const __m512i S = _mm512_add_epi32((__m512i)s[t], (__m512i)s2[t]);  /* wraps on overflow */
+            /* (S ^ s1) & (S ^ s2) < 0: the int32 sum overflowed; ef + 127 = 254 - f outside [1, 254] */
+            const __m512i x = _mm512_ternarylogic_epi32(S, (__m512i)s[t], (__m512i)s2[t], 0x18);
+            const __mmask16 odd = _mm512_movepi32_mask(x) | _mm512_cmpgt_epu32_mask((__m512i)sb[t], span);
+            if (!odd) {
+                const vf q = (vf)_mm512_cvt_roundepi32_ps(S, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                r = q * (vf)_mm512_sub_epi32(top, (__m512i)sc[t]);  /* 2^ef: bits (254 << 23) - 2^(-ef)'s */
+                if (m->frac_out < 23) r = (vf)((vi)r & keep32);
+            } else {  /* the float64 route */
+                const vi ef = 127 - sb[t];
+                const vd dl = (vd)((vl)((lo_pd(s[t]) + lo_pd(s2[t])) * pow2v(LO8(ef))) & ((vl){} + (int64_t)keep));
+                const vd dh = (vd)((vl)((hi_pd(s[t]) + hi_pd(s2[t])) * pow2v(HI8(ef))) & ((vl){} + (int64_t)keep));
+                r = join_ps(dl, dh);
+            }
+            r = r + c;  /* c + the block's result: one fp32 addition */
+            memcpy(acc + t * VF, &r, 64);
+        }
+    }
+}
+
+/* tile_f32's i32 route (early c, frac <= 13, the block in one int32 sum) with AVX-512 mask registers: where a
+   product is nonzero, E >= efloor exceeds any zero or subnormal c's exponent read from its bits (-127) and any
+   exponent sum with a zero operand, so neither needs replacing by NONE; the lanes without a product (a block's
+   exponent sum below NOPROD) take lone_c below, as in tile_f32. */
+INLINE void tile_early(const float *ar, const void *eav, const float *bm, int64_t ldb, const void *ebv,
+                       int64_t lde, float *acc, const int nt, int64_t kb, int64_t K, const model_t *m, const int wide) {
+    const __m512i keep32 = _mm512_set1_epi32((int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1));
+    const __m512i top = _mm512_set1_epi32(254 << 23), expo = _mm512_set1_epi32(0x7F800000);
+    const int noprod = wide ? NOPROD16 : NOPROD8;
+    for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
+        const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
+        vi ep[TV], s[TV];
+        vf c[TV], sc[TV];
+        __mmask16 fin[TV], odd = 0;
+        block_exps(eav, ebv, lde, k0, k1, nt, wide, ep);
+        for (int t = 0; t < nt; t++) {
+            memcpy(&c[t], acc + t * VF, 64);
+            const vi u = (vi)c[t], ec = ((u >> 23) & 0xFF) - 127;
+            fin[t] = _mm512_cmpneq_epi32_mask(_mm512_and_si512((__m512i)u, expo), expo);
+            odd |= _mm512_cmplt_epi32_mask((__m512i)ep[t], _mm512_set1_epi32(noprod));
+            const vi E = vmax(vmax(vmax(ep[t], ec), (vi){} + m->min_exp), (vi){} + m->efloor);
+            sc[t] = (vf)((m->frac + 127 - E) << 23);  /* 2^(frac - E) */
+            s[t] = (vi)_mm512_maskz_cvttps_epi32(fin[t], (__m512)(c[t] * sc[t]));  /* c's term */
+        }
+        if (k1 - k0 == 32 && m->nf == 32) TERMS(s, k0, 32)
+        else if (k1 - k0 == 16 && m->nf == 16) TERMS(s, k0, 16)
+        else TERMS(s, k0, k1 - k0)
+        for (int t = 0; t < nt; t++) {
+            /* the sum below 2^24, exact as a float32, times 2^(E - frac) (bits (254 << 23) - 2^(frac - E)'s) */
+            const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps((__m512i)s[t]),
+                                           (__m512)_mm512_sub_epi32(top, (__m512i)sc[t]));
+            vf r = (vf)_mm512_mask_and_epi32((__m512i)c[t], fin[t], (__m512i)d, keep32);  /* an infinite c stays */
+            if (m->fp16) r = vround_half(r);
+            memcpy(acc + t * VF, &r, 64);
+        }
+        if (!odd) continue;
+        for (int t = 0; t < nt; t++)
+            for (int k = 0; k < VF; k++) {
+                if (ep[t][k] >= noprod) continue;
+                const float x = !((fin[t] >> k) & 1) ? c[t][k] : (float)lone_c((double)c[t][k], m);
+                acc[t * VF + k] = m->fp16 ? round_half(x) : x;
+            }
+    }
+}
+#endif
 
 /* nt vectors of outputs acc[0 .. nt VF) over the blocks from kb (a whole number of blocks) to K, float32
    operands: b's row i at bm + i ldb, its exponents at eb + i lde.
@@ -216,48 +380,25 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
     const uint64_t keep = ~((UINT64_C(1) << (52 - m->frac_out)) - 1);
     const int32_t keep32 = (int32_t)~((UINT32_C(1) << (23 - m->frac_out)) - 1);
     const int i32 = !m->late_c && m->frac <= 13 && m->sub >= m->nf && m->nf <= 256;
+#if defined(__AVX512F__)
+    if (m->late_c && !m->fp16 && m->nf <= 2 * m->sub) {
+        tile_late(ar, eav, bm, ldb, ebv, lde, acc, nt, kb, K, m, wide);
+        return;
+    }
+    if (i32) {
+        tile_early(ar, eav, bm, ldb, ebv, lde, acc, nt, kb, K, m, wide);
+        return;
+    }
+#endif
     for (int64_t k0 = kb; k0 < K; k0 += m->nf) {
         const int64_t k1 = k0 + m->nf < K ? k0 + m->nf : K;
         vi ep[TV], E[TV], s[TV];
         vf c[TV], sc[TV];
         vd sd[2 * TV];
-        if (wide) {  /* the products' largest exponent, 32 outputs per int16 vector */
-            const int16_t *ea = eav, *eb = ebv;
-            vh lo = (vh){} + (int16_t)-32768, hi = lo;
-            for (int64_t i = k0; i < k1; i++) {
-                vh x; memcpy(&x, eb + i * lde, 64);
-                lo = vmaxh(lo, x + ea[i]);
-                if (nt > 2) { memcpy(&x, eb + i * lde + 32, 64); hi = vmaxh(hi, x + ea[i]); }
-            }
-            int16_t e16[TV * VF];
-            memcpy(e16, &lo, 64);
-            memcpy(e16 + 32, &hi, 64);
-            for (int t = 0; t < nt; t++) {
-                const vi w = widen16(e16 + t * VF), none = w < NOPROD16;
-                ep[t] = (w & ~none) | (NONE & none);
-            }
-        } else {  /* all TV VF outputs at once (int8) */
-            const int8_t *ea = eav, *eb = ebv;
-            vb ep8 = (vb){} + (int8_t)-128, e1 = ep8, e2 = ep8, e3 = ep8;  /* four chains of maxima, then one */
-            int64_t i = k0;
-            for (; i + 4 <= k1; i += 4) {
-                vb x0, x1, x2, x3;
-                memcpy(&x0, eb + i * lde, 64); memcpy(&x1, eb + (i + 1) * lde, 64);
-                memcpy(&x2, eb + (i + 2) * lde, 64); memcpy(&x3, eb + (i + 3) * lde, 64);
-                ep8 = vmaxb(ep8, x0 + ea[i]); e1 = vmaxb(e1, x1 + ea[i + 1]);
-                e2 = vmaxb(e2, x2 + ea[i + 2]); e3 = vmaxb(e3, x3 + ea[i + 3]);
-            }
-            for (; i < k1; i++) {
-                vb x; memcpy(&x, eb + i * lde, 64);
-                ep8 = vmaxb(ep8, x + ea[i]);
-            }
-            ep8 = vmaxb(vmaxb(ep8, e1), vmaxb(e2, e3));
-            int8_t e8[TV * VF];
-            memcpy(e8, &ep8, sizeof e8);
-            for (int t = 0; t < nt; t++) {
-                const vi w = widen8(e8 + t * VF), none = w < NOPROD8;
-                ep[t] = (w & ~none) | (NONE & none);
-            }
+        block_exps(eav, ebv, lde, k0, k1, nt, wide, ep);
+        for (int t = 0; t < nt; t++) {
+            const vi none = ep[t] < (wide ? NOPROD16 : NOPROD8);
+            ep[t] = (ep[t] & ~none) | (NONE & none);
         }
         for (int t = 0; t < nt; t++) {
             memcpy(&c[t], acc + t * VF, 64);
@@ -275,13 +416,9 @@ INLINE void tile_f32(const float *ar, const void *eav, const float *bm, int64_t 
             }
         }
         if (i32) {
-            for (int64_t i = k0; i < k1; i++) {
-                const float ai = ar[i];
-                for (int t = 0; t < nt; t++) {
-                    vf b; memcpy(&b, bm + i * ldb + t * VF, 64);
-                    s[t] += __builtin_convertvector((ai * b) * sc[t], vi);  /* exact, then truncated to int */
-                }
-            }
+            if (k1 - k0 == 32 && m->nf == 32) TERMS(s, k0, 32)
+            else if (k1 - k0 == 16 && m->nf == 16) TERMS(s, k0, 16)
+            else TERMS(s, k0, k1 - k0)
         } else {
             terms_f32(ar, bm, ldb, k0, k1, sc, sd, nt, m);
         }
@@ -504,7 +641,7 @@ static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, 
    vectors, else copied with N padded by zero columns (their outputs are dropped); the rows of a and acc are
    copied into buffers, RG at a time, and each group runs the chain a chunk of whole blocks of k at a time (the
    order of each output's blocks is unchanged). 0, or -1 when out of memory */
-#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK)                                                                        \
+#define CHAIN(NAME, T, ET, EXPS, ROW, HOOK, INPLACE)                                                               \
 int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0, int64_t b1, int64_t b2,       \
          T *acc, int64_t c0, int64_t c1, int64_t c2, int64_t r0, int64_t r1, int64_t M, int64_t N, int64_t K,  \
          int emin_a, int emin_b, int nf, int frac, int frac_out, int min_exp, int late_c, int fp16, int sub) {  \
@@ -535,12 +672,19 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
             }                                                                                                 \
             have = bt;                                                                                        \
         }                                                                                                     \
+        /* INPLACE: a's rows where contiguous, acc's where contiguous and N a whole number of vectors */      \
+        const int ain = INPLACE && a2 == 1, cin = INPLACE && c2 == 1 && np == N;                              \
+        const T *ag = ain ? a + bt * a0 + g0 % M * a1 : ar;                                                  \
+        T *cg = cin ? acc + bt * c0 + g0 % M * c1 : cr;                                                      \
+        const int64_t lda = ain ? a1 : kk, ldc = cin ? c1 : np;                                               \
         for (int64_t r = g0; r < g1; r++) {                                                                   \
             const int64_t i = r % M, j = r - g0;                                                              \
-            if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                           \
+            if (ain) {                                                                                        \
+            } else if (a2 == 1) memcpy(ar + j * kk, a + bt * a0 + i * a1, sizeof(T) * K);                    \
             else for (int64_t k = 0; k < K; k++) ar[j * kk + k] = a[bt * a0 + i * a1 + k * a2];              \
-            EXPS(ar + j * kk, ea + j * kk, K, emin_a);                                                        \
-            if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                          \
+            EXPS(ag + j * lda, ea + j * kk, K, emin_a);                                                       \
+            if (cin) {                                                                                        \
+            } else if (c2 == 1) memcpy(cr + j * np, acc + bt * c0 + i * c1, sizeof(T) * N);                   \
             else for (int64_t n = 0; n < N; n++) cr[j * np + n] = acc[bt * c0 + i * c1 + n * c2];            \
         }                                                                                                     \
         const int took = HOOK(ar, ea, kk, bm, ldb, eb, np, N, K, cr, g1 - g0, kc, &m, &w, bt, emin_a, emin_b); \
@@ -548,9 +692,9 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
         for (int64_t k0 = 0; k0 < K && !took; k0 += kc) {                                                     \
             const int64_t k1 = k0 + kc < K ? k0 + kc : K;                                                     \
             for (int64_t j = 0; j < g1 - g0; j++)                                                             \
-                ROW(ar + j * kk, ea + j * kk, bm, ldb, eb, np, cr + j * np, k0, k1, &m);                      \
+                ROW(ag + j * lda, ea + j * kk, bm, ldb, eb, np, cg + j * ldc, k0, k1, &m);                    \
         }                                                                                                     \
-        for (int64_t r = g0; r < g1; r++) {                                                                   \
+        for (int64_t r = g0; r < g1 && !cin; r++) {                                                           \
             const int64_t i = r % M, j = r - g0;                                                              \
             if (c2 == 1) memcpy(acc + bt * c0 + i * c1, cr + j * np, sizeof(T) * N);                          \
             else for (int64_t n = 0; n < N; n++) acc[bt * c0 + i * c1 + n * c2] = cr[j * np + n];            \
@@ -561,6 +705,6 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
     return (int)rc;                                                                                           \
 }
 
-CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32)
-CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32)
+CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32, 1)
+CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32, 0)
 """
