@@ -28,7 +28,7 @@ from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
-from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, pv_start, units
+from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, e2m1s, pv_start, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
 from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
@@ -62,8 +62,11 @@ def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
     check: that every value is one kernels.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
     a significand of at most 1.875, 0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits,
     slower); unchecked: P (sage3_p's)."""
-    x32 = x.to(torch.float32)
-    if check and not _fits_e2m1s(x, x32):
+    fast = e2m1s(x) if check else None  # one C pass (kernels.preset_native), or None
+    if fast is not None and not fast[0]:
+        return _values(x)
+    x32 = x.to(torch.float32) if fast is None else fast[1]
+    if check and fast is None and not _fits_e2m1s(x, x32):
         return _values(x)
     return Operand(x32, torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "e2m1s")
 

@@ -1,8 +1,10 @@
 """The quantised presets' per-step element-wise work in single C passes (built by kernels.cbuild), the same bits as
 the torch steps they replace: P's FP8 rounding (kernels.quantized.quantize_p), SageAttention3's P quantisation
 (kernels.sage3.sage3_p) and the float64 descales around the tensor-core products (kernels.mma_ops: qk_scores'
-descaled scores, pv_accumulate's O in MMA units and back). Each torch step reads and writes a whole score block
-[B, H, rows, Bc] (sage3_p alone is about twenty passes; each descale three, with a float64 copy).
+descaled scores, pv_accumulate's O in MMA units and back), and once per forward the FP4 inputs' quantisers
+(SageAttention3's 1x16 FP4, core.quant.nvfp4_parts' pieces) and kernels.mma_ops' "e2m1s" operand check. Each
+torch step reads and writes a whole score block [B, H, rows, Bc] (sage3_p alone is about twenty passes; each
+descale three, with a float64 copy).
 
 Every step is one IEEE operation the torch path also does (float32 products and quotients, float64 products and
 quotients of float32 values, float64 -> float32 conversions, all correctly rounded; no FMA contraction, see
@@ -112,6 +114,108 @@ int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
         }
     }
     return !bad;
+}
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* a block's e4m3 scale s from its max |x| bits ma (a maximum of |x| taken on the bits: for non-negative floats the
+   integer order is the float order, and a NaN's bits lie above inf's); 0 and *bad set where ma is NaN or the raw
+   scale is not finite */
+static inline float nvfp4_scale(uint32_t ma, float s_enc, int floor_, int *bad) {
+    float raw = (u2f(ma) / 6.0f) * s_enc;
+    *bad |= ma > 0x7F800000u || !(fabsf(raw) <= 3.4028234663852886e38f);
+    raw = floor_ && raw < 0x1p-6f ? 0x1p-6f : raw;
+    return fp8_round_f(raw, 3, -6, 448.0f);
+}
+
+/* one element: code = e2m1(x / dec) where live (dec > 0; dec replaced by 1 elsewhere, as torch's where), else 0 */
+static inline void nvfp4_put(float x, float dec, float s, float *values, float *scaled) {
+    const int live = dec > 0.0f;
+    const float code = live ? fp4_round(x / (live ? dec : 1.0f)) : 0.0f;
+    *values = live ? code * dec : 0.0f;
+    *scaled = code * s;
+}
+
+/* core.quant.nvfp4_parts (tensor_amax None) on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a
+   ragged last one as if zero padded), s_enc the tensor's float32 encode scale: raw = (max |x| / 6) * s_enc
+   (float32, left to right as torch), s = e4m3(floor ? max(raw, 2^-6) : raw), dec = s / s_enc (float32), live =
+   dec > 0, code = live ? e2m1(x / dec) : 0 (float32 quotient, clamp at 6, nearest even), values = live ? code * dec
+   : 0 (float32), scaled = code * s (float32: exact, 2 by 4 significant bits). Every step is the IEEE operation
+   torch's float32 tensors do, or exact. 0 (outputs partly written) when an x is NaN or a raw scale is not finite
+   (the caller then runs the torch steps, whose NaN bits this does not reproduce), else 1. */
+int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n, int64_t nc, float s_enc,
+             int floor_) {
+    int bad = 0;
+    if (nc == 1) {  /* blocks along the contiguous dim */
+        for (int64_t a = 0; a < na; a++)
+        for (int64_t b0 = 0; b0 < n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < n ? b0 + 16 : n, o = a * n;
+            uint32_t ma = 0;
+            for (int64_t i = b0; i < b1; i++) {
+                const uint32_t u = f2u(x[o + i]) & 0x7FFFFFFFu;
+                ma = u > ma ? u : ma;
+            }
+            const float s = nvfp4_scale(ma, s_enc, floor_, &bad), dec = s / s_enc;
+            for (int64_t i = b0; i < b1; i++) nvfp4_put(x[o + i], dec, s, values + o + i, scaled + o + i);
+        }
+        return !bad;
+    }
+    enum { CH = 256 };  /* blocks along a strided dim: CH columns at a time, each with its own scale */
+    uint32_t ma[CH];
+    float sc[CH], dc[CH];
+    for (int64_t a = 0; a < na; a++)
+    for (int64_t b0 = 0; b0 < n; b0 += 16) {
+        const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
+        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+            for (int64_t c = 0; c < w; c++) ma[c] = 0;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
+                    ma[c] = u > ma[c] ? u : ma[c];
+                }
+            for (int64_t c = 0; c < w; c++) {
+                sc[c] = nvfp4_scale(ma[c], s_enc, floor_, &bad);
+                dc[c] = sc[c] / s_enc;
+            }
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const int64_t j = o + i * nc + c;
+                    nvfp4_put(x[j], dc[c], sc[c], values + j, scaled + j);
+                }
+        }
+    }
+    return !bad;
+}
+
+/* kernels.mma_ops._fits_e2m1s on float32 bits: every x 0 or |x| in [2^-10, 2^12) with a significand of at most
+   1.875 and at most 5 fraction bits (NaN and inf fail). 1 when all fit, else 0. */
+int fc_e2m1s_f32(const float *x, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u; memcpy(&u, x + i, 4);
+        const uint32_t a = u & 0x7FFFFFFFu, mant = a & 0x7FFFFFu;
+        const int e = (int)(a >> 23) - 127;
+        bad |= (a != 0) & ((e < -10) | (e > 11) | (mant > 0x700000u) | ((mant & 0x3FFFFu) != 0));
+    }
+    return !bad;
+}
+
+/* the same for float64 x [rows, cols] (row stride rs, unit column stride), written as float32 into out (contiguous):
+   1 when every x is exact in float32 (NaN is not) and fits, else 0 (out then partly written) */
+int fc_e2m1s_f64(const double *x, int64_t rows, int64_t cols, int64_t rs, float *out) {
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++) {
+            const double v = x[r * rs + i];
+            const float f = (float)v;
+            bad |= (double)f != v;
+            out[r * cols + i] = f;
+        }
+        if (bad) return 0;
+    }
+    return fc_e2m1s_f32(out, rows * cols);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -358,6 +462,57 @@ def _fp4x16(lib, x: torch.Tensor, dim: int) -> torch.Tensor | None:
     return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc) else None
 
 
+def nvfp4(x: torch.Tensor, dim: int, s_enc: float, floor: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """core.quant.nvfp4_parts' values and scaled pieces (float32, x's shape, contiguous) of a float32 x
+    (contiguous, CPU) in blocks of 16 along `dim`, s_enc its float32 tensor encode scale (tensor_amax None),
+    `floor` its scale_floor; None where the pass does not apply or meets a NaN or a non-finite block scale."""
+    lib = library()
+    if lib is None or not _plain(x) or not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
+        return None
+    return _nvfp4(lib, x, dim, s_enc, floor)
+
+
+def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    na, nc = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1 :])
+    values, scaled = torch.empty(x.shape), torch.empty(x.shape)
+    ok = lib.fc_nvfp4(x.data_ptr(), values.data_ptr(), scaled.data_ptr(), na, n, nc, s_enc, int(floor))
+    return (values, scaled) if ok else None
+
+
+def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
+    """(whether x holds only kernels.mma's "e2m1s" values (mma_ops._fits_e2m1s), x as float32) in one C pass for
+    a float32 x (contiguous: x itself) or a float64 x whose rows [..., D] are evenly strided (a float32 copy,
+    contiguous, complete where it fits); None where the pass does not apply."""
+    lib = library()
+    if lib is None or not _plain(x, x.dtype) or x.dim() < 1 or x.numel() == 0 or x.stride(-1) != 1:
+        return None
+    return _e2m1s(lib, x)
+
+
+def _e2m1s(lib, x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return bool(lib.fc_e2m1s_f32(x.data_ptr(), x.numel())), x
+    rs = _row_stride(x)
+    if x.dtype != torch.float64 or rs is None:
+        return None
+    out = torch.empty(x.shape)
+    cols = x.shape[-1]
+    return bool(lib.fc_e2m1s_f64(x.data_ptr(), x.numel() // cols, cols, rs, out.data_ptr())), out
+
+
+def _row_stride(x: torch.Tensor) -> int | None:
+    """The stride between x's consecutive rows [..., D] where every row lies one stride after the last, else None."""
+    if x.dim() == 1:
+        return x.shape[0]
+    rs = x.stride(-2)
+    for i in range(x.dim() - 2):
+        if x.shape[i] > 1 and x.stride(i) != rs * math.prod(x.shape[i + 1 : -1]):
+            return None
+    return rs
+
+
 def ex2_columns(x: torch.Tensor, idx: torch.Tensor, poly: tuple[float, ...], out: torch.Tensor) -> bool:
     """out[..., idx] = kernels.fastmath.ex2_emulation(x[..., idx], poly) in one C pass (x, out float32 [..., W],
     contiguous, CPU; idx int64 [n] column indices): True when done, False where it does not apply or meets a NaN
@@ -472,7 +627,45 @@ def _selftest(lib) -> str:
         got = _fp4x16(lib, x, dim)
         if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
             return f"SageAttention3's FP4 input quantisation (dim {dim})"
-    return _selftest_steps(lib, g)
+    return _selftest_nvfp4(lib, g) or _selftest_steps(lib, g)
+
+
+def _selftest_nvfp4(lib, g: torch.Generator) -> str:
+    """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.mma_ops."""
+    from flashcheck.core.quant import nvfp4_parts
+    from flashcheck.kernels.mma_ops import _fits_e2m1s
+
+    x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-30, 8, (2, 3, 37, 40), generator=g))
+    x[0, 0, :, :16] = 0.0
+    x[0, 1, :16, :] = 2.0**-13  # blocks whose scale is an e4m3 subnormal or 0, or floored
+    x[1, 2, 3, :3] = torch.tensor([-0.0, 2.0**-140, -(2.0**-149)])
+    for floor in (False, True):
+        for dim in (-1, -2):
+            want = nvfp4_parts(x, dim=dim, scale_floor=floor)
+            amax = x.abs().amax()
+            s_enc = float((448.0 * 6.0) / amax)
+            got = _nvfp4(lib, x, dim, s_enc, floor)
+            same = got is not None and all(
+                torch.equal(w.view(torch.int32), h.view(torch.int32)) for w, h in zip(want[:2], got, strict=True)
+            )
+            if not same:
+                return f"NVFP4's input quantisation (dim {dim}, floor {floor})"
+    scaled = nvfp4_parts(x, dim=-1).scaled.contiguous()
+    bad = scaled.clone()
+    bad[1, 1, 1, 1] = 0.8125  # 6 significant bits: no e2m1 x e4m3 value
+    for t in (
+        scaled,
+        bad,
+        scaled * 2.0**-20,
+        scaled.double(),
+        torch.cat([scaled.double(), bad.double()], -1)[..., :40],
+    ):
+        got = _e2m1s(lib, t)
+        if got is None or got[0] != _fits_e2m1s(t, t.to(torch.float32)):
+            return "the e2m1s operand check"
+        if got[0] and not torch.equal(got[1], t.to(torch.float32)):
+            return "the e2m1s operand's float32 copy"
+    return ""
 
 
 def _selftest_steps(lib, g: torch.Generator) -> str:
@@ -535,6 +728,10 @@ def _native() -> tuple[object | None, str]:
     lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64]
     lib.fc_ex2_cols.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_int]
     lib.fc_ex2_cols.restype = ctypes.c_int
+    lib.fc_nvfp4.argtypes = [_P, _P, _P, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
+    lib.fc_e2m1s_f32.argtypes = [_P, _I64]
+    lib.fc_e2m1s_f64.argtypes = [_P, _I64, _I64, _I64, _P]
+    lib.fc_nvfp4.restype = lib.fc_e2m1s_f32.restype = lib.fc_e2m1s_f64.restype = ctypes.c_int
     lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None

@@ -15,10 +15,11 @@ from flashcheck.core.numerics import (
     info,
     round_to,
 )
-from flashcheck.core.quant import group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.core.quant import NVFP4Parts, group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.kernels.fp8_native import abs_max, int_quantized, scaled
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
-from flashcheck.kernels.fp8_native import int_quantized, scaled
 from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
+from flashcheck.kernels.preset_native import nvfp4 as native_nvfp4
 from flashcheck.kernels.preset_native import p_fp8
 from flashcheck.kernels.preset_native import sage3_p as native_sage3_p
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
@@ -57,7 +58,7 @@ def quantize_tokens(
     if scaling == "nvfp4":
         if parts is None:
             return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
-        got = nvfp4_parts(t, dim=along, scale_floor=nvfp4_floor)
+        got = _nvfp4_parts(t, along, nvfp4_floor)
         parts[role] = got
         return got.values
     if scaling == "sage3":
@@ -84,6 +85,20 @@ def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
     a = amax.index_select(-1, ids).unsqueeze(-1)
     scale = torch.where(a > 0, a / info(fmt).max, torch.ones_like(a))
     return scaled(t, fmt, scale)
+
+
+def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
+    """core.quant.nvfp4_parts(t, dim=dim, scale_floor=floor), its block pieces in one C pass where it applies: the
+    same float32 steps (kernels.preset_native.nvfp4), the tensor scales formed here as nvfp4_parts forms them."""
+    x32 = t.detach().to(torch.float32).contiguous()  # nvfp4_parts' first step (any layout: the same values)
+    if x32.numel() == 0:
+        return nvfp4_parts(t, dim=dim, scale_floor=floor)
+    amax_t = abs_max(x32)  # x32.abs().amax(): a maximum is exact, NaN propagates (the C pass then declines)
+    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
+    fast = native_nvfp4(x32, dim, float(s_enc), floor)
+    if fast is None:
+        return nvfp4_parts(t, dim=dim, scale_floor=floor)
+    return NVFP4Parts(fast[0].to(t.dtype), fast[1], (1.0 / s_enc).to(torch.float32))
 
 
 def fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
