@@ -201,9 +201,10 @@ class MMAOperands:
         start = DeltaS.make(q, k, pol.source_format or Format.BF16) if _sage3_qk(pol) and qo is not None else None
         return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo, start)
 
-    def qk_c(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
-        """The Q K^T MMA's initial C for query rows r0:r1 and keys c0:c1 (float32, in the MMA's units), or None."""
-        return None if self.qk_start is None else self.qk_start.block(r0, r1, c0, c1)
+    def qk_c(self, r0: int, r1: int, c0: int, c1: int) -> StartC | None:
+        """The Q K^T MMA's initial C for query rows r0:r1 and keys c0:c1 (in the MMA's units, formed where
+        qk_scores uses it: StartC), or None."""
+        return None if self.qk_start is None else StartC(self.qk_start, r0, r1, c0, c1)
 
     def v_block(self, c0: int, c1: int) -> Operand:
         """V's rows c0:c1 with one scale per column (a per-row-block scale that changes inside the key block
@@ -215,6 +216,25 @@ class MMAOperands:
                 return _values(blk.codes * sc)
             blk = Operand(blk.codes, sc[..., :1, :], blk.fmt)
         return blk
+
+
+@dataclass(frozen=True, slots=True)
+class StartC:
+    """A step's initial C of the Q K^T MMA (SageAttention3's delta_s, rows r0:r1, keys c0:c1): written straight
+    into the score block (into) or formed as a tensor (tensor, float32 [B, H, r1 - r0, c1 - c0])."""
+
+    delta: DeltaS
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    def tensor(self) -> torch.Tensor:
+        return self.delta.block(self.r0, self.r1, self.c0, self.c1)
+
+    def into(self, out: torch.Tensor) -> torch.Tensor:
+        """out = tensor() + 0 (a -0 made +0, the MMA's start), returned."""
+        return self.delta.start_into(out, self.r0, self.r1, self.c0, self.c1)
 
 
 def _sage3_qk(pol: Policy) -> bool:
@@ -257,19 +277,26 @@ def qk_scores(
     model: MMAModel,
     factor: float,
     out: torch.Tensor | None = None,
-    c: torch.Tensor | None = None,
+    c: torch.Tensor | StartC | None = None,
 ) -> torch.Tensor:
     """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
     written and returned (the descale in one C pass, kernels.preset_native, where it applies). c (float32
-    [..., Mq, Mk], in the MMA's units): the accumulator the MMA starts from (None: +0)."""
+    [..., Mq, Mk], in the MMA's units, or a StartC): the accumulator the MMA starts from (None: +0)."""
     k_scale = k.scale.transpose(-1, -2)
     fmts = (q.fmt, k.fmt)
-    start = None if out is None else (out.zero_() if c is None else out.copy_(c).add_(0.0))  # -0 + 0: +0
+    lazy = c if isinstance(c, StartC) else None
+    if out is None:
+        start = None
+    elif lazy is not None:
+        start = lazy.into(out)  # delta_s's rows copied in, +0 for a zero as below
+    else:
+        start = out.zero_() if c is None else out.copy_(c).add_(0.0)  # -0 + 0: +0
     if start is not None and mma_into(q.codes, k.codes.transpose(-1, -2), model, start, fmt=fmts):
         if descale_into(out, q.scale, k_scale, factor, out) is None:  # the product descaled where it lies
             out.copy_(out.to(torch.float64).mul_((q.scale * factor) * k_scale))
         return out
+    c = lazy.tensor() if lazy is not None else c
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, c=c, fmt=fmts)
     if out is not None and descale_into(acc, q.scale, k_scale, factor, out) is not None:
         return out

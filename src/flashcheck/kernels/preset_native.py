@@ -63,7 +63,7 @@ int fc_p_fp8(const float *p, float *out, int64_t n, float ps, int scale, int mbi
 /* sage3_p on float32 P [rows, w], contiguous, in blocks of 16 along w (a ragged last one padded with zeros):
    pt = p * ps (float32), a = max(block) / 6 (float32), e = e2m1(pt / a) (float32 quotient, clamp at 6, nearest
    even), out = e * e4m3(a) (exact in float32), 0 where a <= 0. 0 when a value is NaN, else 1. */
-int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+static int sage3_p_scalar(const float *p, float *out, int64_t rows, int64_t w, float ps) {
     int bad = 0;
     for (int64_t r = 0; r < rows; r++) {
         const float *pr = p + r * w;
@@ -91,33 +91,68 @@ int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
     return !bad;
 }
 
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* a 16-element block's 1x16 FP4 scale from its max |x| bits ma (see nvfp4_scale; *bad set where ma is NaN) */
+static inline float fp4x16_scale(uint32_t ma, int *bad) {
+    *bad |= ma > 0x7F800000u;
+    return (float)fp8_round((double)(u2f(ma) / 6.0f), 3, -6, 448.0);
+}
+
+/* one element, written as float64 or float32 (f32): e2m1(x inv) * s is exact in either (a 2-bit by 4-bit
+   significand product, 2^-10 .. 2688, a normal float32), so the float32 product is the float64 one */
+static inline void fp4x16_put(float x, float inv, float s, void *out, int64_t j, int f32) {
+    const float e = fp4_round(x * inv);
+    if (f32) ((float *)out)[j] = e * s;
+    else ((double *)out)[j] = (double)e * (double)s;
+}
+
 /* sage3.quantize_fp4x16 on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a ragged last one as if
-   zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = (double)e2m1(x inv)
-   * s, float64 [na, n, nc]. 0 when a value is NaN, else 1. */
-int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
+   zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = e2m1(x inv) * s,
+   float64 or (f32) float32 [na, n, nc]. 0 when a value is NaN, else 1. Blocks along a strided dim (nc > 1) run CH
+   columns at a time, each column its own block (unit-stride loops). */
+int fc_fp4x16(const float *x, void *out, int64_t na, int64_t n, int64_t nc, int f32) {
     int bad = 0;
+    if (nc == 1) {  /* blocks along the contiguous dim */
+        for (int64_t r = 0; r < na; r++)
+        for (int64_t b0 = r * n; b0 < r * n + n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < r * n + n ? b0 + 16 : r * n + n;
+            uint32_t ma = 0;
+            for (int64_t i = b0; i < b1; i++) {
+                const uint32_t u = f2u(x[i]) & 0x7FFFFFFFu;
+                ma = u > ma ? u : ma;
+            }
+            const float s = fp4x16_scale(ma, &bad), inv = s > 0.0f ? 1.0f / s : 0.0f;
+            if (f32) for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 1);
+            else for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 0);
+        }
+        return !bad;
+    }
+    enum { CH = 256 };
+    uint32_t ma[CH];
+    float sc[CH], iv[CH];
     for (int64_t a = 0; a < na; a++)
     for (int64_t b0 = 0; b0 < n; b0 += 16) {
         const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
-        for (int64_t c = 0; c < nc; c++) {
-            const float *xr = x + a * n * nc + c;
-            double *orow = out + a * n * nc + c;
-            float m = 0.0f;
-            for (int64_t i = b0; i < b1; i++) {
-                const float v = fabsf(xr[i * nc]);
-                bad |= v != v;
-                m = v > m ? v : m;
+        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+            for (int64_t c = 0; c < w; c++) ma[c] = 0;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
+                    ma[c] = u > ma[c] ? u : ma[c];
+                }
+            for (int64_t c = 0; c < w; c++) {
+                sc[c] = fp4x16_scale(ma[c], &bad);
+                iv[c] = sc[c] > 0.0f ? 1.0f / sc[c] : 0.0f;
             }
-            const float sf = (float)fp8_round((double)(m / 6.0f), 3, -6, 448.0);
-            const float inv = sf > 0.0f ? 1.0f / sf : 0.0f;
-            for (int64_t i = b0; i < b1; i++) orow[i * nc] = (double)fp4_round(xr[i * nc] * inv) * (double)sf;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) fp4x16_put(x[o + i * nc + c], iv[c], sc[c], out, o + i * nc + c, f32);
         }
     }
     return !bad;
 }
-
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* a block's e4m3 scale s from its max |x| bits ma (a maximum of |x| taken on the bits: for non-negative floats the
    integer order is the float order, and a NaN's bits lie above inf's); 0 and *bad set where ma is NaN or the raw
@@ -189,16 +224,18 @@ int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n
     return !bad;
 }
 
-/* kernels.mma_ops._fits_e2m1s on float32 bits: every x 0 or |x| in [2^-10, 2^12) with a significand of at most
-   1.875 and at most 5 fraction bits (NaN and inf fail). 1 when all fit, else 0. */
-int fc_e2m1s_f32(const float *x, int64_t n) {
+/* kernels.mma_ops._fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
+   |x| in [2^-10, 2^12) with a significand of at most 1.875 and at most 5 fraction bits (NaN and inf fail). 1 when
+   all fit, else 0. */
+int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
     int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u; memcpy(&u, x + i, 4);
-        const uint32_t a = u & 0x7FFFFFFFu, mant = a & 0x7FFFFFu;
-        const int e = (int)(a >> 23) - 127;
-        bad |= (a != 0) & ((e < -10) | (e > 11) | (mant > 0x700000u) | ((mant & 0x3FFFFu) != 0));
-    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < cols; i++) {
+            uint32_t u; memcpy(&u, x + r * rs + i, 4);
+            const uint32_t a = u & 0x7FFFFFFFu, mant = a & 0x7FFFFFu;
+            const int e = (int)(a >> 23) - 127;
+            bad |= (a != 0) & ((e < -10) | (e > 11) | (mant > 0x700000u) | ((mant & 0x3FFFFu) != 0));
+        }
     return !bad;
 }
 
@@ -215,7 +252,7 @@ int fc_e2m1s_f64(const double *x, int64_t rows, int64_t cols, int64_t rs, float 
         }
         if (bad) return 0;
     }
-    return fc_e2m1s_f32(out, rows * cols);
+    return fc_e2m1s_f32(out, rows, cols, cols);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -267,6 +304,54 @@ static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const
     return 1;
 }
 #endif
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* fp4_round on 16 lanes: the clamp at 6, then e = max(exponent, 0) and a = |y| scaled by 2^(1 - e), rounded to an
+   integer (nearest even) and scaled back by 2^(e - 1), the sign put back: the scalar steps lane by lane (every
+   step exact, as there); a NaN lane is the caller's to report */
+static inline __m512 fp4_round16(__m512 y) {
+    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));
+    const __m512i u = _mm512_castps_si512(y), sign = _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u));
+    const __m512i a = _mm512_andnot_si512(sign, u);
+    const __m512i e = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127)),
+                                       _mm512_setzero_si512());
+    const __m512 fu = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(128), e), 23));
+    const __m512 fd = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_set1_epi32(126), e), 23));
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), fu),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(r, fd)), sign));
+}
+
+/* sage3_p_scalar for w a multiple of 16, one block per vector: the same products, maximum, quotients and
+   roundings (the block's maximum of non-NaN values is exact in any order; a zero maximum, of either sign, writes
+   zeros as there) */
+static int sage3_p16(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+    __mmask16 nan = 0;
+    const __m512 vps = _mm512_set1_ps(ps);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b0 = 0; b0 < w; b0 += 16) {
+            const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(p + r * w + b0), vps);
+            nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+            const float a = _mm512_reduce_max_ps(y) / 6.0f;
+            if (!(a > 0.0f)) {
+                _mm512_storeu_ps(out + r * w + b0, _mm512_setzero_ps());
+                continue;
+            }
+            const float s = (float)fp8_round((double)a, 3, -6, 448.0);
+            const __m512 e = fp4_round16(_mm512_div_ps(y, _mm512_set1_ps(a)));
+            _mm512_storeu_ps(out + r * w + b0, _mm512_mul_ps(e, _mm512_set1_ps(s)));
+        }
+    return !nan;
+}
+#endif
+
+/* sage3_p_scalar, by vectors where it applies */
+int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (w % 16 == 0) return sage3_p16(p, out, rows, w, ps);
+#endif
+    return sage3_p_scalar(p, out, rows, w, ps);
+}
 
 /* fastmath.ex2_emulation on the columns idx[ni] of x [rows, w] (float32, contiguous), written into out (the same
    layout): xc = max(x, -127), fl = floor(xc), f = xc - fl (exact), p = poly[np - 1] then p = (float)((double)p * f
@@ -445,21 +530,22 @@ def _sage3_p(lib, p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
     return out if ok else None
 
 
-def fp4x16(x: torch.Tensor, dim: int) -> torch.Tensor | None:
-    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), float64 [x's shape,
-    contiguous]; None where the pass does not apply or meets a NaN."""
+def fp4x16(x: torch.Tensor, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
+    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), [x's shape, contiguous] in
+    dtype (float64, or float32: the same values, each exact in float32); None where the pass does not apply or
+    meets a NaN."""
     lib = library()
     if lib is None or not _plain(x) or not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
         return None
-    return _fp4x16(lib, x, dim)
+    return _fp4x16(lib, x, dim, dtype) if dtype in (torch.float64, torch.float32) else None
 
 
-def _fp4x16(lib, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+def _fp4x16(lib, x: torch.Tensor, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
     dim = dim % x.dim()
     n = x.shape[dim]
     na, nc = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1 :])
-    out = torch.empty(x.shape, dtype=torch.float64)
-    return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc) else None
+    out = torch.empty(x.shape, dtype=dtype)
+    return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc, int(dtype == torch.float32)) else None
 
 
 def nvfp4(x: torch.Tensor, dim: int, s_enc: float, floor: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -483,8 +569,8 @@ def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
 
 def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
     """(whether x holds only kernels.mma's "e2m1s" values (mma_ops._fits_e2m1s), x as float32) in one C pass for
-    a float32 x (contiguous: x itself) or a float64 x whose rows [..., D] are evenly strided (a float32 copy,
-    contiguous, complete where it fits); None where the pass does not apply."""
+    a float32 x (x itself) or a float64 x (a float32 copy, contiguous, complete where it fits) whose rows [..., D]
+    are evenly strided; None where the pass does not apply."""
     lib = library()
     if lib is None or not _plain(x, x.dtype) or x.dim() < 1 or x.numel() == 0 or x.stride(-1) != 1:
         return None
@@ -492,13 +578,15 @@ def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
 
 
 def _e2m1s(lib, x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
-    if x.dtype == torch.float32 and x.is_contiguous():
-        return bool(lib.fc_e2m1s_f32(x.data_ptr(), x.numel())), x
     rs = _row_stride(x)
-    if x.dtype != torch.float64 or rs is None:
+    if rs is None:
+        return None
+    cols = x.shape[-1]
+    if x.dtype == torch.float32:
+        return bool(lib.fc_e2m1s_f32(x.data_ptr(), x.numel() // cols, cols, rs)), x
+    if x.dtype != torch.float64:
         return None
     out = torch.empty(x.shape)
-    cols = x.shape[-1]
     return bool(lib.fc_e2m1s_f64(x.data_ptr(), x.numel() // cols, cols, rs, out.data_ptr())), out
 
 
@@ -625,8 +713,11 @@ def _selftest(lib) -> str:
     x = x.to(torch.bfloat16).float()  # the half-precision values SageAttention3 quantises
     for dim in (-1, -2):
         got = _fp4x16(lib, x, dim)
-        if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
+        want, got32 = quantize_fp4x16(x, dim=dim), _fp4x16(lib, x, dim, torch.float32)
+        if got is None or got32 is None or not torch.equal(want.view(torch.int64), got.view(torch.int64)):
             return f"SageAttention3's FP4 input quantisation (dim {dim})"
+        if not torch.equal(want.float().view(torch.int32), got32.view(torch.int32)):
+            return f"SageAttention3's FP4 input quantisation in float32 (dim {dim})"
     return _selftest_nvfp4(lib, g) or _selftest_steps(lib, g)
 
 
@@ -659,6 +750,8 @@ def _selftest_nvfp4(lib, g: torch.Generator) -> str:
         scaled * 2.0**-20,
         scaled.double(),
         torch.cat([scaled.double(), bad.double()], -1)[..., :40],
+        torch.cat([bad, scaled], -1)[..., 40:],
+        torch.cat([bad, scaled], -1)[..., :40],
     ):
         got = _e2m1s(lib, t)
         if got is None or got[0] != _fits_e2m1s(t, t.to(torch.float32)):
@@ -725,11 +818,11 @@ def _native() -> tuple[object | None, str]:
         return None, why
     lib.fc_p_fp8.argtypes = [_P, _P, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
     lib.fc_sage3_p.argtypes = [_P, _P, _I64, _I64, ctypes.c_float]
-    lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64]
+    lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64, ctypes.c_int]
     lib.fc_ex2_cols.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_int]
     lib.fc_ex2_cols.restype = ctypes.c_int
     lib.fc_nvfp4.argtypes = [_P, _P, _P, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
-    lib.fc_e2m1s_f32.argtypes = [_P, _I64]
+    lib.fc_e2m1s_f32.argtypes = [_P, _I64, _I64, _I64]
     lib.fc_e2m1s_f64.argtypes = [_P, _I64, _I64, _I64, _P]
     lib.fc_nvfp4.restype = lib.fc_e2m1s_f32.restype = lib.fc_e2m1s_f64.restype = ctypes.c_int
     lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int

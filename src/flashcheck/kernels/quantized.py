@@ -101,24 +101,33 @@ def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
     return NVFP4Parts(fast[0].to(t.dtype), fast[1], (1.0 / s_enc).to(torch.float32))
 
 
-def fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
-    """kernels.sage3.quantize_fp4x16's values (float64 [x's shape]), in one C pass where it applies."""
+def fp4x16(x: torch.Tensor, *, dim: int = -1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """kernels.sage3.quantize_fp4x16's values ([x's shape] in dtype, float64 or float32: each value e2m1 x e4m3 is
+    exact in float32), in one C pass where it applies."""
     x32 = x.detach().to(torch.float32).contiguous()  # quantize_fp4x16's first step (any layout: the same values)
-    fast = native_fp4x16(x32, dim)
-    return quantize_fp4x16(x32, dim=dim) if fast is None else fast
+    fast = native_fp4x16(x32, dim, dtype)
+    return quantize_fp4x16(x32, dim=dim).to(dtype) if fast is None else fast
 
 
-def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int, parts: dict | None = None):
+def _fp4x16_float32(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
+    return fp4x16(x, dim=dim, dtype=torch.float32)
+
+
+def quantize_inputs(
+    q, k, v, policy: Policy, *, block_q: int, block_k: int, parts: dict | None = None, float32: bool = False
+):
     """(q, k, v) as the quantized kernel holds them. smooth_k subtracts K's mean over the tokens (a per-row
     constant of the scores, which softmax cancels: the kernels drop it); smooth_q subtracts each query block's
     mean before quantising and adds it back inside the float32 score product (the kernels add the GEMV
     mean · K^T to the scores). V in policy.v_format (default: input) with v_scaling. parts (a dict): the NVFP4
-    pieces of the returned q, k, v under "q", "k", "v" (see quantize_tokens; none for a smoothed q)."""
+    pieces of the returned q, k, v under "q", "k", "v" (see quantize_tokens; none for a smoothed q). float32:
+    SageAttention3's q, k, v come in float32 (the same values: each is exact in float32), not float64."""
     fmt = policy.input
     if fmt == Format.FP64:
         return q, k, v
     if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
-        return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=fp4x16)
+        quantize = _fp4x16_float32 if float32 else fp4x16
+        return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=quantize)
     if policy.smooth_k:
         k = k - k.mean(dim=-2, keepdim=True)
     qm = None
