@@ -28,7 +28,7 @@ from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
-from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, e2m1s, pv_start, units
+from flashcheck.kernels.preset_native import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
 from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
@@ -351,9 +351,10 @@ def pv_accumulate(
     acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
     fmts = (p.fmt, v.fmt)
     if held:
-        if alpha is not None:
-            o.mul_(alpha)
-        o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
+        if rescale(o, alpha) is None:  # one C pass (kernels.preset_native) where it applies, else torch's two
+            if alpha is not None:
+                o.mul_(alpha)
+            o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
         if not mma_into(p.codes, v.codes, model, o, fmt=fmts):
             o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
         return
@@ -364,13 +365,15 @@ def pv_accumulate(
             if units(c, unit, o, UNIT_MUL) is None:
                 o.copy_(c.to(torch.float64).mul_(unit))
             return
-    if alpha is not None:
-        o.mul_(alpha)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        if units(part, unit, o, UNIT_ADD) is None:  # one C pass (kernels.preset_native) where it applies
+        if rescale(o, alpha, part, unit) is None:  # one C pass (kernels.preset_native) where it applies
+            if alpha is not None:
+                o.mul_(alpha)
             o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
         return
+    if alpha is not None:
+        o.mul_(alpha)
     c = units(o, unit, torch.empty(o.shape, dtype=torch.float32, device=o.device), UNIT_DIV)
     if c is None:
         c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64

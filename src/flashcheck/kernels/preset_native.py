@@ -434,6 +434,36 @@ void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t 
     }
 }
 
+/* O's rescale by the step's alpha (one per row; al NULL: none) folded into the pass after it: mode 0, O held in
+   the MMA's units, o = o * al + 0 (the float32 product, then kernels.mma's start, which makes a zero +0); mode 1,
+   the two-level accumulator's promotion, o = o * al + (float)((double)x * u) (the float32 product, the float64
+   product rounded to float32, their float32 sum: torch's mul_ then fc_units' UNIT_ADD, step for step) */
+void fc_rescale(float *o, const int64_t *os, const float *al, const int64_t *als, const float *x, const int64_t *xs,
+                const double *u, const int64_t *us, const int64_t *n, int mode) {
+    const int64_t w = n[3], so = os[3], sx = xs[3], su = us[3];
+    LOOP3(n) {
+        float *c = R(o, os);
+        const float f = al ? *R(al, als) : 1.0f;
+        if (mode == 0 && al && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] * f + 0.0f;
+        else if (mode == 0 && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] + 0.0f;
+        else if (mode == 0) for (int64_t i = 0; i < w; i++) c[i * so] = (al ? c[i * so] * f : c[i * so]) + 0.0f;
+        else {
+            const float *a = R(x, xs);
+            const double *b = R(u, us), b0 = *b;
+            if (so == 1 && sx == 1 && su == 0)
+                for (int64_t i = 0; i < w; i++) {
+                    const float t = (float)((double)a[i] * b0);
+                    c[i] = (al ? c[i] * f : c[i]) + t;
+                }
+            else
+                for (int64_t i = 0; i < w; i++) {
+                    const float t = (float)((double)a[i * sx] * b[i * su]);
+                    c[i * so] = (al ? c[i * so] * f : c[i * so]) + t;
+                }
+        }
+    }
+}
+
 /* the P·V MMA's first accumulator from O: out = (float)((double)(o * alpha) / u) + 0 (o * alpha the float32
    product of the step's rescale, alpha one per row; + 0 as kernels.mma's start makes a zero c +0); o, out float32
    [n], contiguous rows of n[3] */
@@ -659,6 +689,36 @@ def _units(lib, x, unit, out, mode: int) -> None:
     lib.fc_units(x.data_ptr(), st[0], unit.data_ptr(), st[1], out.data_ptr(), st[2], _shape(shape), mode)
 
 
+def rescale(
+    o: torch.Tensor, alpha: torch.Tensor | None, x: torch.Tensor | None = None, unit: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """O's rescale folded into one pass, in place (o float32 [..., M, Dv], any strides; alpha float32 [..., M, 1]
+    or None): o = o * alpha + 0 (x None: the held accumulator's MMA start), or o = o * alpha + x * unit (x float32
+    of o's shape, unit float64 broadcasting to it: the product in float64 rounded to float32, UNIT_ADD's).
+    Returns o, or None (nothing written) where the pass does not apply."""
+    lib = library()
+    shape = o.shape
+    ok = lib is not None and _plain(o) and o.dim() >= 1
+    ok = ok and (alpha is None or (_plain(alpha) and _broadcasts(alpha, shape) and alpha.shape[-1:] == (1,)))
+    if ok and x is not None:
+        ok = _plain(x) and x.shape == shape and unit is not None and _plain(unit, torch.float64)
+        ok = ok and _broadcasts(unit, shape)
+    if not ok:
+        return None
+    _rescale(lib, o, alpha, x, unit)
+    return o
+
+
+def _rescale(lib, o, alpha, x, unit) -> None:
+    shape = o.shape
+    st = _strides(o, shape)
+    ast = _strides(alpha, shape) if alpha is not None else st
+    xst, ust = (_strides(x, shape), _strides(unit, shape)) if x is not None else (st, st)
+    lib.fc_rescale(o.data_ptr(), st, None if alpha is None else alpha.data_ptr(), ast,
+                   None if x is None else x.data_ptr(), xst, None if unit is None else unit.data_ptr(), ust,
+                   _shape(shape), int(x is not None))  # fmt: skip
+
+
 def pv_start(o: torch.Tensor, alpha: torch.Tensor, unit: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
     """The P·V MMA's first accumulator in one pass: (o * alpha in float32, divided by unit in float64) rounded to
     float32, + 0 (kernels.mma's start: a zero is +0), written into out (float32, o's shape; returned). o float32
@@ -808,6 +868,24 @@ def _selftest_steps(lib, g: torch.Generator) -> str:
         _pv_start(lib, oz, alpha, u, got)
         if not torch.equal(want.view(torch.int32), got.contiguous().view(torch.int32)):
             return "the P·V MMA's start"
+        return _selftest_rescale(lib, o, alpha, u, acc)
+    return ""
+
+
+def _selftest_rescale(lib, o, alpha, u, acc) -> str:
+    """_selftest_steps' O rescales (fc_rescale) against torch's mul_ and add_ (strided o, zeros and an underflow)."""
+    for al in (alpha, None):
+        oz = o.clone()
+        oz[0, 1, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
+        want, got = oz.clone(), oz.clone()
+        (want.mul_(al) if al is not None else want).add_(0.0)
+        _rescale(lib, got, al, None, None)
+        want2, got2 = oz.clone(), oz.clone()
+        (want2.mul_(al) if al is not None else want2).add_(acc.to(torch.float64).mul_(u).to(torch.float32))
+        _rescale(lib, got2, al, acc, u)
+        for w_, g_ in ((want, got), (want2, got2)):
+            if not torch.equal(w_.contiguous().view(torch.int32), g_.contiguous().view(torch.int32)):
+                return "the O rescales"
     return ""
 
 
@@ -829,6 +907,7 @@ def _native() -> tuple[object | None, str]:
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
     lib.fc_pv_start.argtypes, lib.fc_pv_start.restype = [_P] * 9, None
+    lib.fc_rescale.argtypes, lib.fc_rescale.restype = [_P] * 9 + [ctypes.c_int], None
     failed = _selftest(lib)
     if failed:
         return None, f"the C pass differs from the torch steps ({failed}): torch runs it"
