@@ -19,7 +19,7 @@ Q, K and P, e2m1 x e4m3 values too, alike."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -182,6 +182,8 @@ class MMAOperands:
     k: Operand | None
     v: Operand | None
     qk_start: DeltaS | None = None  # the Q K^T MMA's initial C by tile (SageAttention3's delta_s), else +0
+    # v_block's operands by key block, formed once per forward (every query tile asks for the same key blocks)
+    v_blocks: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def make(q, k, v, pol: Policy, block_q: int, block_k: int, parts: dict | None = None) -> MMAOperands | None:
@@ -209,6 +211,12 @@ class MMAOperands:
     def v_block(self, c0: int, c1: int) -> Operand:
         """V's rows c0:c1 with one scale per column (a per-row-block scale that changes inside the key block
         gives the dequantised values)."""
+        got = self.v_blocks.get((c0, c1))
+        if got is None:
+            got = self.v_blocks[c0, c1] = self._v_block(c0, c1)  # a race only computes it twice, alike
+        return got
+
+    def _v_block(self, c0: int, c1: int) -> Operand:
         blk = self.v.rows(c0, c1)
         sc = blk.scale
         if sc.shape[-2] > 1:
