@@ -543,17 +543,20 @@ def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format, out: torch.Tensor 
     return out if ok else None
 
 
-def sage3_p(p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
-    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor; None
-    where the pass does not apply or meets a NaN."""
+def sage3_p(p: torch.Tensor, p_scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor (or `out`,
+    float32 contiguous of p's shape, not p: a reused buffer, no fresh pages per step); None where the pass does not
+    apply or meets a NaN."""
     lib = library()
     if lib is None or not _plain(p) or not p.is_contiguous() or p.dim() < 1:
         return None
-    return _sage3_p(lib, p, p_scale)
+    if out is not None and not (_plain(out) and out.is_contiguous() and out.shape == p.shape):
+        out = None
+    return _sage3_p(lib, p, p_scale, out)
 
 
-def _sage3_p(lib, p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
-    out = torch.empty_like(p, memory_format=torch.contiguous_format)
+def _sage3_p(lib, p: torch.Tensor, p_scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    out = torch.empty_like(p, memory_format=torch.contiguous_format) if out is None else out
     w = p.shape[-1]
     rows = p.numel() // w if w else 0
     ok = lib.fc_sage3_p(p.data_ptr(), out.data_ptr(), rows, w, p_scale)

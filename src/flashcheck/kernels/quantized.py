@@ -156,9 +156,10 @@ def quantize_p(p: torch.Tensor, policy: Policy, out: torch.Tensor | None = None)
     """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
     P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.sage3.sage3_p:
     P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
-    NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
+    NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales).
+    out: a float32 buffer of p's shape (not p) that the FP8 and sage3 C passes write into, or None."""
     if policy.p_scaling == "sage3":
-        fast = native_sage3_p(p, policy.p_scale)  # one C pass (kernels.preset_native), or None
+        fast = native_sage3_p(p, policy.p_scale, out)  # one C pass (kernels.preset_native, into out), or None
         return sage3_p(p, policy.p_scale) if fast is None else fast
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)
