@@ -1,7 +1,7 @@
-"""kernels.preset_native (P's FP8 and SageAttention3 quantisation, the MMA descales in C) against the torch steps
-it replaces (and the FP4 input quantisers, the e2m1s check, the O rescales): the same bits on score-block-sized random
-P, ragged blocks, strided O views and broadcast scales; None
-(the torch steps) on NaN and where the library is off."""
+"""kernels.preset_native (P's FP8 and SageAttention3 quantisation, the MMA descales, the FP4 input quantisers, the
+e2m1s operand check and O's rescales in C) against the torch steps it replaces: the same bits on score-block-sized
+random P, ragged blocks, strided O views and broadcast scales; None (the torch steps) on NaN and where the library
+is off."""
 
 from __future__ import annotations
 
