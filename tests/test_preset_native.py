@@ -1,6 +1,7 @@
-"""kernels.preset_native (P's FP8 and SageAttention3 quantisation, the MMA descales in C) against the torch steps
-it replaces: the same bits on score-block-sized random P, ragged blocks, strided O views and broadcast scales; None
-(the torch steps) on NaN and where the library is off."""
+"""kernels.preset_native (P's FP8 and SageAttention3 quantisation, the MMA descales, the FP4 input quantisers, the
+e2m1s operand check and O's rescales in C) against the torch steps it replaces: the same bits on score-block-sized
+random P, ragged blocks, strided O views and broadcast scales; None (the torch steps) on NaN and where the library
+is off."""
 
 from __future__ import annotations
 
@@ -133,3 +134,85 @@ def test_ex2_columns_span_matches_emulation(lib, width):
     assert torch.equal(_bits(out), _bits(want))
     x[1, 2, idx[0]] = 128.0  # above 127: reported (the caller runs the torch steps)
     assert not preset_native.ex2_columns(x, idx, POLY_EX2_3, out)
+
+
+@pytest.mark.parametrize("floor", [False, True])
+@pytest.mark.parametrize("dim", [-1, -2])
+def test_nvfp4_matches_nvfp4_parts(lib, dim, floor):
+    from flashcheck.core.quant import nvfp4_parts
+    from flashcheck.kernels.quantized import _nvfp4_parts
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 70, 40, generator=g) * torch.exp2(torch.randint(-30, 10, (2, 3, 70, 40), generator=g))
+    x[0, 0, :, :16] = 0.0
+    x[1, 1, :16, :] = 2.0**-20  # scales that round to an e4m3 subnormal or 0 (floored with floor)
+    want = nvfp4_parts(x, dim=dim, scale_floor=floor)
+    for src in (x, x.double()):  # kernels.quantized takes float64 inputs too
+        got = _nvfp4_parts(src, dim, floor)
+        for w, h in zip(want, got, strict=True):
+            assert torch.equal(_bits(w.to(h.dtype)), _bits(h))
+    x[0, 2, 3, 4] = float("nan")  # the C pass declines, the torch steps run
+    amax = float(x.abs().nan_to_num(0).amax())
+    assert preset_native.nvfp4(x, dim, 2688.0 / amax, floor) is None
+
+
+def test_e2m1s_check_matches_torch(lib):
+    from flashcheck.core.quant import nvfp4_parts
+    from flashcheck.kernels.mma_ops import _fits_e2m1s
+
+    g = torch.Generator().manual_seed(12)
+    ok = nvfp4_parts(torch.randn(2, 3, 40, 64, generator=g)).scaled.contiguous()
+    bad = ok.clone()
+    bad[1, 2, 3, 4] = 0.8125  # 6 significant bits
+    wide = torch.cat([ok, bad], -1)
+    for t in (ok, bad, ok * 2.0**-30, ok.double(), wide[..., :64], wide[..., 64:], wide.double()[..., :64]):
+        fits, x32 = preset_native.e2m1s(t)
+        assert fits == _fits_e2m1s(t, t.to(torch.float32))
+        if fits:
+            assert torch.equal(_bits(x32), _bits(t.to(torch.float32)))
+
+
+def test_fp4x16_float32_matches_quantize_fp4x16(lib):
+    from flashcheck.kernels.sage3 import quantize_fp4x16
+
+    g = torch.Generator().manual_seed(13)
+    x = (torch.randn(2, 3, 37, 70, generator=g) * 4).to(torch.bfloat16).float()
+    for dim in (-1, -2):
+        want = quantize_fp4x16(x, dim=dim)
+        assert torch.equal(_bits(preset_native.fp4x16(x, dim)), _bits(want))
+        assert torch.equal(_bits(preset_native.fp4x16(x, dim, torch.float32)), _bits(want.float()))
+
+
+def test_rescale_matches_mul_then_add(lib):
+    g = torch.Generator().manual_seed(14)
+    o = torch.randn(1, 8, 60, 72, generator=g)[:, :, 20:]
+    o[0, 0, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
+    alpha = torch.rand(1, 8, 40, 1, generator=g)
+    alpha[0, 1] = 0.0
+    part = torch.randn(1, 8, 40, 72, generator=g) * 100
+    for a in (alpha, None):
+        want, got = o.clone(), o.clone()
+        (want.mul_(a) if a is not None else want).add_(0.0)  # the held accumulator's MMA start: +0 for a zero
+        assert preset_native.rescale(got, a) is got
+        assert torch.equal(_bits(got), _bits(want))
+        for unit in (torch.rand(1, 8, 1, 72, generator=g, dtype=torch.float64), torch.full((1, 1, 1, 1), 0.3).double()):
+            want, got = o.clone(), o.clone()
+            (want.mul_(a) if a is not None else want).add_(part.to(torch.float64).mul_(unit).to(torch.float32))
+            assert preset_native.rescale(got, a, part, unit) is got
+            assert torch.equal(_bits(got), _bits(want))
+
+
+def test_sage3_float32_inputs_match_float64(lib):
+    from flashcheck.kernels.fp8 import round_inputs
+    from flashcheck.kernels.presets import default_format, resolve
+
+    g = torch.Generator().manual_seed(15)
+    q, k, v = (torch.randn(1, 2, 300, 64, generator=g) for _ in range(3))
+    for name in ("sage3-fp4", "fa4-fp4"):
+        pol = resolve(name, default_format(name), 300, 300, 64, False)["policy"]
+        p32, p64 = {}, {}
+        got = round_inputs(q, k, v, pol, block_q=128, block_k=128, parts=p32)
+        want = round_inputs(q.double(), k.double(), v.double(), pol, block_q=128, block_k=128, parts=p64)
+        for w, h in zip(want[:3], got[:3], strict=True):
+            assert h.dtype == torch.float32 and torch.equal(_bits(w.float()), _bits(h))
+        assert p32.keys() == p64.keys()

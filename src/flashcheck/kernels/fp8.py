@@ -60,6 +60,9 @@ def round_inputs(
             rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
             q, k = (_rotated(t, rot) for t in (q, k))
         return *_fp8_rounded(q, k, v, policy, block_q, block_k, torch.float32), rot
+    if _fp4_float32(q, k, v, policy):  # NVFP4 or SageAttention3 from float32: float32 in and out, no float64 trip
+        blocks = {"block_q": block_q or 128, "block_k": block_k or 64}
+        return *quantize_inputs(q, k, v, policy, **blocks, parts=parts, float32=True), None
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     if policy.hadamard:
         rot = incoherence_matrix(q.shape[-1], hadamard_seed).to(q.device)
@@ -97,6 +100,17 @@ def _fp8_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Poli
     fp8 = policy.work_dtype == torch.float32 and not policy.exact_inputs and policy.input in FP8_FORMATS
     fp8 = fp8 and not uses_quantized_inputs(policy)
     return fp8 and all(t.dtype == torch.float32 for t in (q, k, v))
+
+
+def _fp4_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
+    """float32 inputs, in float32 work, that the policy quantises to NVFP4 (Q, K and V, no smoothing) or as
+    SageAttention3 does: the quantisers' first step takes them to float32 (kernels.quantized,
+    core.quant.nvfp4_parts, kernels.sage3.sage3_inputs), so from float32 or from their exact float64 copies they
+    compute the same values, which _rounded would return in float32 (every one exact in float32)."""
+    plain = policy.work_dtype == torch.float32 and not policy.hadamard and not policy.exact_inputs
+    nvfp4 = policy.qk_scaling == policy.v_scaling == "nvfp4" and not (policy.smooth_q or policy.smooth_k)
+    plain = plain and (nvfp4 or policy.qk_scaling == "sage3")
+    return plain and policy.input != Format.FP64 and all(t.dtype == torch.float32 for t in (q, k, v))
 
 
 def _fresh(rounded: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

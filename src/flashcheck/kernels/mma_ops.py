@@ -19,7 +19,7 @@ Q, K and P, e2m1 x e4m3 values too, alike."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +28,7 @@ from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
 from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
-from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL, pv_start, units
+from flashcheck.kernels.preset_native import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
 from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
@@ -62,8 +62,11 @@ def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
     check: that every value is one kernels.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
     a significand of at most 1.875, 0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits,
     slower); unchecked: P (sage3_p's)."""
-    x32 = x.to(torch.float32)
-    if check and not _fits_e2m1s(x, x32):
+    fast = e2m1s(x) if check else None  # one C pass (kernels.preset_native), or None
+    if fast is not None and not fast[0]:
+        return _values(x)
+    x32 = x.to(torch.float32) if fast is None else fast[1]
+    if check and fast is None and not _fits_e2m1s(x, x32):
         return _values(x)
     return Operand(x32, torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "e2m1s")
 
@@ -179,6 +182,8 @@ class MMAOperands:
     k: Operand | None
     v: Operand | None
     qk_start: DeltaS | None = None  # the Q K^T MMA's initial C by tile (SageAttention3's delta_s), else +0
+    # v_block's operands by key block, formed once per forward (every query tile asks for the same key blocks)
+    v_blocks: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def make(q, k, v, pol: Policy, block_q: int, block_k: int, parts: dict | None = None) -> MMAOperands | None:
@@ -198,13 +203,20 @@ class MMAOperands:
         start = DeltaS.make(q, k, pol.source_format or Format.BF16) if _sage3_qk(pol) and qo is not None else None
         return MMAOperands(qk if qo is not None else None, pv, qo, ko, vo, start)
 
-    def qk_c(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor | None:
-        """The Q K^T MMA's initial C for query rows r0:r1 and keys c0:c1 (float32, in the MMA's units), or None."""
-        return None if self.qk_start is None else self.qk_start.block(r0, r1, c0, c1)
+    def qk_c(self, r0: int, r1: int, c0: int, c1: int) -> StartC | None:
+        """The Q K^T MMA's initial C for query rows r0:r1 and keys c0:c1 (in the MMA's units, formed where
+        qk_scores uses it: StartC), or None."""
+        return None if self.qk_start is None else StartC(self.qk_start, r0, r1, c0, c1)
 
     def v_block(self, c0: int, c1: int) -> Operand:
         """V's rows c0:c1 with one scale per column (a per-row-block scale that changes inside the key block
         gives the dequantised values)."""
+        got = self.v_blocks.get((c0, c1))
+        if got is None:
+            got = self.v_blocks[c0, c1] = self._v_block(c0, c1)  # a race only computes it twice, alike
+        return got
+
+    def _v_block(self, c0: int, c1: int) -> Operand:
         blk = self.v.rows(c0, c1)
         sc = blk.scale
         if sc.shape[-2] > 1:
@@ -212,6 +224,25 @@ class MMAOperands:
                 return _values(blk.codes * sc)
             blk = Operand(blk.codes, sc[..., :1, :], blk.fmt)
         return blk
+
+
+@dataclass(frozen=True, slots=True)
+class StartC:
+    """A step's initial C of the Q K^T MMA (SageAttention3's delta_s, rows r0:r1, keys c0:c1): written straight
+    into the score block (into) or formed as a tensor (tensor, float32 [B, H, r1 - r0, c1 - c0])."""
+
+    delta: DeltaS
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    def tensor(self) -> torch.Tensor:
+        return self.delta.block(self.r0, self.r1, self.c0, self.c1)
+
+    def into(self, out: torch.Tensor) -> torch.Tensor:
+        """out = tensor() + 0 (a -0 made +0, the MMA's start), returned."""
+        return self.delta.start_into(out, self.r0, self.r1, self.c0, self.c1)
 
 
 def _sage3_qk(pol: Policy) -> bool:
@@ -254,19 +285,26 @@ def qk_scores(
     model: MMAModel,
     factor: float,
     out: torch.Tensor | None = None,
-    c: torch.Tensor | None = None,
+    c: torch.Tensor | StartC | None = None,
 ) -> torch.Tensor:
     """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
     written and returned (the descale in one C pass, kernels.preset_native, where it applies). c (float32
-    [..., Mq, Mk], in the MMA's units): the accumulator the MMA starts from (None: +0)."""
+    [..., Mq, Mk], in the MMA's units, or a StartC): the accumulator the MMA starts from (None: +0)."""
     k_scale = k.scale.transpose(-1, -2)
     fmts = (q.fmt, k.fmt)
-    start = None if out is None else (out.zero_() if c is None else out.copy_(c).add_(0.0))  # -0 + 0: +0
+    lazy = c if isinstance(c, StartC) else None
+    if out is None:
+        start = None
+    elif lazy is not None:
+        start = lazy.into(out)  # delta_s's rows copied in, +0 for a zero as below
+    else:
+        start = out.zero_() if c is None else out.copy_(c).add_(0.0)  # -0 + 0: +0
     if start is not None and mma_into(q.codes, k.codes.transpose(-1, -2), model, start, fmt=fmts):
         if descale_into(out, q.scale, k_scale, factor, out) is None:  # the product descaled where it lies
             out.copy_(out.to(torch.float64).mul_((q.scale * factor) * k_scale))
         return out
+    c = lazy.tensor() if lazy is not None else c
     acc = mma_matmul(q.codes, k.codes.transpose(-1, -2), model, c=c, fmt=fmts)
     if out is not None and descale_into(acc, q.scale, k_scale, factor, out) is not None:
         return out
@@ -321,9 +359,10 @@ def pv_accumulate(
     acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
     fmts = (p.fmt, v.fmt)
     if held:
-        if alpha is not None:
-            o.mul_(alpha)
-        o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
+        if rescale(o, alpha) is None:  # one C pass (kernels.preset_native) where it applies, else torch's two
+            if alpha is not None:
+                o.mul_(alpha)
+            o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
         if not mma_into(p.codes, v.codes, model, o, fmt=fmts):
             o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
         return
@@ -334,13 +373,15 @@ def pv_accumulate(
             if units(c, unit, o, UNIT_MUL) is None:
                 o.copy_(c.to(torch.float64).mul_(unit))
             return
-    if alpha is not None:
-        o.mul_(alpha)
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        if units(part, unit, o, UNIT_ADD) is None:  # one C pass (kernels.preset_native) where it applies
+        if rescale(o, alpha, part, unit) is None:  # one C pass (kernels.preset_native) where it applies
+            if alpha is not None:
+                o.mul_(alpha)
             o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))
         return
+    if alpha is not None:
+        o.mul_(alpha)
     c = units(o, unit, torch.empty(o.shape, dtype=torch.float32, device=o.device), UNIT_DIV)
     if c is None:
         c = o.to(torch.float64, copy=True).div_(unit).to(torch.float32)  # a copy: o may be float64

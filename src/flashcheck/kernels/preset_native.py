@@ -1,8 +1,10 @@
 """The quantised presets' per-step element-wise work in single C passes (built by kernels.cbuild), the same bits as
 the torch steps they replace: P's FP8 rounding (kernels.quantized.quantize_p), SageAttention3's P quantisation
 (kernels.sage3.sage3_p) and the float64 descales around the tensor-core products (kernels.mma_ops: qk_scores'
-descaled scores, pv_accumulate's O in MMA units and back). Each torch step reads and writes a whole score block
-[B, H, rows, Bc] (sage3_p alone is about twenty passes; each descale three, with a float64 copy).
+descaled scores, pv_accumulate's O in MMA units and back), and once per forward the FP4 inputs' quantisers
+(SageAttention3's 1x16 FP4, core.quant.nvfp4_parts' pieces) and kernels.mma_ops' "e2m1s" operand check. Each
+torch step reads and writes a whole score block [B, H, rows, Bc] (sage3_p alone is about twenty passes; each
+descale three, with a float64 copy).
 
 Every step is one IEEE operation the torch path also does (float32 products and quotients, float64 products and
 quotients of float32 values, float64 -> float32 conversions, all correctly rounded; no FMA contraction, see
@@ -61,7 +63,7 @@ int fc_p_fp8(const float *p, float *out, int64_t n, float ps, int scale, int mbi
 /* sage3_p on float32 P [rows, w], contiguous, in blocks of 16 along w (a ragged last one padded with zeros):
    pt = p * ps (float32), a = max(block) / 6 (float32), e = e2m1(pt / a) (float32 quotient, clamp at 6, nearest
    even), out = e * e4m3(a) (exact in float32), 0 where a <= 0. 0 when a value is NaN, else 1. */
-int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+static int sage3_p_scalar(const float *p, float *out, int64_t rows, int64_t w, float ps) {
     int bad = 0;
     for (int64_t r = 0; r < rows; r++) {
         const float *pr = p + r * w;
@@ -89,29 +91,168 @@ int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
     return !bad;
 }
 
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* a 16-element block's 1x16 FP4 scale from its max |x| bits ma (see nvfp4_scale; *bad set where ma is NaN) */
+static inline float fp4x16_scale(uint32_t ma, int *bad) {
+    *bad |= ma > 0x7F800000u;
+    return (float)fp8_round((double)(u2f(ma) / 6.0f), 3, -6, 448.0);
+}
+
+/* one element, written as float64 or float32 (f32): e2m1(x inv) * s is exact in either (a 2-bit by 4-bit
+   significand product, 2^-10 .. 2688, a normal float32), so the float32 product is the float64 one */
+static inline void fp4x16_put(float x, float inv, float s, void *out, int64_t j, int f32) {
+    const float e = fp4_round(x * inv);
+    if (f32) ((float *)out)[j] = e * s;
+    else ((double *)out)[j] = (double)e * (double)s;
+}
+
 /* sage3.quantize_fp4x16 on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a ragged last one as if
-   zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = (double)e2m1(x inv)
-   * s, float64 [na, n, nc]. 0 when a value is NaN, else 1. */
-int fc_fp4x16(const float *x, double *out, int64_t na, int64_t n, int64_t nc) {
+   zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = e2m1(x inv) * s,
+   float64 or (f32) float32 [na, n, nc]. 0 when a value is NaN, else 1. Blocks along a strided dim (nc > 1) run CH
+   columns at a time, each column its own block (unit-stride loops). */
+int fc_fp4x16(const float *x, void *out, int64_t na, int64_t n, int64_t nc, int f32) {
     int bad = 0;
+    if (nc == 1) {  /* blocks along the contiguous dim */
+        for (int64_t r = 0; r < na; r++)
+        for (int64_t b0 = r * n; b0 < r * n + n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < r * n + n ? b0 + 16 : r * n + n;
+            uint32_t ma = 0;
+            for (int64_t i = b0; i < b1; i++) {
+                const uint32_t u = f2u(x[i]) & 0x7FFFFFFFu;
+                ma = u > ma ? u : ma;
+            }
+            const float s = fp4x16_scale(ma, &bad), inv = s > 0.0f ? 1.0f / s : 0.0f;
+            if (f32) for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 1);
+            else for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 0);
+        }
+        return !bad;
+    }
+    enum { CH = 256 };
+    uint32_t ma[CH];
+    float sc[CH], iv[CH];
     for (int64_t a = 0; a < na; a++)
     for (int64_t b0 = 0; b0 < n; b0 += 16) {
         const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
-        for (int64_t c = 0; c < nc; c++) {
-            const float *xr = x + a * n * nc + c;
-            double *orow = out + a * n * nc + c;
-            float m = 0.0f;
-            for (int64_t i = b0; i < b1; i++) {
-                const float v = fabsf(xr[i * nc]);
-                bad |= v != v;
-                m = v > m ? v : m;
+        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+            for (int64_t c = 0; c < w; c++) ma[c] = 0;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
+                    ma[c] = u > ma[c] ? u : ma[c];
+                }
+            for (int64_t c = 0; c < w; c++) {
+                sc[c] = fp4x16_scale(ma[c], &bad);
+                iv[c] = sc[c] > 0.0f ? 1.0f / sc[c] : 0.0f;
             }
-            const float sf = (float)fp8_round((double)(m / 6.0f), 3, -6, 448.0);
-            const float inv = sf > 0.0f ? 1.0f / sf : 0.0f;
-            for (int64_t i = b0; i < b1; i++) orow[i * nc] = (double)fp4_round(xr[i * nc] * inv) * (double)sf;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) fp4x16_put(x[o + i * nc + c], iv[c], sc[c], out, o + i * nc + c, f32);
         }
     }
     return !bad;
+}
+
+/* a block's e4m3 scale s from its max |x| bits ma (a maximum of |x| taken on the bits: for non-negative floats the
+   integer order is the float order, and a NaN's bits lie above inf's); 0 and *bad set where ma is NaN or the raw
+   scale is not finite */
+static inline float nvfp4_scale(uint32_t ma, float s_enc, int floor_, int *bad) {
+    float raw = (u2f(ma) / 6.0f) * s_enc;
+    *bad |= ma > 0x7F800000u || !(fabsf(raw) <= 3.4028234663852886e38f);
+    raw = floor_ && raw < 0x1p-6f ? 0x1p-6f : raw;
+    return fp8_round_f(raw, 3, -6, 448.0f);
+}
+
+/* one element: code = e2m1(x / dec) where live (dec > 0; dec replaced by 1 elsewhere, as torch's where), else 0 */
+static inline void nvfp4_put(float x, float dec, float s, float *values, float *scaled) {
+    const int live = dec > 0.0f;
+    const float code = live ? fp4_round(x / (live ? dec : 1.0f)) : 0.0f;
+    *values = live ? code * dec : 0.0f;
+    *scaled = code * s;
+}
+
+/* core.quant.nvfp4_parts (tensor_amax None) on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a
+   ragged last one as if zero padded), s_enc the tensor's float32 encode scale: raw = (max |x| / 6) * s_enc
+   (float32, left to right as torch), s = e4m3(floor ? max(raw, 2^-6) : raw), dec = s / s_enc (float32), live =
+   dec > 0, code = live ? e2m1(x / dec) : 0 (float32 quotient, clamp at 6, nearest even), values = live ? code * dec
+   : 0 (float32), scaled = code * s (float32: exact, 2 by 4 significant bits). Every step is the IEEE operation
+   torch's float32 tensors do, or exact. 0 (outputs partly written) when an x is NaN or a raw scale is not finite
+   (the caller then runs the torch steps, whose NaN bits this does not reproduce), else 1. */
+int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n, int64_t nc, float s_enc,
+             int floor_) {
+    int bad = 0;
+    if (nc == 1) {  /* blocks along the contiguous dim */
+        for (int64_t a = 0; a < na; a++)
+        for (int64_t b0 = 0; b0 < n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < n ? b0 + 16 : n, o = a * n;
+            uint32_t ma = 0;
+            for (int64_t i = b0; i < b1; i++) {
+                const uint32_t u = f2u(x[o + i]) & 0x7FFFFFFFu;
+                ma = u > ma ? u : ma;
+            }
+            const float s = nvfp4_scale(ma, s_enc, floor_, &bad), dec = s / s_enc;
+            for (int64_t i = b0; i < b1; i++) nvfp4_put(x[o + i], dec, s, values + o + i, scaled + o + i);
+        }
+        return !bad;
+    }
+    enum { CH = 256 };  /* blocks along a strided dim: CH columns at a time, each with its own scale */
+    uint32_t ma[CH];
+    float sc[CH], dc[CH];
+    for (int64_t a = 0; a < na; a++)
+    for (int64_t b0 = 0; b0 < n; b0 += 16) {
+        const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
+        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+            for (int64_t c = 0; c < w; c++) ma[c] = 0;
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
+                    ma[c] = u > ma[c] ? u : ma[c];
+                }
+            for (int64_t c = 0; c < w; c++) {
+                sc[c] = nvfp4_scale(ma[c], s_enc, floor_, &bad);
+                dc[c] = sc[c] / s_enc;
+            }
+            for (int64_t i = b0; i < b1; i++)
+                for (int64_t c = 0; c < w; c++) {
+                    const int64_t j = o + i * nc + c;
+                    nvfp4_put(x[j], dc[c], sc[c], values + j, scaled + j);
+                }
+        }
+    }
+    return !bad;
+}
+
+/* kernels.mma_ops._fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
+   |x| in [2^-10, 2^12) with a significand of at most 1.875 and at most 5 fraction bits (NaN and inf fail). 1 when
+   all fit, else 0. */
+int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < cols; i++) {
+            uint32_t u; memcpy(&u, x + r * rs + i, 4);
+            const uint32_t a = u & 0x7FFFFFFFu, mant = a & 0x7FFFFFu;
+            const int e = (int)(a >> 23) - 127;
+            bad |= (a != 0) & ((e < -10) | (e > 11) | (mant > 0x700000u) | ((mant & 0x3FFFFu) != 0));
+        }
+    return !bad;
+}
+
+/* the same for float64 x [rows, cols] (row stride rs, unit column stride), written as float32 into out (contiguous):
+   1 when every x is exact in float32 (NaN is not) and fits, else 0 (out then partly written) */
+int fc_e2m1s_f64(const double *x, int64_t rows, int64_t cols, int64_t rs, float *out) {
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++) {
+            const double v = x[r * rs + i];
+            const float f = (float)v;
+            bad |= (double)f != v;
+            out[r * cols + i] = f;
+        }
+        if (bad) return 0;
+    }
+    return fc_e2m1s_f32(out, rows, cols, cols);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -163,6 +304,54 @@ static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const
     return 1;
 }
 #endif
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* fp4_round on 16 lanes: the clamp at 6, then e = max(exponent, 0) and a = |y| scaled by 2^(1 - e), rounded to an
+   integer (nearest even) and scaled back by 2^(e - 1), the sign put back: the scalar steps lane by lane (every
+   step exact, as there); a NaN lane is the caller's to report */
+static inline __m512 fp4_round16(__m512 y) {
+    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));
+    const __m512i u = _mm512_castps_si512(y), sign = _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u));
+    const __m512i a = _mm512_andnot_si512(sign, u);
+    const __m512i e = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127)),
+                                       _mm512_setzero_si512());
+    const __m512 fu = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(128), e), 23));
+    const __m512 fd = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_set1_epi32(126), e), 23));
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), fu),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(r, fd)), sign));
+}
+
+/* sage3_p_scalar for w a multiple of 16, one block per vector: the same products, maximum, quotients and
+   roundings (the block's maximum of non-NaN values is exact in any order; a zero maximum, of either sign, writes
+   zeros as there) */
+static int sage3_p16(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+    __mmask16 nan = 0;
+    const __m512 vps = _mm512_set1_ps(ps);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b0 = 0; b0 < w; b0 += 16) {
+            const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(p + r * w + b0), vps);
+            nan |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+            const float a = _mm512_reduce_max_ps(y) / 6.0f;
+            if (!(a > 0.0f)) {
+                _mm512_storeu_ps(out + r * w + b0, _mm512_setzero_ps());
+                continue;
+            }
+            const float s = (float)fp8_round((double)a, 3, -6, 448.0);
+            const __m512 e = fp4_round16(_mm512_div_ps(y, _mm512_set1_ps(a)));
+            _mm512_storeu_ps(out + r * w + b0, _mm512_mul_ps(e, _mm512_set1_ps(s)));
+        }
+    return !nan;
+}
+#endif
+
+/* sage3_p_scalar, by vectors where it applies */
+int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (w % 16 == 0) return sage3_p16(p, out, rows, w, ps);
+#endif
+    return sage3_p_scalar(p, out, rows, w, ps);
+}
 
 /* fastmath.ex2_emulation on the columns idx[ni] of x [rows, w] (float32, contiguous), written into out (the same
    layout): xc = max(x, -127), fl = floor(xc), f = xc - fl (exact), p = poly[np - 1] then p = (float)((double)p * f
@@ -245,6 +434,36 @@ void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t 
     }
 }
 
+/* O's rescale by the step's alpha (one per row; al NULL: none) folded into the pass after it: mode 0, O held in
+   the MMA's units, o = o * al + 0 (the float32 product, then kernels.mma's start, which makes a zero +0); mode 1,
+   the two-level accumulator's promotion, o = o * al + (float)((double)x * u) (the float32 product, the float64
+   product rounded to float32, their float32 sum: torch's mul_ then fc_units' UNIT_ADD, step for step) */
+void fc_rescale(float *o, const int64_t *os, const float *al, const int64_t *als, const float *x, const int64_t *xs,
+                const double *u, const int64_t *us, const int64_t *n, int mode) {
+    const int64_t w = n[3], so = os[3], sx = xs[3], su = us[3];
+    LOOP3(n) {
+        float *c = R(o, os);
+        const float f = al ? *R(al, als) : 1.0f;
+        if (mode == 0 && al && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] * f + 0.0f;
+        else if (mode == 0 && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] + 0.0f;
+        else if (mode == 0) for (int64_t i = 0; i < w; i++) c[i * so] = (al ? c[i * so] * f : c[i * so]) + 0.0f;
+        else {
+            const float *a = R(x, xs);
+            const double *b = R(u, us), b0 = *b;
+            if (so == 1 && sx == 1 && su == 0)
+                for (int64_t i = 0; i < w; i++) {
+                    const float t = (float)((double)a[i] * b0);
+                    c[i] = (al ? c[i] * f : c[i]) + t;
+                }
+            else
+                for (int64_t i = 0; i < w; i++) {
+                    const float t = (float)((double)a[i * sx] * b[i * su]);
+                    c[i * so] = (al ? c[i * so] * f : c[i * so]) + t;
+                }
+        }
+    }
+}
+
 /* the P·V MMA's first accumulator from O: out = (float)((double)(o * alpha) / u) + 0 (o * alpha the float32
    product of the step's rescale, alpha one per row; + 0 as kernels.mma's start makes a zero c +0); o, out float32
    [n], contiguous rows of n[3] */
@@ -324,38 +543,95 @@ def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format, out: torch.Tensor 
     return out if ok else None
 
 
-def sage3_p(p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
-    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor; None
-    where the pass does not apply or meets a NaN."""
+def sage3_p(p: torch.Tensor, p_scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor (or `out`,
+    float32 contiguous of p's shape, not p: a reused buffer, no fresh pages per step); None where the pass does not
+    apply or meets a NaN."""
     lib = library()
     if lib is None or not _plain(p) or not p.is_contiguous() or p.dim() < 1:
         return None
-    return _sage3_p(lib, p, p_scale)
+    if out is not None and not (_plain(out) and out.is_contiguous() and out.shape == p.shape):
+        out = None
+    return _sage3_p(lib, p, p_scale, out)
 
 
-def _sage3_p(lib, p: torch.Tensor, p_scale: float) -> torch.Tensor | None:
-    out = torch.empty_like(p, memory_format=torch.contiguous_format)
+def _sage3_p(lib, p: torch.Tensor, p_scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    out = torch.empty_like(p, memory_format=torch.contiguous_format) if out is None else out
     w = p.shape[-1]
     rows = p.numel() // w if w else 0
     ok = lib.fc_sage3_p(p.data_ptr(), out.data_ptr(), rows, w, p_scale)
     return out if ok else None
 
 
-def fp4x16(x: torch.Tensor, dim: int) -> torch.Tensor | None:
-    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), float64 [x's shape,
-    contiguous]; None where the pass does not apply or meets a NaN."""
+def fp4x16(x: torch.Tensor, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
+    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), [x's shape, contiguous] in
+    dtype (float64, or float32: the same values, each exact in float32); None where the pass does not apply or
+    meets a NaN."""
     lib = library()
     if lib is None or not _plain(x) or not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
         return None
-    return _fp4x16(lib, x, dim)
+    return _fp4x16(lib, x, dim, dtype) if dtype in (torch.float64, torch.float32) else None
 
 
-def _fp4x16(lib, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+def _fp4x16(lib, x: torch.Tensor, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
     dim = dim % x.dim()
     n = x.shape[dim]
     na, nc = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1 :])
-    out = torch.empty(x.shape, dtype=torch.float64)
-    return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc) else None
+    out = torch.empty(x.shape, dtype=dtype)
+    return out if lib.fc_fp4x16(x.data_ptr(), out.data_ptr(), na, n, nc, int(dtype == torch.float32)) else None
+
+
+def nvfp4(x: torch.Tensor, dim: int, s_enc: float, floor: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """core.quant.nvfp4_parts' values and scaled pieces (float32, x's shape, contiguous) of a float32 x
+    (contiguous, CPU) in blocks of 16 along `dim`, s_enc its float32 tensor encode scale (tensor_amax None),
+    `floor` its scale_floor; None where the pass does not apply or meets a NaN or a non-finite block scale."""
+    lib = library()
+    if lib is None or not _plain(x) or not x.is_contiguous() or x.dim() < 1 or x.numel() == 0:
+        return None
+    return _nvfp4(lib, x, dim, s_enc, floor)
+
+
+def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    na, nc = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1 :])
+    values, scaled = torch.empty(x.shape), torch.empty(x.shape)
+    ok = lib.fc_nvfp4(x.data_ptr(), values.data_ptr(), scaled.data_ptr(), na, n, nc, s_enc, int(floor))
+    return (values, scaled) if ok else None
+
+
+def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
+    """(whether x holds only kernels.mma's "e2m1s" values (mma_ops._fits_e2m1s), x as float32) in one C pass for
+    a float32 x (x itself) or a float64 x (a float32 copy, contiguous, complete where it fits) whose rows [..., D]
+    are evenly strided; None where the pass does not apply."""
+    lib = library()
+    if lib is None or not _plain(x, x.dtype) or x.dim() < 1 or x.numel() == 0 or x.stride(-1) != 1:
+        return None
+    return _e2m1s(lib, x)
+
+
+def _e2m1s(lib, x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
+    rs = _row_stride(x)
+    if rs is None:
+        return None
+    cols = x.shape[-1]
+    if x.dtype == torch.float32:
+        return bool(lib.fc_e2m1s_f32(x.data_ptr(), x.numel() // cols, cols, rs)), x
+    if x.dtype != torch.float64:
+        return None
+    out = torch.empty(x.shape)
+    return bool(lib.fc_e2m1s_f64(x.data_ptr(), x.numel() // cols, cols, rs, out.data_ptr())), out
+
+
+def _row_stride(x: torch.Tensor) -> int | None:
+    """The stride between x's consecutive rows [..., D] where every row lies one stride after the last, else None."""
+    if x.dim() == 1:
+        return x.shape[0]
+    rs = x.stride(-2)
+    for i in range(x.dim() - 2):
+        if x.shape[i] > 1 and x.stride(i) != rs * math.prod(x.shape[i + 1 : -1]):
+            return None
+    return rs
 
 
 def ex2_columns(x: torch.Tensor, idx: torch.Tensor, poly: tuple[float, ...], out: torch.Tensor) -> bool:
@@ -416,6 +692,36 @@ def _units(lib, x, unit, out, mode: int) -> None:
     lib.fc_units(x.data_ptr(), st[0], unit.data_ptr(), st[1], out.data_ptr(), st[2], _shape(shape), mode)
 
 
+def rescale(
+    o: torch.Tensor, alpha: torch.Tensor | None, x: torch.Tensor | None = None, unit: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """O's rescale folded into one pass, in place (o float32 [..., M, Dv], any strides; alpha float32 [..., M, 1]
+    or None): o = o * alpha + 0 (x None: the held accumulator's MMA start), or o = o * alpha + x * unit (x float32
+    of o's shape, unit float64 broadcasting to it: the product in float64 rounded to float32, UNIT_ADD's).
+    Returns o, or None (nothing written) where the pass does not apply."""
+    lib = library()
+    shape = o.shape
+    ok = lib is not None and _plain(o) and o.dim() >= 1
+    ok = ok and (alpha is None or (_plain(alpha) and _broadcasts(alpha, shape) and alpha.shape[-1:] == (1,)))
+    if ok and x is not None:
+        ok = _plain(x) and x.shape == shape and unit is not None and _plain(unit, torch.float64)
+        ok = ok and _broadcasts(unit, shape)
+    if not ok:
+        return None
+    _rescale(lib, o, alpha, x, unit)
+    return o
+
+
+def _rescale(lib, o, alpha, x, unit) -> None:
+    shape = o.shape
+    st = _strides(o, shape)
+    ast = _strides(alpha, shape) if alpha is not None else st
+    xst, ust = (_strides(x, shape), _strides(unit, shape)) if x is not None else (st, st)
+    lib.fc_rescale(o.data_ptr(), st, None if alpha is None else alpha.data_ptr(), ast,
+                   None if x is None else x.data_ptr(), xst, None if unit is None else unit.data_ptr(), ust,
+                   _shape(shape), int(x is not None))  # fmt: skip
+
+
 def pv_start(o: torch.Tensor, alpha: torch.Tensor, unit: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
     """The P·V MMA's first accumulator in one pass: (o * alpha in float32, divided by unit in float64) rounded to
     float32, + 0 (kernels.mma's start: a zero is +0), written into out (float32, o's shape; returned). o float32
@@ -470,9 +776,52 @@ def _selftest(lib) -> str:
     x = x.to(torch.bfloat16).float()  # the half-precision values SageAttention3 quantises
     for dim in (-1, -2):
         got = _fp4x16(lib, x, dim)
-        if got is None or not torch.equal(quantize_fp4x16(x, dim=dim).view(torch.int64), got.view(torch.int64)):
+        want, got32 = quantize_fp4x16(x, dim=dim), _fp4x16(lib, x, dim, torch.float32)
+        if got is None or got32 is None or not torch.equal(want.view(torch.int64), got.view(torch.int64)):
             return f"SageAttention3's FP4 input quantisation (dim {dim})"
-    return _selftest_steps(lib, g)
+        if not torch.equal(want.float().view(torch.int32), got32.view(torch.int32)):
+            return f"SageAttention3's FP4 input quantisation in float32 (dim {dim})"
+    return _selftest_nvfp4(lib, g) or _selftest_steps(lib, g)
+
+
+def _selftest_nvfp4(lib, g: torch.Generator) -> str:
+    """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.mma_ops."""
+    from flashcheck.core.quant import nvfp4_parts
+    from flashcheck.kernels.mma_ops import _fits_e2m1s
+
+    x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-30, 8, (2, 3, 37, 40), generator=g))
+    x[0, 0, :, :16] = 0.0
+    x[0, 1, :16, :] = 2.0**-13  # blocks whose scale is an e4m3 subnormal or 0, or floored
+    x[1, 2, 3, :3] = torch.tensor([-0.0, 2.0**-140, -(2.0**-149)])
+    for floor in (False, True):
+        for dim in (-1, -2):
+            want = nvfp4_parts(x, dim=dim, scale_floor=floor)
+            amax = x.abs().amax()
+            s_enc = float((448.0 * 6.0) / amax)
+            got = _nvfp4(lib, x, dim, s_enc, floor)
+            same = got is not None and all(
+                torch.equal(w.view(torch.int32), h.view(torch.int32)) for w, h in zip(want[:2], got, strict=True)
+            )
+            if not same:
+                return f"NVFP4's input quantisation (dim {dim}, floor {floor})"
+    scaled = nvfp4_parts(x, dim=-1).scaled.contiguous()
+    bad = scaled.clone()
+    bad[1, 1, 1, 1] = 0.8125  # 6 significant bits: no e2m1 x e4m3 value
+    for t in (
+        scaled,
+        bad,
+        scaled * 2.0**-20,
+        scaled.double(),
+        torch.cat([scaled.double(), bad.double()], -1)[..., :40],
+        torch.cat([bad, scaled], -1)[..., 40:],
+        torch.cat([bad, scaled], -1)[..., :40],
+    ):
+        got = _e2m1s(lib, t)
+        if got is None or got[0] != _fits_e2m1s(t, t.to(torch.float32)):
+            return "the e2m1s operand check"
+        if got[0] and not torch.equal(got[1], t.to(torch.float32)):
+            return "the e2m1s operand's float32 copy"
+    return ""
 
 
 def _selftest_steps(lib, g: torch.Generator) -> str:
@@ -522,6 +871,24 @@ def _selftest_steps(lib, g: torch.Generator) -> str:
         _pv_start(lib, oz, alpha, u, got)
         if not torch.equal(want.view(torch.int32), got.contiguous().view(torch.int32)):
             return "the P·V MMA's start"
+        return _selftest_rescale(lib, o, alpha, u, acc)
+    return ""
+
+
+def _selftest_rescale(lib, o, alpha, u, acc) -> str:
+    """_selftest_steps' O rescales (fc_rescale) against torch's mul_ and add_ (strided o, zeros and an underflow)."""
+    for al in (alpha, None):
+        oz = o.clone()
+        oz[0, 1, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
+        want, got = oz.clone(), oz.clone()
+        (want.mul_(al) if al is not None else want).add_(0.0)
+        _rescale(lib, got, al, None, None)
+        want2, got2 = oz.clone(), oz.clone()
+        (want2.mul_(al) if al is not None else want2).add_(acc.to(torch.float64).mul_(u).to(torch.float32))
+        _rescale(lib, got2, al, acc, u)
+        for w_, g_ in ((want, got), (want2, got2)):
+            if not torch.equal(w_.contiguous().view(torch.int32), g_.contiguous().view(torch.int32)):
+                return "the O rescales"
     return ""
 
 
@@ -532,13 +899,18 @@ def _native() -> tuple[object | None, str]:
         return None, why
     lib.fc_p_fp8.argtypes = [_P, _P, _I64, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
     lib.fc_sage3_p.argtypes = [_P, _P, _I64, _I64, ctypes.c_float]
-    lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64]
+    lib.fc_fp4x16.argtypes = [_P, _P, _I64, _I64, _I64, ctypes.c_int]
     lib.fc_ex2_cols.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, ctypes.c_int]
     lib.fc_ex2_cols.restype = ctypes.c_int
+    lib.fc_nvfp4.argtypes = [_P, _P, _P, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
+    lib.fc_e2m1s_f32.argtypes = [_P, _I64, _I64, _I64]
+    lib.fc_e2m1s_f64.argtypes = [_P, _I64, _I64, _I64, _P]
+    lib.fc_nvfp4.restype = lib.fc_e2m1s_f32.restype = lib.fc_e2m1s_f64.restype = ctypes.c_int
     lib.fc_p_fp8.restype = lib.fc_sage3_p.restype = lib.fc_fp4x16.restype = ctypes.c_int
     lib.fc_descale.argtypes, lib.fc_descale.restype = [_P] * 6 + [ctypes.c_double] + [_P] * 3, None
     lib.fc_units.argtypes, lib.fc_units.restype = [_P] * 7 + [ctypes.c_int], None
     lib.fc_pv_start.argtypes, lib.fc_pv_start.restype = [_P] * 9, None
+    lib.fc_rescale.argtypes, lib.fc_rescale.restype = [_P] * 9 + [ctypes.c_int], None
     failed = _selftest(lib)
     if failed:
         return None, f"the C pass differs from the torch steps ({failed}): torch runs it"

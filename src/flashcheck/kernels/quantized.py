@@ -15,10 +15,11 @@ from flashcheck.core.numerics import (
     info,
     round_to,
 )
-from flashcheck.core.quant import group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.core.quant import NVFP4Parts, group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.kernels.fp8_native import abs_max, int_quantized, scaled
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
-from flashcheck.kernels.fp8_native import int_quantized, scaled
 from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
+from flashcheck.kernels.preset_native import nvfp4 as native_nvfp4
 from flashcheck.kernels.preset_native import p_fp8
 from flashcheck.kernels.preset_native import sage3_p as native_sage3_p
 from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
@@ -57,7 +58,7 @@ def quantize_tokens(
     if scaling == "nvfp4":
         if parts is None:
             return quantize_nvfp4(t, dim=along, scale_floor=nvfp4_floor)
-        got = nvfp4_parts(t, dim=along, scale_floor=nvfp4_floor)
+        got = _nvfp4_parts(t, along, nvfp4_floor)
         parts[role] = got
         return got.values
     if scaling == "sage3":
@@ -86,24 +87,47 @@ def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
     return scaled(t, fmt, scale)
 
 
-def fp4x16(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
-    """kernels.sage3.quantize_fp4x16's values (float64 [x's shape]), in one C pass where it applies."""
+def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
+    """core.quant.nvfp4_parts(t, dim=dim, scale_floor=floor), its block pieces in one C pass where it applies: the
+    same float32 steps (kernels.preset_native.nvfp4), the tensor scales formed here as nvfp4_parts forms them."""
+    x32 = t.detach().to(torch.float32).contiguous()  # nvfp4_parts' first step (any layout: the same values)
+    if x32.numel() == 0:
+        return nvfp4_parts(t, dim=dim, scale_floor=floor)
+    amax_t = abs_max(x32)  # x32.abs().amax(): a maximum is exact, NaN propagates (the C pass then declines)
+    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
+    fast = native_nvfp4(x32, dim, float(s_enc), floor)
+    if fast is None:
+        return nvfp4_parts(t, dim=dim, scale_floor=floor)
+    return NVFP4Parts(fast[0].to(t.dtype), fast[1], (1.0 / s_enc).to(torch.float32))
+
+
+def fp4x16(x: torch.Tensor, *, dim: int = -1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """kernels.sage3.quantize_fp4x16's values ([x's shape] in dtype, float64 or float32: each value e2m1 x e4m3 is
+    exact in float32), in one C pass where it applies."""
     x32 = x.detach().to(torch.float32).contiguous()  # quantize_fp4x16's first step (any layout: the same values)
-    fast = native_fp4x16(x32, dim)
-    return quantize_fp4x16(x32, dim=dim) if fast is None else fast
+    fast = native_fp4x16(x32, dim, dtype)
+    return quantize_fp4x16(x32, dim=dim).to(dtype) if fast is None else fast
 
 
-def quantize_inputs(q, k, v, policy: Policy, *, block_q: int, block_k: int, parts: dict | None = None):
+def _fp4x16_float32(x: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
+    return fp4x16(x, dim=dim, dtype=torch.float32)
+
+
+def quantize_inputs(
+    q, k, v, policy: Policy, *, block_q: int, block_k: int, parts: dict | None = None, float32: bool = False
+):
     """(q, k, v) as the quantized kernel holds them. smooth_k subtracts K's mean over the tokens (a per-row
     constant of the scores, which softmax cancels: the kernels drop it); smooth_q subtracts each query block's
     mean before quantising and adds it back inside the float32 score product (the kernels add the GEMV
     mean · K^T to the scores). V in policy.v_format (default: input) with v_scaling. parts (a dict): the NVFP4
-    pieces of the returned q, k, v under "q", "k", "v" (see quantize_tokens; none for a smoothed q)."""
+    pieces of the returned q, k, v under "q", "k", "v" (see quantize_tokens; none for a smoothed q). float32:
+    SageAttention3's q, k, v come in float32 (the same values: each is exact in float32), not float64."""
     fmt = policy.input
     if fmt == Format.FP64:
         return q, k, v
     if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
-        return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=fp4x16)
+        quantize = _fp4x16_float32 if float32 else fp4x16
+        return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=quantize)
     if policy.smooth_k:
         k = k - k.mean(dim=-2, keepdim=True)
     qm = None
@@ -132,9 +156,10 @@ def quantize_p(p: torch.Tensor, policy: Policy, out: torch.Tensor | None = None)
     """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
     P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.sage3.sage3_p:
     P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
-    NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales)."""
+    NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales).
+    out: a float32 buffer of p's shape (not p) that the FP8 and sage3 C passes write into, or None."""
     if policy.p_scaling == "sage3":
-        fast = native_sage3_p(p, policy.p_scale)  # one C pass (kernels.preset_native), or None
+        fast = native_sage3_p(p, policy.p_scale, out)  # one C pass (kernels.preset_native, into out), or None
         return sage3_p(p, policy.p_scale) if fast is None else fast
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)

@@ -30,7 +30,7 @@ they are correctly rounded. Tensors [B, H, L, D]; every function returns dequant
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,15 +65,16 @@ def sage3_inputs(q, k, v, half: Format, quantize=quantize_fp4x16) -> tuple[torch
     """(q', k', v) as SageAttention3's kernel multiplies them (rules 1-3): q' = [Qs', qm] and k' = [Ks', Ks]
     [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T (the MMA model: sage3_fp4_part and DeltaS); v
     [B, H, L, Dv] FP4 along the tokens. `quantize`: quantize_fp4x16 or a function giving its values
-    (kernels.quantized passes its C pass)."""
+    (kernels.quantized passes its C pass), in float64 or float32 (every value is exact in float32: the outputs
+    then come in float32)."""
     qh, kh, vh = (round_to(t.to(torch.float32), half) for t in (q, k, v))
     km = round_to(kh.mean(dim=-2, keepdim=True), half)
     ks = round_to(kh - km, half)
     qm = block_means(qh)
     qs = round_to(qh - qm, half)
     qq, kq = quantize(qs, dim=-1), quantize(ks, dim=-1)
-    q2 = torch.cat([qq, round_to(qm, half).double()], dim=-1)
-    k2 = torch.cat([kq, ks.double()], dim=-1)
+    q2 = torch.cat([qq, round_to(qm, half).to(qq.dtype)], dim=-1)  # half values: exact in float32 and float64
+    k2 = torch.cat([kq, ks.to(kq.dtype)], dim=-1)
     return q2, k2, quantize(vh, dim=-2)
 
 
@@ -85,9 +86,14 @@ def sage3_fp4_part(x2: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True, slots=True)
 class DeltaS:
     """delta_s = qm Ks^T (rule 2) per 128-row query group: values [B, H, ceil(Lq / 128), Lk] float32 holding
-    `half` values (api.py's 16-bit matmul cast to float32)."""
+    `half` values (api.py's 16-bit matmul cast to float32); start: values + 0, the MMA's initial C (a -0 made +0,
+    as kernels.mma_ops.qk_scores starts from a copy of C plus 0), formed once."""
 
     values: torch.Tensor
+    start: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", self.values + 0.0)
 
     @staticmethod
     def make(q2: torch.Tensor, k2: torch.Tensor, half: Format) -> DeltaS:
@@ -107,6 +113,17 @@ class DeltaS:
             return rows.expand(*rows.shape[:-2], r1 - r0, c1 - c0)
         off = r0 - g0 * SAGE3_Q_GROUP
         return rows.repeat_interleave(SAGE3_Q_GROUP, dim=-2)[..., off : off + r1 - r0, :]
+
+    def start_into(self, out: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """out [B, H, r1 - r0, c1 - c0] (float32; returned) = block(r0, r1, c0, c1) + 0, each group's row copied
+        straight into its rows of out (no repeated block in between)."""
+        r = r0
+        while r < r1:
+            e = min(r1, (r // SAGE3_Q_GROUP + 1) * SAGE3_Q_GROUP)
+            g = r // SAGE3_Q_GROUP
+            out[..., r - r0 : e - r0, :].copy_(self.start[..., g : g + 1, c0:c1])
+            r = e
+        return out
 
 
 def sage3_p(p: torch.Tensor, p_scale: float = SAGE3_P_SCALE) -> torch.Tensor:
