@@ -107,6 +107,13 @@ class NVFP4Parts(NamedTuple):
     descale: torch.Tensor
 
 
+def nvfp4_tensor_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4's fp32 tensor encode scale s_enc = fl32(448 * 6 / amax) (1 where amax is 0) and its decode scale
+    fl32(1 / s_enc), for a float32 tensor amax (nvfp4_parts)."""
+    s_enc = torch.where(amax > 0, (448.0 * 6.0) / amax, torch.ones_like(amax))
+    return s_enc, (1.0 / s_enc).to(torch.float32)
+
+
 def nvfp4_parts(
     x: torch.Tensor, *, block: int = NVFP4_BLOCK, dim: int = -1, tensor_amax=None, scale_floor: bool = False
 ) -> NVFP4Parts:
@@ -120,8 +127,7 @@ def nvfp4_parts(
     per_tensor_amax_to_scale); amax 0: descale 1."""
     x32 = x.detach().to(torch.float32)
     amax_t = x32.abs().amax() if tensor_amax is None else torch.as_tensor(tensor_amax, dtype=torch.float32)
-    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
-    descale = (1.0 / s_enc).to(torch.float32)
+    s_enc, descale = nvfp4_tensor_scales(amax_t)
     if tensor_amax is not None and s_enc.dim():
         s_enc = _blocked(s_enc.expand_as(x32), dim, block)[0][..., :1]
     xb, pad = _blocked(x32, dim, block)

@@ -15,7 +15,15 @@ from flashcheck.core.numerics import (
     info,
     round_to,
 )
-from flashcheck.core.quant import NVFP4Parts, group_ids, nvfp4_parts, quantize_int, quantize_mx, quantize_nvfp4
+from flashcheck.core.quant import (
+    NVFP4Parts,
+    group_ids,
+    nvfp4_parts,
+    nvfp4_tensor_scales,
+    quantize_int,
+    quantize_mx,
+    quantize_nvfp4,
+)
 from flashcheck.kernels.fp8_native import abs_max, int_quantized, scaled
 from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
 from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
@@ -94,11 +102,11 @@ def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
     if x32.numel() == 0:
         return nvfp4_parts(t, dim=dim, scale_floor=floor)
     amax_t = abs_max(x32)  # x32.abs().amax(): a maximum is exact, NaN propagates (the C pass then declines)
-    s_enc = torch.where(amax_t > 0, (448.0 * 6.0) / amax_t, torch.ones_like(amax_t))
+    s_enc, descale = nvfp4_tensor_scales(amax_t)
     fast = native_nvfp4(x32, dim, float(s_enc), floor)
     if fast is None:
         return nvfp4_parts(t, dim=dim, scale_floor=floor)
-    return NVFP4Parts(fast[0].to(t.dtype), fast[1], (1.0 / s_enc).to(torch.float32))
+    return NVFP4Parts(fast[0].to(t.dtype), fast[1], descale)
 
 
 def fp4x16(x: torch.Tensor, *, dim: int = -1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
