@@ -24,7 +24,7 @@ from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
-from flashcheck.kernels.native_step import acc_update, softmax_step
+from flashcheck.kernels.native_step import acc_update, softmax_step, tile_forward
 from flashcheck.kernels.ops import (
     cast_scratch,
     mm,
@@ -314,8 +314,6 @@ def _query_tile(
     o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype, device=q.device)
     m = torch.full((b, h, r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
-    width = max((t.c1 - t.c0 for t in steps), default=0)
-    scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
     if step is _fa2_step and fold and cfg.mask is None:  # fold: finite inputs, no overflow (ops.prescale_is_exact)
@@ -323,6 +321,13 @@ def _query_tile(
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
+    if step is _fa2_step and extra.get("nan_free") and _plain_tile(q_t, cfg, pol, ops, lq):
+        p_dtype = _p_dtype(pol, q.dtype)  # the whole tile in one C call where it applies: _fused_step's bits
+        spans = [(t.c0, t.c1) for t in steps]
+        if p_dtype is not None and tile_forward(q_t, k, v, spans, o, m, l, p_dtype):
+            return o, m, l
+    width = max((t.c1 - t.c0 for t in steps), default=0)
+    scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
     held = held_v_scale(ops, pol, q.dtype) is not None  # o in the P·V MMA's units throughout (see pv_accumulate)
     for t in steps:
@@ -349,6 +354,32 @@ def _query_tile(
         else:
             m[..., i:, :], l[..., i:, :] = m_new, l_new
     return o, m, l
+
+
+def _plain_tile(q_t: torch.Tensor, cfg: FlashConfig, pol: Policy, ops, lq: int) -> bool:
+    """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
+    update in C and nothing else on the rows: no causal rows or mask, torch's float32 product for the scores
+    (no MMA model, no narrow accumulator) in the working dtype, the score scale folded into Q (nan_free), the
+    stats and accumulator stages the working dtype, natural exp, every step on all the tile's rows at their
+    own product shape (mm_rows pads none)."""
+    work = q_t.dtype
+    return (
+        work == torch.float32
+        and not cfg.causal
+        and cfg.mask is None
+        and not cfg.exp2
+        and cfg.tie_beta is None
+        and (ops is None or ops.model_qk is None)
+        and not (pol.qk_acc_bits and pol.score != Format.FP64)
+        and all(info(pol.stage(st)).dtype == work for st in ("score", "stats", "accum"))
+        and q_t.shape[-2] >= min(MIN_ROWS, lq)
+    )
+
+
+def _p_dtype(pol: Policy, work: torch.dtype) -> torch.dtype | None:
+    """The dtype _fused_step rounds P to in C (the working dtype: none), or None where it cannot."""
+    p_fmt = pol.stage("p")
+    return work if info(p_fmt).dtype == work else _NATIVE_P.get(p_fmt)
 
 
 def _score_scale(cfg: FlashConfig, head_dim: int) -> float:
@@ -419,8 +450,7 @@ def _fused_step(s, v_j, o, m, l, pol: Policy, untiled: int, bufs):
     """_fa2_step (natural exp, no tie_beta, NaN-free s, stats in the working dtype) with its softmax in one C pass
     per row (kernels.native_step.softmax_step) and, where the accumulator is the working dtype, its update
     too: (m_new, l_new), or None (nothing touched) where the routine does not apply."""
-    p_fmt = pol.stage("p")
-    p_dtype = s.dtype if info(p_fmt).dtype == s.dtype else _NATIVE_P.get(p_fmt)
+    p_dtype = _p_dtype(pol, s.dtype)
     done = None if p_dtype is None else softmax_step(s, m, l, p_dtype)
     if done is None:
         return None
