@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -213,9 +214,7 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     if ops is None:  # the tensor-core models' operands, or None
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
-    runs = _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops)
-    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, runs, strict=True):
-        o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
+    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l))
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
         m = torch.where(torch.isneginf(m), sk, m)
@@ -246,33 +245,72 @@ def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol
 
 
 def _run_tiles(
-    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops
-):
-    """_query_tile of every tile. On the CPU, tiles run side by side on up to torch's intra-op thread count
-    (no more than the cores free now, see tiles.free_cores), each op single-threaded: a step's ops are small,
-    and one parallel region per op waits on every core (on a busy machine, tens of milliseconds per op). With
-    one worker the tiles run one after another, still single-threaded (as each worker's ops run); a single
-    tile runs its ops on all the intra-op threads (a BLAS may sum a product's rows in another order on
-    another thread count, so that count stays as it was). The tiles are the same whatever the worker count
-    (tile_rows does not depend on it), so every op sees the same tensors and no bit moves."""
+    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops, out
+) -> None:
+    """_query_tile of every tile, each written into its rows of out = (o, m, l) by the thread that ran it. On the
+    CPU, tiles run side by side on up to torch's intra-op thread count (no more than the cores free now, see
+    tiles.free_cores), each op single-threaded: a step's ops are small, and one parallel region per op waits on
+    every core (on a busy machine, tens of milliseconds per op). With one worker the tiles run one after another,
+    still single-threaded (as each worker's ops run); a single tile runs its ops on all the intra-op threads (a
+    BLAS may sum a product's rows in another order on another thread count, so that count stays as it was). The
+    tiles are the same whatever the worker count (tile_rows does not depend on it), so every op sees the same
+    tensors and no bit moves. The workers are a pool kept for the process (_pool): threads, and the BLAS's
+    per-thread buffers, are not made again for every forward."""
+
+    def put(rows: tuple[int, int], res) -> None:
+        r0, r1 = rows
+        for full, part in zip(out, res, strict=True):
+            full[..., r0:r1, :] = part
+
     threads = torch.get_num_threads()
     if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
-        return [_query_tile(q, k, v, rows, steps, cfg, pol, fold, ops) for rows in tiles]
+        for rows in tiles:
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+        return
     workers = min(len(tiles), threads, free_cores())
 
-    def one(rows: tuple[int, int]):
+    def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
-        return _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops)
+        put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
 
     try:
         if workers <= 1:
-            return [one(rows) for rows in tiles]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, tiles))
+            for rows in tiles:
+                one(rows)
+            return
+        _pool(workers, tiles, one)
     finally:
         torch.set_num_threads(threads)
+
+
+_POOL: dict = {}  # "pid", "size", "pool": the tile workers of this process (see _pool)
+
+
+def _pool(workers: int, tiles: list[tuple[int, int]], one: Callable[[tuple[int, int]], None]) -> None:
+    """one(rows) for every tile on `workers` threads: the calling thread and workers - 1 threads of a pool kept
+    for the process (made again after a fork, or to grow), each taking the next tile as it finishes one (tiles in
+    order, so the last ones finish about together)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _POOL.get("pid") != os.getpid() or _POOL.get("size", 0) < workers - 1:
+        _POOL.update(pid=os.getpid(), size=workers - 1, pool=ThreadPoolExecutor(workers - 1, "flashcheck-tile"))
+    todo, lock = iter(tiles), threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                rows = next(todo, None)
+            if rows is None:
+                return
+            one(rows)
+
+    futures = [_POOL["pool"].submit(drain) for _ in range(workers - 1)]
+    try:
+        drain()
+    finally:
+        for f in futures:
+            f.result()
 
 
 @dataclass(frozen=True, slots=True)
