@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -290,7 +291,6 @@ def _pool(workers: int, tiles: list[tuple[int, int]], one: Callable[[tuple[int, 
     """one(rows) for every tile on `workers` threads: the calling thread and workers - 1 threads of a pool kept
     for the process (made again after a fork, or to grow), each taking the next tile as it finishes one (tiles in
     order, so the last ones finish about together)."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     if _POOL.get("pid") != os.getpid() or _POOL.get("size", 0) < workers - 1:
