@@ -89,15 +89,24 @@ def _run(shape, kw, seed=0):
 
 @needs_step
 @pytest.mark.parametrize("threads", [1, 2])
-def test_simulator_bits_unchanged(threads, monkeypatch):
-    """The flash simulator with the fused step and without it (torch's ops): the same output and LSE bits, on
-    one thread and on two (the query tiles' pool: its workers run single-threaded, so the step runs fused)."""
+@pytest.mark.parametrize("tiles", [True, False])
+def test_simulator_bits_unchanged(threads, tiles, monkeypatch):
+    """The flash simulator with the fused step (and with or without whole tiles in C) and without it (torch's
+    ops): the same output and LSE bits, on one thread and on two (the query tiles' pool: its workers run
+    single-threaded, so the step runs fused)."""
+    if tiles and not native_step.status()["tile_loop"]:
+        pytest.skip(native_step.status()["tile_reason"])
     calls = []
-    real = native_step.softmax_step
+    real, real_tile = native_step.softmax_step, native_step.tile_forward
 
     def counting(*a):
         out = real(*a)
         calls.append(out is not None)
+        return out
+
+    def counting_tile(*a):
+        out = real_tile(*a)
+        calls.append(out)
         return out
 
     old = torch.get_num_threads()
@@ -105,14 +114,69 @@ def test_simulator_bits_unchanged(threads, monkeypatch):
     try:
         for shape, kw in CASES:
             monkeypatch.setattr(flash, "softmax_step", counting)
+            monkeypatch.setattr(flash, "tile_forward", counting_tile if tiles else lambda *a: False)
             got = _run(shape, kw)
             monkeypatch.setattr(flash, "softmax_step", lambda *a: None)
+            monkeypatch.setattr(flash, "tile_forward", lambda *a: False)
             want = _run(shape, kw)
             for a, b in zip(got, want, strict=True):
                 assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (shape, kw)
     finally:
         torch.set_num_threads(old)
-    assert any(calls)  # the fused step did run
+    assert any(calls)  # the fused step (or tile) did run
+
+
+needs_tile = pytest.mark.skipif(
+    not HAS_CC or not native_step.status()["tile_loop"], reason="the tile loop is off here (see its status)"
+)
+
+
+@needs_tile
+@pytest.mark.parametrize("case", range(len(native_step._TILE_CASES)))
+@pytest.mark.parametrize("p_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tile_forward_gives_the_step_loops_bits(case, p_dtype, one_thread):
+    """A whole tile in C against the step loop with torch's bmm: ragged key blocks, unaligned head offsets,
+    several heads and batches, every output."""
+    if p_dtype == torch.float16 and not native_step._library()[0].fc_has_fp16():
+        pytest.skip("no _Float16 in this compiler")
+    shape, spans = native_step._TILE_CASES[case]
+    q, k, v = native_step._tile_case(shape)
+    want = native_step._torch_tile(q, k, v, spans, p_dtype)
+    b, h, rows, _ = q.shape
+    o = torch.zeros(b, h, rows, v.shape[-1])
+    m, l = torch.full((b, h, rows, 1), -float("inf")), torch.zeros(b, h, rows, 1)
+    assert native_step.tile_forward(q, k, v, spans, o, m, l, p_dtype)
+    for a, got in zip(want, (o, m, l), strict=True):
+        assert torch.equal(_bits(a), _bits(got)), (shape, p_dtype)
+
+
+@needs_tile
+def test_tile_forward_takes_expanded_heads(one_thread):
+    """K and V shared across heads (stride 0, as expand_kv_heads leaves grouped-query heads): the same bits as
+    their copies."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 24, 32, generator=g)
+    k, v = (torch.randn(1, 1, 50, 32, generator=g).expand(1, 4, 50, 32) for _ in range(2))
+    spans = [(0, 25), (25, 50)]
+    outs = []
+    for kk, vv in ((k, v), (k.contiguous(), v.contiguous())):
+        o, m, l = torch.zeros(1, 4, 24, 32), torch.full((1, 4, 24, 1), -float("inf")), torch.zeros(1, 4, 24, 1)
+        assert native_step.tile_forward(q, kk, vv, spans, o, m, l, torch.bfloat16)
+        outs.append((o, m, l))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_tile_forward_off_where_torch_would_run_threaded():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = native_step._tile_case((1, 2, 9, 70, 16, 16))
+        o, m, l = torch.zeros(1, 2, 9, 16), torch.full((1, 2, 9, 1), -float("inf")), torch.zeros(1, 2, 9, 1)
+        assert not native_step.tile_forward(q, k, v, [(0, 70)], o, m, l, torch.float32)
+        assert torch.equal(o, torch.zeros_like(o))
+    finally:
+        torch.set_num_threads(old)
 
 
 _CHILD = """
@@ -122,6 +186,7 @@ from tests.test_native_step import CASES, _run
 torch.set_num_threads(1)
 outs = [_run(s, kw) for s, kw in CASES]
 flash.softmax_step = lambda *a: None
+flash.tile_forward = lambda *a: False
 same = all(torch.equal(a, b) for (s, kw), got in zip(CASES, outs) for a, b in zip(got, _run(s, kw)))
 print(json.dumps({"status": native_step.status(), "same": same}))
 """
@@ -163,4 +228,4 @@ def test_doctor_reports_the_step():
     from flashcheck import doctor
 
     line = doctor._native_step()
-    assert set(line) >= {"available", "reason", "capability"}
+    assert set(line) >= {"available", "reason", "capability", "tile_loop", "tile_reason"}

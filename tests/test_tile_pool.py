@@ -103,3 +103,20 @@ def test_busy_rounds_the_inputs_single_threaded(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert seen == [1, 2] and torch.equal(outs[0], outs[1])
+
+
+def test_the_pool_is_kept_and_made_again_after_a_fork(monkeypatch):
+    """The workers of one forward serve the next (no threads made per forward); in another process (a forked
+    child, whose copy of the pool has no threads) a new pool is made, with the same bits."""
+    first = _run(monkeypatch, free=2, threads=2)
+    pool = flash_mod._POOL["pool"]
+    second = _run(monkeypatch, free=2, threads=2)
+    assert flash_mod._POOL["pool"] is pool and flash_mod._POOL["pid"] == os.getpid()
+    workers = {t.ident for t in pool._threads} | {threading.get_ident()}  # the pool's one thread and the caller
+    assert first[2] | second[2] <= workers
+    assert torch.equal(first[0], second[0])
+    real_pid = os.getpid()
+    monkeypatch.setattr(flash_mod.os, "getpid", lambda: real_pid + 1)  # as in a forked child: the pool's threads
+    third = _run(monkeypatch, free=2, threads=2)  # are the parent's, so a new pool is made
+    assert flash_mod._POOL["pool"] is not pool and flash_mod._POOL["pid"] == real_pid + 1
+    assert torch.equal(first[0], third[0])

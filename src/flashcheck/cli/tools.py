@@ -286,6 +286,8 @@ def doctor(
     step = report["simulator_step"]
     how = f"fused C routine (CPU capability {step['capability']})" if step["available"] else escape(step["reason"])
     c.print(f"simulator's FA2 step (softmax, P, accumulator): {how}")
+    how = "one C call per tile (torch's MKL sgemm)" if step.get("tile_loop") else escape(step.get("tile_reason", ""))
+    c.print(f"simulator's plain FA2 query tiles: {how}")
     fp8 = report["simulator_fp8"]
     c.print(f"simulator's FP8 / integer quantisation: {'C routine' if fp8['available'] else escape(fp8['reason'])}")
     pre = report["simulator_preset_steps"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.masks import first_row_needing, tile_bias
 from flashcheck.kernels.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.native import max_sub_
-from flashcheck.kernels.native_step import acc_update, softmax_step
+from flashcheck.kernels.native_step import acc_update, softmax_step, tile_forward
 from flashcheck.kernels.ops import (
     cast_scratch,
     mm,
@@ -213,9 +215,7 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     if ops is None:  # the tensor-core models' operands, or None
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
     fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
-    runs = _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops)
-    for (r0, r1), (o_t, m_t, l_t) in zip(tiles, runs, strict=True):
-        o[..., r0:r1, :], m[..., r0:r1, :], l[..., r0:r1, :] = o_t, m_t, l_t
+    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l))
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
         m = torch.where(torch.isneginf(m), sk, m)
@@ -246,33 +246,71 @@ def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol
 
 
 def _run_tiles(
-    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops
-):
-    """_query_tile of every tile. On the CPU, tiles run side by side on up to torch's intra-op thread count
-    (no more than the cores free now, see tiles.free_cores), each op single-threaded: a step's ops are small,
-    and one parallel region per op waits on every core (on a busy machine, tens of milliseconds per op). With
-    one worker the tiles run one after another, still single-threaded (as each worker's ops run); a single
-    tile runs its ops on all the intra-op threads (a BLAS may sum a product's rows in another order on
-    another thread count, so that count stays as it was). The tiles are the same whatever the worker count
-    (tile_rows does not depend on it), so every op sees the same tensors and no bit moves."""
+    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops, out
+) -> None:
+    """_query_tile of every tile, each written into its rows of out = (o, m, l) by the thread that ran it. On the
+    CPU, tiles run side by side on up to torch's intra-op thread count (no more than the cores free now, see
+    tiles.free_cores), each op single-threaded: a step's ops are small, and one parallel region per op waits on
+    every core (on a busy machine, tens of milliseconds per op). With one worker the tiles run one after another,
+    still single-threaded (as each worker's ops run); a single tile runs its ops on all the intra-op threads (a
+    BLAS may sum a product's rows in another order on another thread count, so that count stays as it was). The
+    tiles are the same whatever the worker count (tile_rows does not depend on it), so every op sees the same
+    tensors and no bit moves. The workers are a pool kept for the process (_pool): threads, and the BLAS's
+    per-thread buffers, are not made again for every forward."""
+
+    def put(rows: tuple[int, int], res) -> None:
+        r0, r1 = rows
+        for full, part in zip(out, res, strict=True):
+            full[..., r0:r1, :] = part
+
     threads = torch.get_num_threads()
     if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
-        return [_query_tile(q, k, v, rows, steps, cfg, pol, fold, ops) for rows in tiles]
+        for rows in tiles:
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+        return
     workers = min(len(tiles), threads, free_cores())
 
-    def one(rows: tuple[int, int]):
+    def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
-        return _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops)
+        put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
 
     try:
         if workers <= 1:
-            return [one(rows) for rows in tiles]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(one, tiles))
+            for rows in tiles:
+                one(rows)
+            return
+        _pool(workers, tiles, one)
     finally:
         torch.set_num_threads(threads)
+
+
+_POOL: dict = {}  # "pid", "size", "pool": the tile workers of this process (see _pool)
+
+
+def _pool(workers: int, tiles: list[tuple[int, int]], one: Callable[[tuple[int, int]], None]) -> None:
+    """one(rows) for every tile on `workers` threads: the calling thread and workers - 1 threads of a pool kept
+    for the process (made again after a fork, or to grow), each taking the next tile as it finishes one (tiles in
+    order, so the last ones finish about together)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _POOL.get("pid") != os.getpid() or _POOL.get("size", 0) < workers - 1:
+        _POOL.update(pid=os.getpid(), size=workers - 1, pool=ThreadPoolExecutor(workers - 1, "flashcheck-tile"))
+    todo, lock = iter(tiles), threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                rows = next(todo, None)
+            if rows is None:
+                return
+            one(rows)
+
+    futures = [_POOL["pool"].submit(drain) for _ in range(workers - 1)]
+    try:
+        drain()
+    finally:
+        for f in futures:
+            f.result()
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +352,6 @@ def _query_tile(
     o = torch.zeros(b, h, r1 - r0, dv, dtype=q.dtype, device=q.device)
     m = torch.full((b, h, r1 - r0, 1), -math.inf, dtype=q.dtype, device=q.device)
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
-    width = max((t.c1 - t.c0 for t in steps), default=0)
-    scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
     if step is _fa2_step and fold and cfg.mask is None:  # fold: finite inputs, no overflow (ops.prescale_is_exact)
@@ -323,6 +359,13 @@ def _query_tile(
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
+    if step is _fa2_step and extra.get("nan_free") and _plain_tile(q_t, cfg, pol, ops, lq):
+        p_dtype = _p_dtype(pol, q.dtype)  # the whole tile in one C call where it applies: _fused_step's bits
+        spans = [(t.c0, t.c1) for t in steps]
+        if p_dtype is not None and tile_forward(q_t, k, v, spans, o, m, l, p_dtype):
+            return o, m, l
+    width = max((t.c1 - t.c0 for t in steps), default=0)
+    scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
     held = held_v_scale(ops, pol, q.dtype) is not None  # o in the P·V MMA's units throughout (see pv_accumulate)
     for t in steps:
@@ -349,6 +392,32 @@ def _query_tile(
         else:
             m[..., i:, :], l[..., i:, :] = m_new, l_new
     return o, m, l
+
+
+def _plain_tile(q_t: torch.Tensor, cfg: FlashConfig, pol: Policy, ops, lq: int) -> bool:
+    """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
+    update in C and nothing else on the rows: no causal rows or mask, torch's float32 product for the scores
+    (no MMA model, no narrow accumulator) in the working dtype, the score scale folded into Q (nan_free), the
+    stats and accumulator stages the working dtype, natural exp, every step on all the tile's rows at their
+    own product shape (mm_rows pads none)."""
+    work = q_t.dtype
+    return (
+        work == torch.float32
+        and not cfg.causal
+        and cfg.mask is None
+        and not cfg.exp2
+        and cfg.tie_beta is None
+        and (ops is None or ops.model_qk is None)
+        and not (pol.qk_acc_bits and pol.score != Format.FP64)
+        and all(info(pol.stage(st)).dtype == work for st in ("score", "stats", "accum"))
+        and q_t.shape[-2] >= min(MIN_ROWS, lq)
+    )
+
+
+def _p_dtype(pol: Policy, work: torch.dtype) -> torch.dtype | None:
+    """The dtype _fused_step rounds P to in C (the working dtype: none), or None where it cannot."""
+    p_fmt = pol.stage("p")
+    return work if info(p_fmt).dtype == work else _NATIVE_P.get(p_fmt)
 
 
 def _score_scale(cfg: FlashConfig, head_dim: int) -> float:
@@ -419,8 +488,7 @@ def _fused_step(s, v_j, o, m, l, pol: Policy, untiled: int, bufs):
     """_fa2_step (natural exp, no tie_beta, NaN-free s, stats in the working dtype) with its softmax in one C pass
     per row (kernels.native_step.softmax_step) and, where the accumulator is the working dtype, its update
     too: (m_new, l_new), or None (nothing touched) where the routine does not apply."""
-    p_fmt = pol.stage("p")
-    p_dtype = s.dtype if info(p_fmt).dtype == s.dtype else _NATIVE_P.get(p_fmt)
+    p_dtype = _p_dtype(pol, s.dtype)
     done = None if p_dtype is None else softmax_step(s, m, l, p_dtype)
     if done is None:
         return None
