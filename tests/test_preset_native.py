@@ -158,7 +158,7 @@ def test_nvfp4_matches_nvfp4_parts(lib, dim, floor):
 
 def test_e2m1s_check_matches_torch(lib):
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.mma_ops import _fits_e2m1s
+    from flashcheck.kernels.mma import fits_e2m1s
 
     g = torch.Generator().manual_seed(12)
     ok = nvfp4_parts(torch.randn(2, 3, 40, 64, generator=g)).scaled.contiguous()
@@ -167,7 +167,7 @@ def test_e2m1s_check_matches_torch(lib):
     wide = torch.cat([ok, bad], -1)
     for t in (ok, bad, ok * 2.0**-30, ok.double(), wide[..., :64], wide[..., 64:], wide.double()[..., :64]):
         fits, x32 = preset_native.e2m1s(t)
-        assert fits == _fits_e2m1s(t, t.to(torch.float32))
+        assert fits == fits_e2m1s(t, t.to(torch.float32))
         if fits:
             assert torch.equal(_bits(x32), _bits(t.to(torch.float32)))
 

@@ -278,6 +278,13 @@ def doctor(
     for b in report["backends"]:
         version = f" ({escape(b['version'])})" if b.get("version") else ""
         c.print(f"  {b['name']:<16} {'yes' if b['available'] else 'no: ' + escape(b['reason'])}{version}")
+    _print_simulator(c, report)
+
+
+def _print_simulator(c, report: dict) -> None:
+    """doctor's lines on the simulator's C routines: each one in use, or why not."""
+    from rich.markup import escape
+
     native = report["simulator_rounding"]
     how = f"C routine ({', '.join(native['formats'])})" if native["available"] else escape(native["reason"])
     c.print(f"simulator's P rounding: {how}")

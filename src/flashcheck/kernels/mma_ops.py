@@ -27,7 +27,7 @@ from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
 from flashcheck.kernels.fp8_native import abs_max, block_amax
 from flashcheck.kernels.fp8_native import codes as fp8_codes
 from flashcheck.kernels.fp8_native import split_codes as fp8_split
-from flashcheck.kernels.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
+from flashcheck.kernels.mma import MMA_MODELS, MMAModel, fits_e2m1s, mma_into, mma_matmul
 from flashcheck.kernels.preset_native import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
 from flashcheck.kernels.preset_native import descale as descale_into
 from flashcheck.kernels.quantized import uses_quantized_inputs
@@ -66,20 +66,9 @@ def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
     if fast is not None and not fast[0]:
         return _values(x)
     x32 = x.to(torch.float32) if fast is None else fast[1]
-    if check and fast is None and not _fits_e2m1s(x, x32):
+    if check and fast is None and not fits_e2m1s(x, x32):
         return _values(x)
     return Operand(x32, torch.ones((1,) * x.dim(), dtype=torch.float64, device=x.device), "e2m1s")
-
-
-def _fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
-    """Whether x (and x32, its float32 copy) hold only "e2m1s" values (see _fp4_scaled), on float32 bits."""
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and not bool((x32 == x).all()):
-        return False
-    u = x32.view(torch.int32)
-    e = ((u >> 23) & 0xFF) - 127  # the exponent: -10 .. 11 (2^-10 .. 2^11)
-    mant = u & 0x7FFFFF  # at most 0x700000 (1.875) with its low 18 bits 0 (5 fraction bits)
-    bad = ((u & 0x7FFFFFFF) != 0) & ((e < -10) | (e > 11) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
-    return not bool(bad.any())
 
 
 def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: float = 0.0, exact: bool = True) -> Operand:

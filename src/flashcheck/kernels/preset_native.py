@@ -224,7 +224,7 @@ int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n
     return !bad;
 }
 
-/* kernels.mma_ops._fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
+/* kernels.mma.fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
    |x| in [2^-10, 2^12) with a significand of at most 1.875 and at most 5 fraction bits (NaN and inf fail). 1 when
    all fit, else 0. */
 int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
@@ -601,7 +601,7 @@ def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
 
 
 def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
-    """(whether x holds only kernels.mma's "e2m1s" values (mma_ops._fits_e2m1s), x as float32) in one C pass for
+    """(whether x holds only kernels.mma's "e2m1s" values (mma.fits_e2m1s), x as float32) in one C pass for
     a float32 x (x itself) or a float64 x (a float32 copy, contiguous, complete where it fits) whose rows [..., D]
     are evenly strided; None where the pass does not apply."""
     lib = library()
@@ -787,7 +787,7 @@ def _selftest(lib) -> str:
 def _selftest_nvfp4(lib, g: torch.Generator) -> str:
     """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.mma_ops."""
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.mma_ops import _fits_e2m1s
+    from flashcheck.kernels.mma import fits_e2m1s
 
     x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-30, 8, (2, 3, 37, 40), generator=g))
     x[0, 0, :, :16] = 0.0
@@ -817,7 +817,7 @@ def _selftest_nvfp4(lib, g: torch.Generator) -> str:
         torch.cat([bad, scaled], -1)[..., :40],
     ):
         got = _e2m1s(lib, t)
-        if got is None or got[0] != _fits_e2m1s(t, t.to(torch.float32)):
+        if got is None or got[0] != fits_e2m1s(t, t.to(torch.float32)):
             return "the e2m1s operand check"
         if got[0] and not torch.equal(got[1], t.to(torch.float32)):
             return "the e2m1s operand's float32 copy"
