@@ -108,6 +108,17 @@ static inline void fp4x16_put(float x, float inv, float s, void *out, int64_t j,
     else ((double *)out)[j] = (double)e * (double)s;
 }
 
+/* ma[c] (c < w) = the bits of max |x[i nc + c]| over rows b0 <= i < b1: for non-negative floats the integer order is
+   the float order, and a NaN's bits lie above inf's */
+static inline void cols_absmax(const float *x, int64_t b0, int64_t b1, int64_t nc, int64_t w, uint32_t *ma) {
+    for (int64_t c = 0; c < w; c++) ma[c] = 0;
+    for (int64_t i = b0; i < b1; i++)
+        for (int64_t c = 0; c < w; c++) {
+            const uint32_t u = f2u(x[i * nc + c]) & 0x7FFFFFFFu;
+            ma[c] = u > ma[c] ? u : ma[c];
+        }
+}
+
 /* sage3.quantize_fp4x16 on float32 x [na, n, nc] (contiguous), in blocks of 16 along n (a ragged last one as if
    zero padded): s = e4m3(max |x| / 6) (float32), inv = 1 / s (float32; 0 where s = 0), out = e2m1(x inv) * s,
    float64 or (f32) float32 [na, n, nc]. 0 when a value is NaN, else 1. Blocks along a strided dim (nc > 1) run CH
@@ -137,12 +148,7 @@ int fc_fp4x16(const float *x, void *out, int64_t na, int64_t n, int64_t nc, int 
         const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
         for (int64_t c0 = 0; c0 < nc; c0 += CH) {
             const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
-            for (int64_t c = 0; c < w; c++) ma[c] = 0;
-            for (int64_t i = b0; i < b1; i++)
-                for (int64_t c = 0; c < w; c++) {
-                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
-                    ma[c] = u > ma[c] ? u : ma[c];
-                }
+            cols_absmax(x + o, b0, b1, nc, w, ma);
             for (int64_t c = 0; c < w; c++) {
                 sc[c] = fp4x16_scale(ma[c], &bad);
                 iv[c] = sc[c] > 0.0f ? 1.0f / sc[c] : 0.0f;
@@ -204,12 +210,7 @@ int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n
         const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
         for (int64_t c0 = 0; c0 < nc; c0 += CH) {
             const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
-            for (int64_t c = 0; c < w; c++) ma[c] = 0;
-            for (int64_t i = b0; i < b1; i++)
-                for (int64_t c = 0; c < w; c++) {
-                    const uint32_t u = f2u(x[o + i * nc + c]) & 0x7FFFFFFFu;
-                    ma[c] = u > ma[c] ? u : ma[c];
-                }
+            cols_absmax(x + o, b0, b1, nc, w, ma);
             for (int64_t c = 0; c < w; c++) {
                 sc[c] = nvfp4_scale(ma[c], s_enc, floor_, &bad);
                 dc[c] = sc[c] / s_enc;
