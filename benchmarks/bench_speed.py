@@ -121,14 +121,57 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip() and int(x) > 0]
 
 
+def _counts(zero_means_none: bool):
+    """An argparse type: comma-separated positive integers ("0" alone: none, where zero_means_none)."""
+
+    def parse(text: str) -> str:
+        items = [x.strip() for x in text.split(",")]
+        if zero_means_none and items == ["0"]:
+            return text
+        if not all(x.isdigit() and int(x) > 0 for x in items):
+            allowed = "positive integers" + (", or 0 for none" if zero_means_none else "")
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected comma-separated {allowed}")
+        return text
+
+    return parse
+
+
+def _count(zero_allowed: bool):
+    """An argparse type: one integer, at least 1 (or 0 where zero_allowed: skip)."""
+
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < (0 if zero_allowed else 1):
+            low = "0 (skip) or more" if zero_allowed else "1 or more"
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer, {low}")
+        return int(text)
+
+    return parse
+
+
+def _policies(text: str) -> str:
+    """An argparse type: comma-separated simulator policies (core.numerics.parse_policy's names)."""
+    from flashcheck.core.numerics import parse_policy
+
+    for name in text.split(","):
+        try:
+            parse_policy(name.strip())
+        except (ValueError, KeyError) as exc:
+            raise argparse.ArgumentTypeError(f"policy {name.strip()!r} is not allowed: {exc}") from None
+    return text
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="2048,4096,8192,16384,32768", help="comma-separated; 0: none")
-    parser.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts")
-    parser.add_argument("--policies", default="bf16-mixed,fp32", help="comma-separated simulator policies")
-    parser.add_argument("--repeats", type=int, default=5, help="pairs per row (16k: at most 3, 32k: 1)")
-    parser.add_argument("--preset-length", type=int, default=2048, help="the presets' shape; 0: skip them")
-    parser.add_argument("--decode-keys", type=int, default=131072, help="a decoding step's keys; 0: skip it")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--lengths", type=_counts(True), default="2048,4096,8192,16384,32768", help="comma-separated; 0: none"
+    )
+    parser.add_argument("--threads", type=_counts(False), default="1,2", help="comma-separated intra-op thread counts")
+    parser.add_argument("--policies", type=_policies, default="bf16-mixed,fp32", help="comma-separated policies")
+    parser.add_argument("--repeats", type=_count(False), default=5, help="pairs per row (16k: at most 3, 32k: 1)")
+    parser.add_argument("--preset-length", type=_count(True), default=2048, help="the presets' shape; 0: skip them")
+    parser.add_argument("--decode-keys", type=_count(True), default=131072, help="a decoding step's keys; 0: skip it")
     args = parser.parse_args()
     t0 = time.perf_counter()
     speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))

@@ -307,3 +307,13 @@ def test_a_preset_that_fails_says_why_and_prints_every_metric():
     why = [ln for ln in res.output.splitlines() if "FAIL (peers rule)" in ln]
     assert len(why) == 1 and "eager:fp16's error" in why[0] and "preset sage2" in why[0], res.output
     assert "--baseline-numerics" in why[0], res.output
+
+
+def test_a_block_scaled_fp8_policy_is_divided_by_baseline_fp8():
+    """The one baseline rule for FP8: `--numerics fa3-fp8` (per-block scales, which the standard kernel cannot)
+    is divided by standard:baseline-fp8 (it was refused, asking for --baseline-numerics); a given baseline stays."""
+    from flashcheck.measure.compare import CompareConfig
+
+    assert CompareConfig(numerics="fa3-fp8").baseline_policy().name == "baseline-fp8"
+    assert CompareConfig(numerics="fa3-fp8", baseline_numerics="fp32").baseline_policy().name == "fp32"
+    assert CompareConfig(numerics="bf16-mixed").baseline_policy().name == "bf16-mixed"

@@ -129,6 +129,20 @@ def test_guide_run_resumes_and_reports_the_claims_first(guide_folder):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("guide_folder")  # one worker computes guide_folder once
+def test_time_exponents_below_512_tokens_are_not_measured(guide_folder):
+    """guide-tiny's lengths stop at 256, where per-call costs hide the n^2: its time claims say so (they read
+    "does not hold: exponent 0.42"), as the speed-up claims below 512 do; memory claims keep their verdicts."""
+    from flashcheck.questions.guide.claims import cost_claims
+
+    claims = cost_claims(load_results(guide_folder[0]), TINY)
+    times = [c for c in claims if c["id"].startswith("time/")]
+    assert times and all(c["status"] == "inconclusive" for c in times), [(c["id"], c["status"]) for c in times]
+    assert all("lengths stop at 256 (< 512" in c["measured"] for c in times)
+    assert any(c["id"].startswith("memory/") and c["status"] != "inconclusive" for c in claims)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("guide_folder")  # one worker computes guide_folder once
 def test_report_command_rebuilds_a_guide_folder_in_words(guide_folder):
     out, _ = guide_folder
     with (out / GUIDE_FILE).open("a") as f:
@@ -515,6 +529,23 @@ def test_an_inconclusive_claim_says_why_busy_or_not():
     assert "contains 1" in shown_status(f)
     gpu = {"id": "gpu_speed", "status": "inconclusive", "measured": "needs a GPU", "verdict": v.to_dict()}
     assert shown_status(gpu) == "not measured here"
+
+
+def test_a_claim_line_says_its_why_once(capsys):
+    """The console's claim line: the verdict's why after the status word only where the measured text after the
+    dash does not hold it already (it printed "too few lengths" twice); a band's reason names the band."""
+    from flashcheck.cli.app import _console
+    from flashcheck.cli.study import _print_claims
+    from flashcheck.reporting.verdicts import Estimate, band
+
+    v = band(Estimate(value=2.4, low=2.29, high=2.51, n=5, method="mean"), 1.5, 2.5)
+    assert v.reason == "interval [2.29, 2.51] overlaps an edge of the band [1.5, 2.5]"
+    told = {"id": "a", "claim": "A", "status": "inconclusive", "measured": f"2.4; {v.reason}", "verdict": v.to_dict()}
+    apart = {**told, "id": "b", "measured": "2.4"}
+    _print_claims([told, apart], _console())
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"inconclusive: A (a) — 2.4; {v.reason}", lines
+    assert lines[1] == f"inconclusive: {v.reason}: A (b) — 2.4", lines
 
 
 def test_fp16_claim_before_any_search_is_stored_is_not_measured_yet():

@@ -81,6 +81,14 @@ def test_sweep_dimensions_expand_and_bad_values_name_themselves():
         Sweep(question="q", methods=("flash:fp64",), causal=("yes",))
     with pytest.raises(ValueError, match="'left:2'"):
         Sweep(question="q", methods=("flash:fp64",), paddings=("left:2",))
+    split = dict(question="q", methods=("splitkv:fp32",), seq_lens=(1,), seq_lens_k=(1024,), blocks=((16, 128),))
+    with pytest.raises(ValueError, match=r"splits 9 is more than the 8 key block\(s\) of the sweep's longest keys"):
+        Sweep(**split, splits=(4, 9))  # compare refuses it too: the kernel would run 8 chunks, its rows say S=9
+    assert {c.splits for c in expand_sweep(Sweep(**split, splits=(0, 8)))} >= {0, 8}
+    corner = split | {"seq_lens_k": (512, 1024)}  # S=8 above 512's 4 blocks only: a grid's corner, kept
+    assert {c.splits for c in expand_sweep(Sweep(**corner, splits=(8,))) if c.kernel == "splitkv"} == {8}
+    with pytest.raises(ValueError, match=r"splits=\[-1\] must be"):  # a list, as the TOML wrote it
+        Sweep(**split, splits=(-1,))
     table = {"question": "q", "methods": ["flash:fp64"], "causal": [False, True], "kv_heads": [1]}
     from_toml = StudyConfig.from_dict({"name": "t", "sweeps": [table | {"paddings": ["right:0.5"]}]})
     assert from_toml.sweeps[0].causal == (False, True) and from_toml.sweeps[0].kv_heads == (1,)

@@ -120,6 +120,7 @@ def compare(
         opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend}
         opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
         dev, lengths = _checked(opt, heads, kv_heads)
+        _hadamard_head_dim(numerics, baseline_numerics, preset, head_dim)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
@@ -154,6 +155,28 @@ def _checked(named: dict, heads: int, kv_heads: int | None) -> tuple:
     dev = _device(named["--device"], named["--backend"], named["--preset"])
     _kv_divides(heads, kv_heads)
     return dev, _int_list(named["--seq-len"], "--seq-len")
+
+
+def _hadamard_head_dim(numerics: str | None, baseline: str | None, preset: str | None, head_dim: int) -> None:
+    """Refuse a head dim that is not a power of two for a policy with Hadamard incoherent processing (FA3's
+    FP8: --numerics, --baseline-numerics or --preset), before any case runs (it failed inside each case)."""
+    from flashcheck.core.numerics import parse_policy
+    from flashcheck.kernels.presets import default_format, resolve
+
+    named = [(f"--numerics {n}", n) for n in (numerics or "").split(",") if n.strip()]
+    named += [(f"--baseline-numerics {baseline}", baseline)] if baseline else []
+    if preset in KERNEL_PRESETS:
+        named.append((f"--preset {preset}", resolve(preset, default_format(preset), 64, 64, 64, False)["policy"]))
+    for label, spec in named:
+        try:
+            pol = parse_policy(spec.strip()) if isinstance(spec, str) else spec
+        except ValueError:
+            continue  # named later with what is allowed
+        if pol.hadamard and head_dim & (head_dim - 1):
+            raise ValueError(
+                f"--head-dim {head_dim} is not allowed with {label}: its Hadamard incoherent processing needs a "
+                "power-of-two head dim (e.g. 64, 128)"
+            )
 
 
 def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:

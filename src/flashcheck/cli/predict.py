@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import typer
 
 from flashcheck.cli.app import _fail_usage, _seed, _splits_fit, app
+from flashcheck.cli.show import quantised_inside
 
 _FORWARD = ("input", "score", "stats", "p", "accum", "output")
 
@@ -318,6 +319,12 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
     from flashcheck.measure.predict import TRAINING
 
     typer.echo(f"predicted rel-L2 (kernel's own error vs FP64 of its rounded inputs): {data['predicted_rel_l2']:.3g}")
+    inside = quantised_inside(setting.policy)
+    if inside:  # Sage, NVFP4, SageAttention3: the kernel's own input quantisation is not in the model
+        typer.echo(
+            f"this leaves out the kernel's own quantisation of Q, K and V to {inside}, often its largest error: "
+            "flashcheck compare measures the whole error, flashcheck explain shows that input stage apart"
+        )
     if not data["first_order"]:
         typer.echo(
             f"not a prediction: the model sums first-order terms, and at {FIRST_ORDER_LIMIT:g} or more the terms it "

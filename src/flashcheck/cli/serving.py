@@ -32,7 +32,7 @@ def study_serving(preset: str, out: str, quiet: bool) -> None:
 
 def print_serving(summary: dict, out: str) -> None:
     """The serving report's Answer, one bullet per question, and where the report is."""
-    typer.echo("Answer:")
+    typer.echo("Answer")  # the heading every study prints
     for line in summary["answer"]:
         typer.echo(f"- {line}")
     typer.echo(f"report: {out}/report.html, report.md, summary.json")

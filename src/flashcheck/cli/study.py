@@ -188,7 +188,11 @@ def _print_claims(claims: list[dict], console) -> None:
 
     colour = {"holds": "green", "does not hold": "red", "structural": "blue"}
     for f in claims:  # the verdict as the report's table shows it, with its why (a busy machine, a side missed)
-        word = f"[{colour.get(f['status'], 'dim')}]{escape(shown_status(f))}[/]"
+        shown = shown_status(f)
+        status, _, why = shown.partition(": ")
+        if why and why in f["measured"]:  # the line says the why once: the measured text after the dash has it
+            shown = status
+        word = f"[{colour.get(f['status'], 'dim')}]{escape(shown)}[/]"
         console.print(f"{word}: {escape(f['claim'])} ({escape(f['id'])}) — {escape(f['measured'])}")
 
 

@@ -53,7 +53,8 @@ def cases(target: Target, *, backward: bool = True):
         heads = draw(st.sampled_from(HEADS))
         ratios = [r for r in (1, 2, 4, 8) if heads % r == 0] if target.gqa else [1]
         kv_heads = heads // draw(plain_or(1, ratios))
-        lq, lk, d = draw(length), draw(length), draw(st.sampled_from(HEAD_DIMS))
+        dims = [d for d in HEAD_DIMS if not target.pow2_head_dim or d & (d - 1) == 0]  # FA3 FP8: powers of two
+        lq, lk, d = draw(length), draw(length), draw(st.sampled_from(dims))
         batch = draw(st.sampled_from((1, 2)))
         assume(batch * heads * lq * lk * d <= MAX_WORK)
         causal = draw(st.booleans())

@@ -57,6 +57,7 @@ class Target:
     backward: bool = True
     float64_io: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pow2_head_dim: bool = False  # it takes power-of-two head dims only (FA3 FP8's Hadamard rotation)
 
     def run_dtype(self, dtype: str) -> torch.dtype:
         return torch.float64 if self.float64_io else DTYPES[dtype]
@@ -149,7 +150,18 @@ def _preset_target(text: str, device: str) -> Target:
     fp8, quantized = dtypes[0] in FP8, _quantizes(name, dtypes[0])
     notes = ("simulated on the CPU", *((FP8_NOTE,) if fp8 else (QUANT_NOTE,) if quantized else ()))
     back = not (fp8 or quantized)
-    return Target(text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes)
+    pow2 = _hadamard(name, dtypes[0])
+    return Target(
+        text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes, pow2_head_dim=pow2
+    )
+
+
+def _hadamard(name: str, dtype: str) -> bool:
+    """Whether preset `name` rotates Q and K by a Hadamard matrix (FA3's FP8): power-of-two head dims only."""
+    from flashcheck.core.numerics import parse_format
+    from flashcheck.kernels.presets import kernel_preset
+
+    return bool(kernel_preset(name).policy(parse_format(dtype)).hadamard)
 
 
 def _quantizes(name: str, dtype: str) -> bool:

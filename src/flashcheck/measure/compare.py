@@ -20,7 +20,8 @@ KERNELS = SIMULATED_KERNELS
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareConfig:
-    """One simulator comparison. `baseline_numerics` defaults to `numerics`; `fp8_scaling` and `hadamard`,
+    """One simulator comparison. `baseline_numerics` defaults to `numerics` (baseline-fp8 where that scales FP8 per
+    block: baseline_policy); `fp8_scaling` and `hadamard`,
     when set (not None), override the candidate policy's (the baseline keeps its own). `splits`: key chunks S of the
     splitkv kernel (None: its default, 4). `backward`: dQ, dK, dV errors too; `delta_source` and
     `ds_correction` (Policy's backward knobs, flash only) then override the candidate policy's."""
@@ -75,7 +76,13 @@ class CompareConfig:
         return dataclasses.replace(pol, **changes) if changes else pol
 
     def baseline_policy(self) -> Policy:
-        return parse_policy(self.baseline_numerics or self.numerics)
+        """--baseline-numerics, else the candidate's policy; a candidate policy that scales FP8 per block (fa3-fp8),
+        which the standard kernel cannot, is divided by baseline-fp8, as real backends' FP8 formats are (the one
+        baseline rule, measure.method.Method.baseline)."""
+        if self.baseline_numerics:
+            return parse_policy(self.baseline_numerics)
+        pol = parse_policy(self.numerics)
+        return parse_policy("baseline-fp8") if pol.fp8_scaling == "block" else pol
 
     def case(self) -> Case:
         """The measure.Case: the kernel under the candidate policy, standard attention under the baseline's."""

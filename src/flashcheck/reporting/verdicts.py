@@ -184,13 +184,13 @@ def band(est: Estimate, low: float, high: float) -> Verdict:
     bad = _too_few(rule, est, est.n)
     if bad:
         return bad
-    iv = f"interval [{est.low:.3g}, {est.high:.3g}]"
+    iv, bnd = f"interval [{est.low:.3g}, {est.high:.3g}]", f"the band [{low:g}, {high:g}]"
     if low <= est.low and est.high <= high:
-        return Verdict("holds", rule, f"{iv} is inside the band", est)
+        return Verdict("holds", rule, f"{iv} is inside {bnd}", est)
     if est.high < low or est.low > high:
         side = "below" if est.high < low else "above"
-        return Verdict("does not hold", rule, f"{iv} misses the band: it lies {side} it", est)
-    return Verdict("inconclusive", rule, f"{iv} overlaps the band's edge", est)
+        return Verdict("does not hold", rule, f"{iv} misses {bnd}: it lies {side} it", est)
+    return Verdict("inconclusive", rule, f"{iv} overlaps an edge of {bnd}", est)
 
 
 def trend(xs: Sequence[float], ys: Sequence[float], *, increasing: bool = True, log: bool = True) -> Verdict:

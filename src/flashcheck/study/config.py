@@ -4,6 +4,7 @@ the question sets' own: study.registry)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,9 @@ class Sweep:
         for name in ("kv_heads", "seq_lens_k", "layers", "splits"):
             vals = getattr(self, name)
             if not isinstance(vals, tuple | list) or not vals or not all(_is_int(x) and x >= 0 for x in vals):
-                raise ValueError(f"{where}: {name}={vals!r} must be a non-empty list of non-negative integers")
+                shown = list(vals) if isinstance(vals, tuple | list) else vals
+                raise ValueError(f"{where}: {name}={shown!r} must be a non-empty list of non-negative integers")
+        self._check_splits(where)
         bad = [h for h in self.kv_heads if h and _is_int(self.heads) and self.heads % h]
         if bad:
             raise ValueError(f"{where}: kv_heads {bad[0]!r} does not divide heads={self.heads!r} (0: as many)")
@@ -121,6 +124,24 @@ class Sweep:
                 parse_padding(p)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
+
+    def _check_splits(self, where: str) -> None:
+        """Every S of a splitkv method at most the key blocks ceil(Lk / Bc) of some length and block size of the
+        sweep (the kernel splits whole blocks: an S above every one of them runs as fewer chunks than its rows say
+        everywhere, as compare refuses it; one above some of them only is a grid's corner, kept)."""
+        pairs = all(isinstance(b, tuple | list) and len(b) == 2 and _is_int(b[1]) and b[1] > 0 for b in self.blocks)
+        lengths = all(_is_int(x) and x > 0 for x in self.seq_lens)
+        if not (pairs and lengths) or not any(str(m).partition(":")[0] == "splitkv" for m in self.methods or ()):
+            return  # no splitkv method, or lengths and blocks the other checks refuse
+        grid = itertools.product(self.seq_lens, self.seq_lens_k, self.blocks)
+        most, lk, bc = max((-(-(lk or lq) // bc), lk or lq, bc) for lq, lk, (_, bc) in grid)
+        over = [s for s in self.splits if s > most]
+        if over:
+            raise ValueError(
+                f"{where}: splits {over[0]} is more than the {most} key block(s) of the sweep's longest keys "
+                f"(Lk={lk} at Bc={bc}: ceil(Lk / Bc)); the splitkv kernel splits whole blocks, so give S from 1 to "
+                f"{most} (0: its default)"
+            )
 
     def _check_types(self, where: str) -> None:
         """Strict types: a TOML `baseline = "no"` or `seq_lens = [true]` is an error, not a truthy value."""

@@ -75,6 +75,10 @@ def _exponent_claim(results, method: str, backward: bool, what: str, power: int,
     cond = f"{method}, {p}, L = {', '.join(map(str, lengths))}, CPU"
     if t.estimate is None:
         return claim(text, t, "too few lengths measured", cond, cid)
+    if what == "time" and lengths[-1] < SPEEDUP_FROM:  # a smoke preset's short lengths: per-call costs dominate
+        why = f"not measured: this preset's lengths stop at {lengths[-1]} (< {SPEEDUP_FROM}: per-call costs hide n^2)"
+        v = Verdict("inconclusive", f"measured up to L >= {SPEEDUP_FROM} only", why, t.estimate)
+        return claim(text, v, f"exponent {t.estimate.text()}; {why}", cond, cid)
     v = band(t.estimate, *EXPONENT_BANDS[power])
     v = Verdict(v.status, f"{v.rule} (nearest integer exponent {power})", f"{v.reason}; {t.reason}", t.estimate)
     if what == "time":

@@ -5,6 +5,7 @@ simulation, and the SDPA CPU kernels' consistency certificates."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -122,7 +123,7 @@ def _run_units(root: Path, todo: list, quiet: bool) -> dict:
         write_atomic(path, json.dumps(result, indent=2))
         ran += 1
         if not quiet:
-            print(f"[{i}/{len(todo)}] {name}: {result['seconds']:.1f} s", flush=True)
+            print(f"[{i}/{len(todo)}] {name}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)  # progress
     return {"ran": ran, "kept": kept, "seconds": time.perf_counter() - t0}
 
 
