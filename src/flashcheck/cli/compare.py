@@ -119,8 +119,7 @@ def compare(
     try:
         opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend}
         opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
-        dev, lengths = _checked(opt, heads, kv_heads)
-        _hadamard_head_dim(numerics, baseline_numerics, preset, head_dim)
+        dev, lengths = _checked(opt, heads, kv_heads, head_dim)
         if simulators:
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
@@ -149,11 +148,13 @@ def _rerun_hunted(backend: str | None, case: str | None, device: str | None, as_
     rerun_case(backend, case, device, as_json)
 
 
-def _checked(named: dict, heads: int, kv_heads: int | None) -> tuple:
-    """(device, lengths) after the option checks: no empty option, kv heads dividing heads, --seq-len a list."""
+def _checked(named: dict, heads: int, kv_heads: int | None, head_dim: int) -> tuple:
+    """(device, lengths) after the option checks: no empty option, kv heads dividing heads, a head dim a Hadamard
+    policy takes, --seq-len a list."""
     _no_empty(named)
     dev = _device(named["--device"], named["--backend"], named["--preset"])
     _kv_divides(heads, kv_heads)
+    _hadamard_head_dim(named["--numerics"], named["--baseline-numerics"], named["--preset"], head_dim)
     return dev, _int_list(named["--seq-len"], "--seq-len")
 
 

@@ -340,9 +340,14 @@ def _library() -> tuple[ctypes.CDLL | None, int, int, str]:
 
 def _torch_vexp() -> int:
     """The address of MKL's vmsExp (Fortran form, 64-bit sizes) in torch's own loaded libtorch_cpu (0: none)."""
+    return _torch_symbol("VMSEXP_64_")
+
+
+def _torch_symbol(name: str) -> int:
+    """The address of `name` in torch's own loaded libtorch_cpu (the MKL it links; 0: none)."""
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     try:
-        fn = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL).VMSEXP_64_
+        fn = getattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL), name)
     except (OSError, AttributeError):
         return 0
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
@@ -352,12 +357,7 @@ def _torch_vexp() -> int:
 def _sgemm() -> int:
     """The address of MKL's sgemm_ (Fortran form, 32-bit sizes: the one torch's CPU BLAS calls) in torch's loaded
     libtorch_cpu (0: none)."""
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        fn = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL).sgemm_
-    except (OSError, AttributeError):
-        return 0
-    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+    return _torch_symbol("sgemm_")
 
 
 @functools.cache
