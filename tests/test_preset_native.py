@@ -103,12 +103,18 @@ def test_descale_in_place_and_one_scale_match_torch(lib):
         assert torch.equal(_bits(got), _bits(want))
 
 
-def test_pv_start_matches_rescale_then_division(lib):
-    g = torch.Generator().manual_seed(7)
+def _held_o(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A held accumulator o (strided rows; +0, -0 and a subnormal in a row) and its rescale alpha (a head at 0)."""
     o = torch.randn(1, 8, 60, 72, generator=g)[:, :, 20:]
     o[0, 0, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
     alpha = torch.rand(1, 8, 40, 1, generator=g)
     alpha[0, 1] = 0.0
+    return o, alpha
+
+
+def test_pv_start_matches_rescale_then_division(lib):
+    g = torch.Generator().manual_seed(7)
+    o, alpha = _held_o(g)
     for unit in (torch.rand(1, 8, 1, 72, generator=g, dtype=torch.float64) / 448, torch.full((1, 1, 1, 1), 0.3 / 256)):
         unit = unit.to(torch.float64)
         want = o.mul(alpha).to(torch.float64).div_(unit).to(torch.float32) + 0.0  # mma's start: a zero c is +0
@@ -185,10 +191,7 @@ def test_fp4x16_float32_matches_quantize_fp4x16(lib):
 
 def test_rescale_matches_mul_then_add(lib):
     g = torch.Generator().manual_seed(14)
-    o = torch.randn(1, 8, 60, 72, generator=g)[:, :, 20:]
-    o[0, 0, 0, :3] = torch.tensor([0.0, -0.0, -(2.0**-140)])
-    alpha = torch.rand(1, 8, 40, 1, generator=g)
-    alpha[0, 1] = 0.0
+    o, alpha = _held_o(g)
     part = torch.randn(1, 8, 40, 72, generator=g) * 100
     for a in (alpha, None):
         want, got = o.clone(), o.clone()
