@@ -21,11 +21,11 @@ from itertools import product
 import torch
 
 from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.presets import resolve
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.presets import resolve
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.validation import expand_kv_heads
 from flashcheck.measure.inputstats import input_stats, narrow_p, range_stats
 from flashcheck.measure.mma_error import pv_mma_stats
 from flashcheck.measure.predict import Setting, predict

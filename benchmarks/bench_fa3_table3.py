@@ -20,10 +20,10 @@ import tempfile
 import torch
 
 from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.presets import resolve
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.standard import standard_attention
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.presets import resolve
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.standard import standard_attention
 from flashcheck.questions.paper.presets import FA3_TABLE3_SOURCE, FA3_TABLE3_STATED, FA3_TABLE3_UNSTATED
 
 # row of Table 3 -> (the paper's RMSE, how we run it)

@@ -1,9 +1,11 @@
-"""The tensor-core MMA model (kernels.mma) against mmaemu 0.1.0's hardware model, on attention-shaped FP8 products.
+"""The tensor-core MMA model (kernels.tensorcore.mma) against mmaemu 0.1.0's hardware model, on attention-shaped FP8
+products.
 
 Table 1 (issue 30's table, redone): P·V of e4m3 P (softmax numerators of N(0, sigma^2) scores, x 2^8 as FA3 casts
 them) and e4m3 V (N(0, 1), per-tensor scale), 16 rows x 64 columns (4 x 16 from 8k keys), seed 0: the relative
-L2 error against the exact product of mmaemu's `hopper` model, of kernels.mma's HOPPER, and of the old
-FP22 accumulator (kernels.fastmath.mm_accumulate, bits 13, chunk 32), and the share of outputs bit-equal to mmaemu.
+L2 error against the exact product of mmaemu's `hopper` model, of kernels.tensorcore.mma's HOPPER, and of the old
+FP22 accumulator (kernels.formats.fastmath.mm_accumulate, bits 13, chunk 32), and the share of outputs bit-equal to
+mmaemu.
 Table 2: bit-equal outputs per model (ada, hopper, b200), product and length, one level and promoted every 64 keys.
     python benchmarks/bench_mma.py            # keys 128, 1k, 8k, 64k; table 2 up to 131,072 keys
     python benchmarks/bench_mma.py --quick    # keys 128, 1k; table 2 up to 8k
@@ -21,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from flashcheck.kernels.fastmath import mm_accumulate
-from flashcheck.kernels.mma import ADA, B200, HOPPER, mma_matmul
+from flashcheck.kernels.formats.fastmath import mm_accumulate
+from flashcheck.kernels.tensorcore.mma import ADA, B200, HOPPER, mma_matmul
 from test_mma import _bits_equal, oracle, p_and_v, q_and_kt
 
 
@@ -31,7 +33,7 @@ def _rel(x: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def table1(keys_list: tuple[int, ...]) -> None:
-    print("keys    hardware(mmaemu)  kernels.mma   old FP22   mma/hw  FP22/hw  bit-equal mma  bit-equal FP22")
+    print("keys    hardware(mmaemu)  tensorcore.mma   old FP22   mma/hw  FP22/hw  bit-equal mma  bit-equal FP22")
     fmts = ("e4m3", "e4m3")
     for keys in keys_list:
         rows, dv = (16, 64) if keys <= 1024 else (4, 16)

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.presets import KERNEL_PRESETS, resolve
-from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, resolve
+from flashcheck.kernels.sim.reference import reference_attention
 
 PRESETS = {"sage3-fp4": "bf16", "fa3-fp8": "fp8-e4m3", "sage2-ada": "fp16", "sage2-hopper": "fp16"}
 OLD_NAMES = {"sage2-ada": "sage2pp", "sage2-hopper": "sage2"}

@@ -59,10 +59,10 @@ FLOORS = """
 import json, statistics, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[2]))
-import flashcheck.kernels.flash as F
+import flashcheck.kernels.sim.flash as F
 from flashcheck.core.inputs import InputSpec, make_qkv
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.tiles import mm_rows
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.tiles import mm_rows
 from torch.nn.attention import SDPBackend, sdpa_kernel
 L, repeat = int(sys.argv[1]), int(sys.argv[3])
 q, k, v = (t.float() for t in make_qkv(InputSpec(batch=1, heads=8, seq_len=L, head_dim=64)))
@@ -284,7 +284,7 @@ def _children_cpu() -> float:
 def run_study(preset: str, workers: int, rev: str | None = None) -> dict:
     """One study run in fresh processes: wall time, each worker's peak (VmHWM) and the largest sum of the
     workers' resident memory at one moment (polled every 0.2 s) beside MemAvailable at the start."""
-    from flashcheck.kernels.memory import available_bytes
+    from flashcheck.kernels.sim.memory import available_bytes
 
     avail = available_bytes() or 0
     with tempfile.TemporaryDirectory() as tmp:

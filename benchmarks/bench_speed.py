@@ -8,7 +8,7 @@ with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
     python benchmarks/bench_speed.py --lengths 2048,8192 --threads 2 --policies bf16-mixed
     python benchmarks/bench_speed.py --lengths 0               # the presets and the decoding step only
 Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
-The simulator runs its query tiles on the cores free at each call (kernels.tiles.free_cores: the load average less
+The simulator runs its query tiles on the cores free at each call (kernels.sim.tiles.free_cores: the load average less
 its own share), SDPA on every thread it is given: on a busy machine a 2-thread row can compare one thread against
 two, and the presets' rows at 2 threads flip between one and two for either side. Read 2-thread rows at load < 1;
 the 1-thread rows are comparable at any load.
@@ -25,7 +25,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcheck.kernels import flash_attention
-from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, default_format, resolve
 
 
 def _qkv(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

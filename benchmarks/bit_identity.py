@@ -29,7 +29,7 @@ def _inputs(lq: int, lk: int, h: int, hkv: int, d: int, seed: int):
 
 
 def _cases():
-    from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
+    from flashcheck.kernels.sim.presets import KERNEL_PRESETS, default_format, resolve
 
     long = (2600, 2600, 2, 2, 32)  # two query tiles of the 2 MiB score budget at H=2
     for pol in CASES_POLICIES:
@@ -58,7 +58,7 @@ def save(path: str) -> None:
     out: dict[str, torch.Tensor] = {}
     for i, (name, (lq, lk, h, hkv, d), kw) in enumerate(_cases()):
         q, k, v = _inputs(lq, lk, h, hkv, d, i)
-        if "float32-inputs" in name:  # the caller's float32 tensors (kernels.fp8: no float64 round trip)
+        if "float32-inputs" in name:  # the caller's float32 tensors (kernels.sim.fp8: no float64 round trip)
             q, k, v = (t.float() for t in (q, k, v))
         try:
             o, lse = flash_attention(q, k, v, return_lse=True, **kw)

@@ -15,7 +15,7 @@ from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.metrics import rel_l2
 from flashcheck.core.numerics import parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention
-from flashcheck.kernels.presets import KERNEL_PRESETS, resolve
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, resolve
 from flashcheck.measure.attribution import attribute
 from flashcheck.testing import assert_attention_close
 

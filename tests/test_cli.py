@@ -119,7 +119,7 @@ def test_compare_help_lists_every_kernel_preset():
     """--preset's help is built from the registry: every preset the unknown-preset error lists is in it."""
     import re
 
-    from flashcheck.kernels.presets import KERNEL_PRESETS
+    from flashcheck.kernels.sim.presets import KERNEL_PRESETS
 
     res = runner.invoke(app, ["compare", "--help"])
     text = re.sub(r"-\s+", "-", " ".join(res.output.split()))  # help wraps lines, also after a hyphen

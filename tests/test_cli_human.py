@@ -276,10 +276,10 @@ def test_doctor_human():
     one_line(res.output, "SDPA picks for [1, 8, 64, 64] bfloat16 on cpu:", "scaled_dot_product")
     assert re.search(r"^  sdpa-math\s+yes$", res.output, flags=re.M), res.output
     one_line(res.output, "flash-attn:")
-    one_line(res.output, "simulator's tensor-core MMA model:")  # "C routine", or why kernels.mma runs in torch
+    one_line(res.output, "simulator's tensor-core MMA model:")  # "C routine", or why it runs in torch
     one_line(res.output, "simulator's FA2 step (softmax, P, accumulator):")
     one_line(res.output, "simulator's plain FA2 query tiles:")  # one C call per tile, or why step by step
-    one_line(res.output, "simulator's FP8 / integer quantisation:")  # "C routine", or why kernels.fp8_native is off
+    one_line(res.output, "simulator's FP8 / integer quantisation:")  # "C routine", or why kernels.native.fp8 is off
     assert "NONE" not in res.output and "None" not in res.output.splitlines()[0], res.output
     if torch.version.cuda is None:  # the CPU build: no wheel fits; the one a CUDA build would need
         one_line(res.output, "OS ", "torch", ", the CPU build (no CUDA)")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.core.inputs import InputSpec
-from flashcheck.kernels.decode import split_spans
+from flashcheck.kernels.sim.decode import split_spans
 from flashcheck.measure.compare import CompareConfig, run_compare
 
 runner = CliRunner()
@@ -71,7 +71,7 @@ def test_splits_rows_are_the_engines_numbers():
         ]
         assert cells[5] == f"{rec.candidate['rel_l2'] / flash.candidate['rel_l2']:.3f}"
         assert cells[6] == f"{rec.candidate_rounded['rel_l2']:.3e}"
-    # one chunk is the flash kernel bit for bit (kernels.decode), and the table says so
+    # one chunk is the flash kernel bit for bit (kernels.sim.decode), and the table says so
     assert _row(res.output, "splitkv S=1")[2:] == _row(res.output, "flash")[2:]
     assert res.stderr.splitlines()[-1].startswith("compare 4/4, ") and res.stderr.endswith("splitkv S=6\n")
 

@@ -1,4 +1,4 @@
-"""Split-KV decoding of the kernel presets (kernels.decode): the KV cache quantised once, as real split-KV kernels
+"""Split-KV decoding of the kernel presets (kernels.sim.decode): the KV cache quantised once, as real split-KV kernels
 read it, each split the flash forward over its key blocks on the whole cache's codes and scales.
 
 (a) splits=1 is flash_attention bit for bit for every preset; (c) each split's partial (O_s, LSE_s) equals an
@@ -15,16 +15,16 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import Format, info
-from flashcheck.kernels import flash as flash_mod
 from flashcheck.kernels import flash_attention, split_kv_attention
-from flashcheck.kernels.decode import split_partials, split_spans
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.mma_ops import MMAOperands
-from flashcheck.kernels.ops import resolve_scale
-from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
-from flashcheck.kernels.sage3 import DeltaS
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.formats.sage3 import DeltaS
+from flashcheck.kernels.sim import flash as flash_mod
+from flashcheck.kernels.sim.decode import split_partials, split_spans
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.masks import tile_bias
+from flashcheck.kernels.sim.mma_ops import MMAOperands
+from flashcheck.kernels.sim.ops import resolve_scale
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, default_format, resolve
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 # the presets of the defect report (each split re-quantised its chunk, or its MMA chain took dequantised operands)
 QUANTISED = ("fa3-fp8", "fa4-fp8", "fa3-fp8-fp22", "fa4-fp4", "sage2", "sage3-fp4")

@@ -1,4 +1,4 @@
-"""kernels.fp8_native (FP8 and integer quantisation, split's codes and max |x| in C) against the torch steps it
+"""kernels.native.fp8 (FP8 and integer quantisation, split's codes and max |x| in C) against the torch steps it
 replaces: the same bits on random values, ties, subnormals, zeros of both signs, limits, odd strides and ragged
 blocks; the torch path where the library is off."""
 
@@ -9,9 +9,10 @@ import torch
 
 from flashcheck.core.numerics import Format, amax_scale, quantize_scaled, round_to
 from flashcheck.core.quant import quantize_int
-from flashcheck.kernels import cbuild, fp8_native
-from flashcheck.kernels.fp8 import quantize_blocks
-from flashcheck.kernels.mma_ops import SPLIT_TOLERANCE, split
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native import fp8 as fp8_native
+from flashcheck.kernels.sim.fp8 import quantize_blocks
+from flashcheck.kernels.sim.mma_ops import SPLIT_TOLERANCE, split
 
 FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
 
@@ -123,7 +124,7 @@ def test_scaled_to_float32_equals_float64_result_rounded(lib, fmt):
 
 @pytest.mark.parametrize("d", [16, 64, 256])
 def test_hadamard_butterflies_equal_the_float64_product(lib, d):
-    from flashcheck.kernels.fp8 import incoherence_matrix
+    from flashcheck.kernels.sim.fp8 import incoherence_matrix
 
     g = torch.Generator().manual_seed(d)
     rot = incoherence_matrix(d, 3)

@@ -15,7 +15,7 @@ from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.metrics import rel_l2
 from flashcheck.core.numerics import round_to
 from flashcheck.kernels import flash_attention, reference_attention
-from flashcheck.kernels.presets import resolve
+from flashcheck.kernels.sim.presets import resolve
 
 pytest.importorskip("jax", reason="JAX is an optional extra (flashcheck[jax])")
 

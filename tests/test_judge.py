@@ -262,7 +262,7 @@ def test_a_zip_member_bigger_than_allowed_is_refused_before_inflating(tmp_path):
 
 
 def test_a_small_file_naming_a_long_sequence_is_refused_before_computing(tmp_path, monkeypatch):
-    import flashcheck.kernels.memory as memory
+    import flashcheck.kernels.sim.memory as memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)  # 1 MiB free
     q = np.zeros((1, 1, 2048, 1), np.float16)

@@ -10,7 +10,7 @@ import torch
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import parse_policy, round_to
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-from flashcheck.kernels.fp8 import hadamard_matrix, incoherence_matrix
+from flashcheck.kernels.sim.fp8 import hadamard_matrix, incoherence_matrix
 from helpers import budget_ok
 
 CASES = [  # (B, H, Lq, Lk, D, block_q, block_k)

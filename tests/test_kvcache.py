@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashcheck.kernels.kvcache import (
+from flashcheck.kernels.serving.kvcache import (
     KVCacheFormat,
     parse_kv_format,
     quantize_fp4_block16,

@@ -1,4 +1,4 @@
-"""kernels.memory: the estimate grows as the kernels do, refuses what cannot fit with the largest size that
+"""kernels.sim.memory: the estimate grows as the kernels do, refuses what cannot fit with the largest size that
 does, and stays an upper bound of the peak a real comparison reaches (VmHWM in a fresh
 process: ru_maxrss would carry the pytest parent's high-water mark across fork + exec)."""
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from flashcheck.core.inputs import InputSpec
-from flashcheck.kernels import memory
-from flashcheck.kernels.memory import Footprint, InsufficientMemory, check_fits, estimate_bytes, largest_fitting
+from flashcheck.kernels.sim import memory
+from flashcheck.kernels.sim.memory import Footprint, InsufficientMemory, check_fits, estimate_bytes, largest_fitting
 from flashcheck.measure.compare import CompareConfig
 
 
@@ -90,7 +90,7 @@ print(json.dumps([int(l.split()[1]) for l in open("/proc/self/status") if l.star
 )
 def test_estimate_is_an_upper_bound_of_the_measured_peak(kernel, policy, heads, length):
     """Peak RSS above the warmed-up process, in a fresh process; measured 0.61-0.83 of the estimate at
-    H=8, L=1024..4096 (see kernels/memory.py). The bound must hold and not be loose by more than 2.5x."""
+    H=8, L=1024..4096 (see kernels/sim/memory.py). The bound must hold and not be loose by more than 2.5x."""
     out = subprocess.run(
         [sys.executable, "-c", _PEAK, kernel, policy, str(heads), str(length)],
         capture_output=True,

@@ -1,4 +1,5 @@
-"""kernels.mma against mmaemu 0.1.0 (its instruction model, validated bit for bit on an RTX 4060 and an H100):
+"""kernels.tensorcore.mma against mmaemu 0.1.0 (its instruction model, validated bit for bit on an RTX 4060 and an
+H100):
 every accumulator of attention-shaped FP8 products bit-equal, one level and two, with and without c."""
 
 from __future__ import annotations
@@ -8,7 +9,16 @@ import warnings
 import pytest
 import torch
 
-from flashcheck.kernels.mma import ADA, B200, HOPPER, MMA_MODELS, MMAModel, _matmul, mma_matmul, native_library
+from flashcheck.kernels.tensorcore.mma import (
+    ADA,
+    B200,
+    HOPPER,
+    MMA_MODELS,
+    MMAModel,
+    _matmul,
+    mma_matmul,
+    native_library,
+)
 
 mmaemu_chain = pytest.importorskip("mmaemu.model.chain")
 mmaemu_plan = pytest.importorskip("mmaemu.model.plan")
@@ -212,12 +222,12 @@ def test_models_and_bad_input():
 
 @pytest.mark.parametrize("name", ["fa3-fp8-fp22", "fa4-fp8", "sage2", "sage2pp", "fa4-fp4"])
 def test_flash_operands_split_into_codes_and_scales(name):
-    """kernels.mma_ops recovers the codes the tensor core multiplies from each preset's dequantised Q, K, V (FA3's
+    """kernels.sim.mma_ops recovers the codes the tensor core multiplies from each preset's dequantised Q, K, V (FA3's
     per-block, FA4's per-tensor, Sage's per-channel scales); NVFP4 operands are round_inputs' pieces: the
     block-scaled values (e2m1 x e4m3, float32 "e2m1s" operands) times the fp32 tensor descale."""
-    from flashcheck.kernels.fp8 import round_inputs
-    from flashcheck.kernels.mma_ops import MMAOperands
-    from flashcheck.kernels.presets import default_format, resolve
+    from flashcheck.kernels.sim.fp8 import round_inputs
+    from flashcheck.kernels.sim.mma_ops import MMAOperands
+    from flashcheck.kernels.sim.presets import default_format, resolve
 
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.float64) for _ in range(3))

@@ -1,4 +1,5 @@
-"""The error model's tensor-core accumulator term (measure.mma_error) against kernels.mma on synthetic products.
+"""The error model's tensor-core accumulator term (measure.mma_error) against kernels.tensorcore.mma on synthetic
+products.
 
 P: softmax numerators exp(s - max) x 2^8 (s ~ N(0, 2^2)) as the flash kernels cast them (e4m3 / e5m2), V ~ N(0, 1)
 quantised per tensor to the same format (amax at the format's top; 2.25 for Ada's fp16 register, as SageAttention2
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import Format, round_to
-from flashcheck.kernels.mma import MMA_MODELS, mma_matmul
+from flashcheck.kernels.tensorcore.mma import MMA_MODELS, mma_matmul
 from flashcheck.measure.mma_error import chain_moments, cut_moments
 
 FORMATS = {"e4m3": (Format.FP8_E4M3, 448.0), "e5m2": (Format.FP8_E5M2, 57344.0)}
@@ -151,8 +152,8 @@ def test_the_term_predicts_the_accumulator_inside_the_flash_kernel():
     an exact P·V, over the output's norm, against pv_mma_stats' f_acc (sampled rows, columns and heads: n = 2
     heads x 16 rows x 16 columns in the sampling allowance of the budget)."""
     from flashcheck.core.inputs import InputSpec, make_qkv
-    from flashcheck.kernels.flash import flash_attention
-    from flashcheck.kernels.presets import resolve
+    from flashcheck.kernels.sim.flash import flash_attention
+    from flashcheck.kernels.sim.presets import resolve
     from flashcheck.measure.mma_error import pv_mma_stats
 
     q, k, v = make_qkv(InputSpec(heads=2, seq_len=16, seq_len_k=512, head_dim=64, seed=5))

@@ -1,5 +1,7 @@
-"""kernels.mma_c's block finalisation on float32 bits (tile_late: B200's late c, two int32 partial sums; tile_early:
-the early-c int32 sum) against kernels.mma's float64 torch chain, the oracle, on crafted cases: the int32 sum of
+"""kernels.native.mma_c's block finalisation on float32 bits (tile_late: B200's late c, two int32 partial sums;
+tile_early:
+the early-c int32 sum) against kernels.tensorcore.mma's float64 torch chain, the oracle, on crafted cases: the int32
+sum of
 the two halves overflowing (32 terms near 2^27 of one sign), results near fp32's normal floor and its largest
 values, zeros, negative sums, ragged K and N, 1 and 2 threads."""
 
@@ -8,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcheck.kernels import cbuild, mma
-from flashcheck.kernels.mma import ADA, B200, HOPPER, _matmul
-from flashcheck.kernels.mma_native import operands
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native.mma import operands
+from flashcheck.kernels.tensorcore import mma
+from flashcheck.kernels.tensorcore.mma import ADA, B200, HOPPER, _matmul
 from helpers import torch_threads
 
 
@@ -24,14 +27,14 @@ def lib():
 
 
 def _oracle(a, b, model, c, fmts) -> torch.Tensor:
-    """kernels.mma's float64 torch chain (_chain, not the float32 _chain_fast: a c below 2^-100 selects it)."""
+    """kernels.tensorcore.mma's float64 torch chain (_chain, not _chain_fast: a c below 2^-100 selects it)."""
     c = c.clone()
     c.view(-1)[-1] = 2.0**-120
     return _matmul(a, b, model, c, None, fmts, False, None), c
 
 
 def _check(lib, monkeypatch, a, b, model, c, fmts, threads: int) -> torch.Tensor:
-    from flashcheck.kernels import mma_native
+    from flashcheck.kernels.native import mma as mma_native
 
     want, c = _oracle(a, b, model, c, fmts)
     monkeypatch.setattr(mma_native, "MIN_ROWS_PER_THREAD", 1)

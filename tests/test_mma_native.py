@@ -1,4 +1,5 @@
-"""kernels.mma_native (the block-FMA chain in C) against kernels.mma's torch chain: the same bits on every rule,
+"""kernels.native.mma (the block-FMA chain in C) against kernels.tensorcore.mma's torch chain: the same bits on every
+rule,
 shape, stride and thread count; the fallback and its reason where there is no C library."""
 
 from __future__ import annotations
@@ -6,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcheck.kernels import cbuild, mma
-from flashcheck.kernels.mma import ADA, B200, HOPPER, MMAModel, _matmul, mma_matmul
-from flashcheck.kernels.mma_native import operands
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native.mma import operands
+from flashcheck.kernels.tensorcore import mma
+from flashcheck.kernels.tensorcore.mma import ADA, B200, HOPPER, MMAModel, _matmul, mma_matmul
 from helpers import torch_threads
 
 
@@ -51,7 +53,7 @@ def test_c_chain_bit_equal_to_torch_chain(lib, case):
 
 def test_strides_broadcast_and_threads(lib, monkeypatch):
     """A transposed b, a batch dim broadcast, and rows split between threads give the bits of one thread."""
-    from flashcheck.kernels import mma_native
+    from flashcheck.kernels.native import mma as mma_native
 
     a = operands("e4m3", (2, 1, 40, 64), 1)
     bt = operands("e4m3", (1, 3, 48, 64), 2)  # [.., N, K]: b is its transpose (strided, not contiguous)
@@ -77,11 +79,11 @@ def test_public_entry_runs_c_and_keeps_fp32_results(lib):
 
 def test_fallback_reason_where_disabled(monkeypatch):
     monkeypatch.setenv("FLASHCHECK_NATIVE", "0")
-    loaded, why = cbuild.load("mma", "int x;", "kernels.mma runs its torch chain")
+    loaded, why = cbuild.load("mma", "int x;", "kernels.tensorcore.mma runs its torch chain")
     assert loaded is None and "FLASHCHECK_NATIVE=0" in why
     monkeypatch.setenv("FLASHCHECK_NATIVE", "1")
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    loaded, why = cbuild.load("mma", "int x;", "kernels.mma runs its torch chain")
+    loaded, why = cbuild.load("mma", "int x;", "kernels.tensorcore.mma runs its torch chain")
     assert loaded is None and "$CC=no-such-compiler-here: not found" in why
 
 
@@ -107,9 +109,10 @@ FAST_CASES = [  # model, formats, fp16, (Bt, M, K, N), b transposed: the tiles' 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", range(len(FAST_CASES)))
 def test_c_tiles_bit_equal_to_torch_chain_at_1_and_2_threads(lib, monkeypatch, case, threads):
-    """The C chain's tiles against the torch chain (kernels.mma's torch segments) on random format values with
+    """The C chain's tiles against the torch chain (kernels.tensorcore.mma's torch segments) on random format values
+    with
     zeros, subnormals, zero columns and c with tiny, subnormal, zero and huge values."""
-    from flashcheck.kernels import mma_native
+    from flashcheck.kernels.native import mma as mma_native
 
     model, fmts, fp16, (bt, m, k, n), transposed = FAST_CASES[case]
     a = operands(fmts[0], (bt, m, k), 40 + case)
@@ -162,7 +165,7 @@ WIDE_CASES = [  # model, (bits, lo, hi) of a and of b, c's largest exponent (Non
 def test_fp32_operands_bit_equal_to_torch_chain_on_both_tiles(lib, monkeypatch, case, threads):
     """Dequantised ("fp32") operands, in and out of the range where the C chain runs them in float32, give the
     torch chain's bits (ragged K and N, zeros, a column of no products, b copied and in place)."""
-    from flashcheck.kernels import mma_native
+    from flashcheck.kernels.native import mma as mma_native
 
     model, (ba, la, ha), (bb, lb, hb), ce = WIDE_CASES[case]
     fmts = ("fp32", "fp32")
@@ -198,7 +201,7 @@ def test_mma_into_continues_acc_as_mma_matmul(lib):
 
 def test_pv_accumulate_rescale_fold_equals_rescale_first(lib):
     from flashcheck.core.numerics import parse_policy
-    from flashcheck.kernels.mma_ops import Operand, pv_accumulate
+    from flashcheck.kernels.sim.mma_ops import Operand, pv_accumulate
 
     pol = parse_policy("fa3-fp8")
     g = torch.Generator().manual_seed(5)
@@ -225,7 +228,8 @@ E2M1S_CASES = [  # model, formats (the "e2m1s" side's float64 twin is "fp32"), p
 
 @pytest.mark.parametrize("case", range(len(E2M1S_CASES)))
 def test_e2m1s_operands_bit_equal_to_fp32_operands(lib, case):
-    """Block-scaled FP4 values e2m1 x e4m3 as float32 "e2m1s" operands (kernels.mma_c's f32 variant) give the bits
+    """Block-scaled FP4 values e2m1 x e4m3 as float32 "e2m1s" operands (kernels.native.mma_c's f32 variant) give the
+    bits
     of the same values as float64 "fp32" operands (the f64 variant, and the torch chain of each): random values
     with zeros and e4m3-subnormal scales, the extremes 2^-10 and 2688, ragged K and N, a column of no products."""
     model, fmts, promote, fp16, c_scale = E2M1S_CASES[case]
@@ -252,8 +256,8 @@ def test_fp4_operands_enter_as_e2m1s_and_others_fall_back():
     become "e2m1s" operands; a value "e2m1s" cannot hold (too small, too large, too many bits, a significand
     above 1.875, not a float32) keeps the whole operand "fp32" (the float64 path)."""
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.mma_ops import _fp4_scaled, block_scaled
-    from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_p
+    from flashcheck.kernels.formats.sage3 import quantize_fp4x16, sage3_p
+    from flashcheck.kernels.sim.mma_ops import _fp4_scaled, block_scaled
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 3, 64, 48, generator=g) * torch.exp2(torch.randint(-12, 6, (2, 3, 64, 1), generator=g))

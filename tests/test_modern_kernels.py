@@ -1,4 +1,4 @@
-"""FA4 / FP8 / FP4 / SageAttention stage knobs and presets (kernels.fastmath, kernels.quantized, the modern
+"""FA4 / FP8 / FP4 / SageAttention stage knobs and presets (kernels.formats.fastmath, kernels.sim.quantized, the modern
 presets) against mpmath, closed forms and a hand-written slow oracle; the old presets' outputs unchanged."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from flashcheck.core.numerics import Format, Policy, parse_policy, round_to
 from flashcheck.core.quant import quantize_mx, quantize_nvfp4
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-from flashcheck.kernels.fastmath import (
+from flashcheck.kernels.formats.fastmath import (
     POLY_EX2_3,
     emulated_columns,
     ex2_emulation,
@@ -23,9 +23,9 @@ from flashcheck.kernels.fastmath import (
     poly_rel_error_bound,
     truncate_bits,
 )
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.presets import KERNEL_PRESETS, default_format, resolve
-from flashcheck.kernels.presets_modern import MODERN_PRESETS
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, default_format, resolve
+from flashcheck.kernels.sim.presets_modern import MODERN_PRESETS
 
 GOLDEN = Path(__file__).parent / "golden" / "preset_outputs.json"
 

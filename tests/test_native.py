@@ -1,4 +1,4 @@
-"""kernels.native: the one-pass C rounding of P gives torch's casts' bits, and the simulators fall back without it."""
+"""kernels.native.rounding: one-pass C rounding of P gives torch's bits, and the simulators fall back without it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import parse_policy
-from flashcheck.kernels import cbuild, flash_attention, native
-from flashcheck.kernels import ops as ops_mod
-from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels import flash_attention
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native import rounding as native
+from flashcheck.kernels.sim import ops as ops_mod
+from flashcheck.kernels.sim.fp8 import round_inputs
 
 HAS_CC = cbuild.compiler() is not None
 
@@ -131,7 +133,7 @@ def test_doctor_reports_the_rounding(monkeypatch):
     from flashcheck.cli import app
 
     monkeypatch.setattr(backends_mod, "all_backends", lambda: [])  # their probes take seconds; not this test's
-    from flashcheck.kernels import mma
+    from flashcheck.kernels.tensorcore import mma
 
     native._library.cache_clear()
     mma._native.cache_clear()
@@ -167,13 +169,13 @@ def test_fused_max_step_gives_torchs_values():
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_fused_max_step_moves_no_bit(causal, monkeypatch):
-    import flashcheck.kernels.flash as flash_mod
+    import flashcheck.kernels.sim.flash as flash_mod
 
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 260, 64, generator=g) for _ in range(3))
     used = []
     real = flash_mod.max_sub_
-    monkeypatch.setattr(flash_mod, "softmax_step", lambda *a: None)  # kernels.native_step's fused step: its own tests
+    monkeypatch.setattr(flash_mod, "softmax_step", lambda *a: None)  # kernels.native.step's fused step: its own tests
     monkeypatch.setattr(flash_mod, "tile_forward", lambda *a: False)  # and its whole tiles in C
     monkeypatch.setattr(flash_mod, "max_sub_", lambda s, m: used.append(1) or real(s, m))
     fast = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)

@@ -1,4 +1,4 @@
-"""kernels.native_step: the fused FA2 step gives torch's bits (its routines against torch's ops, and the flash
+"""kernels.native.step: the fused FA2 step gives torch's bits (its routines against torch's ops, and the flash
 simulator with it against the simulator without it), or disables itself and says why."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import sys
 import pytest
 import torch
 
-from flashcheck.kernels import cbuild, flash, flash_attention, native_step
+from flashcheck.kernels import flash_attention
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native import step as native_step
+from flashcheck.kernels.sim import flash
 
 HAS_CC = cbuild.compiler() is not None
 needs_step = pytest.mark.skipif(
@@ -181,7 +184,8 @@ def test_tile_forward_off_where_torch_would_run_threaded():
 
 _CHILD = """
 import json, torch
-from flashcheck.kernels import flash, native_step
+from flashcheck.kernels.sim import flash
+from flashcheck.kernels.native import step as native_step
 from tests.test_native_step import CASES, _run
 torch.set_num_threads(1)
 outs = [_run(s, kw) for s, kw in CASES]

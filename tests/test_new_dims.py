@@ -15,9 +15,9 @@ from flashcheck.backends import all_backends
 from flashcheck.core.metrics import error_summary, rel_l2
 from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash_attention, reference_attention, split_kv_attention, standard_attention
-from flashcheck.kernels.decode import split_spans
-from flashcheck.kernels.masks import key_padding_mask, rows_with_keys
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.decode import split_spans
+from flashcheck.kernels.sim.masks import key_padding_mask, rows_with_keys
+from flashcheck.kernels.sim.validation import expand_kv_heads
 from flashcheck.measure import Unavailable, parse_method
 from flashcheck.measure.padding import OUTCOMES, classify, padded_row_outcomes
 from flashcheck.measure.symmetry import ds_row_sums, measure_point, symmetry_inputs

@@ -1,5 +1,6 @@
 """fa4-fp4's block-scaled MMA: NVFP4's pieces (core.quant.nvfp4_parts) against the dequantised values and against
-torchao's NVFP4Tensor, and the QK scores the flash forward takes from kernels.mma_ops against kernels.mma's float64
+torchao's NVFP4Tensor, and the QK scores the flash forward takes from kernels.sim.mma_ops against
+kernels.tensorcore.mma's float64
 chain on the block-scaled values with the fp32 tensor descales after it (the old model, the dequantised values in
 the chain, fails that on the same data)."""
 
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 from flashcheck.core.quant import nvfp4_parts, quantize_nvfp4
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.mma import B200, _matmul
-from flashcheck.kernels.mma_ops import MMAOperands, _values, qk_scores
-from flashcheck.kernels.presets import resolve
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.mma_ops import MMAOperands, _values, qk_scores
+from flashcheck.kernels.sim.presets import resolve
+from flashcheck.kernels.tensorcore.mma import B200, _matmul
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
@@ -94,7 +95,7 @@ def _qkv(lq: int, lk: int, d: int, seed: int):
 
 
 def _oracle(q_pieces, k_pieces, factor: float) -> torch.Tensor:
-    """kernels.mma's float64 torch chain on the block-scaled values, then fl32(acc * factor * dq * dk)."""
+    """kernels.tensorcore.mma's float64 torch chain on the block-scaled values, then fl32(acc * factor * dq * dk)."""
     wq, wk = q_pieces.scaled.double(), k_pieces.scaled.double()
     acc = _matmul(wq, wk.transpose(-1, -2), B200, None, None, ("fp32", "fp32"), False, None)
     dq, dk = q_pieces.descale.double().item(), k_pieces.descale.double().item()
@@ -116,7 +117,7 @@ def test_fa4_fp4_qk_scores_are_the_block_scaled_mma(shape, floor):
     raw = k[..., :16].abs().amax(-1).float() / 6.0 * ((448.0 * 6.0) / k.abs().max().float())  # K's first blocks
     assert bool(((raw > 2.0**-9) & (raw < 2.0**-6)).any())  # e4m3 subnormal block scales (floored with floor)
     ops = MMAOperands.make(qr, kr, vr, pol, bq, bk, parts)
-    assert (ops.q.fmt, ops.k.fmt, ops.v.fmt) == ("e2m1s",) * 3  # float32 values e2m1 x e4m3 (kernels.mma.EMIN)
+    assert (ops.q.fmt, ops.k.fmt, ops.v.fmt) == ("e2m1s",) * 3  # e2m1 x e4m3 (tensorcore.mma.EMIN)
     assert torch.equal(ops.v.codes, parts["v"].scaled.float())
     factor = d**-0.5
     got = qk_scores(ops.q, ops.k, ops.model_qk, factor)

@@ -16,7 +16,7 @@ from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.metrics import rel_l2
 from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash_attention, reference_attention, standard_attention
-from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.sim.fp8 import round_inputs
 from flashcheck.measure.inputstats import input_stats
 from flashcheck.measure.predict import (
     COEFFS,
@@ -154,7 +154,7 @@ def test_cli_backend_names_its_equivalent_kernel():
 
 
 def test_cli_draw_measures_the_statistics_without_a_kernel(monkeypatch):
-    import flashcheck.kernels.flash as flash
+    import flashcheck.kernels.sim.flash as flash
 
     def boom(*a, **k):
         raise AssertionError("the kernel ran")

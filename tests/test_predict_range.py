@@ -12,8 +12,8 @@ import torch
 
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import parse_policy
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.presets_modern import sage3_fp4
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.presets_modern import sage3_fp4
 from flashcheck.measure.inputstats import input_stats, narrow_p, range_stats
 from flashcheck.measure.predict import Setting, accumulator_term, features, predict
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from flashcheck.cli import app
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.core.numerics import parse_policy, round_to
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.reference import reference_attention
 from flashcheck.measure.inputstats import input_stats, sampled_rows
 from flashcheck.measure.predict import Setting, exact_rows, features, predict
 

@@ -1,4 +1,4 @@
-"""kernels.preset_native (P's FP8 and SageAttention3 quantisation, the MMA descales, the FP4 input quantisers, the
+"""kernels.native.presets (P's FP8 and SageAttention3 quantisation, the MMA descales, the FP4 input quantisers, the
 e2m1s operand check and O's rescales in C) against the torch steps it replaces: the same bits on score-block-sized
 random P, ragged blocks, strided O views and broadcast scales; None (the torch steps) on NaN and where the library
 is off."""
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import Format, round_to
-from flashcheck.kernels import cbuild, preset_native
-from flashcheck.kernels.preset_native import UNIT_ADD, UNIT_DIV, UNIT_MUL
-from flashcheck.kernels.sage3 import sage3_p
+from flashcheck.kernels.formats.sage3 import sage3_p
+from flashcheck.kernels.native import cbuild
+from flashcheck.kernels.native import presets as preset_native
+from flashcheck.kernels.native.presets import UNIT_ADD, UNIT_DIV, UNIT_MUL
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_pv_start_matches_rescale_then_division(lib):
 
 @pytest.mark.parametrize("width", [128, 70, 16])
 def test_ex2_columns_span_matches_emulation(lib, width):
-    from flashcheck.kernels.fastmath import POLY_EX2_3, column_mask, ex2_emulation
+    from flashcheck.kernels.formats.fastmath import POLY_EX2_3, column_mask, ex2_emulation
 
     g = torch.Generator().manual_seed(width)
     x = (torch.randn(3, 37, width, generator=g) * 40 - 20).clamp(max=127.0)
@@ -146,14 +147,14 @@ def test_ex2_columns_span_matches_emulation(lib, width):
 @pytest.mark.parametrize("dim", [-1, -2])
 def test_nvfp4_matches_nvfp4_parts(lib, dim, floor):
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.quantized import _nvfp4_parts
+    from flashcheck.kernels.sim.quantized import _nvfp4_parts
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2, 3, 70, 40, generator=g) * torch.exp2(torch.randint(-30, 10, (2, 3, 70, 40), generator=g))
     x[0, 0, :, :16] = 0.0
     x[1, 1, :16, :] = 2.0**-20  # scales that round to an e4m3 subnormal or 0 (floored with floor)
     want = nvfp4_parts(x, dim=dim, scale_floor=floor)
-    for src in (x, x.double()):  # kernels.quantized takes float64 inputs too
+    for src in (x, x.double()):  # kernels.sim.quantized takes float64 inputs too
         got = _nvfp4_parts(src, dim, floor)
         for w, h in zip(want, got, strict=True):
             assert torch.equal(_bits(w.to(h.dtype)), _bits(h))
@@ -164,7 +165,7 @@ def test_nvfp4_matches_nvfp4_parts(lib, dim, floor):
 
 def test_e2m1s_check_matches_torch(lib):
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.mma import fits_e2m1s
+    from flashcheck.kernels.tensorcore.mma import fits_e2m1s
 
     g = torch.Generator().manual_seed(12)
     ok = nvfp4_parts(torch.randn(2, 3, 40, 64, generator=g)).scaled.contiguous()
@@ -179,7 +180,7 @@ def test_e2m1s_check_matches_torch(lib):
 
 
 def test_fp4x16_float32_matches_quantize_fp4x16(lib):
-    from flashcheck.kernels.sage3 import quantize_fp4x16
+    from flashcheck.kernels.formats.sage3 import quantize_fp4x16
 
     g = torch.Generator().manual_seed(13)
     x = (torch.randn(2, 3, 37, 70, generator=g) * 4).to(torch.bfloat16).float()
@@ -206,8 +207,8 @@ def test_rescale_matches_mul_then_add(lib):
 
 
 def test_sage3_float32_inputs_match_float64(lib):
-    from flashcheck.kernels.fp8 import round_inputs
-    from flashcheck.kernels.presets import default_format, resolve
+    from flashcheck.kernels.sim.fp8 import round_inputs
+    from flashcheck.kernels.sim.presets import default_format, resolve
 
     g = torch.Generator().manual_seed(15)
     q, k, v = (torch.randn(1, 2, 300, 64, generator=g) for _ in range(3))

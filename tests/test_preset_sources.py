@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import Format
-from flashcheck.kernels.flash import flash_attention
-from flashcheck.kernels.fp8 import incoherence_matrix
-from flashcheck.kernels.presets import KERNEL_PRESETS, resolve
-from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
+from flashcheck.kernels.formats.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
+from flashcheck.kernels.sim.flash import flash_attention
+from flashcheck.kernels.sim.fp8 import incoherence_matrix
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS, resolve
 from preset_oracles import fa3_fp8_oracle, fp4x16_row, rnd, sage2_oracle, sage3_oracle
 
 L, D = 160, 32

@@ -1,4 +1,4 @@
-"""O held in the P·V MMA's units (kernels.mma_ops.held_v_scale, pv_accumulate(held=True), kernels.flash's
+"""O held in the P·V MMA's units (kernels.sim.mma_ops.held_v_scale, pv_accumulate(held=True), kernels.sim.flash's
 finalize) against a hand-written loop that follows FA4's forward (Dao-AILab/flash-attention
 flash_attn/cute/flash_fwd_sm100.py at 0251105a: the fp32 O accumulator rescaled in place, the P·V MMA
 accumulating into it, then O * (rcp_approx(row_sum) * v_descale) in the correction epilogue; FA3's
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from flashcheck.core.numerics import parse_policy
-from flashcheck.kernels.flash import _held_factor
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.mma import B200, mma_matmul
-from flashcheck.kernels.mma_native import operands
-from flashcheck.kernels.mma_ops import MMAOperands, Operand, held_v_scale, pv_accumulate
-from flashcheck.kernels.presets import default_format, resolve
+from flashcheck.kernels.native.mma import operands
+from flashcheck.kernels.sim.flash import _held_factor
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.mma_ops import MMAOperands, Operand, held_v_scale, pv_accumulate
+from flashcheck.kernels.sim.presets import default_format, resolve
+from flashcheck.kernels.tensorcore.mma import B200, mma_matmul
 
 PS = 256.0  # FA4's P in 2^8 units (max_offset 8)
 
@@ -35,7 +35,7 @@ def _steps(seed: int, n: int = 4):
 
 
 def _oracle(steps, l: torch.Tensor, v_scale: float) -> np.ndarray:
-    """The loop as the source writes it, in float32 numpy (the MMA by kernels.mma's model, tested elsewhere)."""
+    """The loop as the source writes it, in float32 numpy (the MMA by tensorcore.mma's model)."""
     o = np.zeros((6, 8), np.float32)
     for p, alpha, vc in steps:
         o = o * alpha[0, 0].numpy().astype(np.float32)  # the correction warps' rescale of the fp32 accumulator

@@ -271,7 +271,7 @@ def test_nvfp4_scale_floor_bit_equal_to_torchao():
 
 
 def test_policy_knobs_choose_the_scale_rounding():
-    from flashcheck.kernels.quantized import quantize_inputs
+    from flashcheck.kernels.sim.quantized import quantize_inputs
 
     pol = parse_policy("fp4-e2m1-mixed,qk_scaling=mx,v_scaling=mx,mx_rounding=rceil,nvfp4_floor=1")
     assert (pol.mx_rounding, pol.nvfp4_floor) == ("rceil", True)

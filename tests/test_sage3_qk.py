@@ -1,4 +1,4 @@
-"""SageAttention3's Q K^T (kernels.sage3 rule 2): the B200 MMA chain over the FP4 columns started from
+"""SageAttention3's Q K^T (kernels.formats.sage3 rule 2): the B200 MMA chain over the FP4 columns started from
 delta_s = qm Ks^T (api.py's 16-bit matmul), against mmaemu's block step (its readable reference, bfma) and the
 numpy operands of tests/preset_oracles.py, bit for bit; the old product of the 2 D concatenations differs."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.mma import B200, mma_matmul
-from flashcheck.kernels.mma_ops import MMAOperands, qk_scores
-from flashcheck.kernels.presets import resolve
-from flashcheck.kernels.sage3 import DeltaS
+from flashcheck.kernels.formats.sage3 import DeltaS
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.mma_ops import MMAOperands, qk_scores
+from flashcheck.kernels.sim.presets import resolve
+from flashcheck.kernels.tensorcore.mma import B200, mma_matmul
 from preset_oracles import HALF, sage3_qk
 
 mmaemu_chain = pytest.importorskip("mmaemu.model.chain")

@@ -1,4 +1,4 @@
-"""kernels.sagebwd: forward and gradients against a slow hand-written oracle (tile loops, float64 products), and
+"""kernels.sim.sagebwd: forward and gradients against a slow hand-written oracle (tile loops, float64 products), and
 gradients against FP64 autograd within a bound derived from the quantisation steps; the loss-gap verdicts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from flashcheck.kernels.sagebwd import sagebwd_attention
+from flashcheck.kernels.sim.sagebwd import sagebwd_attention
 from flashcheck.training.lossgap import context_free_loss, level, loss_gaps, sentence
 
 L, D, BQ, BK = 12, 8, 5, 4  # partial last tiles on both axes

@@ -12,11 +12,11 @@ import torch
 from tests.helpers import scale_qkv
 
 from flashcheck.core.numerics import info, parse_policy
-from flashcheck.kernels import flash as flash_mod
-from flashcheck.kernels import standard as standard_mod
-from flashcheck.kernels.flash import FlashConfig, flash_attention
-from flashcheck.kernels.standard import standard_attention
-from flashcheck.kernels.tiles import MIN_ROWS, ROW_BLOCK, mm_blocks, row_chunks
+from flashcheck.kernels.sim import flash as flash_mod
+from flashcheck.kernels.sim import standard as standard_mod
+from flashcheck.kernels.sim.flash import FlashConfig, flash_attention
+from flashcheck.kernels.sim.standard import standard_attention
+from flashcheck.kernels.sim.tiles import MIN_ROWS, ROW_BLOCK, mm_blocks, row_chunks
 
 POLICIES = ("fp64", "bf16-mixed", "fp16", "baseline-fp8")
 
@@ -72,7 +72,7 @@ def test_chunked_runs_issue_the_products_of_the_unchunked_run(kernel, lq):
             if kernel.startswith("standard"):
                 out = standard_attention(*leaves, policy="fp64", causal=True, chunk_rows=rows)
             else:
-                from flashcheck.kernels.reference import reference_attention
+                from flashcheck.kernels.sim.reference import reference_attention
 
                 out = reference_attention(*leaves, causal=True, chunk=rows)
         return out.detach(), rec.seen
@@ -291,7 +291,7 @@ def _count_running(cases) -> int:
 def test_the_local_pool_runs_only_as_many_groups_as_fit_in_memory(tmp_path, monkeypatch, fit, expected):
     """Each group's estimate (study.memory.estimate_case_bytes) against a fake available memory that holds
     `fit` of them: with 3 workers, at most floor(fit) groups (at least one) run at once."""
-    from flashcheck.kernels.memory import HEADROOM
+    from flashcheck.kernels.sim.memory import HEADROOM
     from flashcheck.study.executors import run_local
     from flashcheck.study.memory import estimate_case_bytes
 
@@ -307,7 +307,7 @@ def test_the_local_pool_runs_only_as_many_groups_as_fit_in_memory(tmp_path, monk
 
 
 def test_plan_starts_a_group_only_while_the_running_estimates_fit():
-    from flashcheck.kernels.memory import HEADROOM
+    from flashcheck.kernels.sim.memory import HEADROOM
     from flashcheck.study.executors import _Plan
 
     plan = _Plan({0: 600, 1: 300, 2: 500}, int(1000 / HEADROOM) + 1)
@@ -446,8 +446,8 @@ def test_study_device_cpu_explicit_reaches_the_workers(tmp_path, monkeypatch):
 # The flash forward's tile loop before its buffers were reused (every step's tensors fresh, out of place):
 # the oracle the in-place loop must equal bit for bit.
 def _fresh_fa2(s, v_j, o, m, l, pol, exp, untiled, tie_beta=None):
-    from flashcheck.kernels.ops import rnd, safe_max
-    from flashcheck.kernels.tiles import mm_rows
+    from flashcheck.kernels.sim.ops import rnd, safe_max
+    from flashcheck.kernels.sim.tiles import mm_rows
 
     mt = s.amax(dim=-1, keepdim=True)
     if tie_beta is not None:
@@ -462,8 +462,8 @@ def _fresh_fa2(s, v_j, o, m, l, pol, exp, untiled, tie_beta=None):
 
 
 def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
-    from flashcheck.kernels.ops import rnd, safe_max
-    from flashcheck.kernels.tiles import mm_rows
+    from flashcheck.kernels.sim.ops import rnd, safe_max
+    from flashcheck.kernels.sim.tiles import mm_rows
 
     mt = s.amax(dim=-1, keepdim=True)
     pt = rnd(exp(s - safe_max(mt)), pol, "p")
@@ -478,9 +478,9 @@ def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
 
 
 def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False, _ops=None):  # scales the products itself; no MMA
-    from flashcheck.kernels.masks import tile_bias
-    from flashcheck.kernels.ops import resolve_scale, rnd
-    from flashcheck.kernels.tiles import mm_rows
+    from flashcheck.kernels.sim.masks import tile_bias
+    from flashcheck.kernels.sim.ops import resolve_scale, rnd
+    from flashcheck.kernels.sim.tiles import mm_rows
 
     (r0, r1), (b, h, lq, _), lk, dv = rows, q.shape, k.shape[-2], v.shape[-1]
     sc = resolve_scale(cfg.scale, q.shape[-1]) * (flash_mod.LOG2E if cfg.exp2 else 1.0)
@@ -534,7 +534,7 @@ def test_flash_in_place_tiles_equal_the_out_of_place_loop_bit_for_bit(policy, cf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rounding_in_place_equals_rounding(fmt, dtype):
     from flashcheck.core.numerics import info, uniform_policy
-    from flashcheck.kernels.ops import rnd, rnd_
+    from flashcheck.kernels.sim.ops import rnd, rnd_
 
     pol = uniform_policy(fmt)
     x = torch.randn(3, 5, 40, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 300

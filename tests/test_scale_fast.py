@@ -10,13 +10,13 @@ import pytest
 import torch
 from tests.helpers import scale_qkv
 
-from flashcheck.kernels import flash as flash_mod
-from flashcheck.kernels import ops
-from flashcheck.kernels import reference as reference_mod
-from flashcheck.kernels import standard as standard_mod
-from flashcheck.kernels.ops import prescale_is_exact
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.standard import standard_attention
+from flashcheck.kernels.sim import flash as flash_mod
+from flashcheck.kernels.sim import ops
+from flashcheck.kernels.sim import reference as reference_mod
+from flashcheck.kernels.sim import standard as standard_mod
+from flashcheck.kernels.sim.ops import prescale_is_exact
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.standard import standard_attention
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -146,7 +146,7 @@ def test_the_fold_never_writes_into_the_callers_tensors(kernel):
 
 _FIRST_CALL = """
 import hashlib, torch
-from flashcheck.kernels.reference import reference_attention
+from flashcheck.kernels.sim.reference import reference_attention
 g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, 8, 512, 64, generator=g, dtype=torch.float64) for _ in range(3))
 torch.matmul(q, k.transpose(-1, -2))  # a BLAS call first, as a user's code may make

@@ -10,17 +10,17 @@ import torch
 from tests.helpers import scale_qkv
 
 from flashcheck.core import metrics
-from flashcheck.kernels import reference as reference_mod
-from flashcheck.kernels import standard as standard_mod
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.standard import standard_attention
+from flashcheck.kernels.sim import reference as reference_mod
+from flashcheck.kernels.sim import standard as standard_mod
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.standard import standard_attention
 
 
 def _reference_one_block(q, k, v, causal: bool, mask=None):
     """The reference as one L x L block, out of place (the former code path with chunk = Lq), its two products
-    formed in the fixed row blocks of kernels.tiles.mm_blocks (tests/test_scale.py checks those)."""
-    from flashcheck.kernels.masks import tile_bias
-    from flashcheck.kernels.tiles import mm_blocks
+    formed in the fixed row blocks of kernels.sim.tiles.mm_blocks (tests/test_scale.py checks those)."""
+    from flashcheck.kernels.sim.masks import tile_bias
+    from flashcheck.kernels.sim.tiles import mm_blocks
 
     lq, lk = q.shape[-2], k.shape[-2]
     q, k, v = (t.to(torch.float64) for t in (q, k, v))

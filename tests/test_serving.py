@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from flashcheck.backends.serving import sim_target
 from flashcheck.cli.app import app
-from flashcheck.kernels.serving_attention import exact_attention, serving_attention
-from flashcheck.kernels.serving_heuristics import (
+from flashcheck.kernels.serving.attention import exact_attention, serving_attention
+from flashcheck.kernels.serving.heuristics import (
     fa3_launch_tile,
     fa3_num_splits,
     fa3_num_splits_heuristic,
@@ -179,7 +179,7 @@ def test_haystack_needle_margin_and_bf16_long_context_error_small():
 
 
 def test_one_level_fp8_accumulation_loses_the_shared_mean_haystack_two_level_does_not():
-    pytest.importorskip("flashcheck.kernels.mma")
+    pytest.importorskip("flashcheck.kernels.tensorcore.mma")
     from flashcheck.measure.longcontext import measure_cell
 
     cells = {(var, n): measure_cell(var, n, heads=1) for var, n in

@@ -1,4 +1,4 @@
-"""The forward's query-tile pool (kernels.flash._run_tiles): sized by the cores free, the same bits whatever
+"""The forward's query-tile pool (kernels.sim.flash._run_tiles): sized by the cores free, the same bits whatever
 the worker count, single-threaded ops under a pool or a serial run of several tiles."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import threading
 
 import torch
 
-import flashcheck.kernels.flash as flash_mod
+import flashcheck.kernels.sim.flash as flash_mod
 from flashcheck.kernels import flash_attention
-from flashcheck.kernels.tiles import free_cores
+from flashcheck.kernels.sim.tiles import free_cores
 
 QUERY_TILE = flash_mod._query_tile
 

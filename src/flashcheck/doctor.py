@@ -124,37 +124,37 @@ def diagnose(
 
 
 def _native_rounding() -> dict:
-    """kernels.native's status: the simulators' one-pass C rounding of P, or why they cast through torch."""
-    from flashcheck.kernels import native
+    """kernels.native.rounding's status: the simulators' one-pass C rounding of P, or why they cast through torch."""
+    from flashcheck.kernels.native import rounding as native
 
     return native.status()
 
 
 def _native_step() -> dict:
-    """kernels.native_step's status: whether the flash simulator's FA2 step runs fused in C, or why it runs torch's
+    """kernels.native.step's status: whether the flash simulator's FA2 step runs fused in C, or why it runs torch's
     ops (same bits either way)."""
-    from flashcheck.kernels import native_step
+    from flashcheck.kernels.native import step as native_step
 
     return native_step.status()
 
 
 def _native_fp8() -> dict:
-    """kernels.fp8_native's status: whether FP8 / integer quantisation runs in one C pass, or why in torch."""
-    from flashcheck.kernels.fp8_native import native_status
+    """kernels.native.fp8's status: whether FP8 / integer quantisation runs in one C pass, or why in torch."""
+    from flashcheck.kernels.native.fp8 import native_status
 
     return native_status()
 
 
 def _native_preset() -> dict:
-    """kernels.preset_native's status: whether the quantised presets' P quantisation and MMA descales run in one
+    """kernels.native.presets's status: whether the quantised presets' P quantisation and MMA descales run in one
     C pass each, or why in torch (same bits either way)."""
-    from flashcheck.kernels.preset_native import native_status
+    from flashcheck.kernels.native.presets import native_status
 
     return native_status()
 
 
 def _native_mma() -> dict:
-    """Whether kernels.mma's tensor-core chain runs in C here (kernels.mma_native), or why it runs in torch."""
-    from flashcheck.kernels.mma import native_status
+    """Whether kernels.tensorcore.mma's chain runs in C here (kernels.native.mma), or why it runs in torch."""
+    from flashcheck.kernels.tensorcore.mma import native_status
 
     return native_status()

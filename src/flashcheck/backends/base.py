@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashcheck.kernels.validation import check_backend_call
+from flashcheck.kernels.sim.validation import check_backend_call
 
 DEVICES = ("cpu", "cuda")
 
@@ -136,7 +136,7 @@ class Backend:
         """forward on `device`: q [B, H, Lq, D], k/v [B, Hkv, Lk, D] moved there (differentiably, so
         gradients reach the callers' tensors), the output [B, H, Lq, Dv] returned on q's device."""
         if (empty := check_backend_call(q, k, v, scale=scale, mask=mask, gqa=self.supports_gqa)) is not None:
-            return empty  # bad input raised a ValueError there (kernels.validation); empty input: its result
+            return empty  # bad input raised a ValueError there (kernels.sim.validation); empty input: its result
         avail = self.available(q.dtype, device)
         if not avail.ok:
             raise ValueError(f"backend {self.name!r} cannot run on {device}: {avail.reason}")

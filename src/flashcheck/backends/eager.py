@@ -6,8 +6,8 @@ import torch
 
 from flashcheck.backends.base import Backend
 from flashcheck.backends.profiling import CUDA_SOFTMAX
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.masks import tile_bias
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 
 def eager_attention(q, k, v, *, causal=False, scale=None, mask=None, nan_to_zero=True) -> torch.Tensor:

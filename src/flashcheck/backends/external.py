@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.backends.base import Availability, Backend, cuda_capability
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 
 def _module(name: str) -> object | None:

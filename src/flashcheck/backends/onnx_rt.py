@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.backends.base import Availability, Backend
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 EXTRA = "onnx"
 OPSET = 23

@@ -9,7 +9,7 @@ import torch
 
 from flashcheck.backends.base import Backend
 from flashcheck.backends.profiling import CUDA_SOFTMAX
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 SDPA_WHICH = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 

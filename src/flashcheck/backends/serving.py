@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.kernels.kvcache import parse_kv_format
-from flashcheck.kernels.serving_attention import prepare, run_prepared
-from flashcheck.kernels.serving_heuristics import (
+from flashcheck.kernels.serving.attention import prepare, run_prepared
+from flashcheck.kernels.serving.heuristics import (
     H100_SMS,
     fa3_launch_tile,
     fa3_num_splits,
     flashinfer_chunk_pages,
 )
+from flashcheck.kernels.serving.kvcache import parse_kv_format
 
 SIMULATORS = ("sim-fa3", "sim-fa3-fixed", "sim-flashinfer", "sim-flashinfer-fixed")
 FLASHINFER_TILE = 16  # keys per step of the simulated FlashInfer decode (one page)

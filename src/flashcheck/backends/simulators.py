@@ -8,7 +8,7 @@ import torch
 
 from flashcheck.backends.base import Backend
 from flashcheck.kernels import flash_attention, standard_attention
-from flashcheck.kernels.presets import resolve
+from flashcheck.kernels.sim.presets import resolve
 
 
 @dataclass

@@ -24,7 +24,7 @@ from flashcheck.cli.app import (
     app,
 )
 from flashcheck.cli.show import print_backends, print_compare, print_decoding, print_grads, sim_name
-from flashcheck.kernels.presets import KERNEL_PRESETS
+from flashcheck.kernels.sim.presets import KERNEL_PRESETS
 
 NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
@@ -162,7 +162,7 @@ def _hadamard_head_dim(numerics: str | None, baseline: str | None, preset: str |
     """Refuse a head dim that is not a power of two for a policy with Hadamard incoherent processing (FA3's
     FP8: --numerics, --baseline-numerics or --preset), before any case runs (it failed inside each case)."""
     from flashcheck.core.numerics import parse_policy
-    from flashcheck.kernels.presets import default_format, resolve
+    from flashcheck.kernels.sim.presets import default_format, resolve
 
     named = [(f"--numerics {n}", n) for n in (numerics or "").split(",") if n.strip()]
     named += [(f"--baseline-numerics {baseline}", baseline)] if baseline else []
@@ -297,7 +297,7 @@ def _run_sims(cfgs: list, as_json: bool) -> list:
 def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: tuple[dict, dict]) -> list:
     """One BackendCase per backend x format x length; `fields` = (input shape, the other BackendCase fields)."""
     from flashcheck.core.inputs import InputSpec
-    from flashcheck.kernels.memory import check_all_fit
+    from flashcheck.kernels.sim.memory import check_all_fit
     from flashcheck.measure.compare import BackendCase, backend_footprint
 
     shape, opts = fields
@@ -329,7 +329,7 @@ def _packages_present(names: list[str]) -> None:
 
 def _preset_format(preset: str | None) -> str:
     """The format a backend case runs without --numerics: the preset's own (fa3-fp8: fp8-e4m3), else bf16."""
-    from flashcheck.kernels.presets import default_format
+    from flashcheck.kernels.sim.presets import default_format
 
     return default_format(preset)
 

@@ -131,7 +131,7 @@ def _fixed_note(target: str, kv: str | None, shape, certs: list) -> str:
         return ("'fixed' fixes the split size only; the prefill and decode kernels still differ in how they "
                 "accumulate, so prefill vs decode can still differ")
     from flashcheck.backends.serving import parse_kv_format
-    from flashcheck.kernels.serving_heuristics import fa3_launch_tile
+    from flashcheck.kernels.serving.heuristics import fa3_launch_tile
 
     fp8 = parse_kv_format(kv or "bf16").scheme in ("fp8", "fp8-head")
     h, hk, d = shape.heads, shape.kv_heads, shape.head_dim

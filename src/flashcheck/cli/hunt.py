@@ -236,7 +236,7 @@ def _evaluate_isolated(tgt, hc):
 
 def _check_case_fits(hc, backward: bool) -> None:
     """InsufficientMemory (a ValueError, one line) when the case's sizes cannot fit here, as --seq-len's check."""
-    from flashcheck.kernels.memory import Footprint, check_fits
+    from flashcheck.kernels.sim.memory import Footprint, check_fits
 
     heads = max(hc.heads, hc.kv_heads)
     fp = Footprint(batch=hc.batch, heads=heads, seq_len=hc.lq, head_dim=hc.head_dim, seq_len_k=hc.lk, backward=backward)

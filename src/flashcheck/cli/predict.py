@@ -56,7 +56,7 @@ FIRST_ORDER_LIMIT = 1.0  # the model sums first-order terms: those it leaves out
 def _draw_qkv(distribution: str, draw: Draw, lq: int, lk: int, d: int) -> tuple:
     """(q, k, v) drawn now (times draw.scale), after the memory check compare uses."""
     from flashcheck.core.inputs import InputSpec, make_qkv
-    from flashcheck.kernels.memory import Footprint, check_fits
+    from flashcheck.kernels.sim.memory import Footprint, check_fits
 
     try:  # --draw materialises inputs and their scores: the same memory check compare uses
         check_fits(Footprint(batch=1, heads=draw.heads, seq_len=lq, seq_len_k=lk, head_dim=d))
@@ -176,7 +176,7 @@ def _checked(
 
 def _known_preset(value: str | None) -> str | None:
     """The --preset name, or exit 2 naming the known ones."""
-    from flashcheck.kernels.presets import kernel_preset
+    from flashcheck.kernels.sim.presets import kernel_preset
 
     if value is not None:
         try:
@@ -195,7 +195,7 @@ def _preset_setting(preset, numerics, kernel: str, shape: tuple, block_k: int):
         return numerics or ("bf16-mixed" if kernel in ("flash", "standard", "splitkv") else "bf16"), block_k
     if kernel != "flash":
         raise ValueError(f"--preset {preset} is a flash kernel preset; it takes --kernel flash (got {kernel!r})")
-    from flashcheck.kernels.presets import default_format, resolve
+    from flashcheck.kernels.sim.presets import default_format, resolve
 
     kw = resolve(preset, numerics or default_format(preset), *shape)
     return kw["policy"], kw["block_k"]

@@ -89,10 +89,10 @@ def predicts_line(inside: str | None = None, columns: str = "the 'candidate' col
 
 
 def quantised_inside(pol) -> str | None:
-    """The format pol quantises Q, K, V to inside the kernel from 16-bit inputs (kernels.quantized: Sage, NVFP4,
+    """The format pol quantises Q, K, V to inside the kernel from 16-bit inputs (kernels.sim.quantized: Sage, NVFP4,
     MX presets), or None."""
     from flashcheck.core.numerics import Format
-    from flashcheck.kernels.quantized import uses_quantized_inputs
+    from flashcheck.kernels.sim.quantized import uses_quantized_inputs
 
     return pol.input.value if pol.input != Format.FP64 and uses_quantized_inputs(pol) else None
 
@@ -102,7 +102,7 @@ def _preset_inside(r: dict) -> str | None:
     cfg = r["config"]
     if not cfg.get("preset"):
         return None
-    from flashcheck.kernels.presets import resolve
+    from flashcheck.kernels.sim.presets import resolve
 
     try:
         pol = resolve(cfg["preset"], cfg["numerics"], cfg["seq_len"], cfg["seq_len"], cfg["head_dim"], cfg["causal"])

@@ -168,9 +168,9 @@ def _explain_kernel(
 ) -> tuple:
     """(policy, {block_q, block_k, algorithm, exp2}): the kernel preset at format `numerics` for the shape
     (seq_len, head_dim, causal), or the policy `numerics` with the given blocks and algorithm. Without
-    numerics: bf16-mixed, or for a preset (which takes a format) its own (kernels.presets.default_format)."""
+    numerics: bf16-mixed, or for a preset (which takes a format) its own (kernels.sim.presets.default_format)."""
     if numerics is None:
-        from flashcheck.kernels.presets import default_format
+        from flashcheck.kernels.sim.presets import default_format
 
         numerics = default_format(preset, "bf16-mixed")
     if not preset:
@@ -178,7 +178,7 @@ def _explain_kernel(
 
         kern = {"block_q": blocks[0], "block_k": blocks[1], "algorithm": algorithm.value, "exp2": False}
         return parse_policy(numerics), kern
-    from flashcheck.kernels.presets import resolve
+    from flashcheck.kernels.sim.presets import resolve
 
     seq_len, head_dim, causal = shape
     kw = resolve(preset, numerics, seq_len, seq_len, head_dim, causal)
@@ -241,7 +241,7 @@ def doctor(
     """Why flash attention will or will not run here."""
     from flashcheck.core.numerics import info, parse_format
     from flashcheck.doctor import diagnose
-    from flashcheck.kernels.memory import Footprint, check_fits
+    from flashcheck.kernels.sim.memory import Footprint, check_fits
 
     try:
         _no_empty({"--dtype": dtype})

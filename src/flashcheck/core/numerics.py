@@ -286,7 +286,7 @@ def amax_scale(x: torch.Tensor, fmt: Format | str, dims: tuple[int, ...] | None 
 
 STAGES = ("input", "score", "stats", "p", "accum", "output")
 GRAD_STAGES = ("grad_input", "delta", "grad_score", "grad_p", "grad_accum", "grad_output")
-DECODE_STAGES = ("merge",)  # split-KV decoding only (kernels.decode); not part of STAGES' attribution
+DECODE_STAGES = ("merge",)  # split-KV decoding only (kernels.sim.decode); not part of STAGES' attribution
 DELTA_SOURCES = ("forward", "unrounded", "fresh")
 
 
@@ -306,7 +306,7 @@ class Policy:
     rounded to the `delta` stage, by default the forward's rounded output), "unrounded" (the accumulator
     before output rounding) or "fresh" (a new stochastic rounding of it to `delta`, seeded by
     `delta_seed`). `ds_correction` removes the row sums of the rounded dS (arXiv 2609.34272, rank-one
-    corrections of dQ and dK; kernels.flash)."""
+    corrections of dQ and dK; kernels.sim.flash)."""
 
     name: str = "custom"
     input: Format = Format.FP64
@@ -336,7 +336,7 @@ class Policy:
     # acc_promote and acc_nearest, the P V MMA's (accum); approx_recip (stats). rescale_threshold changes
     # the algorithm, not a precision: never inert; nor is kv_order (forward / reverse key blocks, overriding
     # the flash kernel's key_order; arXiv 2606.06521). qk_mma / pv_mma (score / accum): the tensor-core model
-    # (kernels.mma: ada, hopper, b200) that computes the FP8/FP4 Q K^T / P V MMA bit for bit, in place of the
+    # (kernels.tensorcore.mma: ada, hopper, b200) that computes the FP8/FP4 Q K^T / P V MMA bit for bit, in place of the
     # generic qk_acc_bits / acc_bits accumulator (which then only describe its width to the error model);
     # acc_promote promotes its result to fp32, and acc_nearest with acc_bits 10 makes its register fp16.
     # mx_rounding (input): the MX shared scale's rounding, "" / floor (OCP MX) or rceil (Blackwell's cvt.rp);
@@ -473,7 +473,7 @@ QK_SCALINGS = ("", "tensor", "block", "token", "thread", "mx", "nvfp4", "sage3")
 V_SCALINGS = ("", "tensor", "block", "channel", "mx", "nvfp4", "sage3")
 P_SCALINGS = ("", "nvfp4", "sage3")
 EXACT_INPUTS = ("", "qk", "v")
-MMA_NAMES = ("", "ada", "hopper", "b200")  # kernels.mma.MMA_MODELS' keys (core does not import kernels)
+MMA_NAMES = ("", "ada", "hopper", "b200")  # kernels.tensorcore.mma.MMA_MODELS' keys (core does not import kernels)
 
 
 def _check_knobs(pol: Policy) -> None:
@@ -583,7 +583,7 @@ def policy_names() -> list[str]:
 
 def parse_policy(spec: str | Policy) -> Policy:
     """A policy from its name (`FMT`, `FMT-mixed`, a named policy, a modern kernel preset `NAME[@FMT]` such
-    as sage2@fp16 or fa4-fp8: kernels.presets_modern) or from keywords.
+    as sage2@fp16 or fa4-fp8: kernels.sim.presets_modern) or from keywords.
 
     Keyword form: `bf16-mixed,p=fp32` (a base name then overrides) or `input=bf16,score=fp32,...`
     (unnamed stages default to fp64). Keys: the stage names (merge too), matmul, fp8_scaling, hadamard,
@@ -651,7 +651,7 @@ def _float_term(part: str, value: str) -> float:
         raise ValueError(f"bad policy term {part!r}: expected a number") from None
 
 
-# Lookups a higher floor registers (kernels.presets_modern: "NAME[@FMT]" -> Policy or None), so that policy names
+# Lookups a higher floor registers (kernels.sim.presets_modern: "NAME[@FMT]" -> Policy or None), so that policy names
 # the kernels define parse here without core importing kernels.
 POLICY_LOOKUPS: list[Callable[[str], Policy | None]] = []
 
@@ -660,7 +660,7 @@ def _named_policy(name: str) -> Policy:
     key = name.strip().lower()
     if key in NAMED_POLICIES:
         return NAMED_POLICIES[key]
-    for lookup in POLICY_LOOKUPS:  # the kernel presets of 2026 (FA4, Sage), registered by kernels.presets_modern
+    for lookup in POLICY_LOOKUPS:  # the kernel presets of 2026 (FA4, Sage), registered by kernels.sim.presets_modern
         found = lookup(key)
         if found is not None:
             return found

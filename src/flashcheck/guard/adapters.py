@@ -8,7 +8,7 @@ from flashcheck.backends import Backend, get_backend
 from flashcheck.backends.sdpa import SdpaBackend
 from flashcheck.core.budget import K_FORWARD, RULES, BudgetResult, check_budget, rounding_floor
 from flashcheck.core.metrics import rel_l2
-from flashcheck.kernels.validation import check_attention_inputs
+from flashcheck.kernels.sim.validation import check_attention_inputs
 
 __all__ = [
     "K_FORWARD",
@@ -44,7 +44,7 @@ def available(backend: Backend, dtype: torch.dtype | None, device: torch.device)
 
 
 def check_inputs(q: object, k: object, v: object, mask: object, scale: object) -> None:
-    """The project's input rule (kernels.validation): ValueError naming the bad value; K/V may have fewer heads."""
+    """The project's input rule (kernels.sim.validation): ValueError naming the bad value; K/V may have fewer heads."""
     check_attention_inputs(q, k, v, mask=mask, scale=scale, gqa=True)
 
 

@@ -1,6 +1,6 @@
 """One hunted case judged: the target against the FP64 reference, by the budget of the same-precision baseline.
 
-The reference is exact attention (kernels.reference, with the sink as its own softmax column) on the inputs
+The reference is exact attention (kernels.sim.reference, with the sink as its own softmax column) on the inputs
 the target received, rounded to the case's dtype; the baseline is plain PyTorch in that dtype (eager, the
 peers' out_pt), called the way the target is; of it, the same with Q.K^T summed in the other order (head dim
 reversed), and for bf16 / fp16 the same in fp32 rounded to the dtype, the one with the largest max error: one
@@ -13,7 +13,7 @@ dtype: k = 2, the fp16 rounding floor).
 Each of out (and dq, dk, dv with a backward) is judged by
 core.budget.check_budget (the peers' rule by default: max error <= k x the baseline's + floor, mean error,
 no NaN / Inf where the reference is finite). Rows with no visible key follow flashcheck's convention (zeros,
-kernels/validation.py): a failure confined to them is a semantics finding, not an arithmetic one."""
+kernels/sim/validation.py): a failure confined to them is a semantics finding, not an arithmetic one."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def arithmetic_floors(case: HuntCase, ref: dict[str, torch.Tensor]) -> dict[str,
     floor is 0); and dS_ij = P_ij (dP_ij - D_i) with dP_ij = dO_i . V_j rounded by u sum_d |dO_id V_jd|, scaled
     by `scale` and the other operand: u |scale| max|K| max_ij sum_d |dO_id V_jd| in dQ (dK: with Q). First-order
     bounds, each doubled; far above the peers' floor where the softmax is one-hot (dQ exactly 0 in FP64)."""
-    from flashcheck.kernels.validation import expand_kv_heads
+    from flashcheck.kernels.sim.validation import expand_kv_heads
 
     q, k, v, dout = make_inputs(case)
     k, v = expand_kv_heads(q, k, v)

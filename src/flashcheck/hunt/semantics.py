@@ -1,5 +1,5 @@
 """The semantics table: what a target returns where attention has no key to attend to, beside flashcheck's
-convention (kernels/validation.py: such a row's output is 0, as with IREE and MLX; a sink-only row gives 0
+convention (kernels/sim/validation.py: such a row's output is 0, as with IREE and MLX; a sink-only row gives 0
 too, the sink column having no value). A disagreement is a finding of its own kind, not an error."""
 
 from __future__ import annotations

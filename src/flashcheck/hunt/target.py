@@ -159,17 +159,17 @@ def _preset_target(text: str, device: str) -> Target:
 def _hadamard(name: str, dtype: str) -> bool:
     """Whether preset `name` rotates Q and K by a Hadamard matrix (FA3's FP8): power-of-two head dims only."""
     from flashcheck.core.numerics import parse_format
-    from flashcheck.kernels.presets import kernel_preset
+    from flashcheck.kernels.sim.presets import kernel_preset
 
     return bool(kernel_preset(name).policy(parse_format(dtype)).hadamard)
 
 
 def _quantizes(name: str, dtype: str) -> bool:
     """Whether preset `name` quantizes its inputs (SageAttention, the FP4 presets): the simulator runs those
-    forward only (kernels.flash refuses autograd through them)."""
+    forward only (kernels.sim.flash refuses autograd through them)."""
     from flashcheck.core.numerics import parse_format
-    from flashcheck.kernels.presets import kernel_preset
-    from flashcheck.kernels.quantized import uses_quantized_inputs
+    from flashcheck.kernels.sim.presets import kernel_preset
+    from flashcheck.kernels.sim.quantized import uses_quantized_inputs
 
     return uses_quantized_inputs(kernel_preset(name).policy(parse_format(dtype)))
 
@@ -179,7 +179,7 @@ def preset_dtypes(name: str) -> tuple[str, ...]:
     a preset whose own format is FP8 (fa3-fp8, fa4-fp8, fa3-fp8-fp22, as compare runs it) its FP8 formats
     instead, its own first."""
     from flashcheck.core.numerics import parse_format
-    from flashcheck.kernels.presets import kernel_preset
+    from flashcheck.kernels.sim.presets import kernel_preset
 
     preset, taken = kernel_preset(name), []
     own = preset.default_format
@@ -219,7 +219,7 @@ def parse_target(text: str, device: str = "cpu") -> Target:
     callable package.module:function (with :FMT, one format: fp8-e4m3 and fp8-e5m2 hand it FP8 tensors);
     ValueError names the value and what is allowed."""
     from flashcheck.backends import backend_names
-    from flashcheck.kernels.presets import KERNEL_PRESETS
+    from flashcheck.kernels.sim.presets import KERNEL_PRESETS
 
     text = str(text).strip()
     if device not in ("cpu", "cuda"):

@@ -1,10 +1,10 @@
 """Attention kernels: the FP64 oracle, and the standard, Flash and split-KV simulators under numerics policies."""
 
-from flashcheck.kernels.decode import split_kv_attention
-from flashcheck.kernels.flash import FlashConfig, flash_attention
-from flashcheck.kernels.presets_modern import MODERN_PRESETS as _MODERN  # noqa: F401  (registers their policy names)
-from flashcheck.kernels.reference import reference_attention
-from flashcheck.kernels.standard import standard_attention
+from flashcheck.kernels.sim.decode import split_kv_attention
+from flashcheck.kernels.sim.flash import FlashConfig, flash_attention
+from flashcheck.kernels.sim.presets_modern import MODERN_PRESETS as _MODERN  # noqa: F401  (registers their policy names)
+from flashcheck.kernels.sim.reference import reference_attention
+from flashcheck.kernels.sim.standard import standard_attention
 
 SIMULATED_KERNELS = ("flash", "standard", "splitkv")
 

@@ -10,7 +10,7 @@ import torch
 
 from flashcheck.core.inputs import InputSpec
 from flashcheck.core.numerics import STAGES, Format, Policy
-from flashcheck.kernels.memory import Footprint, check_fits
+from flashcheck.kernels.sim.memory import Footprint, check_fits
 from flashcheck.measure.case import METRICS, References
 from flashcheck.measure.method import Method
 from flashcheck.measure.substages import BY_NAME, STAGE_WORDS, substages
@@ -96,7 +96,7 @@ def attribute(
     on_step: Callable[..., None] | None = None,  # called as on_step(note=...) after each of the STEPS runs
 ) -> Attribution:
     """Run the kernel under the policy, its 2 x 6 one-stage variants and 2 per sub-stage on inputs from spec
-    (a variant equal to one already run is not run again); refuses with kernels.memory.InsufficientMemory (a
+    (a variant equal to one already run is not run again); refuses with kernels.sim.memory.InsufficientMemory (a
     ValueError) before allocating a case that cannot fit."""
     fp = Footprint(
         batch=spec.batch,

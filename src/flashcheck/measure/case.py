@@ -110,7 +110,7 @@ class References:
         """The FP64 reference computed on self.device, returned on the CPU (inputs stay on the CPU)."""
         dev = self.device
         mask = None if self.mask is None else self.mask.to(dev)
-        sc = self.q.shape[-1] ** -0.5  # the inputs' own D: rounded Q, K may carry more columns (kernels.sage3)
+        sc = self.q.shape[-1] ** -0.5  # the inputs' own D: rounded Q, K may carry more columns (kernels.formats.sage3)
         out = reference_attention(
             q.to(dev), k.to(dev), v.to(dev), causal=self.causal, mask=mask, scale=sc, return_lse=return_lse
         )

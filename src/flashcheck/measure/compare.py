@@ -10,8 +10,8 @@ from flashcheck.backends.base import DEVICES
 from flashcheck.core.inputs import InputSpec
 from flashcheck.core.numerics import DELTA_SOURCES, FP8_FORMATS, Policy, info, parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS
-from flashcheck.kernels.decode import split_spans
-from flashcheck.kernels.memory import Footprint, check_fits
+from flashcheck.kernels.sim.decode import split_spans
+from flashcheck.kernels.sim.memory import Footprint, check_fits
 from flashcheck.measure.case import Case, Record, References, run_case
 from flashcheck.measure.method import Method, parse_method
 
@@ -110,7 +110,7 @@ class CompareConfig:
         return len(split_spans(s.seq_len_k or s.seq_len, self.case().method.splits, self.block_k))
 
     def footprint(self) -> Footprint:
-        """The sizes that set this comparison's memory (see kernels.memory)."""
+        """The sizes that set this comparison's memory (see kernels.sim.memory)."""
         work = max(p.work_dtype.itemsize for p in (self.candidate_policy(), self.baseline_policy()))
         base = self.baseline_policy()
         fp = _footprint(self.inputs, (self.kernel, "standard"), self.block_k, work, self.backward)
@@ -157,7 +157,7 @@ def _check_backward(cfg: CompareConfig) -> None:
 
 
 def run_compare(cfg: CompareConfig, refs: References | None = None) -> Record:
-    """Run the simulator comparison; refuses with kernels.memory.InsufficientMemory (a ValueError) before
+    """Run the simulator comparison; refuses with kernels.sim.memory.InsufficientMemory (a ValueError) before
     allocating when it cannot fit here. A kernel error propagates (it is the user's configuration). `refs`:
     the inputs and FP64 references of an earlier comparison on the same InputSpec, reused when they match."""
     check_fits(cfg.footprint())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.kernels.validation import expand_kv_heads
+from flashcheck.kernels.sim.validation import expand_kv_heads
 
 ROW_SAMPLES = 128  # query rows sampled, evenly spread over Lq (every row when Lq is at most this)
 ROW_CHUNK = 32  # sampled rows whose scores are formed at once

@@ -19,7 +19,7 @@ from flashcheck.core.budget import K_FORWARD, K_GRADIENT, RULES, check_budget
 from flashcheck.core.metrics import ratio
 from flashcheck.core.numerics import Format, info, parse_format, round_to
 from flashcheck.kernels import reference_attention
-from flashcheck.kernels.validation import check_attention_inputs
+from flashcheck.kernels.sim.validation import check_attention_inputs
 from flashcheck.measure.case import HEADLINE, _errors, dead_row_outcome
 from flashcheck.measure.dumpfile import Dump, DumpError, read_dump
 from flashcheck.measure.runs import run_float64
@@ -251,7 +251,7 @@ def judge(path: str, rule: str = "flashcheck") -> list[dict]:
 def _fits(j: Judged) -> None:
     """InsufficientMemory (a ValueError) before computing when the FP64 reference and the eager baseline (L x L
     scores) of these shapes cannot fit here: a small file can name a large L."""
-    from flashcheck.kernels.memory import Footprint, check_fits
+    from flashcheck.kernels.sim.memory import Footprint, check_fits
 
     b, h, lq, d = j.q.shape
     work = max(4, info(j.fmt).dtype.itemsize)

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from flashcheck.kernels.serving_attention import exact_attention, serving_attention
-from flashcheck.kernels.serving_heuristics import fa3_launch_tile
+from flashcheck.kernels.serving.attention import exact_attention, serving_attention
+from flashcheck.kernels.serving.heuristics import fa3_launch_tile
 
 VARIANTS: dict[str, dict] = {
     "bf16": {"kv": "bf16", "mma": None, "accumulation": "two-level"},

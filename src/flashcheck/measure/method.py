@@ -14,7 +14,7 @@ import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, parse_format, parse_policy, round_to
 from flashcheck.kernels import SIMULATED_KERNELS, simulate
-from flashcheck.kernels.fp8 import round_inputs
+from flashcheck.kernels.sim.fp8 import round_inputs
 
 
 class Unavailable(Exception):
@@ -216,7 +216,7 @@ def parse_method(
         if name == "splitkv" and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
             raise ValueError(f"splits={splits!r} must be a positive integer")
         kw = {"block_q": block_q, "block_k": block_k, "algorithm": algorithm, "splits": splits, "device": device}
-        from flashcheck.kernels.presets_modern import preset_policy
+        from flashcheck.kernels.sim.presets_modern import preset_policy
 
         # a preset's own exp2, also under overrides (flash:sage2,input=fp64)
         found = preset_policy(spec.split(",", 1)[0]) if name == "flash" and spec else None
@@ -234,7 +234,7 @@ def parse_method(
         )
     fmt = parse_format(spec or "bf16")
     if preset is not None:
-        from flashcheck.kernels.presets import kernel_preset
+        from flashcheck.kernels.sim.presets import kernel_preset
 
         kernel_preset(preset).policy(fmt)  # unknown preset, or a format the preset does not run: ValueError
     return Method(

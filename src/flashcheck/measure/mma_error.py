@@ -1,7 +1,9 @@
-"""The expected error of a tensor-core MMA chain (kernels.mma) derived from its operands' magnitudes: the error
+"""The expected error of a tensor-core MMA chain (kernels.tensorcore.mma) derived from its operands' magnitudes: the
+error
 model's accumulator term for the presets with a P·V tensor-core model (policy pv_mma).
 
-One block step (kernels.mma): the `nfma` products x_i = a_i b_i and c are aligned to E = max(e(c), max_i e(x_i))
+One block step (kernels.tensorcore.mma): the `nfma` products x_i = a_i b_i and c are aligned to E = max(e(c), max_i
+e(x_i))
 (late c: the products only), each truncated toward zero to the grid q = 2^(E - frac), summed exactly, the sum T
 truncated toward zero to the grid Q = 2^(e(T) - frac_out). A value whose own finest bit is delta (a product of
 codes: ulp_a ulp_b, each operand's ulp 2^(max(e, emin) - mantissa bits); c: 2^(e(c) - frac_out), 2^(e(c) - 10) in
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.kernels.mma import EMIN, MMAModel
+from flashcheck.kernels.tensorcore.mma import EMIN, MMAModel
 
 MANTISSA = {"e4m3": 3, "e5m2": 2, "e2m1": 1, "e2m3": 3, "e3m2": 2, "fp32": 23}
 
@@ -160,12 +162,12 @@ def pv_mma_stats(
     columns, over their sum |o|^2: the relative squared error the MMA adds to the flash kernel's output under
     policy (pv_mma, acc_promote, acc_nearest with acc_bits 10: an fp16 register). From the scores alone: each
     key's P~ = exp(s - m) against the running max of the key blocks in the kernel's order (kv_order), times
-    p_scale, in P's format; V's codes as the kernel quantises them (kernels.mma_ops.v_codes); the chain runs in
+    p_scale, in P's format; V's codes as the kernel quantises them (kernels.sim.mma_ops.v_codes); the chain runs in
     each key block's units (g: the running max's rescaling and V's scale). {} without a pv_mma model."""
     from flashcheck.core.numerics import round_to
-    from flashcheck.kernels.mma import MMA_MODELS
-    from flashcheck.kernels.mma_ops import OPERAND_FORMATS, v_codes
-    from flashcheck.kernels.validation import expand_kv_heads
+    from flashcheck.kernels.sim.mma_ops import OPERAND_FORMATS, v_codes
+    from flashcheck.kernels.sim.validation import expand_kv_heads
+    from flashcheck.kernels.tensorcore.mma import MMA_MODELS
     from flashcheck.measure.inputstats import _running_max, row_scores
 
     if not policy.pv_mma:

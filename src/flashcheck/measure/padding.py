@@ -17,7 +17,7 @@ from flashcheck.core.inputs import InputSpec, make_grad, make_qkv
 from flashcheck.core.metrics import rel_l2
 from flashcheck.core.numerics import info, parse_format
 from flashcheck.kernels import flash_attention, reference_attention, split_kv_attention, standard_attention
-from flashcheck.kernels.masks import key_padding_mask, rows_with_keys
+from flashcheck.kernels.sim.masks import key_padding_mask, rows_with_keys
 
 OUTCOMES = ("nan", "zeros", "other")
 MASK_STYLES = ("bool", "min")  # bool True = keep; "min": additive, finfo(dtype).min at padding (as HF builds it)

@@ -186,7 +186,7 @@ def exact_rows(policy: Policy) -> bool:
     )
 
 
-MMA_K = 32  # keys one MMA instruction sums before its result is added to the accumulator (kernels.fastmath)
+MMA_K = 32  # keys one MMA instruction sums before its result is added to the accumulator (kernels.formats.fastmath)
 
 
 def accumulator_term(s: Setting) -> float:

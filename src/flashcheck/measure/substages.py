@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flashcheck.core.numerics import INT_FORMATS, NARROW_FORMATS, Format, Policy
-from flashcheck.kernels.quantized import uses_quantized_inputs
+from flashcheck.kernels.sim.quantized import uses_quantized_inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def _qk_label(pol: Policy) -> str:
             return f"Q/K cast to {_fmt(pol.input)} ({how}{rot})"
         return f"Q/K rounding to {_fmt(pol.input)}"
     smooth = {(True, True): ", Q and K smoothed", (False, True): ", K smoothed", (True, False): ", Q smoothed"}
-    if pol.qk_scaling == "sage3":  # SageAttention3 smooths both itself (kernels.sage3)
+    if pol.qk_scaling == "sage3":  # SageAttention3 smooths both itself (kernels.formats.sage3)
         return f"Q/K quantisation ({_scaled(pol.input, 'sage3')}, Q per-128-row means and K smoothed)"
     return f"Q/K quantisation ({_scaled(pol.input, pol.qk_scaling)}{smooth.get((pol.smooth_q, pol.smooth_k), '')})"
 
@@ -90,7 +90,7 @@ def _acc_words(bits: int, nearest: bool) -> str:
 
 
 def _mma_words(model: str, bits: int, nearest: bool) -> str:
-    """The accumulator's words: the tensor-core model (kernels.mma) when the policy names one, else its width."""
+    """The accumulator: the tensor-core model (kernels.tensorcore.mma) when the policy names one, else its width."""
     if not model:
         return _acc_words(bits, nearest)
     reg = "fp16 register, " if nearest and bits == 10 else ""

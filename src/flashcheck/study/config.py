@@ -13,7 +13,7 @@ from typing import Any
 from flashcheck.core.inputs import DISTRIBUTIONS, known_distribution, parse_padding
 from flashcheck.core.numerics import parse_format, parse_policy
 from flashcheck.kernels import SIMULATED_KERNELS as KERNELS
-from flashcheck.kernels.flash import ALGORITHMS
+from flashcheck.kernels.sim.flash import ALGORITHMS
 
 
 def real_backends() -> list[str]:

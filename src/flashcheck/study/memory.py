@@ -1,4 +1,4 @@
-"""Whether a study case fits in this machine's memory: kernels.memory's estimate of one comparison, plus
+"""Whether a study case fits in this machine's memory: kernels.sim.memory's estimate of one comparison, plus
 the forked worker that runs it (a fresh process from the torch-preloaded fork server), against the available
 memory shared by the workers."""
 
@@ -7,14 +7,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flashcheck.kernels import SIMULATED_KERNELS
-from flashcheck.kernels.memory import HEADROOM, Footprint, available_bytes, estimate_bytes, human_bytes, largest_fitting
+from flashcheck.kernels.sim.memory import (
+    HEADROOM,
+    Footprint,
+    available_bytes,
+    estimate_bytes,
+    human_bytes,
+    largest_fitting,
+)
 from flashcheck.study.cases import Case
 
 MEMORY_SKIP = "too big for this machine's memory"
 PROCESS_BYTES = 300 * 2**20  # a worker with torch imported (peak RSS before any case)
 QUADRATIC_BACKENDS = ("sdpa-math",)  # real backends that materialise the L x L scores
 # L x L arrays such a backend and its eager baseline hold at once, in fp32 at least (measured: sdpa-math:bf16
-# at L=4096, H=4 peaks at 0.85 GiB in a fresh process; kernels.memory's chunked model alone gave 0.63 GiB)
+# at L=4096, H=4 peaks at 0.85 GiB in a fresh process; kernels.sim.memory's chunked model alone gave 0.63 GiB)
 QUADRATIC_ARRAYS = 3
 
 

@@ -60,7 +60,7 @@ def _backend(name: str) -> Kernel:
 def _simulator(preset: str) -> Kernel:
     def run(q, k, v, *, causal=False, scale=None):
         from flashcheck.kernels import flash_attention
-        from flashcheck.kernels.presets import resolve
+        from flashcheck.kernels.sim.presets import resolve
 
         kw = resolve(preset, dtype_name(q.dtype), q.shape[-2], k.shape[-2], q.shape[-1], causal)
         out = flash_attention(q.double(), k.double(), v.double(), causal=causal, scale=scale, **kw)

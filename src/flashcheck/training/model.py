@@ -26,11 +26,11 @@ class GPTConfig:
 
 def make_attention(spec: str, block: int = 32) -> AttentionFn:
     """Causal attention from a spec: "flash:POLICY", "standard:POLICY" (simulators; e.g. flash:bf16-mixed),
-    "sagebwd" (SageBwd-like 8-bit attention, forward and backward: kernels.sagebwd), or a backend name
+    "sagebwd" (SageBwd-like 8-bit attention, forward and backward: kernels.sim.sagebwd), or a backend name
     (sdpa-math, sdpa-flash, eager, ...). Output in q's dtype."""
     kind, _, policy = spec.partition(":")
     if spec == "sagebwd":
-        from flashcheck.kernels.sagebwd import sagebwd_attention
+        from flashcheck.kernels.sim.sagebwd import sagebwd_attention
 
         return lambda q, k, v: sagebwd_attention(q, k, v, causal=True).to(q.dtype)
     if kind == "flash":

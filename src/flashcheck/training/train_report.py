@@ -236,7 +236,7 @@ def _loss_gap_section(page: Page, gap: dict, c: dict) -> None:
             f"the standard deviation over seeds of the base runs' levels ({base}); lossless: mean gap at most the "
             f"spread; slower: above it; inconclusive with fewer than {MIN_SEEDS} seeds or while the base runs stay "
             f"above {gap['plateau']:.4f} nats, the loss of predicting from the current token alone. The 8-bit "
-            "attention is kernels.sagebwd: INT8 Q, K (K smoothed), P and V in the forward; INT8 S, dV, dQ and dK "
+            "attention is kernels.sim.sagebwd: INT8 Q, K (K smoothed), P and V in the forward; INT8 S, dV, dQ and dK "
             "products in the backward with dP = dO V^T in fp16 (six of the seven products 8-bit, as arXiv "
             "2603.02170 describes SageBwd). sage8 uses it from step 1, sage8ft from step "
             f"{c['steps'] // 2 + 1} (the base run's attention before). arXiv 2603.02170 finds the pretraining gap "

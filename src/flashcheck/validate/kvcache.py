@@ -1,7 +1,7 @@
 """`validate --kv-cache`: a decoder model generating with a quantised KV cache against the 16-bit (bf16) cache.
 
 The cache format enters through a transformers attention implementation ("fckv") that stores and reads every
-key and value as kernels.kvcache does (and quantises Q where the attention runs in FP8), then computes the
+key and value as kernels.serving.kvcache does (and quantises Q where the attention runs in FP8), then computes the
 attention exactly (float32 SDPA on the dequantised values): what is measured is the cache format, not a
 kernel's accumulation. Quantising K/V at every call equals storing them quantised, since every scheme's scale
 is per element group of one token (per-tensor scales are fixed once per layer on the first forward, as vLLM's
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from flashcheck.kernels.kvcache import parse_kv_format, quantize_kv
+from flashcheck.kernels.serving.kvcache import parse_kv_format, quantize_kv
 
 IMPL = "fckv"
 _STATE: dict = {"fmt": None, "scales": {}}

@@ -130,7 +130,7 @@ def read_settings(folder: str | Path) -> GuideSettings:
 def _too_big(params: dict, s: GuideSettings) -> str | None:
     """Why a cost task cannot fit in memory here (sdpa-math keeps L x L scores; the simulators' score
     blocks and the backward graph are a few L x 128 arrays), None when it fits."""
-    from flashcheck.kernels.memory import available_bytes
+    from flashcheck.kernels.sim.memory import available_bytes
 
     if params["kind"] != "cost":
         return None

@@ -20,7 +20,7 @@ STAGE_WORDS = {
     "output": "the rounding of the output",
 }
 
-PLAIN = {  # the presets in words (kernels.presets_modern cites each one's source)
+PLAIN = {  # the presets in words (kernels.sim.presets_modern cites each one's source)
     "fa4-fp8": "FA4's FP8 path",
     "fa4-fp4": "FA4's FP4 path",
     "sage3-fp4": "SageAttention3",

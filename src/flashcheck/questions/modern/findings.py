@@ -369,7 +369,7 @@ NOTES = {
     "modern_fa4": "Metric rel-L2 vs FP64. FA2 is the flash kernel with bf16 inputs, P and output and fp32 "
     "statistics; fa4-bf16 adds FA4's emulated exp2 (ex2_emu_freq 10), rescale_threshold 8 and rcp.approx.",
     "modern_lowp": "Metric rel-L2 vs FP64 of the original inputs (so FP8/FP4 input rounding counts). Presets: "
-    "kernels.presets_modern (each cites its source).",
+    "kernels.sim.presets_modern (each cites its source).",
     "modern_sage": "SageAttention presets at 128 x 64 tiles (SageAttention1's and the Ada kernels' own; the Hopper "
     "kernel's are 64 x 128, run here at Ada's so that one sweep holds all four): INT8/INT4 Q, K with smoothing, FP8 "
     "or fp16 P and V, the FP22 (sage2-hopper, H100) / fp16 (sage2-ada, RTX 4090: SageAttention2++) accumulators.",

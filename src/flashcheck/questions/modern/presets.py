@@ -11,7 +11,8 @@ FA2, FA4 = "flash:bf16-mixed", "flash:fa4-bf16"
 FA4_EMU, FA4_THR = "flash:bf16-mixed,exp2_emu=10", "flash:bf16-mixed,rescale_threshold=8"
 FA3_FP8, FP22 = "flash:fa3-fp8", "flash:fa3-fp8-fp22"
 LOWP = ("flash:fa4-fp8", "flash:fa4-fp4", "flash:sage3-fp4", FA3_FP8, FP22, FA2)
-# SageAttention2 by the GPU its kernel runs on (kernels.presets_modern: sage2-hopper, sage2-ada; the aliases sage2 and
+# SageAttention2 by the GPU its kernel runs on (kernels.sim.presets_modern: sage2-hopper, sage2-ada; the aliases sage2
+# and
 # sage2pp name the same policies and stay accepted where users type them)
 SAGE = ("flash:sage1", "flash:sage2-hopper", "flash:sage2-ada", "flash:sage2-4b")
 P_FP8 = f"flash:{P_CAST}"

@@ -23,9 +23,9 @@ from flashcheck.questions.serving.settings import ServingSettings
 def mma_missing() -> str | None:
     """Why the tensor-core MMA model cannot be imported (None: it can)."""
     try:
-        import flashcheck.kernels.mma  # noqa: F401
+        import flashcheck.kernels.tensorcore.mma  # noqa: F401
     except ImportError as exc:
-        return f"the tensor-core MMA model (flashcheck.kernels.mma) is missing: {exc}"
+        return f"the tensor-core MMA model (flashcheck.kernels.tensorcore.mma) is missing: {exc}"
     return None
 
 
@@ -52,7 +52,7 @@ def _prefill_decode(kv: str, s: ServingSettings) -> dict:
 def _splits(name: str, s: ServingSettings) -> dict:
     """FA#1897 in simulation: one decode request across batch sizes with the kernel's split rule."""
     from flashcheck.backends.serving import sim_target
-    from flashcheck.kernels.serving_heuristics import fa3_num_splits, flashinfer_chunk_pages
+    from flashcheck.kernels.serving.heuristics import fa3_num_splits, flashinfer_chunk_pages
 
     shape = Shape(heads=8, kv_heads=8, head_dim=128, kv_len=s.sim_kv_len)
     out = batch_invariance(sim_target(name, "bf16"), name, shape, max_batch=s.sim_max_batch).to_dict()

@@ -1,6 +1,7 @@
-"""Input quantisation in single C passes (built by kernels.cbuild), the same bits as the torch steps they replace:
+"""Input quantisation in single C passes (built by kernels.native.cbuild), the same bits as the torch steps they
+replace:
 FP8 x / scale clamped, rounded to nearest even and times scale (core.numerics.quantize_scaled), split's FP8 codes
-with its tolerance check (kernels.mma_ops), core.quant.quantize_int's per-element steps, and max |x| over rows or
+with its tolerance check (kernels.sim.mma_ops), core.quant.quantize_int's per-element steps, and max |x| over rows or
 columns. The torch steps each read and write the whole tensor (the FP8 rounding alone is eight passes of
 round-to-odd and table look-ups): a decoding step's 128k-key cache went through about twenty of them.
 
@@ -18,7 +19,7 @@ import math
 
 import torch
 
-import flashcheck.kernels.cbuild as cbuild
+import flashcheck.kernels.native.cbuild as cbuild
 from flashcheck.core.numerics import Format, info, quantize_scaled, round_to
 
 ROUND_SOURCE = r"""
@@ -156,7 +157,7 @@ void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int
     }
 }
 
-/* kernels.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
+/* kernels.sim.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
    |codes s - x| <= |x| tol (the same float64 operations as split's torch steps on x in float64), else 0 (codes
    then unused); x float64 or float32 (each value exact in float64) */
 #define SPLIT(NAME, T)                                                                                          \
@@ -196,7 +197,7 @@ int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t 
 SPLIT(split, double)
 SPLIT(split_f32, float)
 
-/* kernels.fp8's Hadamard rotation x @ M of float32 rows x [rows, d] (d a power of two, 2^ld), M = diag(signs) H
+/* kernels.sim.fp8's Hadamard rotation x @ M of float32 rows x [rows, d] (d a power of two, 2^ld), M = diag(signs) H
    post (H Sylvester's, post a power of two), into float64 out [rows, d], by butterflies: 1 when every row's sum
    is exact in float64 in any order (each product x_i m_ij is exact; the terms are multiples of 2^(lsb - k) below
    2^(emax + 1 + ld - k) in sum, so with emax + 1 + ld - lsb <= 53 no partial sum rounds: a BLAS's x @ M gives
@@ -272,7 +273,7 @@ _SCALED_F32 = {torch.float64: lambda lib: lib.fc_fp8_scaled_df, torch.float32: l
 
 
 def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
-    """kernels.mma_ops.split's exact case for an FP8 format in one C pass (x float64 or float32, taken as its
+    """kernels.sim.mma_ops.split's exact case for an FP8 format in one C pass (x float64 or float32, taken as its
     float64 values): (True, codes float32 [x's shape]) when every |codes * scale - x| <= tol |x| (codes = x / scale
     rounded to fmt, clamped), (False, None) when not; (True, None) where the C pass does not apply (see scaled):
     the caller's torch steps then decide."""
@@ -402,7 +403,7 @@ def _native() -> tuple[object | None, str]:
 def _selftest_hadamard(lib) -> str:
     """Empty when the butterflies give x @ M's bits (torch's float64 product) on rows within their exact range, and
     refuse a row beyond it, a row of zeros and an Inf; else what differs."""
-    from flashcheck.kernels.hadamard import incoherence_matrix
+    from flashcheck.kernels.formats.hadamard import incoherence_matrix
 
     g = torch.Generator().manual_seed(1)
     for d in (4, 16, 64):
@@ -426,7 +427,7 @@ def _selftest_hadamard(lib) -> str:
 
 
 def hadamard(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
-    """x.to(float64) @ rot, the same bits, for a float32 x [..., d] (CPU, contiguous) and rot kernels.fp8's
+    """x.to(float64) @ rot, the same bits, for a float32 x [..., d] (CPU, contiguous) and rot kernels.sim.fp8's
     incoherence matrix (signs times H times a power of two): float64 [x's shape], by butterflies in C where every
     row's sum is exact in float64 (then any summation order gives the same bits); None where that does not hold or
     the pass does not apply (the caller multiplies)."""
@@ -445,7 +446,7 @@ def _hadamard(lib, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor | None:
     signs = torch.sign(rot[:, 0]).contiguous()
     if post == 0.0 or math.frexp(post)[0] != 0.5:  # the scale 1 / sqrt(d) is a power of two for d = 4^n only
         return None
-    from flashcheck.kernels.hadamard import hadamard_matrix
+    from flashcheck.kernels.formats.hadamard import hadamard_matrix
 
     if not torch.equal(signs.unsqueeze(-1) * hadamard_matrix(d) * post, rot):
         return None

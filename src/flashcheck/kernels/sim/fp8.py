@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, amax_scale, info, round_to
-from flashcheck.kernels.fp8_native import amax_scale as tensor_scale
-from flashcheck.kernels.fp8_native import block_amax, hadamard, scaled
-from flashcheck.kernels.hadamard import hadamard_matrix as hadamard_matrix  # re-exported: part of this API
-from flashcheck.kernels.hadamard import incoherence_matrix
-from flashcheck.kernels.ops import rnd_fresh
-from flashcheck.kernels.quantized import quantize_inputs, uses_quantized_inputs
+from flashcheck.kernels.formats.hadamard import hadamard_matrix as hadamard_matrix  # re-exported: part of this API
+from flashcheck.kernels.formats.hadamard import incoherence_matrix
+from flashcheck.kernels.native.fp8 import amax_scale as tensor_scale
+from flashcheck.kernels.native.fp8 import block_amax, hadamard, scaled
+from flashcheck.kernels.sim.ops import rnd_fresh
+from flashcheck.kernels.sim.quantized import quantize_inputs, uses_quantized_inputs
 
 
 def quantize_blocks(x: torch.Tensor, fmt: Format, block: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -47,10 +47,11 @@ def round_inputs(
 
     FP8 inputs are scaled per tensor, or per block of block_q (Q) / block_k (K, V) rows when
     policy.fp8_scaling == "block"; quantized-attention policies (fp6/fp4/int inputs, or the input knobs
-    qk_scaling, v_format, ...) take kernels.quantized's path. With policy.hadamard, Q and K are rotated by M first (see
+    qk_scaling, v_format, ...) take kernels.sim.quantized's path. With policy.hadamard, Q and K are rotated by M first
+    (see
     incoherence_matrix); the returned M [D, D] (else None) maps gradients back: dQ = dQ' M^T. policy.exact_inputs
     keeps Q and K ("qk": rotated, not smoothed or rounded) or V ("v") exact, the others rounded as without it.
-    parts (a dict): filled with the NVFP4 pieces of the rounded inputs (kernels.quantized.quantize_inputs) that
+    parts (a dict): filled with the NVFP4 pieces of the rounded inputs (kernels.sim.quantized.quantize_inputs) that
     are NVFP4 values, by role "q", "k", "v"."""
     if _plain_float32(q, k, v, policy):  # no float64 round trip (float32 -> float64 -> float32 is exact)
         return *(_fresh(rnd_fresh(t, policy, "input"), t) for t in (q, k, v)), None
@@ -104,8 +105,8 @@ def _fp8_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Poli
 
 def _fp4_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
     """float32 inputs, in float32 work, that the policy quantises to NVFP4 (Q, K and V, no smoothing) or as
-    SageAttention3 does: the quantisers' first step takes them to float32 (kernels.quantized,
-    core.quant.nvfp4_parts, kernels.sage3.sage3_inputs), so from float32 or from their exact float64 copies they
+    SageAttention3 does: the quantisers' first step takes them to float32 (kernels.sim.quantized,
+    core.quant.nvfp4_parts, kernels.formats.sage3.sage3_inputs), so from float32 or from their exact float64 copies they
     compute the same values, which _rounded would return in float32 (every one exact in float32)."""
     plain = policy.work_dtype == torch.float32 and not policy.hadamard and not policy.exact_inputs
     nvfp4 = policy.qk_scaling == policy.v_scaling == "nvfp4" and not (policy.smooth_q or policy.smooth_k)

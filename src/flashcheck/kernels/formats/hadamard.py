@@ -1,5 +1,5 @@
-"""The Hadamard matrices of FlashAttention-3's incoherent processing (kernels.fp8 rotates Q and K by them;
-kernels.fp8_native's C rotation checks its matrix against them): a leaf module, so both import it."""
+"""The Hadamard matrices of FlashAttention-3's incoherent processing (kernels.sim.fp8 rotates Q and K by them;
+kernels.native.fp8's C rotation checks its matrix against them): a leaf module, so both import it."""
 
 from __future__ import annotations
 

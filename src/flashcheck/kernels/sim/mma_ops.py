@@ -1,10 +1,10 @@
-"""The flash kernel's FP8/FP4 MMAs through kernels.mma (policy knobs qk_mma, pv_mma): the simulators hold
+"""The flash kernel's FP8/FP4 MMAs through kernels.tensorcore.mma (policy knobs qk_mma, pv_mma): the simulators hold
 dequantised operands (codes times scales); a tensor core multiplies the codes and the kernel applies the scales
 afterwards, so each operand is split back into its codes and its per-row (Q, K) or per-column (V) scale.
 
 Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]; an MMA of a [..., M, K] @ b [..., K, N]. An operand
 whose scales are not constant along the product's reduction dim (MX blocks, per-thread groups), or that does not
-split exactly, takes the model with its dequantised values ("fp32" operands: kernels.mma says how).
+split exactly, takes the model with its dequantised values ("fp32" operands: kernels.tensorcore.mma says how).
 
 NVFP4 inputs (the quantiser's pieces, core.quant.nvfp4_parts) enter as a block-scaled MMA takes them: the
 block-scaled values e2m1 x e4m3 scale in the chain, the fp32 tensor descale multiplied into its fp32 result
@@ -13,8 +13,9 @@ afterwards with the other descales. PTX ISA, "Block Scaling for mma.sync" (9.7.1
 same for tcgen05.mma; torchao 0.18.0 prototype/mx_formats/nvfp4_tensor.py _addmm_nvfp4_dispatch runs
 torch._scaled_mm on the codes and block scales and multiplies its result by a_scale * b_scale, the per-tensor
 scales. The block-scaled values go in with their own exponents (a model of how the hardware aligns scaled
-products, no oracle has measured it) as float32 "e2m1s" operands (kernels.mma.EMIN: no exponent of theirs is
-clamped, so the bits are the "fp32" operands'), which kernels.mma_c's f32 variant takes directly; SageAttention3's
+products, no oracle has measured it) as float32 "e2m1s" operands (kernels.tensorcore.mma.EMIN: no exponent of theirs is
+clamped, so the bits are the "fp32" operands'), which kernels.native.mma_c's f32 variant takes directly;
+SageAttention3's
 Q, K and P, e2m1 x e4m3 values too, alike."""
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
-from flashcheck.kernels.fp8_native import abs_max, block_amax
-from flashcheck.kernels.fp8_native import codes as fp8_codes
-from flashcheck.kernels.fp8_native import split_codes as fp8_split
-from flashcheck.kernels.mma import MMA_MODELS, MMAModel, fits_e2m1s, mma_into, mma_matmul
-from flashcheck.kernels.preset_native import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
-from flashcheck.kernels.preset_native import descale as descale_into
-from flashcheck.kernels.quantized import uses_quantized_inputs
-from flashcheck.kernels.sage3 import DeltaS, sage3_fp4_part
+from flashcheck.kernels.formats.sage3 import DeltaS, sage3_fp4_part
+from flashcheck.kernels.native.fp8 import abs_max, block_amax
+from flashcheck.kernels.native.fp8 import codes as fp8_codes
+from flashcheck.kernels.native.fp8 import split_codes as fp8_split
+from flashcheck.kernels.native.presets import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
+from flashcheck.kernels.native.presets import descale as descale_into
+from flashcheck.kernels.sim.quantized import uses_quantized_inputs
+from flashcheck.kernels.tensorcore.mma import MMA_MODELS, MMAModel, fits_e2m1s, mma_into, mma_matmul
 
 OPERAND_FORMATS = {Format.FP8_E4M3: "e4m3", Format.FP8_E5M2: "e5m2", Format.FP4_E2M1: "e2m1",
                    Format.FP6_E2M3: "e2m3", Format.FP6_E3M2: "e3m2"}  # fmt: skip
@@ -59,10 +60,10 @@ def _values(x: torch.Tensor) -> Operand:
 
 def _fp4_scaled(x: torch.Tensor, check: bool = True) -> Operand:
     """x holding block-scaled FP4 values e2m1 x e4m3 (or 0) as an "e2m1s" operand: float32 (exact), scale 1.
-    check: that every value is one kernels.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
+    check: that every value is one kernels.tensorcore.mma's "e2m1s" takes (exact in float32, at most 6 significant bits,
     a significand of at most 1.875, 0 or |x| in [2^-10, 2^12)), else the "fp32" operand (the same bits,
     slower); unchecked: P (sage3_p's)."""
-    fast = e2m1s(x) if check else None  # one C pass (kernels.preset_native), or None
+    fast = e2m1s(x) if check else None  # one C pass (kernels.native.presets), or None
     if fast is not None and not fast[0]:
         return _values(x)
     x32 = x.to(torch.float32) if fast is None else fast[1]
@@ -106,7 +107,7 @@ def split(x: torch.Tensor, fmt: Format, groups: str, *, rows: int = 0, top: floa
 
 
 def _split_fast(x: torch.Tensor, fmt: Format, groups: str, rows: int, top: float, name: str) -> Operand | None:
-    """split's exact case for an FP8 format by kernels.fp8_native (x [B, H, L, D] float32 or float64, contiguous):
+    """split's exact case for an FP8 format by kernels.native.fp8 (x [B, H, L, D] float32 or float64, contiguous):
     the same amax (by views, no float64 copy of x: a maximum of float32 values is exact in float64), the same
     scale tensor, and the codes and the tolerance check in one C pass; None where that pass does not apply."""
     if groups == "tensor":
@@ -126,7 +127,7 @@ def _split_fast(x: torch.Tensor, fmt: Format, groups: str, rows: int, top: float
 
 
 def _codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
-    """x / scale rounded to fmt's nearest values: FP8 in one C pass (kernels.fp8_native: round_to's bits) or by
+    """x / scale rounded to fmt's nearest values: FP8 in one C pass (kernels.native.fp8: round_to's bits) or by
     torch's cast (many times faster than round_to). Where x / scale lies within SPLIT_TOLERANCE of a code, the only
     case split keeps, every one of them gives that code (a double rounding through float32, or a clamp at the
     format's max, cannot move a value that near a code off it), so the split's outcome is round_to's."""
@@ -138,7 +139,7 @@ def _codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _input_groups(pol: Policy, role: str, block: int) -> tuple[Format, str, int, float]:
-    """(format, groups, rows, top) of Q, K or V as kernels.fp8 / kernels.quantized scale them."""
+    """(format, groups, rows, top) of Q, K or V as kernels.sim.fp8 / kernels.sim.quantized scale them."""
     if not uses_quantized_inputs(pol):
         fmt = pol.input
         if fmt not in FP8_FORMATS:
@@ -235,8 +236,9 @@ class StartC:
 
 
 def _sage3_qk(pol: Policy) -> bool:
-    """SageAttention3's Q and K (kernels.sage3 rule 2): their FP4 columns, delta_s the MMA's initial C. Only where
-    kernels.quantized.quantize_inputs made sage3_inputs' 2 D columns: with the input stage FP64 the knob is inert
+    """SageAttention3's Q and K (kernels.formats.sage3 rule 2): their FP4 columns, delta_s the MMA's initial C. Only
+    where
+    kernels.sim.quantized.quantize_inputs made sage3_inputs' 2 D columns: with the input stage FP64 the knob is inert
     (core.numerics) and q, k are the plain inputs."""
     return pol.qk_scaling == "sage3" and pol.input != Format.FP64
 
@@ -244,7 +246,7 @@ def _sage3_qk(pol: Policy) -> bool:
 def _split_input(x: torch.Tensor, pol: Policy, role: str, block: int, parts=None, exact: bool = True) -> Operand:
     if parts and role in parts:
         return block_scaled(parts[role])
-    if role != "v" and _sage3_qk(pol):  # e2m1 x e4m3 values (scales vary along D): kernels.mma's f32 tile
+    if role != "v" and _sage3_qk(pol):  # e2m1 x e4m3 values (scales vary along D): kernels.tensorcore.mma's f32 tile
         return _fp4_scaled(sage3_fp4_part(x))
     if role == "v" and exact and (_sage3_qk(pol) or pol.v_scaling == "sage3"):  # FP4 x16 along the tokens
         return _fp4_scaled(x)
@@ -278,7 +280,7 @@ def qk_scores(
 ) -> torch.Tensor:
     """factor * Q K^T [..., Mq, Mk] (float32: one rounding of the descaled product): the MMA of the codes, then
     the fp32 multiply by factor * q_scale * k_scale the kernel's softmax applies. out (float32 [..., Mq, Mk]):
-    written and returned (the descale in one C pass, kernels.preset_native, where it applies). c (float32
+    written and returned (the descale in one C pass, kernels.native.presets, where it applies). c (float32
     [..., Mq, Mk], in the MMA's units, or a StartC): the accumulator the MMA starts from (None: +0)."""
     k_scale = k.scale.transpose(-1, -2)
     fmts = (q.fmt, k.fmt)
@@ -303,10 +305,10 @@ def qk_scores(
 
 def p_operand(pc: torch.Tensor, pol: Policy) -> Operand:
     """P as the P·V MMA takes it: quantize_p's values (P x p_scale in pol.p: codes; SageAttention3's e2m1 x e4m3
-    values, kernels.sage3.sage3_p, as "e2m1s"), or with NVFP4 P its dequantised values."""
+    values, kernels.formats.sage3.sage3_p, as "e2m1s"), or with NVFP4 P its dequantised values."""
     name = OPERAND_FORMATS.get(pol.p)
     if pol.p_scaling == "sage3":
-        return _fp4_scaled(pc, check=False)  # e2m1 x e4m3 by construction (kernels.sage3 rule 4)
+        return _fp4_scaled(pc, check=False)  # e2m1 x e4m3 by construction (kernels.formats.sage3 rule 4)
     if pol.p_scaling or name is None:
         return _values(pc)
     return Operand(pc.to(torch.float32), torch.ones((1,) * pc.dim(), dtype=torch.float64, device=pc.device), name)
@@ -317,7 +319,7 @@ def held_v_scale(ops: MMAOperands | None, pol: Policy, work: torch.dtype) -> tor
     loop, as FA3 and FA4 hold their fp32 accumulator: the MMA accumulates into O (one level, an fp32 register,
     float32 work), V has codes and one scale per head (FA3's and FA4's v_descale; fa4-fp4's NVFP4 V with its
     tensor descale and sage3-fp4's FP4 V, block-scaled "e2m1s" values, qualify too), applied once at the end (see
-    kernels.flash). None where O is converted at every key block instead (V scaled per key block or column,
+    kernels.sim.flash). None where O is converted at every key block instead (V scaled per key block or column,
     dequantised V, two-level accumulation, an fp16 register)."""
     if ops is None or ops.model_pv is None or ops.v is None or ops.v.fmt == "fp32" or pol.acc_promote:
         return None
@@ -348,10 +350,10 @@ def pv_accumulate(
     acc = "fp16" if pol.acc_nearest and pol.acc_bits == 10 else "fp32"
     fmts = (p.fmt, v.fmt)
     if held:
-        if rescale(o, alpha) is None:  # one C pass (kernels.preset_native) where it applies, else torch's two
+        if rescale(o, alpha) is None:  # one C pass (kernels.native.presets) where it applies, else torch's two
             if alpha is not None:
                 o.mul_(alpha)
-            o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.mma)
+            o.add_(0.0)  # the MMA's start: a zero c is +0 (kernels.tensorcore.mma)
         if not mma_into(p.codes, v.codes, model, o, fmt=fmts):
             o.copy_(mma_matmul(p.codes, v.codes, model, c=o, fmt=fmts, acc=acc))
         return
@@ -364,7 +366,7 @@ def pv_accumulate(
             return
     if pol.acc_promote:
         part = mma_matmul(p.codes, v.codes, model, promote_every=pol.acc_promote, fmt=fmts, acc=acc)
-        if rescale(o, alpha, part, unit) is None:  # one C pass (kernels.preset_native) where it applies
+        if rescale(o, alpha, part, unit) is None:  # one C pass (kernels.native.presets) where it applies
             if alpha is not None:
                 o.mul_(alpha)
             o.add_(part.to(torch.float64).mul_(unit).to(o.dtype))

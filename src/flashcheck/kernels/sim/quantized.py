@@ -24,13 +24,13 @@ from flashcheck.core.quant import (
     quantize_mx,
     quantize_nvfp4,
 )
-from flashcheck.kernels.fp8_native import abs_max, int_quantized, scaled
-from flashcheck.kernels.fp8_native import amax_scale as fp8_scale
-from flashcheck.kernels.preset_native import fp4x16 as native_fp4x16
-from flashcheck.kernels.preset_native import nvfp4 as native_nvfp4
-from flashcheck.kernels.preset_native import p_fp8
-from flashcheck.kernels.preset_native import sage3_p as native_sage3_p
-from flashcheck.kernels.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
+from flashcheck.kernels.formats.sage3 import quantize_fp4x16, sage3_inputs, sage3_p
+from flashcheck.kernels.native.fp8 import abs_max, int_quantized, scaled
+from flashcheck.kernels.native.fp8 import amax_scale as fp8_scale
+from flashcheck.kernels.native.presets import fp4x16 as native_fp4x16
+from flashcheck.kernels.native.presets import nvfp4 as native_nvfp4
+from flashcheck.kernels.native.presets import p_fp8
+from flashcheck.kernels.native.presets import sage3_p as native_sage3_p
 
 SAGE_WARP_Q, SAGE_WARP_K = 32, 64  # SageAttention2 per_thread_int8: WARPQ = 32 query rows, BLKK = 64 keys
 
@@ -59,7 +59,7 @@ def quantize_tokens(
     column over the tokens, V; its amax maps to `scale_max`, 0: fmt's max), mx / nvfp4 (blocks along D for
     q and k, along the tokens for v; MX scales rounded by `mx_rounding`, NVFP4 block scales floored by
     `nvfp4_floor`). parts (a dict): NVFP4's pieces (core.quant.nvfp4_parts: the block-scaled values, the tensor
-    descale) stored under `role`, for the block-scaled MMA (kernels.mma_ops)."""
+    descale) stored under `role`, for the block-scaled MMA (kernels.sim.mma_ops)."""
     along = -2 if role == "v" else -1
     if scaling == "mx":
         return quantize_mx(t, fmt, dim=along, rounding=mx_rounding or "floor")
@@ -97,7 +97,7 @@ def _per_group(t: torch.Tensor, fmt: Format, ids: torch.Tensor) -> torch.Tensor:
 
 def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
     """core.quant.nvfp4_parts(t, dim=dim, scale_floor=floor), its block pieces in one C pass where it applies: the
-    same float32 steps (kernels.preset_native.nvfp4), the tensor scales formed here as nvfp4_parts forms them."""
+    same float32 steps (kernels.native.presets.nvfp4), the tensor scales formed here as nvfp4_parts forms them."""
     x32 = t.detach().to(torch.float32).contiguous()  # nvfp4_parts' first step (any layout: the same values)
     if x32.numel() == 0:
         return nvfp4_parts(t, dim=dim, scale_floor=floor)
@@ -110,7 +110,8 @@ def _nvfp4_parts(t: torch.Tensor, dim: int, floor: bool) -> NVFP4Parts:
 
 
 def fp4x16(x: torch.Tensor, *, dim: int = -1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """kernels.sage3.quantize_fp4x16's values ([x's shape] in dtype, float64 or float32: each value e2m1 x e4m3 is
+    """kernels.formats.sage3.quantize_fp4x16's values ([x's shape] in dtype, float64 or float32: each value e2m1 x e4m3
+    is
     exact in float32), in one C pass where it applies."""
     x32 = x.detach().to(torch.float32).contiguous()  # quantize_fp4x16's first step (any layout: the same values)
     fast = native_fp4x16(x32, dim, dtype)
@@ -133,7 +134,7 @@ def quantize_inputs(
     fmt = policy.input
     if fmt == Format.FP64:
         return q, k, v
-    if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.sage3): q, k get 2 D columns
+    if policy.qk_scaling == "sage3":  # SageAttention3's own preprocessing (kernels.formats.sage3): q, k get 2 D columns
         quantize = _fp4x16_float32 if float32 else fp4x16
         return sage3_inputs(q, k, v, policy.source_format or Format.BF16, quantize=quantize)
     if policy.smooth_k:
@@ -162,12 +163,12 @@ def quantize_inputs(
 
 def quantize_p(p: torch.Tensor, policy: Policy, out: torch.Tensor | None = None) -> torch.Tensor:
     """P [..., rows, Bc] as the P·V product sees it, in the p stage's scale (divide the product by p_scale):
-    P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.sage3.sage3_p:
+    P * p_scale rounded to the p format; with p_scaling sage3 as SageAttention3's kernel (kernels.formats.sage3.sage3_p:
     P * p_scale, the running max at 448 * 6, in 16-key FP4 blocks with single e4m3 scales); with nvfp4 two-level
     NVFP4 (each row's max mapped to 448 * 6 by an FP32 scale, then NVFP4 blocks of 16 keys with e4m3 scales).
     out: a float32 buffer of p's shape (not p) that the FP8 and sage3 C passes write into, or None."""
     if policy.p_scaling == "sage3":
-        fast = native_sage3_p(p, policy.p_scale, out)  # one C pass (kernels.preset_native, into out), or None
+        fast = native_sage3_p(p, policy.p_scale, out)  # one C pass (kernels.native.presets, into out), or None
         return sage3_p(p, policy.p_scale) if fast is None else fast
     if policy.p_scaling == "nvfp4":
         rowmax = p.detach().abs().amax(dim=-1, keepdim=True)

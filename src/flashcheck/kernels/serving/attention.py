@@ -5,7 +5,7 @@ are bottom-right aligned (query i of Lq sees keys 0 .. Lk - Lq + i), so a decode
 prefill (Lq = Lk) see the same keys.
 
 What the simulator does, step by step, after vllm-project/flash-attention at 617264c1 (hopper/):
-1. The cache: kernels.kvcache quantises K and V; in the FP8 path (per-tensor or per-head e4m3) Q is quantised
+1. The cache: kernels.serving.kvcache quantises K and V; in the FP8 path (per-tensor or per-head e4m3) Q is quantised
    too and the MMAs see the e4m3 payloads, the descales folded into softmax_scale_log2 (q_descale * k_descale)
    and into the final 1 / l (v_descale: softmax.h finalize's final_scale). Other formats run in bf16 on the
    dequantised cache (SGLang dequantises its fp4 cache to bf16 before attention).
@@ -25,7 +25,7 @@ Arithmetic: every fp32 quantity is held in float64 and rounded to fp32 after eac
 evaluated in float64 first), so the result depends only on the tiling, never on the batch the rows sit in or
 on this CPU's vector width. The MMA is the exact dot product rounded once to fp32 (`mma=None`: an ideal
 tensor core, exact here since e4m3 x e4m3 products and their sums over <= 256 terms fit float64), or a
-hardware model of kernels.mma (`mma="hopper"`, "b200", "ada") where that module is present.
+hardware model of kernels.tensorcore.mma (`mma="hopper"`, "b200", "ada") where that module is present.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import NamedTuple
 import torch
 
 from flashcheck.core.numerics import Format, round_to
-from flashcheck.kernels.kvcache import KVCacheFormat, parse_kv_format, quantize_kv, round_fp
-from flashcheck.kernels.serving_heuristics import key_spans
+from flashcheck.kernels.serving.heuristics import key_spans
+from flashcheck.kernels.serving.kvcache import KVCacheFormat, parse_kv_format, quantize_kv, round_fp
 
 ACCUMULATIONS = ("two-level", "one-level")
 FP8_MAX_OFFSET = 8
@@ -56,7 +56,7 @@ def _mma(a: torch.Tensor, b: torch.Tensor, model: str | None, c: torch.Tensor | 
     if model is None:
         prod = r32(a @ b)
         return prod if c is None else r32(c + prod)
-    from flashcheck.kernels.mma import MMA_MODELS, mma_matmul  # lazily: the hardware model is optional here
+    from flashcheck.kernels.tensorcore.mma import MMA_MODELS, mma_matmul  # lazily: the hardware model is optional here
 
     if model not in MMA_MODELS:
         raise ValueError(f"unknown MMA model {model!r}; expected one of {', '.join(MMA_MODELS)}")
@@ -145,7 +145,7 @@ def serving_attention(
     round_output: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3's forward over KV cache `kv` (see the module docstring): (out [B, H, Lq, D] float64 holding bf16
-    (fp32 with round_output=False), lse [B, H, Lq] natural log). `block_n`: kBlockN (kernels.serving_heuristics
+    (fp32 with round_output=False), lse [B, H, Lq] natural log). `block_n`: kBlockN (kernels.serving.heuristics
     picks it per launch); `splits`: the split-KV count (1: none)."""
     return run_prepared(prepare(q, k, v, kv), block_n=block_n, splits=splits, causal=causal, scale=scale,
                         accumulation=accumulation, mma=mma, round_output=round_output)  # fmt: skip

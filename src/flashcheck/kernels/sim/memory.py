@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.kernels.flash import TILE_BYTES
-from flashcheck.kernels.reference import REFERENCE_BLOCK_BYTES
-from flashcheck.kernels.standard import CHUNK_BYTES
-from flashcheck.kernels.tiles import ROW_BLOCK, rows_per_chunk
+from flashcheck.kernels.sim.flash import TILE_BYTES
+from flashcheck.kernels.sim.reference import REFERENCE_BLOCK_BYTES
+from flashcheck.kernels.sim.standard import CHUNK_BYTES
+from flashcheck.kernels.sim.tiles import ROW_BLOCK, rows_per_chunk
 
 # Arrays of the largest size alive at once, counted from the code (see the module docstring).
 STANDARD_ARRAYS = 3  # one reused score buffer (exp and P in place) and the rounding temporaries of a cast

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flashcheck.core.numerics import FP8_FORMATS, POLICY_LOOKUPS, Format, Policy, mixed_policy
-from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
+from flashcheck.kernels.sim.preset_type import KernelPreset, fa3_fp8_tiles
 
 FA4_EX2_EMU = {"exp2_emu": 10, "exp2_emu_res": 4, "exp2_emu_start": 1}
-# The FP8/FP4 MMAs as kernels.mma computes them: Blackwell's tcgen05 (late c, 25 fraction bits), Hopper's wgmma and
+# The FP8/FP4 MMAs as kernels.tensorcore.mma computes them: Blackwell's tcgen05 (late c, 25 fraction bits), Hopper's
+# wgmma and
 # Ada's mma.sync (FP22: 13 fraction bits, c in the alignment). NVFP4 operands enter as a block-scaled MMA takes
-# them: e2m1 x e4m3 block scale in the chain, the fp32 tensor scales on its result (kernels.mma_ops); how the
+# them: e2m1 x e4m3 block scale in the chain, the fp32 tensor scales on its result (kernels.sim.mma_ops); how the
 # hardware aligns block-scaled products inside the chain is modelled, not measured.
 B200_MMA = {"qk_mma": "b200", "pv_mma": "b200"}
 HALF = (Format.FP16, Format.BF16)
@@ -126,7 +127,8 @@ def sage2_ada(fmt: Format) -> Policy:
     after it (SageAttention2++, arXiv 2505.21136)."""
     _need("sage2-ada", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-ada@{fmt.value}", 32, 64)
-    # Ada's mma.sync with an fp16 accumulator register (kernels.mma, acc "fp16"); acc_bits states its width to
+    # Ada's mma.sync with an fp16 accumulator register (kernels.tensorcore.mma, acc "fp16"); acc_bits states its width
+    # to
     # the error model
     return pol.replace(name=pol.name, acc_bits=10, acc_nearest=True, acc_promote=64, v_scale_max=2.25, pv_mma="ada")
 
@@ -140,7 +142,7 @@ def sage2_hopper(fmt: Format) -> Policy:
     FP8 MMA's FP22 accumulator (13 mantissa bits, truncating) within each 128-key block, promoted to fp32."""
     _need("sage2-hopper", fmt, HALF)
     pol = _sage2_common(fmt, f"sage2-hopper@{fmt.value}", 16, 128)
-    return pol.replace(name=pol.name, acc_bits=13, acc_promote=128, pv_mma="hopper")  # kernels.mma's Hopper model
+    return pol.replace(name=pol.name, acc_bits=13, acc_promote=128, pv_mma="hopper")  # tensorcore.mma's Hopper
 
 
 def sage2_4b(fmt: Format) -> Policy:
@@ -156,7 +158,7 @@ def sage2_4b(fmt: Format) -> Policy:
 def sage3_fp4(fmt: Format) -> Policy:
     """SageAttention3 (arXiv 2505.11594) as its Blackwell kernel does it (thu-ml/SageAttention at commit
     d1a57a5, sageattention3_blackwell/sageattn3/api.py, quantization/fp4_quantization_4d.cu,
-    blackwell/softmax_fused.h, mainloop_tma_ws.h; the rules in kernels.sage3): K smoothed over the tokens,
+    blackwell/softmax_fused.h, mainloop_tma_ws.h; the rules in kernels.formats.sage3): K smoothed over the tokens,
     Q's per-128-row-block mean subtracted and q̄ K^T (in the input dtype) the Q K^T MMA's initial fp32 C,
     Q, K, V in 1x16 FP4 blocks with one e4m3 scale amax / 6 and no tensor scale, P offset so the running max
     maps to 448 * 6 before its per-16 e4m3 scales, key blocks last to first, fp32 accumulator; output in the
@@ -175,7 +177,7 @@ def fa3_fp8_fp22(fmt: Format) -> Policy:
     MMA's real accumulator: about 13-14 mantissa bits on Ada/Hopper (SageAttention2, arXiv 2411.10958: FP22,
     1 sign, 8 exponent, 13 mantissa bits; DeepSeek-V3, arXiv 2412.19437, section 3.3.2), truncating. FA3
     accumulates P·V into O inside the MMA with no promotion, so O itself is held in FP22; Q K^T, an FP8 MMA
-    too, sums in FP22 over D. Both MMAs run kernels.mma's Hopper model (qk_mma, pv_mma: blocks of 32 products
+    too, sums in FP22 over D. Both MMAs run kernels.tensorcore.mma's Hopper model (qk_mma, pv_mma: blocks of 32 products
     aligned to their largest exponent, terms truncated to 13 bits below it, as the H100 does); acc_bits and
     qk_acc_bits state the width to the error model. (SageAttention's Q K^T is an INT8 MMA: exact int32 sums.)"""
     _need("fa3-fp8-fp22", fmt, tuple(sorted(FP8_FORMATS)))

@@ -12,7 +12,7 @@ sageattn3/blackwell/softmax_fused.h with mainloop_tma_ws.h. Each rule below is r
    rounded once to `half` and widened. The mainloop's add_delta_s writes delta_s into the score accumulator
    tSrS (stride 0 over the 128 rows, SmemLayoutAtomDS) before the Q K^T MMA runs over the FP4 k_blocks into
    it: delta_s is the MMA's initial C. sage3_inputs returns the concatenations [Qs', qm] and [Ks', Ks] along
-   D (2 D columns; the callers fix the softmax scale from the original D); the MMA model (kernels.mma_ops)
+   D (2 D columns; the callers fix the softmax scale from the original D); the MMA model (kernels.sim.mma_ops)
    splits them back (sage3_fp4_part, DeltaS) and runs the chain over the D FP4 columns (values e2m1 * e4m3)
    from c = delta_s. Paths without a tensor-core model take the product of the concatenations,
    Qs' Ks'^T + qm Ks^T (qm Ks^T not rounded to `half`). Left out: cuBLAS's fp32 summation inside delta_s's
@@ -65,7 +65,7 @@ def sage3_inputs(q, k, v, half: Format, quantize=quantize_fp4x16) -> tuple[torch
     """(q', k', v) as SageAttention3's kernel multiplies them (rules 1-3): q' = [Qs', qm] and k' = [Ks', Ks]
     [B, H, L, 2 D], so that q' k'^T = Qs' Ks'^T + qm Ks^T (the MMA model: sage3_fp4_part and DeltaS); v
     [B, H, L, Dv] FP4 along the tokens. `quantize`: quantize_fp4x16 or a function giving its values
-    (kernels.quantized passes its C pass), in float64 or float32 (every value is exact in float32: the outputs
+    (kernels.sim.quantized passes its C pass), in float64 or float32 (every value is exact in float32: the outputs
     then come in float32)."""
     qh, kh, vh = (round_to(t.to(torch.float32), half) for t in (q, k, v))
     km = round_to(kh.mean(dim=-2, keepdim=True), half)
@@ -87,7 +87,7 @@ def sage3_fp4_part(x2: torch.Tensor) -> torch.Tensor:
 class DeltaS:
     """delta_s = qm Ks^T (rule 2) per 128-row query group: values [B, H, ceil(Lq / 128), Lk] float32 holding
     `half` values (api.py's 16-bit matmul cast to float32); start: values + 0, the MMA's initial C (a -0 made +0,
-    as kernels.mma_ops.qk_scores starts from a copy of C plus 0), formed once."""
+    as kernels.sim.mma_ops.qk_scores starts from a copy of C plus 0), formed once."""
 
     values: torch.Tensor
     start: torch.Tensor = field(init=False, repr=False, compare=False)

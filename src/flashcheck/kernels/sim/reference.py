@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import prescale_is_exact, settle_exp
-from flashcheck.kernels.tiles import mm_blocks, row_chunks, rows_max
-from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
+from flashcheck.kernels.sim.masks import tile_bias
+from flashcheck.kernels.sim.ops import prescale_is_exact, settle_exp
+from flashcheck.kernels.sim.tiles import mm_blocks, row_chunks, rows_max
+from flashcheck.kernels.sim.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 REFERENCE_BLOCK_BYTES = 64 * 2**20  # cap on one query chunk's FP64 scores [B, H, rows, Lk]
 
@@ -29,9 +29,9 @@ def reference_attention(
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv]
     float64 (and, with `return_lse`, the log-sum-exp [B, H, Lq]). `mask`: bool (True = keep) or
     additive, broadcastable to [B, H, Lq, Lk]. Fully masked rows, and every row when Lk = 0, give 0
-    and lse -inf (kernels.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
+    and lse -inf (kernels.sim.validation has the input rule). Differentiable. `chunk`: query rows per chunk,
     fewer when one chunk's FP64 scores would pass REFERENCE_BLOCK_BYTES; products are formed in fixed row
-    blocks (kernels.tiles.mm_blocks), so every chunking gives the bits of one L x L block on any BLAS.
+    blocks (kernels.sim.tiles.mm_blocks), so every chunking gives the bits of one L x L block on any BLAS.
     `sink`: learnable sink logits (a float or one per head [H]; gpt-oss, FA4): an extra softmax column with no
     value, so out is scaled by sigmoid(lse - sink) and lse becomes logaddexp(lse, sink)."""
     if sink is not None:

@@ -2,10 +2,10 @@
 
 Shapes: q [B, H, Lq, D] (decoding: Lq of 1 or a few draft tokens), k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
 (a long KV cache). Quantised once: Q, K, V are rounded / quantised for the whole cache as the flash kernel does
-(kernels.fp8.round_inputs under the policy itself: FP8 tensor or block scales, NVFP4 block and tensor scales,
+(kernels.sim.fp8.round_inputs under the policy itself: FP8 tensor or block scales, NVFP4 block and tensor scales,
 SageAttention's K smoothing by the cache's mean, the Hadamard rotation), and the tensor-core models' operands
-(codes and scales, sage3's delta_s) are split once (kernels.mma_ops.MMAOperands). Each split is the flash forward
-over its own whole key blocks (kernels.flash.forward_keys) on those codes and scales, with the policy's own step
+(codes and scales, sage3's delta_s) are split once (kernels.sim.mma_ops.MMAOperands). Each split is the flash forward
+over its own whole key blocks (kernels.sim.flash.forward_keys) on those codes and scales, with the policy's own step
 numerics (P's quantisation against the split's running max, the MMA chains) and causal / mask positions of the
 whole cache; its normalised partial output and log-sum-exp are stored in the policy's `merge` format. The
 combine (lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s) also runs in `merge`, and only its result
@@ -31,11 +31,11 @@ import math
 import torch
 
 from flashcheck.core.numerics import Policy, parse_policy
-from flashcheck.kernels.flash import LOG2E, FlashConfig, forward_keys
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.mma_ops import MMAOperands
-from flashcheck.kernels.ops import resolve_scale, rnd, safe_max, settle_exp
-from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
+from flashcheck.kernels.sim.flash import LOG2E, FlashConfig, forward_keys
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.mma_ops import MMAOperands
+from flashcheck.kernels.sim.ops import resolve_scale, rnd, safe_max, settle_exp
+from flashcheck.kernels.sim.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 
 def split_spans(lk: int, splits: int, block_k: int) -> list[tuple[int, int]]:

@@ -36,7 +36,7 @@ TILE_ELEMS = 1 << 22  # products held at once per K chunk (float64: 32 MiB, with
 
 
 def fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
-    """Whether x (and x32, its float32 copy) hold only "e2m1s" operand values (see EMIN; kernels.mma_ops'
+    """Whether x (and x32, its float32 copy) hold only "e2m1s" operand values (see EMIN; kernels.sim.mma_ops'
     _fp4_scaled), on float32 bits."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and not bool((x32 == x).all()):
         return False
@@ -236,7 +236,7 @@ def mma_matmul(
     acc "fp16": the MMA's accumulator register is fp16 (mma.sync ... .f16.e4m3.e4m3.f16, SageAttention2++'s
     "fp32+fp16"): each block result, formed as above, is rounded to the nearest fp16 (no oracle models this
     unit; an assumption, stated). Returns the fp32 accumulator [..., M, N] (fp16 values with acc "fp16").
-    The chain runs in C (kernels.mma_native) where it built and passed its self-test, else in torch: same bits."""
+    The chain runs in C (kernels.native.mma) where it built and passed its self-test, else in torch: same bits."""
     fmts = _checked_formats(a, b, fmt, acc, promote_every)
     return _matmul(a, b, model, c, promote_every, fmts, acc == "fp16", native_library())
 
@@ -249,7 +249,7 @@ def mma_into(a: torch.Tensor, b: torch.Tensor, model: MMAModel, acc: torch.Tenso
     lib = native_library()
     if lib is None or a.device.type != "cpu" or acc.dtype != torch.float32 or not acc.is_contiguous():
         return False
-    from flashcheck.kernels.mma_native import chain, work_dtype
+    from flashcheck.kernels.native.mma import chain, work_dtype
 
     fmts = _checked_formats(a, b, fmt, "fp32", None)
     ba, bb = a.shape[:-2], b.shape[:-2]
@@ -262,7 +262,7 @@ def mma_into(a: torch.Tensor, b: torch.Tensor, model: MMAModel, acc: torch.Tenso
 
 
 def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str, str], fp16: bool, lib):
-    """mma_matmul with its arguments checked; lib: kernels.mma_native's library, or None for the torch chain."""
+    """mma_matmul with its arguments checked; lib: kernels.native.mma's library, or None for the torch chain."""
     k = a.shape[-1]
     ba, bb = a.shape[:-2], b.shape[:-2]
     batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)  # (torch's costs more than a small chain)
@@ -287,10 +287,10 @@ def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str
 
 def _start(c, shape: tuple[int, ...], model: MMAModel, fmts, fp16: bool, native: bool, device) -> torch.Tensor:
     """The chain's first accumulator [shape]: c's fp32 values (fp16 ones with an fp16 register) or +0, in float64
-    (the torch chain) or in kernels.mma_native's working dtype."""
+    (the torch chain) or in kernels.native.mma's working dtype."""
     dtype = torch.float64
     if native:
-        from flashcheck.kernels.mma_native import work_dtype
+        from flashcheck.kernels.native.mma import work_dtype
 
         dtype = work_dtype(model, fmts)
     if c is None:
@@ -302,9 +302,9 @@ def _start(c, shape: tuple[int, ...], model: MMAModel, fmts, fp16: bool, native:
 
 
 def _native_segments(a, b, model: MMAModel, fmts: tuple[str, str], fp16: bool, lib):
-    """The chain over k in s0:s1 from acc (updated in place), by kernels.mma_native (ragged last blocks as zero
+    """The chain over k in s0:s1 from acc (updated in place), by kernels.native.mma (ragged last blocks as zero
     padded ones)."""
-    from flashcheck.kernels.mma_native import chain
+    from flashcheck.kernels.native.mma import chain
 
     emins = (EMIN[fmts[0]], EMIN[fmts[1]])
 
@@ -344,7 +344,7 @@ def _torch_segments(a, b, batch, model: MMAModel, fmts: tuple[str, str], fp16: b
 
 def _selftest_cases():
     """(name, a, b, c, model, promote_every, fmts, fp16) exercising every rule of the chain on small shapes."""
-    from flashcheck.kernels.mma_native import operands
+    from flashcheck.kernels.native.mma import operands
 
     e4 = ("e4m3", "e4m3")
     cases = [
@@ -369,9 +369,9 @@ def _selftest_cases():
 
 @functools.cache
 def _native() -> tuple[object | None, str]:
-    """(kernels.mma_native's library, "") once it built and matched the torch chain bit for bit on
+    """(kernels.native.mma's library, "") once it built and matched the torch chain bit for bit on
     _selftest_cases, else (None, why not)."""
-    from flashcheck.kernels.mma_native import load
+    from flashcheck.kernels.native.mma import load
 
     lib, why = load()
     if lib is None:
@@ -385,7 +385,7 @@ def _native() -> tuple[object | None, str]:
 
 
 def native_library():
-    """kernels.mma_native's self-tested library, or None (mma_matmul then runs its torch chain)."""
+    """kernels.native.mma's self-tested library, or None (mma_matmul then runs its torch chain)."""
     return _native()[0]
 
 

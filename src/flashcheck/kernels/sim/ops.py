@@ -8,10 +8,10 @@ import math
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to
-from flashcheck.kernels.native import abs_stats as native_abs_stats
-from flashcheck.kernels.native import round_ as native_round
-from flashcheck.kernels.native import rounded as native_rounded
-from flashcheck.kernels.validation import check_scale
+from flashcheck.kernels.native.rounding import abs_stats as native_abs_stats
+from flashcheck.kernels.native.rounding import round_ as native_round
+from flashcheck.kernels.native.rounding import rounded as native_rounded
+from flashcheck.kernels.sim.validation import check_scale
 
 _NATIVE = (Format.BF16, Format.FP16)
 
@@ -23,7 +23,7 @@ def rnd(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
 
 def rnd_fresh(x: torch.Tensor, policy: Policy, stage: str) -> torch.Tensor:
     """rnd(x, policy, stage), the rounding to bf16 of a float32 CPU tensor in one C pass into a fresh tensor
-    (kernels.native.rounded: the casts' very bits)."""
+    (kernels.native.rounding.rounded: the casts' very bits)."""
     if policy.stage(stage) == Format.BF16 and not (x.requires_grad and torch.is_grad_enabled()):
         out = native_rounded(x, torch.bfloat16)
         if out is not None:
@@ -38,7 +38,7 @@ def rnd_(x: torch.Tensor, policy: Policy, stage: str, scratch: torch.Tensor | No
     narrow = info(fmt).dtype
     if narrow == x.dtype:
         return x
-    if fmt in _NATIVE and native_round(x, narrow):  # one pass in place, the casts' very bits (kernels.native)
+    if fmt in _NATIVE and native_round(x, narrow):  # one pass in place, the casts' very bits (kernels.native.rounding)
         return x
     if scratch is not None and x.dtype == torch.float32 and fmt not in FP8_FORMATS:
         narrow = scratch[: x.numel()].view(x.shape)
@@ -71,7 +71,7 @@ def safe_max(m: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
-    """The softmax scale: 1/sqrt(head_dim) for None, else `scale` (a finite real, see kernels.validation)."""
+    """The softmax scale: 1/sqrt(head_dim) for None, else `scale` (a finite real, see kernels.sim.validation)."""
     checked = check_scale(scale)
     return head_dim**-0.5 if checked is None else checked
 

@@ -1,14 +1,16 @@
-"""The quantised presets' per-step element-wise work in single C passes (built by kernels.cbuild), the same bits as
-the torch steps they replace: P's FP8 rounding (kernels.quantized.quantize_p), SageAttention3's P quantisation
-(kernels.sage3.sage3_p) and the float64 descales around the tensor-core products (kernels.mma_ops: qk_scores'
+"""The quantised presets' per-step element-wise work in single C passes (built by kernels.native.cbuild), the same bits
+as
+the torch steps they replace: P's FP8 rounding (kernels.sim.quantized.quantize_p), SageAttention3's P quantisation
+(kernels.formats.sage3.sage3_p) and the float64 descales around the tensor-core products (kernels.sim.mma_ops:
+qk_scores'
 descaled scores, pv_accumulate's O in MMA units and back), and once per forward the FP4 inputs' quantisers
-(SageAttention3's 1x16 FP4, core.quant.nvfp4_parts' pieces) and kernels.mma_ops' "e2m1s" operand check. Each
+(SageAttention3's 1x16 FP4, core.quant.nvfp4_parts' pieces) and kernels.sim.mma_ops' "e2m1s" operand check. Each
 torch step reads and writes a whole score block [B, H, rows, Bc] (sage3_p alone is about twenty passes; each
 descale three, with a float64 copy).
 
 Every step is one IEEE operation the torch path also does (float32 products and quotients, float64 products and
 quotients of float32 values, float64 -> float32 conversions, all correctly rounded; no FMA contraction, see
-kernels.cbuild) or exact (the clamp, rint at a format's spacing, scalings by powers of two, maxima). NaN: the
+kernels.native.cbuild) or exact (the clamp, rint at a format's spacing, scalings by powers of two, maxima). NaN: the
 P passes report it and the caller runs its torch steps (NaN bits as torch makes them). The library self-tests at
 load against the torch steps (ties, subnormal codes, zeros, ragged blocks, strided views); any difference,
 FLASHCHECK_NATIVE=0 or a missing compiler keeps the torch path."""
@@ -21,10 +23,10 @@ import math
 
 import torch
 
-import flashcheck.kernels.cbuild as cbuild
+import flashcheck.kernels.native.cbuild as cbuild
 from flashcheck.core.numerics import Format, info
-from flashcheck.kernels.fastmath import POLY_EX2_3, ex2_emulation
-from flashcheck.kernels.fp8_native import ROUND_SOURCE
+from flashcheck.kernels.formats.fastmath import POLY_EX2_3, ex2_emulation
+from flashcheck.kernels.native.fp8 import ROUND_SOURCE
 
 SOURCE = (
     ROUND_SOURCE
@@ -225,7 +227,7 @@ int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n
     return !bad;
 }
 
-/* kernels.mma.fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
+/* kernels.tensorcore.mma.fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
    |x| in [2^-10, 2^12) with a significand of at most 1.875 and at most 5 fraction bits (NaN and inf fail). 1 when
    all fit, else 0. */
 int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
@@ -436,7 +438,8 @@ void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t 
 }
 
 /* O's rescale by the step's alpha (one per row; al NULL: none) folded into the pass after it: mode 0, O held in
-   the MMA's units, o = o * al + 0 (the float32 product, then kernels.mma's start, which makes a zero +0); mode 1,
+   the MMA's units, o = o * al + 0 (the float32 product, then kernels.tensorcore.mma's start, which makes a zero +0);
+   mode 1,
    the two-level accumulator's promotion, o = o * al + (float)((double)x * u) (the float32 product, the float64
    product rounded to float32, their float32 sum: torch's mul_ then fc_units' UNIT_ADD, step for step) */
 void fc_rescale(float *o, const int64_t *os, const float *al, const int64_t *als, const float *x, const int64_t *xs,
@@ -466,7 +469,8 @@ void fc_rescale(float *o, const int64_t *os, const float *al, const int64_t *als
 }
 
 /* the P·V MMA's first accumulator from O: out = (float)((double)(o * alpha) / u) + 0 (o * alpha the float32
-   product of the step's rescale, alpha one per row; + 0 as kernels.mma's start makes a zero c +0); o, out float32
+   product of the step's rescale, alpha one per row; + 0 as kernels.tensorcore.mma's start makes a zero c +0); o, out
+   float32
    [n], contiguous rows of n[3] */
 void fc_pv_start(const float *o, const int64_t *os, const float *al, const int64_t *als, const double *u,
                  const int64_t *us, float *out, const int64_t *outs, const int64_t *n) {
@@ -545,7 +549,8 @@ def _p_fp8(lib, p: torch.Tensor, p_scale: float, fmt: Format, out: torch.Tensor 
 
 
 def sage3_p(p: torch.Tensor, p_scale: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """kernels.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor (or `out`,
+    """kernels.formats.sage3.sage3_p(p, p_scale) for float32 P [..., Bc] (contiguous, CPU), a new float32 tensor (or
+    `out`,
     float32 contiguous of p's shape, not p: a reused buffer, no fresh pages per step); None where the pass does not
     apply or meets a NaN."""
     lib = library()
@@ -565,7 +570,7 @@ def _sage3_p(lib, p: torch.Tensor, p_scale: float, out: torch.Tensor | None = No
 
 
 def fp4x16(x: torch.Tensor, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
-    """kernels.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), [x's shape, contiguous] in
+    """kernels.formats.sage3.quantize_fp4x16(x, dim=dim) for a float32 x (contiguous, CPU), [x's shape, contiguous] in
     dtype (float64, or float32: the same values, each exact in float32); None where the pass does not apply or
     meets a NaN."""
     lib = library()
@@ -602,7 +607,7 @@ def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
 
 
 def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
-    """(whether x holds only kernels.mma's "e2m1s" values (mma.fits_e2m1s), x as float32) in one C pass for
+    """(whether x holds only kernels.tensorcore.mma's "e2m1s" values (mma.fits_e2m1s), x as float32) in one C pass for
     a float32 x (x itself) or a float64 x (a float32 copy, contiguous, complete where it fits) whose rows [..., D]
     are evenly strided; None where the pass does not apply."""
     lib = library()
@@ -636,7 +641,7 @@ def _row_stride(x: torch.Tensor) -> int | None:
 
 
 def ex2_columns(x: torch.Tensor, idx: torch.Tensor, poly: tuple[float, ...], out: torch.Tensor) -> bool:
-    """out[..., idx] = kernels.fastmath.ex2_emulation(x[..., idx], poly) in one C pass (x, out float32 [..., W],
+    """out[..., idx] = kernels.formats.fastmath.ex2_emulation(x[..., idx], poly) in one C pass (x, out float32 [..., W],
     contiguous, CPU; idx int64 [n] column indices): True when done, False where it does not apply or meets a NaN
     or an x above 127 (the caller's torch steps then write every column of idx)."""
     lib = library()
@@ -725,7 +730,8 @@ def _rescale(lib, o, alpha, x, unit) -> None:
 
 def pv_start(o: torch.Tensor, alpha: torch.Tensor, unit: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
     """The P·V MMA's first accumulator in one pass: (o * alpha in float32, divided by unit in float64) rounded to
-    float32, + 0 (kernels.mma's start: a zero is +0), written into out (float32, o's shape; returned). o float32
+    float32, + 0 (kernels.tensorcore.mma's start: a zero is +0), written into out (float32, o's shape; returned). o
+    float32
     [..., M, Dv] (unchanged), alpha float32 [..., M, 1], unit float64 broadcasting to o. None (nothing written)
     where the pass does not apply."""
     lib = library()
@@ -748,7 +754,7 @@ def _pv_start(lib, o, alpha, unit, out) -> None:
 def _selftest(lib) -> str:
     """The first pass that differs from its torch steps (words), or "" when every one matches bit for bit."""
     from flashcheck.core.numerics import round_to
-    from flashcheck.kernels.sage3 import sage3_p as torch_sage3_p
+    from flashcheck.kernels.formats.sage3 import sage3_p as torch_sage3_p
 
     g = torch.Generator().manual_seed(0)
     # P-like values over many binades, with exact zeros, ones, fp8 / e2m1 ties after the scale and subnormals
@@ -769,7 +775,7 @@ def _selftest(lib) -> str:
         want, got = torch_sage3_p(pw, 448.0 * 6.0), _sage3_p(lib, pw, 448.0 * 6.0)
         if got is None or not torch.equal(want.view(torch.int32), got.view(torch.int32)):
             return f"SageAttention3's P quantisation (width {w})"
-    from flashcheck.kernels.sage3 import quantize_fp4x16
+    from flashcheck.kernels.formats.sage3 import quantize_fp4x16
 
     x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-14, 8, (2, 3, 37, 40), generator=g))
     x[0, 0, :, :16] = 0.0
@@ -786,9 +792,9 @@ def _selftest(lib) -> str:
 
 
 def _selftest_nvfp4(lib, g: torch.Generator) -> str:
-    """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.mma_ops."""
+    """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.sim.mma_ops."""
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.mma import fits_e2m1s
+    from flashcheck.kernels.tensorcore.mma import fits_e2m1s
 
     x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-30, 8, (2, 3, 37, 40), generator=g))
     x[0, 0, :, :16] = 0.0

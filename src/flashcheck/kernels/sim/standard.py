@@ -2,7 +2,7 @@
 
 A query row's result depends on its own scores only, so the kernel runs over chunks of query rows whose
 score block [B, H, rows, Lk] fits CHUNK_BYTES: memory O(rows * Lk), the same numbers as one L x L block.
-Every product is formed in fixed blocks of query rows (kernels.tiles.mm_blocks), so chunked and unchunked
+Every product is formed in fixed blocks of query rows (kernels.sim.tiles.mm_blocks), so chunked and unchunked
 results are bit-identical on any BLAS (tests/test_scale.py checks it against chunk_rows=Lq)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.numerics import Policy, parse_policy
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import cast_scratch, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
-from flashcheck.kernels.tiles import mm_blocks, row_chunks, rows_max, rows_per_chunk
-from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.masks import tile_bias
+from flashcheck.kernels.sim.ops import cast_scratch, prescale_is_exact, resolve_scale, rnd, rnd_, safe_max, settle_exp
+from flashcheck.kernels.sim.tiles import mm_blocks, row_chunks, rows_max, rows_per_chunk
+from flashcheck.kernels.sim.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 CHUNK_BYTES = 32 * 2**20  # one chunk's scores [B, H, rows, Lk] in the working dtype
 
@@ -38,7 +38,7 @@ def standard_attention(
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
     the policy's working dtype, its values in policy.output. Causal masks are bottom-right aligned;
     `mask` is bool (True = keep) or additive, broadcastable to [B, H, Lq, Lk]; Lk = 0 gives zeros
-    (kernels.validation has the input rule). `chunk_rows`: query rows per chunk (None: sized by
+    (kernels.sim.validation has the input rule). `chunk_rows`: query rows per chunk (None: sized by
     CHUNK_BYTES; Lq: one L x L block; every chunking gives the same bits). Memory O(chunk_rows * Lk)
     (O(Lq * Lk) with autograd)."""
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flashcheck.core.numerics import FP8_FORMATS, NAMED_POLICIES, Format, Policy, mixed_policy, parse_format
-from flashcheck.kernels.preset_type import KernelPreset, fa3_fp8_tiles
-from flashcheck.kernels.presets_modern import MODERN_PRESETS
+from flashcheck.kernels.sim.preset_type import KernelPreset, fa3_fp8_tiles
+from flashcheck.kernels.sim.presets_modern import MODERN_PRESETS
 
 __all__ = ["KERNEL_PRESETS", "KernelPreset", "default_format", "kernel_preset", "resolve"]
 

@@ -1,4 +1,4 @@
-"""The KernelPreset record (kernels.presets holds the presets themselves)."""
+"""The KernelPreset record (kernels.sim.presets holds the presets themselves)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from flashcheck.core.numerics import Policy, round_to
-from flashcheck.kernels.masks import tile_bias
-from flashcheck.kernels.ops import mm, rnd
+from flashcheck.kernels.sim.masks import tile_bias
+from flashcheck.kernels.sim.ops import mm, rnd
 
 
 def delta_operand(out_hi: torch.Tensor, pol: Policy) -> torch.Tensor:

@@ -4,7 +4,7 @@ Shapes: q [B, H, Lq, D], k [B, H, Lk, D], v [B, H, Lk, Dv]. The forward runs ove
 TILE_BYTES' worth of score rows (so a step's block stays in cache), and within a tile over key blocks,
 each step updating the tile's rows at once (a row's result depends on the key tiling, not on block_q,
 which sets FP8 block scales and which rows a causal tile touches; the query tiles move it by a few units in
-the last place at most, where a BLAS sums a tile's partial row panel in another order: see kernels.tiles).
+the last place at most, where a BLAS sums a tile's partial row panel in another order: see kernels.sim.tiles).
 The backward's loop runs over key blocks only. Suffixes: _r rows of a step, _j the current key block.
 """
 
@@ -20,14 +20,15 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.core.numerics import Format, Policy, info, parse_policy
-from flashcheck.kernels.fastmath import column_mask, exp2_fa4, mm_accumulate, rcp_approx
-from flashcheck.kernels.fp8 import round_inputs
-from flashcheck.kernels.gradfix import RowSumFix, delta_operand, visible
-from flashcheck.kernels.masks import first_row_needing, tile_bias
-from flashcheck.kernels.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
-from flashcheck.kernels.native import max_sub_
-from flashcheck.kernels.native_step import acc_update, softmax_step, tile_forward
-from flashcheck.kernels.ops import (
+from flashcheck.kernels.formats.fastmath import column_mask, exp2_fa4, mm_accumulate, rcp_approx
+from flashcheck.kernels.native.presets import ex2_columns
+from flashcheck.kernels.native.rounding import max_sub_
+from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
+from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.gradfix import RowSumFix, delta_operand, visible
+from flashcheck.kernels.sim.masks import first_row_needing, tile_bias
+from flashcheck.kernels.sim.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
+from flashcheck.kernels.sim.ops import (
     cast_scratch,
     mm,
     prescale_is_exact,
@@ -38,11 +39,10 @@ from flashcheck.kernels.ops import (
     safe_max,
     settle_exp,
 )
-from flashcheck.kernels.preset_native import ex2_columns
-from flashcheck.kernels.quantized import quantize_p, uses_quantized_inputs
-from flashcheck.kernels.reference import sink_logits
-from flashcheck.kernels.tiles import MIN_ROWS, free_cores, mm_rows, row_chunks, rows_per_chunk
-from flashcheck.kernels.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
+from flashcheck.kernels.sim.quantized import quantize_p, uses_quantized_inputs
+from flashcheck.kernels.sim.reference import sink_logits
+from flashcheck.kernels.sim.tiles import MIN_ROWS, free_cores, mm_rows, row_chunks, rows_per_chunk
+from flashcheck.kernels.sim.validation import check_attention_inputs, empty_attention, expand_kv_heads, is_empty
 
 ALGORITHMS = ("fa1", "fa2")
 KEY_ORDERS = ("forward", "reverse", "shuffle")
@@ -151,7 +151,7 @@ def _forward(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int | None = Non
     the log-sum-exp [B, H, Lq, 1] (in log2 units when cfg.exp2). Query tiles of `tile_rows` rows
     (None: sized by TILE_BYTES; Lq: one tile, every row at once) agree to a few units in the last place
     (bit for bit where the BLAS sums every row of a product alike; tests/test_scale.py bounds it). `parts`:
-    round_inputs' NVFP4 pieces of q, k, v (the block-scaled MMA's operands, kernels.mma_ops), or None. `ops`:
+    round_inputs' NVFP4 pieces of q, k, v (the block-scaled MMA's operands, kernels.sim.mma_ops), or None. `ops`:
     the MMAOperands of q, k, v made already (None: made here).
 
     On a busy CPU (fewer cores free than threads) a run of several tiles is single-threaded throughout: its
@@ -177,7 +177,7 @@ def _tile_rows(q_shape: torch.Size, lk: int, block_k: int, work: torch.dtype, ev
 
 
 def _mma(pol: Policy) -> bool:
-    """Whether both of the policy's products are a tensor core's MMA (kernels.mma): exact row by row, so its
+    """Whether both of the policy's products are a tensor core's MMA (kernels.tensorcore.mma): exact row by row, so its
     bits do not depend on the tile rows (a BLAS product's may), and its tiles are costly enough to balance."""
     return bool(pol.qk_mma and pol.score != Format.FP64 and pol.pv_mma and pol.accum != Format.FP64)
 
@@ -433,7 +433,7 @@ def _tile_scores(
     product of the codes, descaled."""
     r0, r1, lq, lk = rows
     out = _Scratch.view(buf, (*q_r.shape[:-2], r1 - r0, t.c1 - t.c0))
-    if mma_qk is not None:  # kernels.mma: the FP8/FP4 MMA as the hardware computes it, scale folded in once
+    if mma_qk is not None:  # kernels.tensorcore.mma: the FP8/FP4 MMA as the hardware computes it, scale folded in once
         q_op, k_op, model, c = mma_qk
         prod, sc = qk_scores(q_op, k_op, model, sc, out=out, c=c), 1.0
     elif pol.qk_acc_bits and pol.score != Format.FP64:  # the Q K^T MMA's narrow accumulator (fastmath)
@@ -458,8 +458,8 @@ def _fa2_step(
     With tie_beta (arXiv 2510.04212's fix), a row whose block maximum is tied subtracts beta * max
     (max > 0) or 0 (max < 0) instead of max, so no entry of P is exactly 1; softmax is unchanged.
     nan_free: no score can be NaN (finite inputs, no overflow, no float mask), so the max step may run fused in
-    one pass (kernels.native.max_sub_) where the stats stage is the working dtype, or the whole softmax and the
-    accumulator update in C (kernels.native_step), where that applies: the same bits either way."""
+    one pass (kernels.native.rounding.max_sub_) where the stats stage is the working dtype, or the whole softmax and the
+    accumulator update in C (kernels.native.step), where that applies: the same bits either way."""
     fused = None
     if nan_free and tie_beta is None and info(pol.stats).dtype == s.dtype:
         done = _fused_step(s, v_j, o, m, l, pol, untiled, bufs) if exp is torch.exp else None
@@ -486,7 +486,7 @@ def _fa2_step(
 
 def _fused_step(s, v_j, o, m, l, pol: Policy, untiled: int, bufs):
     """_fa2_step (natural exp, no tie_beta, NaN-free s, stats in the working dtype) with its softmax in one C pass
-    per row (kernels.native_step.softmax_step) and, where the accumulator is the working dtype, its update
+    per row (kernels.native.step.softmax_step) and, where the accumulator is the working dtype, its update
     too: (m_new, l_new), or None (nothing touched) where the routine does not apply."""
     p_dtype = _p_dtype(pol, s.dtype)
     done = None if p_dtype is None else softmax_step(s, m, l, p_dtype)
@@ -499,7 +499,7 @@ def _fused_step(s, v_j, o, m, l, pol: Policy, untiled: int, bufs):
     return m_new, l_new
 
 
-_NATIVE_P = {Format.BF16: torch.bfloat16, Format.FP16: torch.float16}  # P formats rnd_ rounds in kernels.native
+_NATIVE_P = {Format.BF16: torch.bfloat16, Format.FP16: torch.float16}  # P formats kernels.native.rounding rounds
 
 
 def step_knobs(pol: Policy) -> bool:
@@ -514,12 +514,12 @@ def _knob_step(
 ):
     """_fa2_step with the stage knobs of FA4 and the quantized kernels (see Policy): conditional rescaling
     (the max moves only when it grows by more than rescale_threshold, in log2 units; P then reaches up to
-    2^threshold), FA4's emulated exp2 on its columns, P scaled / quantised before P·V (kernels.quantized),
+    2^threshold), FA4's emulated exp2 on its columns, P scaled / quantised before P·V (kernels.sim.quantized),
     and the P·V MMA's narrow accumulator, one-level (into O) or promoted every acc_promote keys. Without knobs
     it computes what _fa2_step does; `probe(p, p_cast)` (FlashConfig.p_probe) sees each step's P before and
     after its cast (the cast in p_scale units), e.g. to count P values that underflow. mma_v (V's operand for
     the key block, the policy's pv_mma model, and whether O stays in the MMA's units, mma_ops.held_v_scale):
-    the P·V MMA as kernels.mma computes it (kernels.mma_ops)."""
+    the P·V MMA as kernels.tensorcore.mma computes it (kernels.sim.mma_ops)."""
     mt = s.amax(dim=-1, keepdim=True)
     m_new = rnd(torch.maximum(m, mt), pol, "stats")
     if pol.rescale_threshold > 0:
@@ -618,7 +618,7 @@ def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) 
 
 
 def _remove_ds_row_sums(fix: RowSumFix, q, dq, dk, cfg: FlashConfig, pol: Policy, s_nat: float):
-    """Policy.ds_correction: the rank-one corrections of dQ and dK (kernels.gradfix), a second key pass."""
+    """Policy.ds_correction: the rank-one corrections of dQ and dK (kernels.sim.gradfix), a second key pass."""
     lq, lk = q.shape[-2], dk.shape[-2]
     dk = dk.clone()
     for t in _steps(cfg, lq, lk):
@@ -628,7 +628,7 @@ def _remove_ds_row_sums(fix: RowSumFix, q, dq, dk, cfg: FlashConfig, pol: Policy
 
 
 def forward_keys(q, k, v, cfg: FlashConfig, ops: MMAOperands | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split of split-KV decoding (kernels.decode): the forward of q [B, H, Lq, D], k [B, H, Lk, D],
+    """One split of split-KV decoding (kernels.sim.decode): the forward of q [B, H, Lq, D], k [B, H, Lk, D],
     v [B, H, Lk, Dv] as round_inputs returned them for the whole cache, over the key blocks of cfg.keys only
     (masks and causal alignment by the cache's own indices), the tensor-core models on `ops` (MMAOperands.make
     of the same q, k, v: the whole cache's codes and scales, or None). Returns the normalised accumulator before
@@ -699,11 +699,11 @@ def flash_attention(
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
     the policy's working dtype (and with `return_lse` the log-sum-exp [B, H, Lq], natural log unless
     exp2). Causal masks are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked
-    rows, and every row when Lk = 0, give 0 (kernels.validation has the input rule). Memory
+    rows, and every row when Lk = 0, give 0 (kernels.sim.validation has the input rule). Memory
     O(Lq * block_k). See FlashConfig for the options."""
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
-    # resolved before the inputs are rounded: SageAttention3's rounded Q and K carry 2 D columns (kernels.sage3)
+    # resolved before the inputs are rounded: SageAttention3's rounded Q and K carry 2 D columns (kernels.formats.sage3)
     scale = resolve_scale(check_attention_inputs(q, k, v, mask=mask, scale=scale), q.shape[-1])
     order = key_order if isinstance(key_order, str) else tuple(int(i) for i in key_order)
     order = pol.kv_order or order  # the policy's KV iteration order, when it names one

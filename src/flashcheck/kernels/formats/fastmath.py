@@ -71,7 +71,7 @@ def column_mask(width: int, freq: int, res: int, start: int) -> torch.Tensor:
 def exp2_fa4(x: torch.Tensor, cols: torch.Tensor, columns=None, out: torch.Tensor | None = None) -> torch.Tensor:
     """2^x [..., W] with columns `cols` (bool [W]) emulated and the rest float32 exp2 (the hardware MUFU.EX2,
     modelled as a correctly rounded float32 exp2), returned in x's dtype. `columns(x32, idx, poly, out) -> bool`:
-    a faster pass writing the emulated columns idx into out (kernels.preset_native.ex2_columns), or False where it
+    a faster pass writing the emulated columns idx into out (kernels.native.presets.ex2_columns), or False where it
     does not apply (then the torch steps here run). out: a float32 tensor of x's shape, not x, written (and
     returned where x is float32) instead of a new one."""
     x32 = x.to(torch.float32)

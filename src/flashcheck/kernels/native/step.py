@@ -1,6 +1,6 @@
 """The FA2 forward step's element-wise work in C, one pass per row block: torch's very bits, fewer passes.
 
-A step of kernels.flash._fa2_step runs, through torch, about ten passes over its score block s [R, N]: amax,
+A step of kernels.sim.flash._fa2_step runs, through torch, about ten passes over its score block s [R, N]: amax,
 maximum, sub_, exp, sum, the rounding of P, and o * alpha + pv over the accumulator. `softmax_step` does the
 first six for each row while it is in cache; `acc_update` does the last two in one pass.
 
@@ -13,8 +13,8 @@ Bits: each operation is the one torch runs, in torch's order.
   tail, then the vector's lanes, all from 0. Its vector width is 8 floats under the capabilities of
   torch.backends.cpu.get_cpu_capability() it knows (AVX512 runs sum's AVX2 kernel, see _WIDTHS); rows narrower
   than a vector take its scalar form. Used only where torch's sum would run on one thread (torch.get_num_threads()).
-- max and the subtraction as kernels.native.max_sub_ (NaN-free scores only, the caller's guarantee); P rounded
-  to bf16 / fp16 as kernels.native rounds it; alpha * l + sum and o * alpha + pv rounded twice each (the C is
+- max and the subtraction as kernels.native.rounding.max_sub_ (NaN-free scores only, the caller's guarantee); P rounded
+  to bf16 / fp16 as kernels.native.rounding rounds it; alpha * l + sum and o * alpha + pv rounded twice each (the C is
   built without FMA contraction).
 At load a self-test compares both routines with torch on ties, -inf rows, subnormal results and ragged widths;
 any difference, a missing function or an unknown capability disables them and the steps keep torch's ops
@@ -35,7 +35,7 @@ import os
 
 import torch
 
-import flashcheck.kernels.cbuild as cbuild
+import flashcheck.kernels.native.cbuild as cbuild
 
 SOURCE = r"""
 #include <stdint.h>
@@ -457,7 +457,7 @@ def tile_forward(
 ) -> bool:
     """A whole query tile of the plain FA2 forward in one C call (the GIL released throughout): for q [B, H, R, D]
     contiguous (the tile's rows, scale folded in), k [B, H, Lk, D], v [B, H, Lk, Dv] (columns contiguous) and
-    each key block (c0, c1) of `spans` in turn, the step kernels.flash._fused_step runs with torch's bmm, on every
+    each key block (c0, c1) of `spans` in turn, the step kernels.sim.flash._fused_step runs with torch's bmm, on every
     row at once: scores S = Q K_j^T, the softmax of softmax_step (P rounded to p_dtype), P V_j and acc_update,
     into o [B, H, R, Dv], m, l [B, H, R, 1] (contiguous; zeros, -inf, zeros at the start). Bit for bit the step
     loop's: rows are independent, the products are MKL's sgemm on the very operands and leading dimensions of
@@ -526,7 +526,7 @@ def _tile_case(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def _torch_tile(q, k, v, spans, p_dtype):
-    """The step loop with torch's ops (bmm into flat buffers as kernels.flash lays them out): (o, m, l)."""
+    """The step loop with torch's ops (bmm into flat buffers as kernels.sim.flash lays them out): (o, m, l)."""
     b, h, rows, _ = q.shape
     dv = v.shape[-1]
     o = torch.zeros(b, h, rows, dv)

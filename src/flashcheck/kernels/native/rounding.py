@@ -1,6 +1,6 @@
 """Rounding float32 tensors to bf16 / fp16 in place in one pass: a small C routine, compiled on first use.
 
-The simulators round each step's P to the p stage's format (kernels.ops.rnd_). Through torch that is two
+The simulators round each step's P to the p stage's format (kernels.sim.ops.rnd_). Through torch that is two
 casts, float32 -> bf16 into a scratch buffer and back: two passes over the score block, about 13% of the
 plain simulator's time. The C routine rounds in place in one pass (bf16: round to nearest even on the bit
 pattern, as c10::BFloat16 does; fp16: the compiler's _Float16 conversion, IEEE round to nearest even),
@@ -11,7 +11,7 @@ NaN is left as it is and reported, and the caller then applies torch's casts as 
 idempotent, so the already rounded values stay, and NaN gets torch's own bits). At load a self-test compares
 the routine with torch's casts on ties, subnormals, overflow and random values; any difference disables it.
 
-Built and cached by kernels.cbuild (as kernels.mma_native's chain is). Where there is no compiler, the build
+Built and cached by kernels.native.cbuild (as kernels.native.mma's chain is). Where there is no compiler, the build
 fails, the cache is not writable or FLASHCHECK_NATIVE=0, `status()` says why and the callers keep torch's
 casts (same bits, slower). `flashcheck doctor` reports the status."""
 
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-import flashcheck.kernels.cbuild as cbuild
+import flashcheck.kernels.native.cbuild as cbuild
 
 SOURCE = r"""
 #include <stdint.h>

@@ -1,12 +1,14 @@
-"""kernels.mma's block-FMA chain in C (kernels.mma_c): the same rules, the same bits, without materialising the
+"""kernels.tensorcore.mma's block-FMA chain in C (kernels.native.mma_c): the same rules, the same bits, without
+materialising the
 [..., M, N, K] products (torch's chain forms every product and every truncated term as a tensor: fa4-fp8 and
-fa4-fp4 then cost 170 and 195 times the plain simulator at L=2048). Built on first use by kernels.cbuild; output
+fa4-fp4 then cost 170 and 195 times the plain simulator at L=2048). Built on first use by kernels.native.cbuild; output
 rows are split between torch's intra-op threads (ctypes releases the GIL; each row's arithmetic is exact and
 independent of the split, so the bits do not depend on it).
 
-kernels.mma self-tests the library at load against its torch chain (mma._selftest_cases: zeros, subnormals,
+kernels.tensorcore.mma self-tests the library at load against its torch chain (mma._selftest_cases: zeros, subnormals,
 late c, an fp16 register and its overflow, tiny and subnormal c, float64 operands); any difference disables it
-with the reason, and kernels.mma keeps its torch chain. kernels.mma.native_status() is what `flashcheck doctor`
+with the reason, and kernels.tensorcore.mma keeps its torch chain. kernels.tensorcore.mma.native_status() is what
+`flashcheck doctor`
 reports."""
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import flashcheck.kernels.cbuild as cbuild
-from flashcheck.kernels.mma_c import SOURCE
+import flashcheck.kernels.native.cbuild as cbuild
+from flashcheck.kernels.native.mma_c import SOURCE
 
 # significand bits (mantissa + 1) of the narrow operand formats: their products are exact in float32. "e2m1s"
-# (kernels.mma.EMIN): e2m1 x e4m3 values, 2 + 4 bits; exponents in [-10, 11], within the f32 variant's int8 range
+# (kernels.tensorcore.mma.EMIN): e2m1 x e4m3 values, 2 + 4 bits; exponents in [-10, 11], within the f32 variant's int8
+# range
 # (kept in [emin, 16]; a nonzero product's exponent sum >= 2 emin >= -28, the tile's efloor)
 SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3, "e2m1s": 6}
 # the largest significand of a format's values where below (2 - 2^(1 - SIG_BITS)): e2m1 x e4m3's is 1.875 (1 x
@@ -43,14 +46,14 @@ def _sub(model, fa: str, fb: str) -> int:
 
 @functools.cache
 def variant(model, fa: str, fb: str) -> str:
-    """ "f32" where the narrow products and their scaled terms are exact in float32 (kernels.mma_c), else "f64"."""
+    """ "f32" where the narrow products and their scaled terms are exact in float32, else "f64"."""
     narrow = fa in SIG_BITS and fb in SIG_BITS and SIG_BITS[fa] + SIG_BITS[fb] <= 24
     return "f32" if narrow and model.frac <= 25 and _sub(model, fa, fb) >= 1 else "f64"
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:
-    """(the compiled library, "") or (None, why not); kernels.mma self-tests it before use."""
-    lib, why = cbuild.load("mma", SOURCE, "kernels.mma runs its torch chain")
+    """(the compiled library, "") or (None, why not); kernels.tensorcore.mma self-tests it before use."""
+    lib, why = cbuild.load("mma", SOURCE, "kernels.tensorcore.mma runs its torch chain")
     if lib is not None:
         for name in ("fc_mma_chain_f32", "fc_mma_chain_f64"):
             fn = getattr(lib, name)
@@ -90,7 +93,7 @@ def _run(lib, a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, model, fmts, 
         step = math.ceil(rows / threads)
         codes = list(_pool(threads).map(lambda r0: part(r0, min(rows, r0 + step)), range(0, rows, step)))
     if any(codes):
-        raise MemoryError("kernels.mma_native: out of memory for the chain's row buffers")
+        raise MemoryError("kernels.native.mma: out of memory for the chain's row buffers")
 
 
 def work_dtype(model, fmts: tuple[str, str]) -> torch.dtype:
@@ -100,7 +103,7 @@ def work_dtype(model, fmts: tuple[str, str]) -> torch.dtype:
 
 def chain(lib, a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, model, fmts: tuple[str, str], emins, fp16: bool):
     """acc [..., M, N] (work_dtype's, updated in place and returned) continued over a [..., M, K] @ b [..., K, N]
-    (batch dims broadcast against acc's) by the library `lib` (load's), as kernels.mma's torch chain computes
+    (batch dims broadcast against acc's) by the library `lib` (load's), as kernels.tensorcore.mma's torch chain computes
     it. fmts: the operand formats, emins: their clamping exponents."""
     dtype = acc.dtype
     batch = acc.shape[:-2]

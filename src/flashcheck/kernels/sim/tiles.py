@@ -19,7 +19,7 @@ import time
 import torch
 
 from flashcheck.core.numerics import Policy
-from flashcheck.kernels.ops import mm
+from flashcheck.kernels.sim.ops import mm
 
 MIN_ROWS = 8
 ROW_BLOCK = 64  # rows of every product mm_blocks forms (few calls at long L, little padding at short L)

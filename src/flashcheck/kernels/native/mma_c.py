@@ -1,5 +1,5 @@
-"""The C source of kernels.mma_native: kernels.mma's block-FMA chain, one output row at a time (its rules and
-why each step is exact are in kernels.mma's docstring; this file only says how the loops are laid out).
+"""The C source of kernels.native.mma: kernels.tensorcore.mma's block-FMA chain, one output row at a time (its rules and
+why each step is exact are in kernels.tensorcore.mma's docstring; this file only says how the loops are laid out).
 
 Rows go in groups of RG; each group walks b's k in chunks of whole blocks small enough to stay in L1 (b used in
 place where its rows are contiguous and N a whole number of vectors), every row of the group per chunk; each
@@ -11,14 +11,14 @@ the block's result is formed per output and truncated to frac_out bits. The inne
 (contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
 
 - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
-  clamped exponent sum >= -28, frac <= 25; kernels.mma_native.SIG_BITS: codes, or e2m1 x e4m3 values):
+  clamped exponent sum >= -28, frac <= 25; kernels.native.mma.SIG_BITS: codes, or e2m1 x e4m3 values):
   2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
   accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
   the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
   at least min_exp). With AVX-512, late c with nf <= 2 sub (B200) runs tile_late (the block's two int32 halves
   finalised on float32 bits, float64 only where their int32 sum overflows) and the early-c int32 route
   tile_early (mask registers, no per-lane NONE blends).
-- f64: a, b float64 (any values kernels.mma's float64 path takes): products rounded to float64 as torch
+- f64: a, b float64 (any values kernels.tensorcore.mma's float64 path takes): products rounded to float64 as torch
   does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
   that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
   codes times their scales), runs the f32 tile on float32 copies instead (int16 exponents): the same bits."""

@@ -1,0 +1,1 @@
+"""Serving kernels: KV-cache formats, FA3's serving forward, and the tile / split heuristics of serving stacks."""
