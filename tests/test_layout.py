@@ -27,6 +27,9 @@ FLOORS = {
     "__main__": 6,  # `python -m flashcheck`: the command line's entry, beside cli
 }
 CAPABILITIES = {"study", "training", "validate", "guard", "doctor", "testing", "hunt"}
+# kernels' rooms, lowest first (docs/architecture-native.md): native code is checked against the torch models of
+# formats below it, and everything above calls it; kernels/__init__.py (the package's front) may import any room
+KERNEL_ROOMS = {"formats": 1, "native": 2, "tensorcore": 3, "sim": 4, "serving": 5}
 
 
 def _module(path: Path) -> str:
@@ -87,6 +90,27 @@ def test_imports_flow_down_and_capabilities_stay_apart() -> None:
                 bad.append(f"capability {mod} imports capability {dep}")
             elif FLOORS[dst] == FLOORS[src] and src != dst and {src, dst} == {"measure", "reporting"}:
                 bad.append(f"{mod} imports its sibling floor {dep}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def _room(module: str) -> str | None:
+    """The room of flashcheck.kernels a module is in (None: outside kernels, or the package's __init__)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "kernels" else None
+
+
+def test_kernel_rooms_flow_down() -> None:
+    rooms = {_room(m) for m in _graph()} - {None}
+    assert rooms == set(KERNEL_ROOMS), f"kernels' rooms {sorted(rooms)} differ from KERNEL_ROOMS"
+    bad = []
+    for mod, deps in _graph().items():
+        src = _room(mod)
+        for dep in deps:
+            dst = _room(dep)
+            if src and dst and KERNEL_ROOMS[dst] > KERNEL_ROOMS[src]:
+                bad.append(f"{mod} (kernels/{src}) imports {dep} (kernels/{dst}, a higher room)")
+            elif src and dep == "flashcheck.kernels":
+                bad.append(f"{mod} imports the kernels package's front")
     assert not bad, "\n".join(sorted(bad))
 
 

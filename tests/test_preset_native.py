@@ -165,7 +165,7 @@ def test_nvfp4_matches_nvfp4_parts(lib, dim, floor):
 
 def test_e2m1s_check_matches_torch(lib):
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.tensorcore.mma import fits_e2m1s
+    from flashcheck.kernels.formats.e2m1s import fits_e2m1s
 
     g = torch.Generator().manual_seed(12)
     ok = nvfp4_parts(torch.randn(2, 3, 40, 64, generator=g)).scaled.contiguous()

@@ -227,7 +227,8 @@ int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n
     return !bad;
 }
 
-/* kernels.tensorcore.mma.fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride): every x 0 or
+/* kernels.formats.e2m1s.fits_e2m1s on float32 bits of x [rows, cols] (row stride rs, unit column stride):
+   every x 0 or
    |x| in [2^-10, 2^12) with a significand of at most 1.875 and at most 5 fraction bits (NaN and inf fail). 1 when
    all fit, else 0. */
 int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
@@ -607,7 +608,7 @@ def _nvfp4(lib, x: torch.Tensor, dim: int, s_enc: float, floor: bool):
 
 
 def e2m1s(x: torch.Tensor) -> tuple[bool, torch.Tensor] | None:
-    """(whether x holds only kernels.tensorcore.mma's "e2m1s" values (mma.fits_e2m1s), x as float32) in one C pass for
+    """(whether x holds only kernels.tensorcore.mma's "e2m1s" values (formats.e2m1s), x as float32) in one C pass for
     a float32 x (x itself) or a float64 x (a float32 copy, contiguous, complete where it fits) whose rows [..., D]
     are evenly strided; None where the pass does not apply."""
     lib = library()
@@ -794,7 +795,7 @@ def _selftest(lib) -> str:
 def _selftest_nvfp4(lib, g: torch.Generator) -> str:
     """_selftest's NVFP4 part: the input quantiser's pieces, and the "e2m1s" check of kernels.sim.mma_ops."""
     from flashcheck.core.quant import nvfp4_parts
-    from flashcheck.kernels.tensorcore.mma import fits_e2m1s
+    from flashcheck.kernels.formats.e2m1s import fits_e2m1s
 
     x = torch.randn(2, 3, 37, 40, generator=g) * torch.exp2(torch.randint(-30, 8, (2, 3, 37, 40), generator=g))
     x[0, 0, :, :16] = 0.0

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashcheck.core.numerics import FP8_FORMATS, Format, Policy, info, round_to, widen_fp8
+from flashcheck.kernels.formats.e2m1s import fits_e2m1s
 from flashcheck.kernels.formats.sage3 import DeltaS, sage3_fp4_part
 from flashcheck.kernels.native.fp8 import abs_max, block_amax
 from flashcheck.kernels.native.fp8 import codes as fp8_codes
@@ -32,7 +33,7 @@ from flashcheck.kernels.native.fp8 import split_codes as fp8_split
 from flashcheck.kernels.native.presets import UNIT_DIV, UNIT_MUL, e2m1s, pv_start, rescale, units
 from flashcheck.kernels.native.presets import descale as descale_into
 from flashcheck.kernels.sim.quantized import uses_quantized_inputs
-from flashcheck.kernels.tensorcore.mma import MMA_MODELS, MMAModel, fits_e2m1s, mma_into, mma_matmul
+from flashcheck.kernels.tensorcore.mma import MMA_MODELS, MMAModel, mma_into, mma_matmul
 
 OPERAND_FORMATS = {Format.FP8_E4M3: "e4m3", Format.FP8_E5M2: "e5m2", Format.FP4_E2M1: "e2m1",
                    Format.FP6_E2M3: "e2m3", Format.FP6_E3M2: "e3m2"}  # fmt: skip

@@ -35,18 +35,6 @@ _ZERO_EXP = -8_000  # the exponent given to zero values (int16; a sum of two fit
 TILE_ELEMS = 1 << 22  # products held at once per K chunk (float64: 32 MiB, with the exponents 64 MiB)
 
 
-def fits_e2m1s(x: torch.Tensor, x32: torch.Tensor) -> bool:
-    """Whether x (and x32, its float32 copy) hold only "e2m1s" operand values (see EMIN; kernels.sim.mma_ops'
-    _fp4_scaled), on float32 bits."""
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) and not bool((x32 == x).all()):
-        return False
-    u = x32.view(torch.int32)
-    e = ((u >> 23) & 0xFF) - 127  # the exponent: -10 .. 11 (2^-10 .. 2^11)
-    mant = u & 0x7FFFFF  # at most 0x700000 (1.875) with its low 18 bits 0 (5 fraction bits)
-    bad = ((u & 0x7FFFFFFF) != 0) & ((e < -10) | (e > 11) | (mant > 0x700000) | ((mant & 0x3FFFF) != 0))
-    return not bool(bad.any())
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MMAModel:
     """One tensor-core FMA unit: `nfma` products per block, `frac` fraction bits kept below the block's alignment
