@@ -1,4 +1,4 @@
-"""kernels.native.mma_c's block finalisation on float32 bits (tile_late: B200's late c, two int32 partial sums;
+"""kernels/native/c/mma.c's block finalisation on float32 bits (tile_late: B200's late c, two int32 partial sums;
 tile_early:
 the early-c int32 sum) against kernels.tensorcore.mma's float64 torch chain, the oracle, on crafted cases: the int32
 sum of

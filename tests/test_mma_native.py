@@ -79,11 +79,11 @@ def test_public_entry_runs_c_and_keeps_fp32_results(lib):
 
 def test_fallback_reason_where_disabled(monkeypatch):
     monkeypatch.setenv("FLASHCHECK_NATIVE", "0")
-    loaded, why = cbuild.load("mma", "int x;", "kernels.tensorcore.mma runs its torch chain")
+    loaded, why = cbuild.load("mma", "kernels.tensorcore.mma runs its torch chain")
     assert loaded is None and "FLASHCHECK_NATIVE=0" in why
     monkeypatch.setenv("FLASHCHECK_NATIVE", "1")
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    loaded, why = cbuild.load("mma", "int x;", "kernels.tensorcore.mma runs its torch chain")
+    loaded, why = cbuild.load("mma", "kernels.tensorcore.mma runs its torch chain")
     assert loaded is None and "$CC=no-such-compiler-here: not found" in why
 
 
@@ -228,7 +228,7 @@ E2M1S_CASES = [  # model, formats (the "e2m1s" side's float64 twin is "fp32"), p
 
 @pytest.mark.parametrize("case", range(len(E2M1S_CASES)))
 def test_e2m1s_operands_bit_equal_to_fp32_operands(lib, case):
-    """Block-scaled FP4 values e2m1 x e4m3 as float32 "e2m1s" operands (kernels.native.mma_c's f32 variant) give the
+    """Block-scaled FP4 values e2m1 x e4m3 as float32 "e2m1s" operands (c/mma.c's f32 variant) give the
     bits
     of the same values as float64 "fp32" operands (the f64 variant, and the torch chain of each): random values
     with zeros and e4m3-subnormal scales, the extremes 2^-10 and 2688, ragged K and N, a column of no products."""

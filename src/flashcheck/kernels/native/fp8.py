@@ -13,7 +13,6 @@ the torch path."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 
@@ -22,224 +21,7 @@ import torch
 import flashcheck.kernels.native.cbuild as cbuild
 from flashcheck.core.numerics import Format, info, quantize_scaled, round_to
 
-ROUND_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-static inline double pow2d(int e) { uint64_t u = (uint64_t)(e + 1023) << 52; double d; memcpy(&d, &u, 8); return d; }
-
-/* y rounded to the nearest value of a float format with mbits mantissa bits and smallest normal exponent emin
-   (ties to even), after a clamp at +-maxv (NaN passes the clamp and stays NaN); branch-free, so it vectorises */
-static inline double fp8_round(double y, int mbits, int emin, double maxv) {
-    y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
-    const double a = fabs(y);
-    uint64_t u; memcpy(&u, &a, 8);
-    int e = (int)(u >> 52) - 1023;  /* floor(log2 a) for a normal a; a double subnormal or 0 reads -1023 */
-    e = e < emin ? emin : e;
-    const double r = rint(a * pow2d(mbits - e)) * pow2d(e - mbits);  /* exact scalings; rint: nearest, even */
-    return copysign(r, y);
-}
-
-"""
-
-SOURCE = (
-    ROUND_SOURCE
-    + r"""
-/* out[i] = fp8_round(x[i dx] / s[i ds]) (* s when mul) for i < n, in double (x's values exact in it), stored
-   as TO (a float out: the double result's rounding, as torch's .to); the contiguous cases apart, so they
-   vectorise. Over a [n0, n1, n2, n3, n4] index space, x and s by their strides (in elements), out contiguous. */
-#define SCALED(NAME, TI, TO)                                                                                    \
-static void row_##NAME(const TI *x, int64_t dx, const double *s, int64_t ds, TO *out, int64_t n, int mbits,     \
-                       int emin, double maxv, int mul) {                                                        \
-    if (dx == 1 && ds == 0) {                                                                                   \
-        const double sc = s[0];                                                                                 \
-        if (mul) for (int64_t i = 0; i < n; i++) out[i] = (TO)(fp8_round((double)x[i] / sc, mbits, emin, maxv) * sc); \
-        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / sc, mbits, emin, maxv);     \
-    } else if (dx == 1 && ds == 1) {                                                                            \
-        if (mul) for (int64_t i = 0; i < n; i++)                                                                \
-            out[i] = (TO)(fp8_round((double)x[i] / s[i], mbits, emin, maxv) * s[i]);                            \
-        else for (int64_t i = 0; i < n; i++) out[i] = (TO)fp8_round((double)x[i] / s[i], mbits, emin, maxv);   \
-    } else {                                                                                                    \
-        for (int64_t i = 0; i < n; i++) {                                                                       \
-            const double sc = s[i * ds], r = fp8_round((double)x[i * dx] / sc, mbits, emin, maxv);              \
-            out[i] = (TO)(mul ? r * sc : r);                                                                    \
-        }                                                                                                       \
-    }                                                                                                           \
-}                                                                                                               \
-                                                                                                                \
-void NAME(const TI *x, const int64_t *xs, const double *s, const int64_t *ss, TO *out, const int64_t *n,        \
-          int mbits, int emin, double maxv, int mul) {                                                          \
-    int64_t o = 0;                                                                                              \
-    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
-    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
-    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
-        const TI *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                   \
-        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
-        row_##NAME(xr, xs[4], sr, ss[4], out + o, n[4], mbits, emin, maxv, mul);                                \
-    }                                                                                                           \
-}
-SCALED(fc_fp8_scaled, double, double)
-SCALED(fc_fp8_scaled_df, double, float)
-SCALED(fc_fp8_scaled_ff, float, float)
-
-/* out[i0, i1, i2, i3] = max |x[i0, i1, i2, i3, :]| (NaN when any is NaN), the last dim contiguous */
-#define ABSMAX(NAME, T)                                                                                         \
-void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
-    int64_t o = 0;                                                                                              \
-    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
-    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
-    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o++) {                                                                \
-        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
-        T m = 0, bad = 0;                                                                                       \
-        for (int64_t i = 0; i < n[4]; i++) {                                                                    \
-            const T a = xr[i] < 0 ? -xr[i] : xr[i];                                                             \
-            m = a > m ? a : m;                                                                                  \
-            bad += a != a ? 1 : 0;                                                                              \
-        }                                                                                                       \
-        out[o] = bad ? (T)NAN : m;                                                                              \
-    }                                                                                                           \
-}
-ABSMAX(fc_absmax_f64, double)
-ABSMAX(fc_absmax_f32, float)
-
-/* out[i0, i1, i2, :] = max over i3 of |x[i0, i1, i2, i3, :]| (NaN where any is NaN), the last dim contiguous:
-   the columns' maximum, the rows read in order (vectorised over the columns) */
-#define ABSMAXC(NAME, T)                                                                                        \
-void NAME(const T *x, const int64_t *xs, const int64_t *n, T *out) {                                           \
-    const int64_t d = n[4];                                                                                     \
-    int64_t o = 0;                                                                                              \
-    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
-    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
-    for (int64_t i2 = 0; i2 < n[2]; i2++, o += d) {                                                             \
-        T *m = out + o;                                                                                         \
-        int64_t bad = 0;                                                                                        \
-        for (int64_t j = 0; j < d; j++) m[j] = 0;                                                               \
-        for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                                 \
-            const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                \
-            for (int64_t j = 0; j < d; j++) {                                                                   \
-                const T a = xr[j] < 0 ? -xr[j] : xr[j];                                                         \
-                m[j] = a > m[j] ? a : m[j];                                                                     \
-                bad += a != a ? 1 : 0;                                                                          \
-            }                                                                                                   \
-        }                                                                                                       \
-        if (bad)                                                                                                \
-            for (int64_t i3 = 0; i3 < n[3]; i3++) {                                                             \
-                const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                            \
-                for (int64_t j = 0; j < d; j++) if (xr[j] != xr[j]) m[j] = (T)NAN;                              \
-            }                                                                                                   \
-    }                                                                                                           \
-}
-ABSMAXC(fc_absmaxc_f64, double)
-ABSMAXC(fc_absmaxc_f32, float)
-
-/* core.quant.quantize_int's last steps in one pass, in float32 as it computes them: y = (float)x / s,
-   q = trunc(y + 0.5 sign(y)) clamped to +-qmax (NaN stays), out = (double)(q s); sign as torch's (+-0 -> +0) */
-void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
-                   const int64_t *n, float qmax) {
-    int64_t o = 0;
-    for (int64_t i0 = 0; i0 < n[0]; i0++)
-    for (int64_t i1 = 0; i1 < n[1]; i1++)
-    for (int64_t i2 = 0; i2 < n[2]; i2++)
-    for (int64_t i3 = 0; i3 < n[3]; i3++) {
-        const double *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];
-        const float *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];
-        const int64_t dx = xs[4], ds = ss[4];
-        for (int64_t i4 = 0; i4 < n[4]; i4++, o++) {
-            const float sc = sr[i4 * ds], y = (float)xr[i4 * dx] / sc;
-            const float sg = (float)((0.0f < y) - (y < 0.0f));
-            float q = truncf(y + 0.5f * sg);
-            q = q < -qmax ? -qmax : (q > qmax ? qmax : q);
-            out[o] = (double)(q * sc);
-        }
-    }
-}
-
-/* kernels.sim.mma_ops.split's exact case in one pass: codes = fp8_round(x / s) as float32 (exact), and 1 when every
-   |codes s - x| <= |x| tol (the same float64 operations as split's torch steps on x in float64), else 0 (codes
-   then unused); x float64 or float32 (each value exact in float64) */
-#define SPLIT(NAME, T)                                                                                          \
-static int row_##NAME(const T *x, int64_t dx, const double *s, int64_t ds, float *codes, int64_t n, int mbits,  \
-                      int emin, double maxv, double tol) {                                                      \
-    int bad = 0;                                                                                                \
-    if (dx == 1 && (ds == 0 || ds == 1)) {                                                                      \
-        for (int64_t i = 0; i < n; i++) {                                                                       \
-            const double sc = s[i * ds], xv = (double)x[i], r = fp8_round(xv / sc, mbits, emin, maxv);          \
-            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
-            codes[i] = (float)r;                                                                                \
-        }                                                                                                       \
-    } else {                                                                                                    \
-        for (int64_t i = 0; i < n; i++) {                                                                       \
-            const double sc = s[i * ds], xv = (double)x[i * dx], r = fp8_round(xv / sc, mbits, emin, maxv);     \
-            bad |= !(fabs(r * sc - xv) <= fabs(xv) * tol);                                                      \
-            codes[i] = (float)r;                                                                                \
-        }                                                                                                       \
-    }                                                                                                           \
-    return bad;                                                                                                 \
-}                                                                                                               \
-                                                                                                                \
-int fc_fp8_##NAME(const T *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,              \
-                  const int64_t *n, int mbits, int emin, double maxv, double tol) {                             \
-    int64_t o = 0;                                                                                              \
-    int bad = 0;                                                                                                \
-    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                       \
-    for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                       \
-    for (int64_t i2 = 0; i2 < n[2]; i2++)                                                                       \
-    for (int64_t i3 = 0; i3 < n[3]; i3++, o += n[4]) {                                                          \
-        const T *xr = x + i0 * xs[0] + i1 * xs[1] + i2 * xs[2] + i3 * xs[3];                                    \
-        const double *sr = s + i0 * ss[0] + i1 * ss[1] + i2 * ss[2] + i3 * ss[3];                               \
-        bad |= row_##NAME(xr, xs[4], sr, ss[4], codes + o, n[4], mbits, emin, maxv, tol);                       \
-    }                                                                                                           \
-    return !bad;                                                                                                \
-}
-SPLIT(split, double)
-SPLIT(split_f32, float)
-
-/* kernels.sim.fp8's Hadamard rotation x @ M of float32 rows x [rows, d] (d a power of two, 2^ld), M = diag(signs) H
-   post (H Sylvester's, post a power of two), into float64 out [rows, d], by butterflies: 1 when every row's sum
-   is exact in float64 in any order (each product x_i m_ij is exact; the terms are multiples of 2^(lsb - k) below
-   2^(emax + 1 + ld - k) in sum, so with emax + 1 + ld - lsb <= 53 no partial sum rounds: a BLAS's x @ M gives
-   the same bits, whatever its order; a zero result is +0 there too, as some term is not 0), else 0 (a row of
-   zeros, an Inf or NaN, or too wide a range of exponents; out then partly written). */
-int fc_hadamard_rows(const float *x, int64_t rows, int64_t d, int ld, const double *signs, double post,
-                     double *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d;
-        double *o = out + r * d;
-        int emax = -1000, lmin = 1000, any = 0, bad = 0;
-        for (int64_t i = 0; i < d; i++) {
-            uint32_t u; memcpy(&u, xr + i, 4);
-            const int e = (int)((u >> 23) & 0xff), m = (int)(u & 0x7fffff);
-            bad |= e == 255;
-            if (e || m) {
-                const int ex = e ? e - 127 : -126, lsb = e ? ex - 23 : -149;
-                any = 1;
-                emax = ex > emax ? ex : emax;
-                lmin = lsb < lmin ? lsb : lmin;
-            }
-            o[i] = (double)xr[i] * signs[i];
-        }
-        if (bad || !any || emax + 1 + ld - lmin > 53) return 0;
-        for (int64_t h = 1; h < d; h *= 2)
-            for (int64_t i = 0; i < d; i += 2 * h)
-                for (int64_t j = i; j < i + h; j++) {
-                    const double a = o[j], b = o[j + h];
-                    o[j] = a + b;
-                    o[j + h] = a - b;
-                }
-        for (int64_t i = 0; i < d; i++) o[i] *= post;
-    }
-    return 1;
-}
-"""
-)
-
 _DIMS = 5
-_SPLIT_ARGS = [*[ctypes.c_void_p] * 6, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]
-_P = ctypes.c_void_p
-_ARGS = [_P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_int]
 _FP8 = (Format.FP8_E4M3, Format.FP8_E5M2)
 
 
@@ -280,6 +62,10 @@ def split_codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -
     lib = library()
     if lib is None or not _usable(x, fmt, scale, (torch.float64, torch.float32)):
         return True, None
+    return _split(lib, x, fmt, scale, tol)
+
+
+def _split(lib, x: torch.Tensor, fmt: Format, scale: torch.Tensor, tol: float) -> tuple[bool, torch.Tensor | None]:
     xs, ss, n = _layout(x, scale)
     codes = torch.empty(x.shape, dtype=torch.float32)
     ptrs = (x.data_ptr(), xs.data_ptr(), scale.data_ptr(), ss.data_ptr(), codes.data_ptr(), n.data_ptr())
@@ -329,7 +115,8 @@ def codes(x: torch.Tensor, fmt: Format, scale: torch.Tensor) -> torch.Tensor:
 
 def _selftest_values() -> torch.Tensor:
     """float64 values [n] for the self-test: random bit patterns over FP8's range and beyond, every FP8 value, the
-    midpoints between neighbours (ties) and just off them, zeros of both signs, double subnormals, infinities."""
+    midpoints between neighbours (ties) and just off them, zeros of both signs, double subnormals, values beyond
+    each format's largest, +-inf and NaN."""
     g = torch.Generator().manual_seed(0)
     exps = torch.randint(-30, 20, (20000,), generator=g).double()
     rand = (torch.rand(20000, generator=g, dtype=torch.float64) + 1) * torch.exp2(exps)
@@ -339,26 +126,27 @@ def _selftest_values() -> torch.Tensor:
         v = v[torch.isfinite(v)].unique()
         mid = (v[1:] + v[:-1]) / 2
         grid += [v, mid, torch.nextafter(mid, torch.full_like(mid, 1e300)), torch.nextafter(mid, -v[1:])]
-    special = torch.tensor([0.0, -0.0, 5e-324, -5e-324, 2.0**-1022, 1e300, -1e300, 448.0, 464.0, 480.0, 57344.0])
+    special = [0.0, -0.0, 5e-324, -5e-324, 2.0**-1022, 1e300, -1e300, 448.0, 464.0, 480.0, 57344.0, 61440.0]
+    special = torch.tensor([*special, float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
     base = torch.cat([rand, *grid, special])
     return torch.cat([base, -base])
 
 
 @functools.cache
 def _native() -> tuple[object | None, str]:
-    lib, why = cbuild.load("fp8", SOURCE, "FP8 quantisation runs in torch")
+    """(the library, "") once it built and every entry point matched the torch steps (_self_test), else (None,
+    why not)."""
+    what = "FP8 quantisation runs in torch"
+    lib, why = cbuild.load("fp8", what)
     if lib is None:
         return None, why
-    lib.fc_fp8_scaled.argtypes, lib.fc_fp8_scaled.restype = _ARGS, None
-    for fn in (lib.fc_fp8_split, lib.fc_fp8_split_f32):
-        fn.argtypes, fn.restype = _SPLIT_ARGS, ctypes.c_int
-    for fn in (lib.fc_fp8_scaled_df, lib.fc_fp8_scaled_ff):
-        fn.argtypes, fn.restype = _ARGS, None
-    lib.fc_hadamard_rows.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _P, ctypes.c_double, _P]
-    lib.fc_hadamard_rows.restype = ctypes.c_int
-    lib.fc_int_scaled.argtypes, lib.fc_int_scaled.restype = [*[ctypes.c_void_p] * 6, ctypes.c_float], None
-    for fn in (lib.fc_absmax_f64, lib.fc_absmax_f32, lib.fc_absmaxc_f64, lib.fc_absmaxc_f32):
-        fn.argtypes, fn.restype = [ctypes.c_void_p] * 4, None
+    why = cbuild.proven("fp8", lib, _self_test, what)
+    return (None, why) if why else (lib, "")
+
+
+def _self_test(lib) -> str:
+    """ "" when every entry point gives the torch steps' bits on _selftest_values (ties, subnormals, overflow,
+    +-0, +-inf, NaN, both signs), else which differs."""
     x = _selftest_values()
     scales = (torch.ones(1, dtype=torch.float64), torch.tensor([3.0, 0.1], dtype=torch.float64).repeat_interleave(
         x.numel() // 2).view(2, -1))  # fmt: skip
@@ -366,20 +154,48 @@ def _native() -> tuple[object | None, str]:
         for s in scales:
             xv = x.view(s.shape[0], -1) if s.dim() == 2 else x
             sv = s[:, :1] if s.dim() == 2 else s
-            want = quantize_scaled(xv, fmt, sv)
-            got = _run(lib, xv, fmt, sv, True)
-            want_codes = round_to(xv / sv, fmt)
-            got_codes = _run(lib, xv, fmt, sv, False)
-            for w, g_ in ((want, got), (want_codes, got_codes)):
-                if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
-                    return None, f"the C FP8 rounding differs from torch's here ({fmt.value}): torch runs it"
-            x32 = xv.float()  # float32 in (and float64 in), float32 out: the float64 result's .to(float32)
-            for xin, w in ((xv, want), (x32, quantize_scaled(x32.double(), fmt, sv))):
-                got32 = _run(lib, xin, fmt, sv, True, torch.float32)
-                if not torch.equal(w.float().view(torch.int32), got32.view(torch.int32)):
-                    return None, f"the C FP8 rounding to float32 differs from torch's ({fmt.value}): torch runs it"
+            bad = _selftest_scaled(lib, xv, fmt, sv) or _selftest_split(lib, xv, fmt, sv)
+            if bad:
+                return bad
+    return _selftest_int(lib, x) or _selftest_absmax(lib, x) or _selftest_hadamard(lib)
+
+
+def _selftest_scaled(lib, xv: torch.Tensor, fmt: Format, sv: torch.Tensor) -> str:
+    """fc_fp8_scaled (values and codes), fc_fp8_scaled_df and fc_fp8_scaled_ff against quantize_scaled."""
+    want = quantize_scaled(xv, fmt, sv)
+    got = _run(lib, xv, fmt, sv, True)
+    want_codes = round_to(xv / sv, fmt)
+    got_codes = _run(lib, xv, fmt, sv, False)
+    for w, g_ in ((want, got), (want_codes, got_codes)):
+        if not torch.equal(w.view(torch.int64), g_.view(torch.int64)):
+            return f"fc_fp8_scaled differs from torch's FP8 rounding here ({fmt.value})"
+    x32 = xv.float()  # float32 in (and float64 in), float32 out: the float64 result's .to(float32)
+    for xin, w in ((xv, want), (x32, quantize_scaled(x32.double(), fmt, sv))):
+        got32 = _run(lib, xin, fmt, sv, True, torch.float32)
+        if not torch.equal(w.float().view(torch.int32), got32.view(torch.int32)):
+            return f"fc_fp8_scaled_{'df' if xin.dtype == torch.float64 else 'ff'} differs from torch's ({fmt.value})"
+    return ""
+
+
+def _selftest_split(lib, xv: torch.Tensor, fmt: Format, sv: torch.Tensor) -> str:
+    """fc_fp8_split / fc_fp8_split_f32 against kernels.sim.mma_ops.split's torch steps: codes round_to(x / s) and
+    whether every |codes s - x| <= |x| tol, on x itself (mostly not codes) and on codes times s (all exact)."""
+    tol = 2.0**-20
+    exact = round_to(xv / sv, fmt).nan_to_num(0.0, 0.0, 0.0) * sv
+    for x in (xv, exact, exact.float()):
+        codes = round_to(x.double() / sv, fmt)
+        ok = bool(((codes * sv - x.double()).abs() <= x.double().abs() * tol).all())
+        got_ok, got = _split(lib, x, fmt, sv, tol)
+        if got_ok != ok or (ok and not torch.equal(got.view(torch.int32), codes.float().view(torch.int32))):
+            return f"fc_fp8_split{'_f32' if x.dtype == torch.float32 else ''} differs from torch's ({fmt.value})"
+    return ""
+
+
+def _selftest_int(lib, x: torch.Tensor) -> str:
+    """fc_int_scaled against core.quant.quantize_int (INT8 / INT4, each granularity)."""
     from flashcheck.core.quant import quantize_int
 
+    x = x[x.isfinite()]
     xi = torch.cat([x[x.abs() < 1e6], torch.tensor([-0.0, 0.0, 0.5, -0.5, 1.5, -2.5])])
     xi = xi[: xi.numel() // 64 * 64].view(1, 2, -1, 32)
     for fmt in (Format.INT8, Format.INT4):
@@ -387,17 +203,19 @@ def _native() -> tuple[object | None, str]:
             want = quantize_int(xi, fmt, gran, block=16, warp=32, threads=4)
             got = _int_quantized(lib, xi, fmt, gran, block=16, warp=32, threads=4)
             if not torch.equal(want.view(torch.int64), got.view(torch.int64)):
-                return None, f"the C integer quantisation differs from torch's ({fmt.value}, {gran}): torch runs it"
+                return f"fc_int_scaled differs from torch's integer quantisation ({fmt.value}, {gran})"
+    return ""
+
+
+def _selftest_absmax(lib, x: torch.Tensor) -> str:
+    """fc_absmax_* / fc_absmaxc_* against x.abs().amax over rows and columns: strided rows, NaN, +-0, +-inf."""
     xa = torch.cat([torch.tensor([float("nan"), -0.0, 0.0, -0.0]), x])[: 2 * 3 * 7 * 40].view(40, 3, 14)[..., :7]
-    for t in (xa, xa.float()):  # strided rows, a NaN, zeros of both signs
+    for t in (xa, xa.float(), xa.nan_to_num(0.0), xa.nan_to_num(0.0).float()):
         for dim, fn in ((-1, _absmax_rows), (-2, _absmax_cols)):
             want, got = t.abs().amax(dim, keepdim=True), fn(lib, t)
             if not (torch.equal(want.isnan(), got.isnan()) and torch.equal(want.nan_to_num(), got.nan_to_num())):
-                return None, "the C maximum of |x| differs from torch's: torch runs it"
-    bad = _selftest_hadamard(lib)
-    if bad:
-        return None, bad
-    return lib, ""
+                return f"fc_absmax{'c' if dim == -2 else ''}_{str(t.dtype)[-2:]} differs from torch's max of |x|"
+    return ""
 
 
 def _selftest_hadamard(lib) -> str:
@@ -415,14 +233,14 @@ def _selftest_hadamard(lib) -> str:
         rot = incoherence_matrix(d, 7)
         got = _hadamard(lib, x, rot)
         if got is None or not torch.equal((x.double() @ rot).view(torch.int64), got.view(torch.int64)):
-            return f"the C Hadamard rotation differs from x @ M (d={d}): torch runs it"
+            return f"fc_hadamard_rows differs from x @ M (d={d})"
         for spoil in (2.0**-40, 0.0, float("inf")):
             y = x.clone()
             y[2, 3] = y[2, 3] * spoil if spoil != float("inf") else spoil
             if spoil == 2.0**-40:
                 y[2, 3, 1:] = x[2, 3, 1:]
             if _hadamard(lib, y, rot) is not None:
-                return "the C Hadamard rotation takes a row it cannot sum exactly: torch runs it"
+                return "fc_hadamard_rows takes a row it cannot sum exactly"
     return ""
 
 

@@ -1,15 +1,14 @@
-"""kernels.tensorcore.mma's block-FMA chain in C (kernels.native.mma_c): the same rules, the same bits, without
-materialising the
-[..., M, N, K] products (torch's chain forms every product and every truncated term as a tensor: fa4-fp8 and
-fa4-fp4 then cost 170 and 195 times the plain simulator at L=2048). Built on first use by kernels.native.cbuild; output
-rows are split between torch's intra-op threads (ctypes releases the GIL; each row's arithmetic is exact and
-independent of the split, so the bits do not depend on it).
+"""kernels.tensorcore.mma's block-FMA chain in C (c/mma.c, c/mma.h): the same rules, the same bits, without
+materialising the [..., M, N, K] products (torch's chain forms every product and every truncated term as a
+tensor: fa4-fp8 and fa4-fp4 then cost 170 and 195 times the plain simulator at L=2048). Built on first use by
+kernels.native.cbuild; output rows are split between torch's intra-op threads (ctypes releases the GIL; each
+row's arithmetic is exact and independent of the split, so the bits do not depend on it).
 
-kernels.tensorcore.mma self-tests the library at load against its torch chain (mma._selftest_cases: zeros, subnormals,
-late c, an fp16 register and its overflow, tiny and subnormal c, float64 operands); any difference disables it
-with the reason, and kernels.tensorcore.mma keeps its torch chain. kernels.tensorcore.mma.native_status() is what
-`flashcheck doctor`
-reports."""
+kernels.tensorcore.mma self-tests the library at load against its torch chain (mma._selftest_cases: zeros,
+subnormals, late c, an fp16 register and its overflow, tiny and subnormal c, float64 operands) through
+cbuild.proven, which also requires both entry points to be exercised; any difference disables it with the reason,
+and kernels.tensorcore.mma keeps its torch chain. kernels.tensorcore.mma.native_status() is what `flashcheck
+doctor` reports."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import flashcheck.kernels.native.cbuild as cbuild
-from flashcheck.kernels.native.mma_c import SOURCE
 
 # significand bits (mantissa + 1) of the narrow operand formats: their products are exact in float32. "e2m1s"
 # (kernels.tensorcore.mma.EMIN): e2m1 x e4m3 values, 2 + 4 bits; exponents in [-10, 11], within the f32 variant's int8
@@ -32,7 +30,6 @@ SIG_BITS = {"e4m3": 4, "e5m2": 3, "e2m1": 2, "e2m3": 4, "e3m2": 3, "e2m1s": 6}
 # 1.875, 1.5 x 1.25; a product of 2 or more halves), as e4m3's
 SIG_MAX = {"e2m1s": 1.875}
 MIN_ROWS_PER_THREAD = 1 << 21  # products per thread below which one thread does the call (a decoding step)
-_ARGS = [ctypes.c_void_p, *[ctypes.c_int64] * 3] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int] * 9
 
 
 @functools.cache
@@ -53,12 +50,7 @@ def variant(model, fa: str, fb: str) -> str:
 
 def load() -> tuple[ctypes.CDLL | None, str]:
     """(the compiled library, "") or (None, why not); kernels.tensorcore.mma self-tests it before use."""
-    lib, why = cbuild.load("mma", SOURCE, "kernels.tensorcore.mma runs its torch chain")
-    if lib is not None:
-        for name in ("fc_mma_chain_f32", "fc_mma_chain_f64"):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = _ARGS, ctypes.c_int
-    return lib, why
+    return cbuild.load("mma", "kernels.tensorcore.mma runs its torch chain")
 
 
 @functools.cache

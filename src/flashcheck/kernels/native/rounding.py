@@ -24,115 +24,6 @@ import torch
 
 import flashcheck.kernels.native.cbuild as cbuild
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-/* x[i] rounded to bf16 (nearest, ties to even) in place; NaN left as it is. Returns 1 if it saw a NaN. */
-int fc_round_bf16(float *x, int64_t n) {
-    uint32_t *u = (uint32_t *)x;
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t v = u[i];
-        int is_nan = (v & 0x7FFFFFFFu) > 0x7F800000u;
-        nan |= is_nan;
-        u[i] = is_nan ? v : ((v + 0x7FFFu + ((v >> 16) & 1u)) & 0xFFFF0000u);
-    }
-    return nan;
-}
-
-/* Per row r of s [rows, n]: m_new[r] = max(m_old[r], max_j s[r, j]), ms[r] = m_new[r] (0 where -inf), and
-   s[r, :] -= ms[r], the row still in cache. For NaN-free s and m_old only (the caller's guarantee). */
-void fc_max_sub(float *s, int64_t rows, int64_t n, const float *m_old, float *m_new, float *ms) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = s + r * n;
-        int64_t j = 0;
-        float mx = -__builtin_inff();
-#ifdef __AVX512F__
-        __m512 vm = _mm512_set1_ps(-__builtin_inff());
-        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
-        mx = _mm512_reduce_max_ps(vm);
-#endif
-        for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-        float mn = m_old[r] > mx ? m_old[r] : mx;
-        float sub = mn == -__builtin_inff() ? 0.0f : mn;
-        m_new[r] = mn;
-        ms[r] = sub;
-        for (int64_t j = 0; j < n; j++) row[j] = row[j] - sub;
-    }
-}
-
-/* dst[i] = src[i] rounded to bf16 (as fc_round_bf16), one pass; returns 1 if it saw a NaN (left as it is). */
-int fc_round_bf16_copy(const float *src, float *dst, int64_t n) {
-    const uint32_t *s = (const uint32_t *)src;
-    uint32_t *u = (uint32_t *)dst;
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t v = s[i];
-        int is_nan = (v & 0x7FFFFFFFu) > 0x7F800000u;
-        nan |= is_nan;
-        u[i] = is_nan ? v : ((v + 0x7FFFu + ((v >> 16) & 1u)) & 0xFFFF0000u);
-    }
-    return nan;
-}
-
-/* |x|'s least, greatest and least nonzero value (inf where every entry is 0) over x[0:n], in out[0..2];
-   returns 1 (out[1] then NaN) if some entry is NaN. */
-int fc_abs_stats(const float *x, int64_t n, float *out) {
-    float lo = __builtin_inff(), hi = 0.0f, nz = __builtin_inff();
-    int nan = 0;
-    int64_t i = 0;
-#ifdef __AVX512F__
-    __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_setzero_ps(), vnz = vlo, inf = vlo, zero = vhi;
-    __mmask16 vnan = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-        vnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-        vlo = _mm512_min_ps(a, vlo);
-        vhi = _mm512_max_ps(a, vhi);
-        vnz = _mm512_min_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), inf, a), vnz);
-    }
-    nan = vnan != 0;
-    lo = _mm512_reduce_min_ps(vlo);
-    hi = _mm512_reduce_max_ps(vhi);
-    nz = _mm512_reduce_min_ps(vnz);
-#endif
-    for (; i < n; i++) {
-        float a = __builtin_fabsf(x[i]);
-        nan |= a != a;
-        lo = a < lo ? a : lo;
-        hi = a > hi ? a : hi;
-        nz = (a < nz && a > 0.0f) ? a : nz;
-    }
-    out[0] = lo;
-    out[1] = nan ? __builtin_nanf("") : hi;
-    out[2] = nz;
-    return nan;
-}
-
-#ifdef __FLT16_MAX__
-/* x[i] rounded to fp16 (IEEE binary16, nearest even, overflow to inf) in place; NaN left as it is. */
-int fc_round_fp16(float *x, int64_t n) {
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        int is_nan = v != v;
-        nan |= is_nan;
-        x[i] = is_nan ? v : (float)(_Float16)v;
-    }
-    return nan;
-}
-int fc_has_fp16(void) { return 1; }
-#else
-int fc_round_fp16(float *x, int64_t n) { (void)x; (void)n; return -1; }
-int fc_has_fp16(void) { return 0; }
-#endif
-"""
-_ARGS = (ctypes.c_void_p, ctypes.c_int64)
-
 
 def _probe(dtype: torch.dtype) -> torch.Tensor:
     """Values that exercise the rounding: ties either way, subnormals of both formats, overflow, signs."""
@@ -149,25 +40,74 @@ def _probe(dtype: torch.dtype) -> torch.Tensor:
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why not)."""
-    lib, why = cbuild.load("round", SOURCE, "P is rounded by two torch casts")
+    """(the loaded library, "") once it built and every entry point matched torch (_self_test), else (None, why
+    not)."""
+    what = "P is rounded by two torch casts"
+    lib, why = cbuild.load("rounding", what)
     if lib is None:
         return None, why
-    for name in ("fc_round_bf16", "fc_round_fp16"):
-        getattr(lib, name).argtypes, getattr(lib, name).restype = _ARGS, ctypes.c_int
-    lib.fc_max_sub.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *(ctypes.c_void_p,) * 3)
-    lib.fc_max_sub.restype = None
-    lib.fc_round_bf16_copy.argtypes, lib.fc_round_bf16_copy.restype = (*_ARGS[:1], *_ARGS), ctypes.c_int
-    lib.fc_abs_stats.argtypes, lib.fc_abs_stats.restype = (*_ARGS, ctypes.c_void_p), ctypes.c_int
+    why = cbuild.proven("rounding", lib, _self_test, what)
+    return (None, why) if why else (lib, "")
+
+
+def _self_test(lib) -> str:
+    """ "" when every entry point gives torch's bits on _probe's values (ties, subnormals, overflow, +-0, +-inf,
+    NaN, both signs), else which one differs."""
     for dtype in (torch.bfloat16, torch.float16):
         if dtype == torch.float16 and not lib.fc_has_fp16():
             continue
         x = _probe(dtype)
         want = x.to(dtype).to(torch.float32)
-        _call(lib, dtype, x)
-        if not torch.equal(x.view(torch.int32), want.view(torch.int32)):
-            return None, f"the C rounding to {dtype} differs from torch's cast here: P is rounded by torch's casts"
-    return lib, ""
+        _round(lib, x, dtype)
+        if not _same(x, want):
+            return f"the C rounding to {dtype} differs from torch's cast here"
+    x = _probe(torch.bfloat16)
+    if not _same(_rounded(lib, x, torch.bfloat16), x.to(torch.bfloat16).to(torch.float32)):
+        return "fc_round_bf16_copy differs from torch's cast to bf16 here"
+    for t in (x, x[torch.isfinite(x)], torch.zeros(5), torch.cat([x, torch.tensor([float("nan")])])):
+        got, want = torch.tensor(_abs_stats(lib, t)), torch.tensor(_torch_abs_stats(t))
+        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            return "fc_abs_stats differs from torch's min / max of |x| here"
+    return _self_test_max_sub(lib)
+
+
+def _self_test_max_sub(lib) -> str:
+    """fc_max_sub against torch's amax, maximum, where and sub on rows of 1 to 37 values: a row of -inf, a row
+    of +-0, subnormals, +inf, both signs, with running maxima below, at and above each row's."""
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 15, 16, 17, 37):
+        s = torch.randn(6, n, generator=g) * 3
+        s[0] = -float("inf")
+        s[1] = torch.tensor([0.0, -0.0] * n)[:n]
+        s[2, 0], s[3, -1], s[4, n // 2] = 2.0**-140, float("inf"), -(2.0**-149)
+        m = torch.tensor([-float("inf"), -0.0, 1.0, 0.5, -3.0, 100.0]).view(6, 1)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        ms = torch.where(m_new == -float("inf"), 0.0, m_new)
+        want, got = s - ms, s.clone()
+        out = _max_sub(lib, got, m)
+        if out is None or not (torch.equal(out[0], m_new) and torch.equal(out[1], ms) and _values(got, want)):
+            return f"fc_max_sub differs from torch's max step here (rows of {n})"
+    return ""
+
+
+def _values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN (the sign of a zero aside: exp takes either to 1)."""
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    return a is not None and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _torch_abs_stats(x: torch.Tensor) -> tuple[float, float, float]:
+    """abs_stats' values in torch: (least |x| but NaN, NaN where x has a NaN else the greatest |x|, the least
+    nonzero |x| but NaN, inf where none)."""
+    a = x.abs()
+    nan = a.isnan()
+    a = a[~nan]
+    nz = a[a != 0]
+    hi = float("nan") if bool(nan.any()) else float(a.max())
+    return float(a.min()), hi, float(nz.min()) if nz.numel() else float("inf")
 
 
 def _call(lib: ctypes.CDLL, dtype: torch.dtype, x: torch.Tensor) -> int:
@@ -193,9 +133,13 @@ def round_(x: torch.Tensor, dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.float16 and not lib.fc_has_fp16():
         return False
+    _round(lib, x, dtype)
+    return True
+
+
+def _round(lib, x: torch.Tensor, dtype: torch.dtype) -> None:
     if _call(lib, dtype, x):  # a NaN: torch's casts give it their own bits (the rounded values stay)
         x.copy_(x.to(dtype))
-    return True
 
 
 def max_sub_(s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -209,6 +153,10 @@ def max_sub_(s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     lib = _library()[0]
     if lib is None or s.requires_grad:
         return None
+    return _max_sub(lib, s, m)
+
+
+def _max_sub(lib, s: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m_new, ms = torch.empty_like(m), torch.empty_like(m)
     lib.fc_max_sub(s.data_ptr(), m.numel(), s.shape[-1], m.data_ptr(), m_new.data_ptr(), ms.data_ptr())
     return m_new, ms
@@ -222,6 +170,10 @@ def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     lib = _library()[0]
     if lib is None or x.requires_grad or x.numel() == 0:
         return None
+    return _rounded(lib, x, dtype)
+
+
+def _rounded(lib, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if lib.fc_round_bf16_copy(x.data_ptr(), out.data_ptr(), x.numel()):  # a NaN: torch's cast gives its bits
         out.copy_(out.to(dtype))
@@ -234,8 +186,10 @@ def abs_stats(x: torch.Tensor) -> tuple[float, float, float] | None:
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0:
         return None
     lib = _library()[0]
-    if lib is None:
-        return None
+    return None if lib is None else _abs_stats(lib, x)
+
+
+def _abs_stats(lib, x: torch.Tensor) -> tuple[float, float, float]:
     out = (ctypes.c_float * 3)()
     lib.fc_abs_stats(x.data_ptr(), x.numel(), out)
     return out[0], out[1], out[2]

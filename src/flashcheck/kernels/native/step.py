@@ -37,271 +37,6 @@ import torch
 
 import flashcheck.kernels.native.cbuild as cbuild
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-typedef void (*vexp_fn)(const int64_t *n, const float *a, float *r, const int64_t *mode);
-#define MAXW 16
-
-static void round_bf16(float *x, int64_t n);
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
-static int64_t ceil_log2(int64_t x) {
-    if (x <= 2) return 1;
-    return 64 - __builtin_clzll((uint64_t)(x - 1));
-}
-
-/* aten's multi_row_sum with 4 rows: element (i, k) is the lanes-wide group at x + (4 i + k) lanes. */
-static inline __attribute__((always_inline)) void multi_row_sum(const float *x, int64_t size, const int lanes,
-                                                                 float out[4][MAXW]) {
-    float acc[4][4][MAXW];
-    memset(acc, 0, sizeof acc);
-    int64_t lp = ceil_log2(size) / 4;
-    if (lp < 4) lp = 4;
-    const int64_t step = (int64_t)1 << lp, mask = step - 1;
-    int64_t i = 0;
-    while (i + step <= size) {
-        for (int64_t j = 0; j < step; ++j, ++i)
-            for (int k = 0; k < 4; ++k)
-                for (int c = 0; c < lanes; ++c) acc[0][k][c] += x[(i * 4 + k) * lanes + c];
-        for (int j = 1; j < 4; ++j) {
-            for (int k = 0; k < 4; ++k)
-                for (int c = 0; c < lanes; ++c) {
-                    acc[j][k][c] += acc[j - 1][k][c];
-                    acc[j - 1][k][c] = 0.0f;
-                }
-            if ((i & (mask << (j * lp))) != 0) break;
-        }
-    }
-    for (; i < size; ++i)
-        for (int k = 0; k < 4; ++k)
-            for (int c = 0; c < lanes; ++c) acc[0][k][c] += x[(i * 4 + k) * lanes + c];
-    for (int j = 1; j < 4; ++j)
-        for (int k = 0; k < 4; ++k)
-            for (int c = 0; c < lanes; ++c) acc[0][k][c] += acc[j][k][c];
-    memcpy(out, acc[0], sizeof(float) * 4 * MAXW);
-}
-
-/* aten's row_sum over `size` lanes-wide groups; the lanes of the result in part[0..lanes). */
-static inline __attribute__((always_inline)) void row_sum(const float *x, int64_t size, const int lanes,
-                                                          float part[MAXW]) {
-    float p[4][MAXW];
-    const int64_t ilp = size / 4;
-    multi_row_sum(x, ilp, lanes, p);
-    for (int64_t i = ilp * 4; i < size; ++i)
-        for (int c = 0; c < lanes; ++c) p[0][c] += x[i * lanes + c];
-    for (int k = 1; k < 4; ++k)
-        for (int c = 0; c < lanes; ++c) p[0][c] += p[k][c];
-    memcpy(part, p[0], sizeof(float) * MAXW);
-}
-
-/* torch.sum(x[0:n]) as cascade_sum sums an inner row at vector width w (16 or 8). */
-static float torch_row_sum(const float *x, int64_t n, int w) {
-    float part[MAXW];
-    if (n < w) {
-        row_sum(x, n, 1, part);
-        return 0.0f + part[0];
-    }
-    const int64_t nv = n / w;
-    if (w == 16) row_sum(x, nv, 16, part);
-    else row_sum(x, nv, 8, part);
-    float f = 0.0f;
-    for (int64_t k = nv * w; k < n; ++k) f += x[k];
-    for (int c = 0; c < w; ++c) f += part[c];
-    return 0.0f + f;
-}
-
-#ifdef __AVX2__
-static inline __m256 round_bf16_8(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd);
-    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000u)));
-}
-
-/* torch_row_sum at width 8 for 8 <= n < 512 (no cascade level is reached), and the row rounded to bf16 after
-   it is read (p_bf16) in the same pass: the sum is of the values before rounding. */
-static float sum8_round(float *x, int64_t n, int p_bf16) {
-    const int64_t nv = n / 8, ilp = nv / 4;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i < ilp; i++) {
-        float *b = x + i * 32;
-        __m256 v0 = _mm256_loadu_ps(b), v1 = _mm256_loadu_ps(b + 8);
-        __m256 v2 = _mm256_loadu_ps(b + 16), v3 = _mm256_loadu_ps(b + 24);
-        a0 = _mm256_add_ps(a0, v0);
-        a1 = _mm256_add_ps(a1, v1);
-        a2 = _mm256_add_ps(a2, v2);
-        a3 = _mm256_add_ps(a3, v3);
-        if (p_bf16) {
-            _mm256_storeu_ps(b, round_bf16_8(v0));
-            _mm256_storeu_ps(b + 8, round_bf16_8(v1));
-            _mm256_storeu_ps(b + 16, round_bf16_8(v2));
-            _mm256_storeu_ps(b + 24, round_bf16_8(v3));
-        }
-    }
-    for (int64_t i = ilp * 4; i < nv; i++) {
-        __m256 v = _mm256_loadu_ps(x + i * 8);
-        a0 = _mm256_add_ps(a0, v);
-        if (p_bf16) _mm256_storeu_ps(x + i * 8, round_bf16_8(v));
-    }
-    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), a2), a3);
-    float f = 0.0f;
-    for (int64_t k = nv * 8; k < n; ++k) f += x[k];
-    if (p_bf16) round_bf16(x + nv * 8, n - nv * 8);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, a0);
-    for (int c = 0; c < 8; ++c) f += lanes[c];
-    return 0.0f + f;
-}
-#endif
-
-static float row_max(const float *row, int64_t n) {
-    int64_t j = 0;
-    float mx = -__builtin_inff();
-#ifdef __AVX512F__
-    __m512 vm = _mm512_set1_ps(-__builtin_inff());
-    for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
-    mx = _mm512_reduce_max_ps(vm);
-#endif
-    for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    return mx;
-}
-
-static void round_bf16(float *x, int64_t n) {
-    uint32_t *u = (uint32_t *)x;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t v = u[i];
-        u[i] = (v + 0x7FFFu + ((v >> 16) & 1u)) & 0xFFFF0000u;
-    }
-}
-
-static void round_fp16(float *x, int64_t n) {
-#ifdef __FLT16_MAX__
-    for (int64_t i = 0; i < n; i++) x[i] = (float)(_Float16)x[i];
-#else
-    (void)x; (void)n;
-#endif
-}
-
-int fc_has_fp16(void) {
-#ifdef __FLT16_MAX__
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* One FA2 step's softmax for NaN-free s [rows, n]: per row, m_new = max(m, max_j s), ms = m_new (0 where -inf),
-   s = exp(s - ms) (P, rounded to p_fmt: 0 none, 1 bf16, 2 fp16), sum = torch.sum(P before rounding); then
-   alpha = exp(m - ms) and l_new = alpha * l + sum. vexp: torch's exp (MKL's vmsExp), called with `mode`. */
-void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const float *l, float *m_new,
-                     float *l_new, float *alpha, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr) {
-    vexp_fn vexp = (vexp_fn)vexp_ptr;
-    /* MKL's threads for this thread's calls: 1 (the caller runs single-threaded; a tile worker's VML call would
-       otherwise start MKL's own team beside the other workers). Restored at the end. */
-    int (*set_local)(int) = (int (*)(int))local_ptr;
-    int prev = set_local ? set_local(1) : 0;
-    int64_t group = 8192 / n;  /* rows per exp call: about 32 KiB of scores, still in cache */
-    if (group < 1) group = 1;
-    for (int64_t g0 = 0; g0 < rows; g0 += group) {
-        int64_t g1 = g0 + group < rows ? g0 + group : rows;
-        for (int64_t r = g0; r < g1; r++) {
-            float *row = s + r * n;
-            float mx = row_max(row, n);
-            float mn = m[r] > mx ? m[r] : mx;
-            float sub = mn == -__builtin_inff() ? 0.0f : mn;
-            for (int64_t j = 0; j < n; j++) row[j] = row[j] - sub;
-            alpha[r] = m[r] - sub;
-            m_new[r] = mn;
-        }
-        int64_t cnt = (g1 - g0) * n;
-        vexp(&cnt, s + g0 * n, s + g0 * n, &mode);
-        for (int64_t r = g0; r < g1; r++) {
-            float *row = s + r * n;
-#ifdef __AVX2__
-            if (w == 8 && n >= 8 && n < 512 && p_fmt != 2) {
-                l_new[r] = sum8_round(row, n, p_fmt == 1);
-                continue;
-            }
-#endif
-            l_new[r] = torch_row_sum(row, n, w);
-            if (p_fmt == 1) round_bf16(row, n);
-            else if (p_fmt == 2) round_fp16(row, n);
-        }
-    }
-    vexp(&rows, alpha, alpha, &mode);
-    for (int64_t r = 0; r < rows; r++) {
-        float al = alpha[r] * l[r];
-        l_new[r] = al + l_new[r];
-    }
-    if (set_local) set_local(prev);
-}
-
-/* o = o * alpha + pv, rounded twice as torch's mul_ and add_: o [bh, rows, dv] with batch stride ob (rows
-   contiguous), alpha [bh * rows], pv [bh, rows, dv] contiguous. */
-void fc_acc_update(float *o, int64_t bh, int64_t rows, int64_t dv, int64_t ob, const float *alpha,
-                   const float *pv) {
-    for (int64_t b = 0; b < bh; b++)
-        for (int64_t r = 0; r < rows; r++) {
-            float a = alpha[b * rows + r];
-            float *orow = o + b * ob + r * dv;
-            const float *prow = pv + (b * rows + r) * dv;
-            for (int64_t j = 0; j < dv; j++) {
-                float t = orow[j] * a;
-                orow[j] = t + prow[j];
-            }
-        }
-}
-
-typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int *n, const int *k, const float *alpha,
-                         const float *a, const int *lda, const float *b, const int *ldb, const float *beta, float *c,
-                         const int *ldc);
-
-/* A whole query tile of the plain FA2 forward, head by head, each head's rows through every key block in the
-   given order (a row's steps in the same order as the step-by-step loop; the head's scores, P, P.V and O stay in
-   cache). Per step, as torch's step runs it: S = Q K_j^T (torch's own MKL sgemm, on the very pointers and leading
-   dimensions bmm hands it: head h's S and P.V blocks at the offsets of a [heads, rows, n] block), the softmax of
-   fc_softmax_step, PV = P V_j, then O = O * alpha + PV (fc_acc_update). q [heads, rows, d] contiguous; head h of
-   k / v at k + (h / hn) * ksb + (h % hn) * ksh (rows of kr / vr floats apart, columns contiguous); spans: nsteps
-   (c0, c1) pairs; o [heads, rows, dv], m, l [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start);
-   s: rows * (widest span) + 16 floats, pv: rows * dv + 16 floats (both 64-byte aligned), tmp: 2 * rows floats. */
-void fc_tile_forward(const float *q, const float *k, const float *v, int64_t heads, int64_t hn, int64_t ksb,
-                     int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr, int64_t rows, int64_t d,
-                     int64_t dv, const int64_t *spans, int64_t nsteps, float *o, float *m, float *l, float *s,
-                     float *pv, float *tmp, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr,
-                     void *sgemm_ptr) {
-    sgemm_fn sgemm = (sgemm_fn)sgemm_ptr;
-    int (*set_local)(int) = (int (*)(int))local_ptr;
-    int prev = set_local ? set_local(1) : 0;
-    const float one = 1.0f, zero = 0.0f;
-    const int ir = (int)rows, id = (int)d, idv = (int)dv, ikr = (int)kr, ivr = (int)vr;
-    float *l_new = tmp, *alpha = tmp + rows;
-    for (int64_t h = 0; h < heads; h++) {
-        const float *qh = q + h * rows * d;
-        const float *kh = k + (h / hn) * ksb + (h % hn) * ksh, *vh = v + (h / hn) * vsb + (h % hn) * vsh;
-        float *oh = o + h * rows * dv, *mh = m + h * rows, *lh = l + h * rows;
-        for (int64_t t = 0; t < nsteps; t++) {
-            const int64_t c0 = spans[2 * t], n = spans[2 * t + 1] - c0;
-            const int in = (int)n;
-            /* bmm's head h blocks sit at h * rows * n and h * rows * dv floats: here at the same offsets modulo 16
-               floats (64 bytes, the allocators' alignment), in one block reused by every head (it stays in cache) */
-            float *sh = s + ((h * rows * n) & 15), *pvh = pv + ((h * rows * dv) & 15);
-            sgemm("T", "N", &in, &ir, &id, &one, kh + c0 * kr, &ikr, qh, &id, &zero, sh, &in);
-            fc_softmax_step(sh, rows, n, mh, lh, mh, l_new, alpha, w, p_fmt, vexp_ptr, mode, 0);
-            memcpy(lh, l_new, sizeof(float) * rows);
-            sgemm("N", "N", &idv, &ir, &in, &one, vh + c0 * vr, &ivr, sh, &in, &zero, pvh, &idv);
-            fc_acc_update(oh, 1, rows, dv, rows * dv, alpha, pvh);
-        }
-    }
-    if (set_local) set_local(prev);
-}
-"""
 VML_MODE = 0x2 | 0x140000 | 0x100  # VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE: aten's vml.h mode
 _P_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # the sum's vector width: 8 under each (sum_stub is registered without ALSO_REGISTER_AVX512_DISPATCH, so its
@@ -320,22 +55,12 @@ def _library() -> tuple[ctypes.CDLL | None, int, int, str]:
     vexp = _torch_vexp()
     if not vexp:
         return None, 0, 0, f"torch's library exports no MKL vmsExp (VMSEXP_64_) to call: {what}"
-    lib, why = cbuild.load("step", SOURCE, what)
+    lib, why = cbuild.load("step", what)
     if lib is None:
         return None, 0, 0, why
-    ptr = ctypes.c_void_p
-    lib.fc_softmax_step.argtypes = (ptr, ctypes.c_int64, ctypes.c_int64, *(ptr,) * 5, ctypes.c_int, ctypes.c_int)
-    lib.fc_softmax_step.argtypes += (ptr, ctypes.c_int64, ptr)
-    lib.fc_softmax_step.restype = None
-    lib.fc_acc_update.argtypes = (ptr, *(ctypes.c_int64,) * 4, ptr, ptr)
-    lib.fc_acc_update.restype = None
-    lib.fc_tile_forward.argtypes = (ptr, ptr, ptr, *(ctypes.c_int64,) * 11, ptr, ctypes.c_int64, *(ptr,) * 6)
-    lib.fc_tile_forward.argtypes += (ctypes.c_int, ctypes.c_int, ptr, ctypes.c_int64, ptr, ptr)
-    lib.fc_tile_forward.restype = None
-    bad = _self_test(lib, vexp, width)
-    if bad:
-        return None, 0, 0, f"the fused step differs from torch here ({bad}): {what}"
-    return lib, vexp, width, ""
+    steps = {"fc_has_fp16", "fc_softmax_step", "fc_acc_update"}  # fc_tile_forward: proven apart (_tile_ok)
+    why = cbuild.proven("step", lib, lambda view: _self_test(view, vexp, width), what, steps)
+    return (None, 0, 0, why) if why else (lib, vexp, width, "")
 
 
 def _torch_vexp() -> int:
@@ -368,6 +93,11 @@ def _tile_ok() -> str:
         return why
     if not _sgemm():
         return "torch's library exports no MKL sgemm_ to call: the query tiles run step by step"
+    return cbuild.proven("step", lib, lambda view: _tile_test(view, vexp, width), "step by step", {"fc_tile_forward"})
+
+
+def _tile_test(lib, vexp: int, width: int) -> str:
+    """'' when fc_tile_forward gives the torch step loop's bits on _TILE_CASES, else which case differs."""
     with _threads(1):
         for shape, spans in _TILE_CASES:
             for p_dtype in (torch.float32, torch.bfloat16):
@@ -375,7 +105,7 @@ def _tile_ok() -> str:
                 want = _torch_tile(q, k, v, spans, p_dtype)
                 got = _tile_run(lib, vexp, width, q, k, v, spans, p_dtype)
                 if not all(_same(a, b) for a, b in zip(want, got, strict=True)):
-                    return f"the tile loop differs from torch's steps ({shape}, P in {p_dtype}): step by step"
+                    return f"the tile loop differs from torch's steps ({shape}, P in {p_dtype})"
     return ""
 
 
@@ -552,8 +282,8 @@ def _tile_run(lib, vexp, width, q, k, v, spans, p_dtype):
     return o, m, l
 
 
-def _self_test(lib: ctypes.CDLL, vexp: int, width: int) -> str:
-    """'' when both routines give torch's bits on the probe cases, else which case differs."""
+def _self_test(lib, vexp: int, width: int) -> str:
+    """'' when both routines give torch's bits on the probe cases, else why not (naming the case)."""
     with _threads(1):
         for n, rows, how in _CASES:
             s, m, l = _case(n, rows, how)
@@ -566,14 +296,14 @@ def _self_test(lib: ctypes.CDLL, vexp: int, width: int) -> str:
                     alpha.data_ptr(), width, _P_FORMATS[p_dtype], vexp, VML_MODE, _mkl_local(),
                 )  # fmt: skip
                 if not all(_same(a, b) for a, b in zip(want, (got_s, m_new, l_new, alpha), strict=True)):
-                    return f"softmax, width {n}, {how} rows, P in {p_dtype}"
+                    return f"fc_softmax_step differs from torch here (width {n}, {how} rows, P in {p_dtype})"
             o = torch.randn(*m.shape[:-1], 24, generator=torch.Generator().manual_seed(n))
             pv = torch.randn_like(o)
             want = o * alpha
             want += pv
             lib.fc_acc_update(o.data_ptr(), m.shape[0], m.shape[1], 24, o.stride(0), alpha.data_ptr(), pv.data_ptr())
             if not _same(o, want):
-                return f"accumulator update, {n} rows"
+                return f"fc_acc_update differs from torch here ({n} rows)"
     return ""
 
 

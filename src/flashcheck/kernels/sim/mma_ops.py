@@ -14,7 +14,7 @@ same for tcgen05.mma; torchao 0.18.0 prototype/mx_formats/nvfp4_tensor.py _addmm
 torch._scaled_mm on the codes and block scales and multiplies its result by a_scale * b_scale, the per-tensor
 scales. The block-scaled values go in with their own exponents (a model of how the hardware aligns scaled
 products, no oracle has measured it) as float32 "e2m1s" operands (kernels.tensorcore.mma.EMIN: no exponent of theirs is
-clamped, so the bits are the "fp32" operands'), which kernels.native.mma_c's f32 variant takes directly;
+clamped, so the bits are the "fp32" operands'), which kernels/native/c/mma.c's f32 variant takes directly;
 SageAttention3's
 Q, K and P, e2m1 x e4m3 values too, alike."""
 

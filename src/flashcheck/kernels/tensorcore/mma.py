@@ -358,18 +358,25 @@ def _selftest_cases():
 @functools.cache
 def _native() -> tuple[object | None, str]:
     """(kernels.native.mma's library, "") once it built and matched the torch chain bit for bit on
-    _selftest_cases, else (None, why not)."""
+    _selftest_cases (both entry points exercised: cbuild.proven), else (None, why not)."""
+    from flashcheck.kernels.native import cbuild
     from flashcheck.kernels.native.mma import load
 
     lib, why = load()
     if lib is None:
         return None, why
+    why = cbuild.proven("mma", lib, _self_test, "the torch chain runs")
+    return (None, why) if why else (lib, "")
+
+
+def _self_test(lib) -> str:
+    """ "" when the C chain gives the torch chain's bits on every _selftest_cases case, else which differs."""
     for name, a, b, c, model, promote, fmts, fp16 in _selftest_cases():
         want = _matmul(a, b, model, c, promote, fmts, fp16, None)
         got = _matmul(a, b, model, c, promote, fmts, fp16, lib)
         if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
-            return None, f"the C MMA chain differs from the torch chain here (case {name!r}): the torch chain runs"
-    return lib, ""
+            return f"the C MMA chain differs from the torch chain here (case {name!r})"
+    return ""
 
 
 def native_library():

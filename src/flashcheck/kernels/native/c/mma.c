@@ -1,29 +1,33 @@
-"""The C source of kernels.native.mma: kernels.tensorcore.mma's block-FMA chain, one output row at a time (its rules and
-why each step is exact are in kernels.tensorcore.mma's docstring; this file only says how the loops are laid out).
+/* kernels.tensorcore.mma's block-FMA chain, one output row at a time (its rules and why each step is exact are in
+   kernels/tensorcore/mma.py's docstring; this file only says how the loops are laid out).
 
-Rows go in groups of RG; each group walks b's k in chunks of whole blocks small enough to stay in L1 (b used in
-place where its rows are contiguous and N a whole number of vectors), every row of the group per chunk; each
-output's blocks keep their order. Per output row and up to 64 outputs at once, per block of nfma k: pass 1 takes
-the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64 outputs per vector,
-or int16 lanes; a zero operand's exponent Z8 / Z16 keeps its products out), pass 2 sums the truncated terms
-trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no partial sum can overflow), then
-the block's result is formed per output and truncated to frac_out bits. The inner loops run over the N outputs
-(contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
+   Rows go in groups of RG; each group walks b's k in chunks of whole blocks small enough to stay in L1 (b used in
+   place where its rows are contiguous and N a whole number of vectors), every row of the group per chunk; each
+   output's blocks keep their order. Per output row and up to 64 outputs at once, per block of nfma k: pass 1 takes
+   the largest product exponent E (sums of the operands' clamped exponents on int8 lanes, 64 outputs per vector,
+   or int16 lanes; a zero operand's exponent Z8 / Z16 keeps its products out), pass 2 sums the truncated terms
+   trunc(a_i b_j 2^(frac - E)) as integers (int32 partial sums of `sub` k, so no partial sum can overflow), then
+   the block's result is formed per output and truncated to frac_out bits. The inner loops run over the N outputs
+   (contiguous in b), so they vectorise, without branches on the data (a zero a_i's terms are zeros).
 
-- f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
-  clamped exponent sum >= -28, frac <= 25; kernels.native.mma.SIG_BITS: codes, or e2m1 x e4m3 values):
-  2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
-  accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
-  the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
-  at least min_exp). With AVX-512, late c with nf <= 2 sub (B200) runs tile_late (the block's two int32 halves
-  finalised on float32 bits, float64 only where their int32 sum overflows) and the early-c int32 route
-  tile_early (mask registers, no per-lane NONE blends).
-- f64: a, b float64 (any values kernels.tensorcore.mma's float64 path takes): products rounded to float64 as torch
-  does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
-  that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
-  codes times their scales), runs the f32 tile on float32 copies instead (int16 exponents): the same bits."""
+   - f32: a, b float32 holding narrow-format values (every product exact in float32, a nonzero product's
+     clamped exponent sum >= -28, frac <= 25; kernels/native/mma.py's SIG_BITS: codes, or e2m1 x e4m3 values):
+     2^(frac - E) is a normal float32, each scaled product is exact (or below 1 and truncated to 0), the
+     accumulator is float32. Early c with frac <= 13 keeps the block in one int32 sum (exact as a float32), else
+     the partial sums meet in float64. A block without a nonzero product takes the float64 rule (E from c alone,
+     at least min_exp). With AVX-512, late c with nf <= 2 sub (B200) runs tile_late (the block's two int32 halves
+     finalised on float32 bits, float64 only where their int32 sum overflows) and the early-c int32 route
+     tile_early (mask registers, no per-lane NONE blends).
+   - f64: a, b float64 (any values kernels.tensorcore.mma's float64 path takes): products rounded to float64 as torch
+     does, the accumulator float64 holding fp32 values. A group whose operands are float32 values short enough
+     that every product is exact and normal in float32, with no overflow possible (fits_f32: dequantised narrow
+     codes times their scales), runs the f32 tile on float32 copies instead (int16 exponents): the same bits. */
+#include "mma.h"
 
-SOURCE = r"""
+/* The 64-byte vectors below cross only static always-inline functions, never the library's ABI: GCC's note that
+   their calling convention differs without AVX-512 does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -631,6 +635,8 @@ static int try_w32(const void *arv, const int16_t *ea, int64_t kk, const void *b
 static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, int64_t ldb, const void *eb,
                   int64_t np, int64_t N, int64_t K, void *crv, int64_t nr, int64_t kc, const model_t *m, w32_t *w,
                   int64_t bt, int emin_a, int emin_b) {
+    (void)arv; (void)ea; (void)kk; (void)bmv; (void)ldb; (void)eb; (void)np; (void)N; (void)K; (void)crv;
+    (void)nr; (void)kc; (void)m; (void)w; (void)bt; (void)emin_a; (void)emin_b;
     return 0;
 }
 
@@ -707,4 +713,3 @@ int NAME(const T *a, int64_t a0, int64_t a1, int64_t a2, const T *b, int64_t b0,
 
 CHAIN(fc_mma_chain_f32, float, int8_t, exps_f32, row_f32, no_w32, 1)
 CHAIN(fc_mma_chain_f64, double, int16_t, exps_f64, row_f64, try_w32, 0)
-"""
