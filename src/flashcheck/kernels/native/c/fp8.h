@@ -15,13 +15,12 @@ void fc_absmax_f64(const double *x, const int64_t *xs, const int64_t *n, double 
 void fc_absmax_f32(const float *x, const int64_t *xs, const int64_t *n, float *out);
 void fc_absmaxc_f64(const double *x, const int64_t *xs, const int64_t *n, double *out);
 void fc_absmaxc_f32(const float *x, const int64_t *xs, const int64_t *n, float *out);
-void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out,
-                   const int64_t *n, float qmax);
-int fc_fp8_split(const double *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,
-                 const int64_t *n, int mbits, int emin, double maxv, double tol);
+void fc_int_scaled(const double *x, const int64_t *xs, const float *s, const int64_t *ss, double *out, const int64_t *n,
+                   float qmax);
+int fc_fp8_split(const double *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes, const int64_t *n,
+                 int mbits, int emin, double maxv, double tol);
 int fc_fp8_split_f32(const float *x, const int64_t *xs, const double *s, const int64_t *ss, float *codes,
                      const int64_t *n, int mbits, int emin, double maxv, double tol);
-int fc_hadamard_rows(const float *x, int64_t rows, int64_t d, int ld, const double *signs, double post,
-                     double *out);
+int fc_hadamard_rows(const float *x, int64_t rows, int64_t d, int ld, const double *signs, double post, double *out);
 
 #endif

@@ -10,11 +10,14 @@
 static inline float fp8_round_f(float y, int mbits, int emin, float maxv) {
     y = y < -maxv ? -maxv : (y > maxv ? maxv : y);
     const float a = fabsf(y);
-    uint32_t u; memcpy(&u, &a, 4);
-    int e = (int)(u >> 23) - 127;  /* a float32 subnormal or 0 reads -127: below every emin */
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    int e = (int)(u >> 23) - 127; /* a float32 subnormal or 0 reads -127: below every emin */
     e = e < emin ? emin : e;
     uint32_t up = (uint32_t)(127 + mbits - e) << 23, dn = (uint32_t)(127 + e - mbits) << 23;
-    float fu, fd; memcpy(&fu, &up, 4); memcpy(&fd, &dn, 4);
+    float fu, fd;
+    memcpy(&fu, &up, 4);
+    memcpy(&fd, &dn, 4);
     return copysignf(rintf(a * fu) * fd, y);
 }
 
@@ -44,7 +47,7 @@ static int sage3_p_scalar(const float *p, float *out, int64_t rows, int64_t w, f
         float *orow = out + r * w;
         for (int64_t b0 = 0; b0 < w; b0 += 16) {
             const int64_t b1 = b0 + 16 < w ? b0 + 16 : w;
-            float m = b1 - b0 < 16 ? 0.0f : -INFINITY;  /* padding zeros take part in the maximum */
+            float m = b1 - b0 < 16 ? 0.0f : -INFINITY; /* padding zeros take part in the maximum */
             for (int64_t i = b0; i < b1; i++) {
                 const float y = pr[i] * ps;
                 bad |= y != y;
@@ -65,8 +68,16 @@ static int sage3_p_scalar(const float *p, float *out, int64_t rows, int64_t w, f
     return !bad;
 }
 
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* a 16-element block's 1x16 FP4 scale from its max |x| bits ma (see nvfp4_scale; *bad set where ma is NaN) */
 static inline float fp4x16_scale(uint32_t ma, int *bad) {
@@ -78,8 +89,10 @@ static inline float fp4x16_scale(uint32_t ma, int *bad) {
    significand product, 2^-10 .. 2688, a normal float32), so the float32 product is the float64 one */
 static inline void fp4x16_put(float x, float inv, float s, void *out, int64_t j, int f32) {
     const float e = fp4_round(x * inv);
-    if (f32) ((float *)out)[j] = e * s;
-    else ((double *)out)[j] = (double)e * (double)s;
+    if (f32)
+        ((float *)out)[j] = e * s;
+    else
+        ((double *)out)[j] = (double)e * (double)s;
 }
 
 /* ma[c] (c < w) = the bits of max |x[i nc + c]| over rows b0 <= i < b1: for non-negative floats the integer order is
@@ -99,38 +112,41 @@ static inline void cols_absmax(const float *x, int64_t b0, int64_t b1, int64_t n
    columns at a time, each column its own block (unit-stride loops). */
 int fc_fp4x16(const float *x, void *out, int64_t na, int64_t n, int64_t nc, int f32) {
     int bad = 0;
-    if (nc == 1) {  /* blocks along the contiguous dim */
+    if (nc == 1) { /* blocks along the contiguous dim */
         for (int64_t r = 0; r < na; r++)
-        for (int64_t b0 = r * n; b0 < r * n + n; b0 += 16) {
-            const int64_t b1 = b0 + 16 < r * n + n ? b0 + 16 : r * n + n;
-            uint32_t ma = 0;
-            for (int64_t i = b0; i < b1; i++) {
-                const uint32_t u = f2u(x[i]) & 0x7FFFFFFFu;
-                ma = u > ma ? u : ma;
+            for (int64_t b0 = r * n; b0 < r * n + n; b0 += 16) {
+                const int64_t b1 = b0 + 16 < r * n + n ? b0 + 16 : r * n + n;
+                uint32_t ma = 0;
+                for (int64_t i = b0; i < b1; i++) {
+                    const uint32_t u = f2u(x[i]) & 0x7FFFFFFFu;
+                    ma = u > ma ? u : ma;
+                }
+                const float s = fp4x16_scale(ma, &bad), inv = s > 0.0f ? 1.0f / s : 0.0f;
+                if (f32)
+                    for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 1);
+                else
+                    for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 0);
             }
-            const float s = fp4x16_scale(ma, &bad), inv = s > 0.0f ? 1.0f / s : 0.0f;
-            if (f32) for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 1);
-            else for (int64_t i = b0; i < b1; i++) fp4x16_put(x[i], inv, s, out, i, 0);
-        }
         return !bad;
     }
     enum { CH = 256 };
     uint32_t ma[CH];
     float sc[CH], iv[CH];
     for (int64_t a = 0; a < na; a++)
-    for (int64_t b0 = 0; b0 < n; b0 += 16) {
-        const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
-        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
-            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
-            cols_absmax(x + o, b0, b1, nc, w, ma);
-            for (int64_t c = 0; c < w; c++) {
-                sc[c] = fp4x16_scale(ma[c], &bad);
-                iv[c] = sc[c] > 0.0f ? 1.0f / sc[c] : 0.0f;
+        for (int64_t b0 = 0; b0 < n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
+            for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+                const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+                cols_absmax(x + o, b0, b1, nc, w, ma);
+                for (int64_t c = 0; c < w; c++) {
+                    sc[c] = fp4x16_scale(ma[c], &bad);
+                    iv[c] = sc[c] > 0.0f ? 1.0f / sc[c] : 0.0f;
+                }
+                for (int64_t i = b0; i < b1; i++)
+                    for (int64_t c = 0; c < w; c++)
+                        fp4x16_put(x[o + i * nc + c], iv[c], sc[c], out, o + i * nc + c, f32);
             }
-            for (int64_t i = b0; i < b1; i++)
-                for (int64_t c = 0; c < w; c++) fp4x16_put(x[o + i * nc + c], iv[c], sc[c], out, o + i * nc + c, f32);
         }
-    }
     return !bad;
 }
 
@@ -159,43 +175,42 @@ static inline void nvfp4_put(float x, float dec, float s, float *values, float *
    : 0 (float32), scaled = code * s (float32: exact, 2 by 4 significant bits). Every step is the IEEE operation
    torch's float32 tensors do, or exact. 0 (outputs partly written) when an x is NaN or a raw scale is not finite
    (the caller then runs the torch steps, whose NaN bits this does not reproduce), else 1. */
-int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n, int64_t nc, float s_enc,
-             int floor_) {
+int fc_nvfp4(const float *x, float *values, float *scaled, int64_t na, int64_t n, int64_t nc, float s_enc, int floor_) {
     int bad = 0;
-    if (nc == 1) {  /* blocks along the contiguous dim */
+    if (nc == 1) { /* blocks along the contiguous dim */
         for (int64_t a = 0; a < na; a++)
-        for (int64_t b0 = 0; b0 < n; b0 += 16) {
-            const int64_t b1 = b0 + 16 < n ? b0 + 16 : n, o = a * n;
-            uint32_t ma = 0;
-            for (int64_t i = b0; i < b1; i++) {
-                const uint32_t u = f2u(x[o + i]) & 0x7FFFFFFFu;
-                ma = u > ma ? u : ma;
+            for (int64_t b0 = 0; b0 < n; b0 += 16) {
+                const int64_t b1 = b0 + 16 < n ? b0 + 16 : n, o = a * n;
+                uint32_t ma = 0;
+                for (int64_t i = b0; i < b1; i++) {
+                    const uint32_t u = f2u(x[o + i]) & 0x7FFFFFFFu;
+                    ma = u > ma ? u : ma;
+                }
+                const float s = nvfp4_scale(ma, s_enc, floor_, &bad), dec = s / s_enc;
+                for (int64_t i = b0; i < b1; i++) nvfp4_put(x[o + i], dec, s, values + o + i, scaled + o + i);
             }
-            const float s = nvfp4_scale(ma, s_enc, floor_, &bad), dec = s / s_enc;
-            for (int64_t i = b0; i < b1; i++) nvfp4_put(x[o + i], dec, s, values + o + i, scaled + o + i);
-        }
         return !bad;
     }
-    enum { CH = 256 };  /* blocks along a strided dim: CH columns at a time, each with its own scale */
+    enum { CH = 256 }; /* blocks along a strided dim: CH columns at a time, each with its own scale */
     uint32_t ma[CH];
     float sc[CH], dc[CH];
     for (int64_t a = 0; a < na; a++)
-    for (int64_t b0 = 0; b0 < n; b0 += 16) {
-        const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
-        for (int64_t c0 = 0; c0 < nc; c0 += CH) {
-            const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
-            cols_absmax(x + o, b0, b1, nc, w, ma);
-            for (int64_t c = 0; c < w; c++) {
-                sc[c] = nvfp4_scale(ma[c], s_enc, floor_, &bad);
-                dc[c] = sc[c] / s_enc;
-            }
-            for (int64_t i = b0; i < b1; i++)
+        for (int64_t b0 = 0; b0 < n; b0 += 16) {
+            const int64_t b1 = b0 + 16 < n ? b0 + 16 : n;
+            for (int64_t c0 = 0; c0 < nc; c0 += CH) {
+                const int64_t w = nc - c0 < CH ? nc - c0 : CH, o = a * n * nc + c0;
+                cols_absmax(x + o, b0, b1, nc, w, ma);
                 for (int64_t c = 0; c < w; c++) {
-                    const int64_t j = o + i * nc + c;
-                    nvfp4_put(x[j], dc[c], sc[c], values + j, scaled + j);
+                    sc[c] = nvfp4_scale(ma[c], s_enc, floor_, &bad);
+                    dc[c] = sc[c] / s_enc;
                 }
+                for (int64_t i = b0; i < b1; i++)
+                    for (int64_t c = 0; c < w; c++) {
+                        const int64_t j = o + i * nc + c;
+                        nvfp4_put(x[j], dc[c], sc[c], values + j, scaled + j);
+                    }
+            }
         }
-    }
     return !bad;
 }
 
@@ -207,7 +222,8 @@ int fc_e2m1s_f32(const float *x, int64_t rows, int64_t cols, int64_t rs) {
     int bad = 0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < cols; i++) {
-            uint32_t u; memcpy(&u, x + r * rs + i, 4);
+            uint32_t u;
+            memcpy(&u, x + r * rs + i, 4);
             const uint32_t a = u & 0x7FFFFFFFu, mant = a & 0x7FFFFFu;
             const int e = (int)(a >> 23) - 127;
             bad |= (a != 0) & ((e < -10) | (e > 11) | (mant > 0x700000u) | ((mant & 0x3FFFFu) != 0));
@@ -237,7 +253,7 @@ int fc_e2m1s_f64(const double *x, int64_t rows, int64_t cols, int64_t rs, float 
    to double and once to float (no FMA) */
 static inline __m256 horner8(__m256 p, __m256 f, double c) {
     const __m512d t = _mm512_add_pd(_mm512_mul_pd(_mm512_cvtps_pd(p), _mm512_cvtps_pd(f)), _mm512_set1_pd(c));
-    return _mm512_cvtpd_ps(t);  /* round to nearest (the default MXCSR mode, as the C casts) */
+    return _mm512_cvtpd_ps(t); /* round to nearest (the default MXCSR mode, as the C casts) */
 }
 
 /* fc_ex2_cols for FA4's cubic (np 4) on idx ascending in a span of at most 1024 columns: the span's every column
@@ -245,7 +261,8 @@ static inline __m256 horner8(__m256 p, __m256 f, double c) {
 static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const int64_t *idx, int64_t ni,
                       const double *poly, int *bad) {
     if (ni < 1 || idx[ni - 1] - idx[0] >= 1024) return 0;
-    for (int64_t j = 1; j < ni; j++) if (idx[j] <= idx[j - 1]) return 0;
+    for (int64_t j = 1; j < ni; j++)
+        if (idx[j] <= idx[j - 1]) return 0;
     const int64_t lo = idx[0], span = idx[ni - 1] + 1 - lo, nv = (span + 15) / 16;
     __mmask16 sel[64] = {0};
     for (int64_t j = 0; j < ni; j++) sel[(idx[j] - lo) / 16] |= (__mmask16)(1u << ((idx[j] - lo) % 16));
@@ -258,8 +275,8 @@ static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const
             const int64_t left = span - 16 * k;
             const __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1), m = sel[k];
             const __m512 v = _mm512_maskz_loadu_ps(in, xr + 16 * k);
-            worse |= m & ~_mm512_cmp_ps_mask(v, lim, _CMP_LE_OQ);  /* NaN or above 127 */
-            const __m512 xc = _mm512_max_ps(v, low);  /* v < -127 ? -127 : v (a NaN is reported above) */
+            worse |= m & ~_mm512_cmp_ps_mask(v, lim, _CMP_LE_OQ); /* NaN or above 127 */
+            const __m512 xc = _mm512_max_ps(v, low);              /* v < -127 ? -127 : v (a NaN is reported above) */
             const __m512 fl = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
             const __m512 f = _mm512_sub_ps(xc, fl);
             __m256 halves[2];
@@ -289,12 +306,12 @@ static inline __m512 fp4_round16(__m512 y) {
     y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));
     const __m512i u = _mm512_castps_si512(y), sign = _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u));
     const __m512i a = _mm512_andnot_si512(sign, u);
-    const __m512i e = _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127)),
-                                       _mm512_setzero_si512());
+    const __m512i e =
+        _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127)), _mm512_setzero_si512());
     const __m512 fu = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(128), e), 23));
     const __m512 fd = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_set1_epi32(126), e), 23));
-    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), fu),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r =
+        _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), fu), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(r, fd)), sign));
 }
 
@@ -333,8 +350,8 @@ int fc_sage3_p(const float *p, float *out, int64_t rows, int64_t w, float ps) {
    layout): xc = max(x, -127), fl = floor(xc), f = xc - fl (exact), p = poly[np - 1] then p = (float)((double)p * f
    + poly[j]) for j = np - 2 .. 0 (the product exact in double), and fl added into p's exponent bits (an integer
    add, two's complement). 0 when an x is NaN or above 127 (out then partly written), else 1. */
-int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64_t *idx, int64_t ni,
-                const double *poly, int np) {
+int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64_t *idx, int64_t ni, const double *poly,
+                int np) {
     int bad = 0;
     const float top = (float)poly[np - 1];
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -349,7 +366,8 @@ int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64
             const float xc = v < -127.0f ? -127.0f : v, fl = floorf(xc), f = xc - fl;
             float p = top;
             for (int c = np - 2; c >= 0; c--) p = (float)((double)p * (double)f + poly[c]);
-            uint32_t u; memcpy(&u, &p, 4);
+            uint32_t u;
+            memcpy(&u, &p, 4);
             u += (uint32_t)(int32_t)fl << 23;
             memcpy(orow + idx[j], &u, 4);
         }
@@ -359,8 +377,10 @@ int fc_ex2_cols(const float *x, float *out, int64_t rows, int64_t w, const int64
 
 /* over a [n0, n1, n2] index space of rows of n[3] elements, every tensor by its strides (elements; 0 where
    broadcast): R(t, s) is t's row, E(t, s) its element i3 (the unit stride apart, so the common case vectorises) */
-#define LOOP3(n) for (int64_t i0 = 0; i0 < n[0]; i0++) for (int64_t i1 = 0; i1 < n[1]; i1++)                     \
-                 for (int64_t i2 = 0; i2 < n[2]; i2++)
+#define LOOP3(n)                                                                                                       \
+    for (int64_t i0 = 0; i0 < n[0]; i0++)                                                                              \
+        for (int64_t i1 = 0; i1 < n[1]; i1++)                                                                          \
+            for (int64_t i2 = 0; i2 < n[2]; i2++)
 #define R(t, s) (t + i0 * s[0] + i1 * s[1] + i2 * s[2])
 
 /* qk_scores' descale: out = (float)((double)acc * ((qs * factor) * ks)) */
@@ -369,13 +389,15 @@ void fc_descale(const float *acc, const int64_t *as, const double *qs, const int
     const int64_t w = n[3], sa = as[3], sk = kss[3], so = os[3];
     LOOP3(n) {
         const float *a = R(acc, as);
-        const double *k = R(ks, kss), qf = *R(qs, qss) * factor;  /* qs is constant along the row (its stride 0) */
+        const double *k = R(ks, kss), qf = *R(qs, qss) * factor; /* qs is constant along the row (its stride 0) */
         float *o = R(out, os);
-        if (sa == 1 && sk == 0 && so == 1) {  /* one scale for the row (per-tensor K): qf * k[i] is one value */
+        if (sa == 1 && sk == 0 && so == 1) { /* one scale for the row (per-tensor K): qf * k[i] is one value */
             const double f = qf * k[0];
-            if (a == o) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)o[i] * f);
-            else for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * f);
-        } else if (sa == 1 && sk == 1 && so == 1 && a == o)  /* in place (acc is out) */
+            if (a == o)
+                for (int64_t i = 0; i < w; i++) o[i] = (float)((double)o[i] * f);
+            else
+                for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * f);
+        } else if (sa == 1 && sk == 1 && so == 1 && a == o) /* in place (acc is out) */
             for (int64_t i = 0; i < w; i++) o[i] = (float)((double)o[i] * (qf * k[i]));
         else if (sa == 1 && sk == 1 && so == 1)
             for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * (qf * k[i]));
@@ -394,19 +416,25 @@ void fc_units(const float *x, const int64_t *xs, const double *u, const int64_t 
         const float *a = R(x, xs);
         const double *b = R(u, us);
         float *o = R(out, os);
-        const double b0 = *b;  /* a unit constant along the row (stride 0): the loops below vectorise */
+        const double b0 = *b; /* a unit constant along the row (stride 0): the loops below vectorise */
         if (sx == 1 && su == 0 && so == 1 && mode == 0)
             for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b0);
         else if (sx == 1 && su == 0 && so == 1 && mode == 1)
             for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b0);
         else if (sx == 1 && su == 0 && so == 1)
             for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b0);
-        else if (unit && mode == 0) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b[i]);
-        else if (unit && mode == 1) for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b[i]);
-        else if (unit) for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b[i]);
-        else if (mode == 0) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] / b[i * su]);
-        else if (mode == 1) for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] * b[i * su]);
-        else for (int64_t i = 0; i < w; i++) o[i * so] = o[i * so] + (float)((double)a[i * sx] * b[i * su]);
+        else if (unit && mode == 0)
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] / b[i]);
+        else if (unit && mode == 1)
+            for (int64_t i = 0; i < w; i++) o[i] = (float)((double)a[i] * b[i]);
+        else if (unit)
+            for (int64_t i = 0; i < w; i++) o[i] = o[i] + (float)((double)a[i] * b[i]);
+        else if (mode == 0)
+            for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] / b[i * su]);
+        else if (mode == 1)
+            for (int64_t i = 0; i < w; i++) o[i * so] = (float)((double)a[i * sx] * b[i * su]);
+        else
+            for (int64_t i = 0; i < w; i++) o[i * so] = o[i * so] + (float)((double)a[i * sx] * b[i * su]);
     }
 }
 
@@ -421,9 +449,12 @@ void fc_rescale(float *o, const int64_t *os, const float *al, const int64_t *als
     LOOP3(n) {
         float *c = R(o, os);
         const float f = al ? *R(al, als) : 1.0f;
-        if (mode == 0 && al && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] * f + 0.0f;
-        else if (mode == 0 && so == 1) for (int64_t i = 0; i < w; i++) c[i] = c[i] + 0.0f;
-        else if (mode == 0) for (int64_t i = 0; i < w; i++) c[i * so] = (al ? c[i * so] * f : c[i * so]) + 0.0f;
+        if (mode == 0 && al && so == 1)
+            for (int64_t i = 0; i < w; i++) c[i] = c[i] * f + 0.0f;
+        else if (mode == 0 && so == 1)
+            for (int64_t i = 0; i < w; i++) c[i] = c[i] + 0.0f;
+        else if (mode == 0)
+            for (int64_t i = 0; i < w; i++) c[i * so] = (al ? c[i * so] * f : c[i * so]) + 0.0f;
         else {
             const float *a = R(x, xs);
             const double *b = R(u, us), b0 = *b;
@@ -457,6 +488,7 @@ void fc_pv_start(const float *o, const int64_t *os, const float *al, const int64
             for (int64_t i = 0; i < w; i++) c[i] = (float)((double)(a[i] * f) / b0) + 0.0f;
         else if (sx == 1 && su == 1 && so == 1)
             for (int64_t i = 0; i < w; i++) c[i] = (float)((double)(a[i] * f) / b[i]) + 0.0f;
-        else for (int64_t i = 0; i < w; i++) c[i * so] = (float)((double)(a[i * sx] * f) / b[i * su]) + 0.0f;
+        else
+            for (int64_t i = 0; i < w; i++) c[i * so] = (float)((double)(a[i * sx] * f) / b[i * su]) + 0.0f;
     }
 }

@@ -104,6 +104,10 @@ int fc_round_fp16(float *x, int64_t n) {
 }
 int fc_has_fp16(void) { return 1; }
 #else
-int fc_round_fp16(float *x, int64_t n) { (void)x; (void)n; return -1; }
+int fc_round_fp16(float *x, int64_t n) {
+    (void)x;
+    (void)n;
+    return -1;
+}
 int fc_has_fp16(void) { return 0; }
 #endif

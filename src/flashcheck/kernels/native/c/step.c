@@ -23,7 +23,7 @@ static int64_t ceil_log2(int64_t x) {
 
 /* aten's multi_row_sum with 4 rows: element (i, k) is the lanes-wide group at x + (4 i + k) lanes. */
 static inline __attribute__((always_inline)) void multi_row_sum(const float *x, int64_t size, const int lanes,
-                                                                 float out[4][MAXW]) {
+                                                                float out[4][MAXW]) {
     float acc[4][4][MAXW];
     memset(acc, 0, sizeof acc);
     int64_t lp = ceil_log2(size) / 4;
@@ -73,8 +73,10 @@ static float torch_row_sum(const float *x, int64_t n, int w) {
         return 0.0f + part[0];
     }
     const int64_t nv = n / w;
-    if (w == 16) row_sum(x, nv, 16, part);
-    else row_sum(x, nv, 8, part);
+    if (w == 16)
+        row_sum(x, nv, 16, part);
+    else
+        row_sum(x, nv, 8, part);
     float f = 0.0f;
     for (int64_t k = nv * w; k < n; ++k) f += x[k];
     for (int c = 0; c < w; ++c) f += part[c];
@@ -149,7 +151,8 @@ static void round_fp16(float *x, int64_t n) {
 #ifdef __FLT16_MAX__
     for (int64_t i = 0; i < n; i++) x[i] = (float)(_Float16)x[i];
 #else
-    (void)x; (void)n;
+    (void)x;
+    (void)n;
 #endif
 }
 
@@ -164,14 +167,14 @@ int fc_has_fp16(void) {
 /* One FA2 step's softmax for NaN-free s [rows, n]: per row, m_new = max(m, max_j s), ms = m_new (0 where -inf),
    s = exp(s - ms) (P, rounded to p_fmt: 0 none, 1 bf16, 2 fp16), sum = torch.sum(P before rounding); then
    alpha = exp(m - ms) and l_new = alpha * l + sum. vexp: torch's exp (MKL's vmsExp), called with `mode`. */
-void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const float *l, float *m_new,
-                     float *l_new, float *alpha, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr) {
+void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const float *l, float *m_new, float *l_new,
+                     float *alpha, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr) {
     vexp_fn vexp = (vexp_fn)vexp_ptr;
     /* MKL's threads for this thread's calls: 1 (the caller runs single-threaded; a tile worker's VML call would
        otherwise start MKL's own team beside the other workers). Restored at the end. */
     int (*set_local)(int) = (int (*)(int))local_ptr;
     int prev = set_local ? set_local(1) : 0;
-    int64_t group = 8192 / n;  /* rows per exp call: about 32 KiB of scores, still in cache */
+    int64_t group = 8192 / n; /* rows per exp call: about 32 KiB of scores, still in cache */
     if (group < 1) group = 1;
     for (int64_t g0 = 0; g0 < rows; g0 += group) {
         int64_t g1 = g0 + group < rows ? g0 + group : rows;
@@ -195,8 +198,10 @@ void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const fl
             }
 #endif
             l_new[r] = torch_row_sum(row, n, w);
-            if (p_fmt == 1) round_bf16(row, n);
-            else if (p_fmt == 2) round_fp16(row, n);
+            if (p_fmt == 1)
+                round_bf16(row, n);
+            else if (p_fmt == 2)
+                round_fp16(row, n);
         }
     }
     vexp(&rows, alpha, alpha, &mode);
@@ -209,8 +214,7 @@ void fc_softmax_step(float *s, int64_t rows, int64_t n, const float *m, const fl
 
 /* o = o * alpha + pv, rounded twice as torch's mul_ and add_: o [bh, rows, dv] with batch stride ob (rows
    contiguous), alpha [bh * rows], pv [bh, rows, dv] contiguous. */
-void fc_acc_update(float *o, int64_t bh, int64_t rows, int64_t dv, int64_t ob, const float *alpha,
-                   const float *pv) {
+void fc_acc_update(float *o, int64_t bh, int64_t rows, int64_t dv, int64_t ob, const float *alpha, const float *pv) {
     for (int64_t b = 0; b < bh; b++)
         for (int64_t r = 0; r < rows; r++) {
             float a = alpha[b * rows + r];
@@ -236,10 +240,9 @@ typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int
    (c0, c1) pairs; o [heads, rows, dv], m, l [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start);
    s: rows * (widest span) + 16 floats, pv: rows * dv + 16 floats (both 64-byte aligned), tmp: 2 * rows floats. */
 void fc_tile_forward(const float *q, const float *k, const float *v, int64_t heads, int64_t hn, int64_t ksb,
-                     int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr, int64_t rows, int64_t d,
-                     int64_t dv, const int64_t *spans, int64_t nsteps, float *o, float *m, float *l, float *s,
-                     float *pv, float *tmp, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr,
-                     void *sgemm_ptr) {
+                     int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr, int64_t rows, int64_t d, int64_t dv,
+                     const int64_t *spans, int64_t nsteps, float *o, float *m, float *l, float *s, float *pv,
+                     float *tmp, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr, void *sgemm_ptr) {
     sgemm_fn sgemm = (sgemm_fn)sgemm_ptr;
     int (*set_local)(int) = (int (*)(int))local_ptr;
     int prev = set_local ? set_local(1) : 0;
