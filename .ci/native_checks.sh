@@ -35,13 +35,22 @@ asan=$("$cc" -print-file-name=libasan.so)
 [ -f "$asan" ] || { echo "no libasan for $cc: the sanitized run cannot start" >&2; exit 1; }
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
-# Python's own allocations are not ours to judge (leaks at exit); any UB or bad access stops the process
-export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
-export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+mkdir "$cache/reports"
+# Python's own allocations are not ours to judge (leaks at exit); any UB or bad access stops the process. The
+# reports go to files: pytest's capture of stderr dies with an aborted process
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:log_path=$cache/reports/asan
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$cache/reports/ubsan
 tests=(tests/test_native.py tests/test_native_step.py tests/test_native_selftest.py tests/test_mma_native.py
        tests/test_mma_finalise.py tests/test_preset_native.py tests/test_fp8_native.py tests/test_mma.py)
+rc=0
 FLASHCHECK_NATIVE_SANITIZE=1 FLASHCHECK_CACHE="$cache" LD_PRELOAD="$asan" \
-  "$py" -m pytest -q -p no:cacheprovider -n 0 "${tests[@]}" "$@"
+  "$py" -m pytest -q -p no:cacheprovider -n 0 "${tests[@]}" "$@" || rc=$?
+if ls "$cache"/reports/* >/dev/null 2>&1; then
+  cat "$cache"/reports/* >&2
+  echo "native C: the sanitizers reported the above" >&2
+  exit 1
+fi
+[ "$rc" -eq 0 ] || exit "$rc"
 n=$(ls "$cache"/native-sanitized/*.so 2>/dev/null | wc -l)
 [ "$n" -ge 5 ] || { echo "only $n sanitized libraries were built: the run did not exercise them all" >&2; exit 1; }
 echo "native C: the native tests passed against $n sanitized libraries (ASan + UBSan)"

@@ -107,7 +107,7 @@ def test_the_switch_and_a_failed_build_are_reported(fresh_native, monkeypatch, t
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
 def test_a_build_is_cached_and_reused(fresh_native, tmp_path):
     assert fresh_native.status()["available"]
-    built = sorted((tmp_path / "native").glob("rounding-*.so"))
+    built = sorted(cbuild.cache_root().glob("rounding-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     fresh_native._library.cache_clear()
@@ -191,20 +191,20 @@ def test_a_linked_or_shared_cache_folder_is_not_loaded_from(fresh_native, tmp_pa
     """The cache folder a link planted elsewhere, or writable by others: nothing is built or loaded there."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (tmp_path / "native").symlink_to(elsewhere)
+    cbuild.cache_root().symlink_to(elsewhere)
     st = fresh_native.status()
     assert not st["available"] and "symbolic link" in st["reason"] and not list(elsewhere.iterdir())
-    (tmp_path / "native").unlink()
-    (tmp_path / "native").mkdir()
-    (tmp_path / "native").chmod(0o777)  # ours but open to others: refused with the reason, left as it is
+    cbuild.cache_root().unlink()
+    cbuild.cache_root().mkdir()
+    cbuild.cache_root().chmod(0o777)  # ours but open to others: refused with the reason, left as it is
     fresh_native._library.cache_clear()
     st = fresh_native.status()
     assert not st["available"] and "writable by others (mode 0777)" in st["reason"] and "chmod go-w" in st["reason"]
-    assert (tmp_path / "native").stat().st_mode & 0o777 == 0o777 and not list((tmp_path / "native").iterdir())
-    (tmp_path / "native").chmod(0o700)
+    assert cbuild.cache_root().stat().st_mode & 0o777 == 0o777 and not list(cbuild.cache_root().iterdir())
+    cbuild.cache_root().chmod(0o700)
     fresh_native._library.cache_clear()
     assert fresh_native.status()["available"]
-    lib = next((tmp_path / "native").glob("rounding-*.so"))
+    lib = next(cbuild.cache_root().glob("rounding-*.so"))
     assert lib.stat().st_mode & 0o022 == 0
     lib.chmod(0o777)  # a library others may write: not loaded
     fresh_native._library.cache_clear()

@@ -292,13 +292,20 @@ def _selftest(lib) -> str:
     from flashcheck.kernels.formats.sage3 import sage3_p as torch_sage3_p
 
     g = torch.Generator().manual_seed(0)
-    # P-like values over many binades, with exact zeros, ones, fp8 / e2m1 ties after the scale and subnormals
+    # P-like values over many binades, with exact zeros of both signs, ones, fp8 / e2m1 ties after the scale,
+    # subnormals, +inf and values beyond fp8's largest
     p = torch.rand(6, 7, 40, generator=g) * torch.exp2(torch.randint(-40, 1, (6, 7, 40), generator=g).float())
     p[0, 0, :4] = torch.tensor([0.0, 1.0, 2.0**-149, 0.5])
     p[1, :, :16] = 0.0  # an all-zero block
     ties = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     ties = ((ties[1:127] + ties[2:128]) / 2)[:40] / 256.0  # midpoints of e4m3 codes, after the x256
     p[2, 0] = ties[:40]
+    p[3, 0, :6] = torch.tensor([float("inf"), -0.0, 2.0**-130, -(2.0**-149), 448.0 * 1.5, 2.0**-126])
+    p[3, 1, :] = -0.0  # a block of negative zeros
+    nan = p.clone()
+    nan[4, 2, 9] = float("nan")  # a NaN is declined (None): the caller's torch steps run
+    if _p_fp8(lib, nan, 1.0, _FP8[0]) is not None or _sage3_p(lib, nan, 448.0 * 6.0) is not None:
+        return "a NaN in P taken by the C pass"
     for scale in (1.0, 256.0, 2.0**8.807):
         for fmt in _FP8:
             want = round_to(p * scale if scale != 1.0 else p, fmt)
