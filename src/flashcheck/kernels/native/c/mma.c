@@ -757,7 +757,9 @@ static int no_w32(const void *arv, const void *ea, int64_t kk, const void *bmv, 
         if (kc < nf) kc = nf;                                                                                          \
         T *ar = malloc(sizeof(T) * kk * RG), *cr = calloc(np * RG, sizeof(T));                                         \
         T *bs = direct ? NULL : calloc((size_t)(kk * np), sizeof(T));                                                  \
-        ET *ea = malloc(sizeof(ET) * kk * RG), *eb = malloc(sizeof(ET) * kk * np + 64); /* + 64: whole vectors */      \
+        /* eb + 64: whole vectors; zeroed, so the lanes a tile reads past np (computed, never used) hold exponents */  \
+        /* whose sums stay in range (garbage there overflowed the int8 / int16 lanes: UBSan) */                        \
+        ET *ea = malloc(sizeof(ET) * kk * RG), *eb = calloc(1, sizeof(ET) * kk * np + 64);                             \
         int64_t have = -1, rc = 0, ldb = np;                                                                           \
         w32_t w = {NULL, NULL, NULL, -1, -1, 0, 0, 0};                                                                 \
         const T *bm = bs;                                                                                              \
