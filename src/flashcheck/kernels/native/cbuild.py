@@ -163,10 +163,10 @@ def load(name: str, what: str) -> tuple[ctypes.CDLL | None, str]:
     try:
         texts = sources(name)
         lib = ctypes.CDLL(str(build(name, texts, cc, SANITIZE_FLAGS if sanitized() else FLAGS)))
-    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        for fn, (restype, argtypes) in signatures(texts[f"{name}.h"]).items():
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
+    except (OSError, ValueError, AttributeError, KeyError, subprocess.SubprocessError) as err:
         return None, f"{name} did not build: {_failure(err, cc)}; {what}"
-    for fn, (restype, argtypes) in signatures(texts[f"{name}.h"]).items():
-        getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
     return lib, ""
 
 
