@@ -79,15 +79,17 @@ def hunt(
 
         check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
         _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
-        tgt = parse_target(target, device)
+        tgt = parse_target(target, device, load=False)  # a callable's module: imported in the worker only
         HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
+    from flashcheck.hunt.isolate import TargetLoadFailed
+
     start = time.monotonic()
     try:
         summary = _run(tgt, folder, (seconds, case_s), (seed, rounds), rule, not forward_only, as_json)
-    except LinkRefused as exc:  # a link made in --out during the run
+    except (LinkRefused, TargetLoadFailed) as exc:  # a link made in --out during the run; a target that cannot load
         _fail_usage(str(exc))
     except KeyboardInterrupt:
         typer.echo(f"interrupted after {time.monotonic() - start:.0f} s; rerun the same command to resume", err=True)
@@ -116,12 +118,12 @@ def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as
     from flashcheck.core.progress import progress
     from flashcheck.hunt import report
     from flashcheck.hunt.search import hunt as run_hunt
-    from flashcheck.hunt.semantics import semantics_table
 
     seconds, case_s = times
-    table = semantics_table(tgt)
+    quiet = as_json and not sys.stderr.isatty()
+    table = _semantics(tgt, folder, case_s, quiet)
     total = max(1, round(seconds))
-    with progress(total, f"hunt {tgt.name}", quiet=as_json and not sys.stderr.isatty()) as advance:
+    with progress(total, f"hunt {tgt.name}", quiet=quiet) as advance:
         shown = {"s": 0, "t": time.monotonic()}
 
         def step(state, note: str) -> None:
@@ -143,6 +145,26 @@ def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as
             case_timeout_s=case_s,
         )
     return report.write(folder, tgt, state, table, seconds, rule)
+
+
+def _semantics(tgt, folder, case_s: float, quiet: bool) -> list:
+    """The target built in its worker (TargetLoadFailed: one line), then the semantics probes, each under the case
+    timeout, with progress on stderr."""
+    from flashcheck.core.fileio import make_folder
+    from flashcheck.core.progress import progress
+    from flashcheck.hunt.isolate import IsolatedTarget, isolates
+    from flashcheck.hunt.search import STDERR
+    from flashcheck.hunt.semantics import probe_cases, semantics_table
+
+    make_folder(folder, "the --out folder")
+    label = f"semantics probes of {tgt.name}"
+    with (
+        progress(len(probe_cases("fp32")), label, quiet=quiet) as advance,
+        IsolatedTarget(tgt, folder / STDERR, case_s, lambda s: advance(0, note=f"a probe running for {s:.0f} s")) as w,
+    ):
+        if isolates(tgt):
+            w.load()
+        return semantics_table(tgt, worker=w, on_probe=lambda p: advance(1, note=f"{p.name}: {p.returned}"))
 
 
 def _print(summary: dict, folder) -> None:
@@ -169,6 +191,8 @@ def _print(summary: dict, folder) -> None:
         for f in summary["findings"]:
             if f["kind"] == "crash":
                 console.print(f"crash: {escape(crash_text(f))}", soft_wrap=True)
+            elif f["kind"] in ("failed", "output"):
+                console.print(f"{f['kind']}: {escape(f['message'])}", soft_wrap=True)
             console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
     sem = [
         [
@@ -198,7 +222,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         from flashcheck.hunt.case import parse_case
         from flashcheck.hunt.target import parse_target
 
-        tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
+        tgt, hc = parse_target(target, device or "cpu", load=False), parse_case(case)
         if hc.dtype not in tgt.dtypes:
             raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
         if hc.backward and not tgt.backward:
@@ -206,7 +230,12 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))
-    outcome = _evaluate_isolated(tgt, hc)
+    from flashcheck.hunt.isolate import TargetLoadFailed
+
+    try:
+        outcome = _evaluate_isolated(tgt, hc)
+    except TargetLoadFailed as exc:
+        _fail_usage(str(exc))
     if as_json:
         import json
 
@@ -231,6 +260,7 @@ def _evaluate_isolated(tgt, hc):
         tempfile.TemporaryDirectory(prefix="flashcheck-case-") as tmp,
         IsolatedTarget(tgt, Path(tmp) / "stderr", CASE_TIMEOUT_S) as w,
     ):
+        w.load()  # a callable's module imported in the worker: an import that fails is one line
         return evaluate(tgt, hc, run=w.outputs)
 
 

@@ -25,10 +25,11 @@ import torch
 
 from flashcheck.core.budget import BudgetResult, check_budget, rounding_floor
 from flashcheck.hunt.case import FP8, HuntCase, keyless_rows, make_inputs, make_mask
-from flashcheck.hunt.target import Target, TargetCrashed, TargetRaised, sink_as_key
+from flashcheck.hunt.target import BadOutput, Target, TargetCrashed, TargetRaised, sink_as_key
 
 TENSORS = ("out", "dq", "dk", "dv")
-KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash")  # overflow: the baseline too; crash: process died
+# overflow: the baseline too; crash: the process died or hung; output: not a tensor of the right shape
+KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash", "output")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class Verdict:
         what = {"nan": "NaN", "inf": "Inf", "overflow": "overflow"}.get(self.kind, self.kind)
         if self.kind == "crash":
             return "the target hung" if self.tensor == "hang" else f"the process died of {self.tensor}"
+        if self.kind == "output":
+            return "its output is not a tensor of [B, H, Lq, D]"
         if self.rows is None:
             return f"{self.tensor} {what}"
         a, b = self.rows
@@ -274,6 +277,8 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
         got = outputs(target, case) if run is None else run(case)
     except TargetCrashed as exc:
         return Outcome(case, (crash_verdict(exc),))
+    except BadOutput as exc:  # not a tensor, or the wrong shape: a finding on any case, never a refusal
+        return Outcome(case, (Verdict("out", False, "output", 1.0, str(exc)),))
     except TargetRaised as exc:  # raised in the worker: already 'Type: message'
         return Outcome(case, error=(str(exc).splitlines() or [""])[0][:300])
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)

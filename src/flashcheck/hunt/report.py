@@ -7,9 +7,9 @@ import json
 import math
 from pathlib import Path
 
-from flashcheck.core.fileio import make_folder, write_atomic
-from flashcheck.hunt.search import Finding, HuntState
+from flashcheck.core.fileio import make_folder, safe_child, write_atomic
 from flashcheck.hunt.semantics import CONVENTION, Probe
+from flashcheck.hunt.store import Finding, HuntState
 from flashcheck.hunt.target import Target
 from flashcheck.reporting.page import Bullets, Heading, Page, Table, Text, write_report
 
@@ -94,7 +94,8 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     s = summary(target, state, table, budget_s, rule)
     folder = make_folder(out / "findings", "findings in --out")
     for i, f in enumerate(state.findings, 1):
-        write_atomic(folder / f"{i:02d}-{f.kind}-{f.tensor}.json", json.dumps(f.to_dict(target), indent=1) + "\n")
+        name = safe_child(folder, f"{i:02d}-{f.kind}-{f.tensor}.json", "a finding's file name")  # stored text
+        write_atomic(name, json.dumps(f.to_dict(target), indent=1) + "\n")
     page = Page(f"flashcheck hunt: {target.name}")
     page.add(Text(headline(s) + "."))
     notes = [f"dtypes {', '.join(target.dtypes)} on {target.device}", *target.notes]

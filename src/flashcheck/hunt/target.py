@@ -40,6 +40,20 @@ class TargetRaised(RuntimeError):
     """The target raised in its worker process; the message is 'Type: message' as the worker reported it."""
 
 
+class BadOutput(ValueError):
+    """The target returned something that is not a tensor of [B, H, Lq, D]: a finding of kind `output`."""
+
+
+def checked_output(out: object, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`out` when it is a tensor of q's [B, H, Lq] and v's D; BadOutput saying what it is otherwise."""
+    if not isinstance(out, torch.Tensor):
+        raise BadOutput(f"the target returned a {type(out).__name__}, not a tensor")
+    want = (*q.shape[:-1], v.shape[-1])
+    if tuple(out.shape) != tuple(want):
+        raise BadOutput(f"the target returned shape {list(out.shape)}; expected {list(want)} ([B, H, Lq, D])")
+    return out
+
+
 @dataclass(frozen=True)
 class Target:
     """A hunted implementation. `dtypes`: the case dtypes it takes (names of case.DTYPES); `masks`: it takes a
@@ -74,7 +88,7 @@ class Target:
         elif sink is not None:
             k, v, kw["mask"] = sink_as_key(q, k, v, mask, causal, sink)
             kw["causal"] = False
-        return self.fn(q, k, v, **kw).to("cpu", torch.float64)
+        return checked_output(self.fn(q, k, v, **kw), q, v).to("cpu", torch.float64)
 
 
 def sink_as_key(q, k, v, mask, causal: bool, sink: float):
@@ -193,11 +207,14 @@ def preset_dtypes(name: str) -> tuple[str, ...]:
     return tuple(taken)
 
 
-def _callable_target(text: str, device: str) -> Target:
+def _callable_target(text: str, device: str, load: bool = True) -> Target:
     mod, _, attr = text.partition(":")
     attr, _, fmt = attr.partition(":")
     if fmt and fmt not in DTYPES:
         raise ValueError(f"target {text!r}: format {fmt!r} is not allowed; expected one of {', '.join(DTYPES)}")
+    dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
+    if not load:  # named only: its module is imported in the hunt's worker (hunt.isolate), never here
+        return Target(text, "callable", _not_here, dtypes, device, backward=not fp8, notes=(FP8_NOTE,) * fp8)
     try:
         fn = getattr(importlib.import_module(mod), attr)
     except (ImportError, AttributeError) as exc:
@@ -209,15 +226,19 @@ def _callable_target(text: str, device: str) -> Target:
     varkw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if not varkw and not {"causal", "scale", "mask"} <= takes:
         raise ValueError(f"target {text!r}: {attr} must take q, k, v and keywords causal, scale, mask (and sink)")
-    dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
     sink = varkw or "sink" in takes
     return Target(text, "callable", fn, dtypes, device, native_sink=sink, backward=not fp8, notes=(FP8_NOTE,) * fp8)
 
 
-def parse_target(text: str, device: str = "cpu") -> Target:
+def _not_here(*args, **kw):
+    raise RuntimeError("this callable target is named only: it runs in the hunt's worker (hunt.isolate)")
+
+
+def parse_target(text: str, device: str = "cpu", *, load: bool = True) -> Target:
     """A backend name (optionally NAME:FMT), a kernel preset of the simulator (PRESET or PRESET:FMT) or a user
     callable package.module:function (with :FMT, one format: fp8-e4m3 and fp8-e5m2 hand it FP8 tensors);
-    ValueError names the value and what is allowed."""
+    ValueError names the value and what is allowed. `load=False`: a callable's module is not imported (the hunt's
+    worker imports it: IsolatedTarget.load checks it there)."""
     from flashcheck.backends import backend_names
     from flashcheck.kernels.presets import KERNEL_PRESETS
 
@@ -234,7 +255,7 @@ def parse_target(text: str, device: str = "cpu") -> Target:
     if head in KERNEL_PRESETS:
         return _preset_target(text, device)
     if _CALLABLE.match(text):
-        return _callable_target(text, device)
+        return _callable_target(text, device, load)
     import difflib
 
     allowed = [*backend_names(), *KERNEL_PRESETS]
