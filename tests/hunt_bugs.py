@@ -197,3 +197,24 @@ def chatty(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
     sys.stderr.write("z" * (1 << 17))
     sys.stderr.flush()
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+ONSET_LOGIT = 1000.0  # where nan_above_logit's bug starts
+
+
+def nan_above_logit(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that a query row whose largest |scaled logit| exceeds ONSET_LOGIT comes out NaN (an exp that
+    overflows in a format of its own): the bug starts at a known logit."""
+    out = correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+    s = _scores(q, k, causal, scale, mask, None)
+    top = s.masked_fill(torch.isneginf(s), 0.0).abs().amax(dim=-1, keepdim=True)
+    return out.masked_fill(top > ONSET_LOGIT, math.nan)
+
+
+def padded_default_scale(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """A kernel that pads the head dim to the next power of two and derives its default scale (scale=None) from the
+    padded dim, not the real one: right with an explicit scale, wrong by 1/sqrt(D) vs 1/sqrt(padded D) without."""
+    d = q.shape[-1]
+    padded = 1 << (d - 1).bit_length()
+    s = padded**-0.5 if scale is None else scale
+    return correct(q, k, v, causal=causal, scale=s, mask=mask, sink=sink)

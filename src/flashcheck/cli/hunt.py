@@ -171,28 +171,16 @@ def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
     from flashcheck.cli.show import print_whole
-    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, crash_text, headline, ratio_text
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, finding_notes, finding_rows, headline
 
     console = _console()
     console.print(escape(headline(summary)))
-    rows = [
-        [
-            f["kind"],
-            f["where"],
-            ratio_text(f["kind"], f.get("margin", 0.0)),
-            f["describe"],
-            f"{f['found_after_s']:.1f}",
-            f"{f['shrunk_after_s']:.1f}",
-        ]
-        for f in summary["findings"]
-    ]
+    rows = finding_rows(summary["findings"])
     if rows:
         print_whole(console, tuple(FINDING_HEADER), rows)
         for f in summary["findings"]:
-            if f["kind"] == "crash":
-                console.print(f"crash: {escape(crash_text(f))}", soft_wrap=True)
-            elif f["kind"] in ("failed", "output"):
-                console.print(f"{f['kind']}: {escape(f['message'])}", soft_wrap=True)
+            for note in finding_notes(f):
+                console.print(escape(note), soft_wrap=True)
             console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
     sem = [
         [

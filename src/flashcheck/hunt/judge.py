@@ -135,7 +135,7 @@ def outputs(target: Target, case: HuntCase) -> dict[str, torch.Tensor]:
     """The target's out (and dq, dk, dv) on the case, float64 on the CPU; exceptions propagate."""
     q, k, v, dout = make_inputs(case)
     mask, sink = _rounded(case)
-    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.softmax_scale, "mask": mask, "sink": sink}
+    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.call_scale, "mask": mask, "sink": sink}
     return _run(lambda a, b, c: target.call(a, b, c, **kw), (q, k, v), dout, case.backward)
 
 

@@ -30,6 +30,7 @@ from flashcheck.core.fileio import make_folder, refuse_link
 from flashcheck.hunt.case import HuntCase, parse_case
 from flashcheck.hunt.isolate import STDERR, IsolatedTarget, isolates
 from flashcheck.hunt.judge import Outcome, evaluate
+from flashcheck.hunt.onset import ONSET_KINDS, shrink_onset
 from flashcheck.hunt.store import STORE, Finding, HuntState
 from flashcheck.hunt.target import Target
 
@@ -189,7 +190,7 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
             return  # done shrinking: only the smallest case so far still fails
         outcome = evaluate(target, case, rule, run)
         _count(state, outcome)
-        _store_crash(state, outcome, now, lambda: state.save(out, target))
+        _store_crash(target, state, outcome, now, lambda: state.save(out, target))
         step(state, case.describe())
         if outcome.error is not None:
             reject()
@@ -208,7 +209,17 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
         pass
     except HypothesisException:  # flaky replay of a non-deterministic target, or an unsatisfiable round
         pass
-    return None if lock["best"] is None else _finding(lock, clock)
+    if lock["best"] is None:
+        return None
+    if lock["sig"][0] in ONSET_KINDS:  # the smallest logits at which it still holds
+        same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"])  # noqa: E731
+        outcome = shrink_onset(lock["best"].case, same)[1]
+        lock["best"] = outcome or lock["best"]
+    return annotated(target, _finding(lock, clock))
+
+
+def _holds(outcome: Outcome, sig: tuple[str, str]) -> Outcome | None:
+    return outcome if sig in {(v.kind, v.tensor) for v in outcome.failures} else None
 
 
 def _finding(lock: dict, clock: float) -> Finding:
@@ -219,7 +230,18 @@ def _finding(lock: dict, clock: float) -> Finding:
     return Finding(v.kind, v.tensor, best.case, v.where(), v.message, lock["at"], end, lock["examples"], v.margin)
 
 
-def _store_crash(state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
+def annotated(target: Target, f: Finding) -> Finding:
+    """`f` with its api, category (and why, in the message), max_logit and known report (hunt.classify)."""
+    from flashcheck.hunt.classify import category, known_report, max_logit
+
+    cat, why = category(target, f.kind, f.tensor, f.case)
+    message = f.message if not why or why in f.message else f"{f.message} ({why})"
+    logit = max_logit(f.case)
+    known = known_report(target.name, f.kind, f.tensor, f.case)
+    return dataclasses.replace(f, api=target.api, category=cat, max_logit=logit, known=known, message=message)
+
+
+def _store_crash(target: Target, state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
     """A crash of a kind not stored yet: stored now (provisional, unshrunk), before anything else happens."""
     crash = next((v for v in outcome.failures if v.kind == "crash"), None)
     if crash is None:
@@ -228,7 +250,7 @@ def _store_crash(state: HuntState, outcome: Outcome, now: float, save: Callable[
     if (crash.kind, crash.tensor) in {f.signature for f in state.findings}:
         return
     f = Finding("crash", crash.tensor, outcome.case, crash.where(), crash.message, now, now, state.examples, 1.0)
-    state.findings.append(dataclasses.replace(f, provisional=True))
+    state.findings.append(dataclasses.replace(annotated(target, f), provisional=True))
     save()
 
 

@@ -70,7 +70,7 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
         return Probe(name, case, "not taken: the target takes no sink", None)
     q, k, v, _ = make_inputs(case)
     mask, sink = _rounded(case)
-    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.softmax_scale, "mask": mask, "sink": sink}
+    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.call_scale, "mask": mask, "sink": sink}
     try:
         with torch.no_grad():
             out = target.call(q, k, v, **kw)

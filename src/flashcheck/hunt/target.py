@@ -72,6 +72,8 @@ class Target:
     float64_io: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     pow2_head_dim: bool = False  # it takes power-of-two head dims only (FA3 FP8's Hadamard rotation)
+    api: str = "public"  # public, or "private: OP" (a private op users cannot call), or "simulated" (a preset)
+    via: str = ""  # the call, in words: what a finding's reproducer calls
 
     def run_dtype(self, dtype: str) -> torch.dtype:
         return torch.float64 if self.float64_io else DTYPES[dtype]
@@ -129,16 +131,66 @@ def _backend_target(text: str, device: str) -> Target:
         if fmt not in dtypes:
             raise ValueError(f"target {text!r}: {name} does not take {fmt} on {device}; it takes {', '.join(dtypes)}")
         dtypes = (fmt,)
+    fn, api, via = b.forward, *_api(name)
+    if name in PUBLIC_SDPA:
+        fn = _public_sdpa(PUBLIC_SDPA[name])
     return Target(
         text,
         "backend",
-        b.forward,
+        fn,
         dtypes,
         device,
         masks=b.supports_mask,
         gqa=b.supports_gqa,
         backward=b.backward_reason(device) is None,
+        api=api,
+        via=via,
     )
+
+
+# torch's SDPA backends hunted through the call users make: F.scaled_dot_product_attention under sdpa_kernel([B]),
+# a process-wide switch that harms no one in the hunt's worker (in-process, the hunt is single-threaded)
+PUBLIC_SDPA = {
+    "sdpa-math": "MATH",
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+}
+_VIA = {
+    "jax-xla": "jax.nn.dot_product_attention(implementation='xla'), jitted",
+    "jax-cudnn": "jax.nn.dot_product_attention(implementation='cudnn'), jitted",
+    "onnxruntime": "an ONNX model of one Attention node (opset 23) in onnxruntime.InferenceSession",
+}
+_PRIVATE = {
+    "sdpa-math-lowp": "aten::_scaled_dot_product_attention_math's steps in the input format (flashcheck's own)",
+}
+
+
+def _api(name: str) -> tuple[str, str]:
+    """('public' or 'private: OP', the call in words) of backend `name`."""
+    if name in PUBLIC_SDPA:
+        return "public", f"torch.nn.functional.scaled_dot_product_attention under sdpa_kernel([{PUBLIC_SDPA[name]}])"
+    if name in _PRIVATE:
+        return f"private: {_PRIVATE[name]}", _PRIVATE[name]
+    return "public", _VIA.get(name, f"the {name} backend's forward")
+
+
+def _public_sdpa(which: str):
+    def forward(q, k, v, *, causal=False, scale=None, mask=None):
+        """F.scaled_dot_product_attention pinned to one backend; causal bottom-right as an explicit mask where
+        Lq != Lk or a mask is given (SDPA's is_causal is top-left)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from flashcheck.backends.sdpa import _sdpa_mask
+
+        attn = _sdpa_mask(mask, causal, q, k)
+        gqa = q.shape[1] != k.shape[1]
+        with sdpa_kernel([getattr(SDPBackend, which)]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn, is_causal=causal and attn is None, scale=scale, enable_gqa=gqa
+            )
+
+    return forward
 
 
 def _preset_target(text: str, device: str) -> Target:
@@ -166,8 +218,9 @@ def _preset_target(text: str, device: str) -> Target:
     back = not (fp8 or quantized)
     pow2 = _hadamard(name, dtypes[0])
     return Target(
-        text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes, pow2_head_dim=pow2
-    )
+        text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes, pow2_head_dim=pow2,
+        api="simulated", via=f"flashcheck's simulator, preset {name}",
+    )  # fmt: skip
 
 
 def _hadamard(name: str, dtype: str) -> bool:
