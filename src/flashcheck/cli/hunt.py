@@ -61,6 +61,12 @@ def hunt(
         help="A case a backend or callable gives no answer to in this long is a hang finding (its worker is "
         "killed); seconds, or a number with s, m or h.",
     ),
+    upstream: str = typer.Option(
+        None,
+        help="Also write, per finding a maintainer would take (kernel-bug, crash, hang), a standalone reproducer that "
+        "imports only the target's library and numpy (exit 1 while the bug is there, 0 once fixed), and report.md, "
+        "into this folder (new, or one a previous --upstream wrote).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
@@ -81,6 +87,10 @@ def hunt(
         _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
         tgt = parse_target(target, device, load=False)  # a callable's module: imported in the worker only
         HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
+        if upstream is not None:
+            from flashcheck.hunt.upstream import check_folder
+
+            up = check_folder(upstream, tgt)
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
@@ -89,6 +99,8 @@ def hunt(
     start = time.monotonic()
     try:
         summary = _run(tgt, folder, (seconds, case_s), (seed, rounds), rule, not forward_only, as_json)
+        if upstream is not None:
+            summary["upstream"] = _upstream(tgt, folder, up, rule, case_s)
     except (LinkRefused, TargetLoadFailed) as exc:  # a link made in --out during the run; a target that cannot load
         _fail_usage(str(exc))
     except KeyboardInterrupt:
@@ -167,6 +179,36 @@ def _semantics(tgt, folder, case_s: float, quiet: bool) -> list:
         return semantics_table(tgt, worker=w, on_probe=lambda p: advance(1, note=f"{p.name}: {p.returned}"))
 
 
+def _upstream(tgt, folder, up, rule: str, case_s: float) -> list[dict]:
+    """The reproducers of the stored findings (hunt.upstream), each finding's budget recomputed on its case in the
+    worker; [{finding, script, exit}]."""
+    import math
+
+    from flashcheck.hunt.isolate import IsolatedTarget
+    from flashcheck.hunt.judge import evaluate
+    from flashcheck.hunt.search import STDERR
+    from flashcheck.hunt.store import HuntState
+    from flashcheck.hunt.upstream import write
+
+    state = HuntState.load(folder, tgt)
+    with IsolatedTarget(tgt, folder / STDERR, case_s) as w:
+
+        def bounds(f):
+            verdicts = evaluate(tgt, f.case, rule, run=w.outputs).verdicts
+            return next((v.bounds for v in verdicts if v.tensor == f.tensor), (math.nan, math.nan))
+
+        done = write(up, tgt, state.findings, bounds)
+    return [
+        {
+            "finding": i,
+            "script": str(d["path"]) if "path" in d else None,
+            "exit": d.get("exit"),
+            "note": d.get("skipped"),
+        }
+        for i, d in enumerate(done, 1)
+    ]
+
+
 def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
@@ -197,6 +239,11 @@ def _print(summary: dict, folder) -> None:
     if summary["refusals"]:
         console.print(
             escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}")
+        )
+    for u in summary.get("upstream", []):
+        said = f"exit {u['exit']}" if u["script"] else u["note"]
+        console.print(
+            escape(f"upstream: finding {u['finding']}: {u['script'] or 'no reproducer'} ({said})"), soft_wrap=True
         )
     verdict = "PASS: nothing found" if summary["passed"] else "FAIL: see the findings"
     console.print(f"{verdict}; report: {escape(str(folder / 'report.md'))}")

@@ -45,6 +45,7 @@ class Verdict:
     rows: tuple[int, int] | None = None
     head: int | None = None
     count: int = 0
+    bounds: tuple[float, float] = (math.nan, math.nan)  # the budget's bounds on the max and the mean error
 
     def where(self) -> str:
         """'head 3, tokens 64-127, dq NaN' (what failed where), or the tensor and kind alone."""
@@ -245,7 +246,11 @@ def judge_tensor(name: str, o, r, b, case: HuntCase, rule: str, floor: float = 0
     if name in ("out", "dq") and bool(bad_rows.any()) and bool((bad_rows <= keyless_rows(case)).all()):
         kind = "semantics"
     failed = "; ".join(f"{c.name} {c.value:.3g} > {c.bound:.3g}" for c in res.failed())
-    return Verdict(name, False, kind, max(margin, 1.0 if kind != "budget" else margin), failed, rows, head, count)
+    limits = {c.name: c.bound for c in res.checks}
+    bounds = (limits.get("max", math.nan), limits.get("mean", math.nan))
+    return Verdict(
+        name, False, kind, max(margin, 1.0 if kind != "budget" else margin), failed, rows, head, count, bounds
+    )
 
 
 def representable(ref: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
