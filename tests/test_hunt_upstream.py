@@ -59,6 +59,14 @@ def test_the_default_scale_is_drawn_and_a_padded_head_dim_default_is_found(tmp_p
     [
         ("onnxruntime:fp16", "nan", "out", HuntCase(dtype="fp16", lq=1, lk=1, magnitude=256.0), "format-overflow"),
         ("sdpa-math:fp16", "nan", "out", HuntCase(dtype="fp16", lq=1, lk=1, magnitude=256.0), "kernel-bug"),
+        (
+            "onnxruntime:fp16",
+            "budget",
+            "out",
+            HuntCase(dtype="fp16", lq=4, lk=4, head_dim=1, scale=8409.0),
+            "format-overflow",
+        ),
+        ("onnxruntime:fp16", "budget", "out", HuntCase(dtype="fp16", lq=4, lk=4, head_dim=1), "kernel-bug"),
         ("sdpa-flash", "budget", "dv", HuntCase(lq=4, lk=4, backward=True), "kernel-bug"),
         ("sdpa-flash", "overflow", "out", HuntCase(), "format-overflow"),
         ("sdpa-flash", "semantics", "out", HuntCase(dead=1), "convention"),

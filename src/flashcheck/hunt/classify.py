@@ -4,7 +4,8 @@ known upstream report it matches (a hand-maintained table: no network lookup).
 Categories: `kernel-bug` (the FP64 reference finite and the same-format reference, plain attention in the case's dtype,
 within the budget: judge's nan / inf / budget kinds), `format-overflow` (the same-format reference is not finite either:
 judge's overflow kind; or the logits or Q.K products exceed the format's range where the operator's specification
-computes them in that format: SPEC_IN_FORMAT, cited), `convention` (only rows with no visible key differ: fully masked
+computes them in that format: SPEC_IN_FORMAT, cited; or, there, logits so large that the format's ulp at them is 1 or
+more), `convention` (only rows with no visible key differ: fully masked
 rows, Lk = 0, causal with Lq > Lk), `private-only` (reached through a private op users do not call), `crash`, `hang`,
 and `target-error` (the target returned no tensor of the right shape, or failed on every case)."""
 
@@ -101,9 +102,11 @@ def category(target: Target, kind: str, tensor: str, case: HuntCase) -> tuple[st
         return "format-overflow", f"the same-format reference ({case.dtype}) is not finite there either"
     else:
         spec = SPEC_IN_FORMAT.get(target.name.partition(":")[0])
-        top = torch.finfo(case.torch_dtype).max
-        if kind in ("nan", "inf") and spec and max(max_logit(case), max_product(case)) > top:
-            return "format-overflow", f"logits beyond {case.dtype}'s {top:.6g}, and {spec}"
+        info, logit = torch.finfo(case.torch_dtype), max_logit(case)
+        if spec and max(logit, max_product(case)) > info.max:
+            return "format-overflow", f"logits beyond {case.dtype}'s {info.max:.6g}, and {spec}"
+        if spec and logit * info.eps >= 1:  # an ulp of 1 or more at the largest logit: exp of it is off by e or more
+            return "format-overflow", f"logits of {logit:.3g}, beyond what {case.dtype} resolves (ulp >= 1), and {spec}"
         found = "kernel-bug"
     if target.kind == "backend" and target.api.startswith("private"):
         return "private-only", f"reached through {target.api.removeprefix('private: ')}"

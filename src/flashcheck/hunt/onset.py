@@ -4,7 +4,9 @@ reported where it starts (a backward whose error passes the budget at |logit| ~ 
 The logits scale with the case's `scale` (linearly; an explicit scale only: scale=None stays the default, which a
 finding may need) and with its `magnitude` (quadratically): each is lowered in turn by a factor of 4 until the finding
 no longer holds, then bisected (in log space) between the last case that holds and the first that does not, to
-within a factor of 4 ** (1 / 2 ** STEPS). Values are rounded to 4 significant digits, so that the case's text form
+within a factor of 4 ** (1 / 2 ** STEPS). A budget finding holds on a smaller case while its error keeps at least
+half the found case's excess over the budget (hunt.search._least_margin): an error that hovers at 1.01x the budget
+over a range of logits is no onset. Values are rounded to 4 significant digits, so that the case's text form
 (6 digits) reads back the very case that was judged."""
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -212,14 +213,25 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
     if lock["best"] is None:
         return None
     if lock["sig"][0] in ONSET_KINDS:  # the smallest logits at which it still holds
-        same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"])  # noqa: E731
+        least = _least_margin(lock["best"], lock["sig"])
+        same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"], least)  # noqa: E731
         outcome = shrink_onset(lock["best"].case, same)[1]
         lock["best"] = outcome or lock["best"]
     return annotated(target, _finding(lock, clock))
 
 
-def _holds(outcome: Outcome, sig: tuple[str, str]) -> Outcome | None:
-    return outcome if sig in {(v.kind, v.tensor) for v in outcome.failures} else None
+def _least_margin(outcome: Outcome, sig: tuple[str, str]) -> float:
+    """The margin a smaller case must keep to hold the same budget finding: half the found case's excess over the
+    budget (an error that hovers at 1.01x the budget over a range of logits is no onset); 0 for the other kinds."""
+    if sig[0] != "budget":
+        return 0.0
+    m = next(v.margin for v in outcome.failures if (v.kind, v.tensor) == sig)
+    return 1.0 + (m - 1.0) / 2 if math.isfinite(m) else 1.0
+
+
+def _holds(outcome: Outcome, sig: tuple[str, str], least: float = 0.0) -> Outcome | None:
+    hit = any((v.kind, v.tensor) == sig and v.margin >= least for v in outcome.failures)
+    return outcome if hit else None
 
 
 def _finding(lock: dict, clock: float) -> Finding:

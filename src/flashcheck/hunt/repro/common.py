@@ -92,11 +92,13 @@ def crashed(case):
     except subprocess.TimeoutExpired:
         print(f"the call gave no answer in {case['timeout_s']} s")
         return True
-    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+    lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
+    why = ("Check failed", "Fatal", "Floating point exception", "Segmentation fault", "terminate")
+    said = next((x for x in lines if any(w in x for w in why)), lines[-1] if lines else "")[:300]
     if done.returncode < 0:
-        print(f"the call killed its process (signal {-done.returncode}); its last words: {' | '.join(tail)}")
+        print(f"the call killed its process (signal {-done.returncode}); it said: {said}")
         return True
-    print(f"the call returned (exit code {done.returncode})" + (f": {' | '.join(tail)}" if done.returncode else ""))
+    print(f"the call returned (exit code {done.returncode})" + (f": {said}" if done.returncode else ""))
     return False
 
 
