@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -16,6 +17,11 @@ TARGET_HELP = (
     "scale, mask[, sink]) in [B, H, L, D]."
 )
 BUDGET_HELP = "Time budget: seconds, or a number with s, m or h (5m). A resumed hunt spends what is left of it."
+UPSTREAM_HELP = (
+    "Also write, per finding a maintainer would take (kernel-bug, crash, hang), a standalone reproducer that imports "
+    "only the target's library and numpy (exit 1 while the bug is there, 0 once fixed), and report.md, into this "
+    "folder (new, or one a previous --upstream wrote)."
+)
 MAX_BUDGET_S = 7 * 24 * 3600
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
 
@@ -61,12 +67,7 @@ def hunt(
         help="A case a backend or callable gives no answer to in this long is a hang finding (its worker is "
         "killed); seconds, or a number with s, m or h.",
     ),
-    upstream: str = typer.Option(
-        None,
-        help="Also write, per finding a maintainer would take (kernel-bug, crash, hang), a standalone reproducer that "
-        "imports only the target's library and numpy (exit 1 while the bug is there, 0 once fixed), and report.md, "
-        "into this folder (new, or one a previous --upstream wrote).",
-    ),
+    upstream: str = typer.Option(None, help=UPSTREAM_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
@@ -75,22 +76,11 @@ def hunt(
     try:
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
-        folder = _out_folder(out)
         if rule not in ("peers", "flashcheck"):
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
         if rounds is not None and rounds < 1:
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
-        from flashcheck.hunt.search import HuntState, check_links
-        from flashcheck.hunt.target import parse_target
-
-        check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
-        _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
-        tgt = parse_target(target, device, load=False)  # a callable's module: imported in the worker only
-        HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
-        if upstream is not None:
-            from flashcheck.hunt.upstream import check_folder
-
-            up = check_folder(upstream, tgt)
+        tgt, folder, up = _checked_folders(target, device, out, upstream)
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
@@ -107,12 +97,28 @@ def hunt(
         typer.echo(f"interrupted after {time.monotonic() - start:.0f} s; rerun the same command to resume", err=True)
         raise typer.Exit(130) from None
     if as_json:
-        import json
-
         typer.echo(json.dumps(summary, indent=2))
     else:
         _print(summary, folder)
     raise typer.Exit(0 if summary["passed"] else 1)
+
+
+def _checked_folders(target: str, device: str, out: str, upstream: str | None):
+    """(the target, named only; the --out folder; the --upstream folder or None), each checked before any work:
+    ValueError, one line."""
+    from flashcheck.hunt.search import HuntState, check_links
+    from flashcheck.hunt.target import parse_target
+
+    folder = _out_folder(out)
+    check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
+    _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
+    tgt = parse_target(target, device, load=False)  # a callable's module: imported in the worker only
+    HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
+    if upstream is None:
+        return tgt, folder, None
+    from flashcheck.hunt.upstream import check_folder
+
+    return tgt, folder, check_folder(upstream, tgt)
 
 
 def _need_hypothesis() -> None:
@@ -272,8 +278,6 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
     except TargetLoadFailed as exc:
         _fail_usage(str(exc))
     if as_json:
-        import json
-
         d = {"target": tgt.name, "case": hc.to_text(), "error": outcome.error, "passed": outcome.passed}
         typer.echo(json.dumps(d | {"verdicts": [v.to_dict() for v in outcome.verdicts]}, indent=2))
     else:

@@ -212,12 +212,17 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
         pass
     if lock["best"] is None:
         return None
-    if lock["sig"][0] in ONSET_KINDS:  # the smallest logits at which it still holds
-        least = _least_margin(lock["best"], lock["sig"])
-        same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"], least)  # noqa: E731
-        outcome = shrink_onset(lock["best"].case, same)[1]
-        lock["best"] = outcome or lock["best"]
+    _to_onset(target, lock, rule, run)
     return annotated(target, _finding(lock, clock))
+
+
+def _to_onset(target: Target, lock: dict, rule: str, run) -> None:
+    """A numeric finding's case lowered to the smallest logits at which it still holds (hunt.onset)."""
+    if lock["sig"][0] not in ONSET_KINDS:
+        return
+    least = _least_margin(lock["best"], lock["sig"])
+    same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"], least)  # noqa: E731
+    lock["best"] = shrink_onset(lock["best"].case, same)[1] or lock["best"]
 
 
 def _least_margin(outcome: Outcome, sig: tuple[str, str]) -> float:
