@@ -199,9 +199,7 @@ def test_what_a_target_prints_is_bounded_and_never_in_json(tmp_path, monkeypatch
     import flashcheck.hunt.isolate as isolate
 
     monkeypatch.setattr(isolate, "OUTPUT_CAP", 1 << 20)
-    res = CliRunner().invoke(
-        app, ["hunt", "hunt_bugs:chatty", "--out", str(tmp_path / "h"), "--json", *QUICK]
-    )
+    res = CliRunner().invoke(app, ["hunt", "hunt_bugs:chatty", "--out", str(tmp_path / "h"), "--json", *QUICK])
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)  # nothing the target printed is in it
     assert summary["passed"] and summary["examples"] > 10
