@@ -148,3 +148,73 @@ def abort_on_masked_rows(q, k, v, *, causal=False, scale=None, mask=None, sink=N
 
             os.abort()
     return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def hang_on_masked_rows(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that it never returns when a query row has every key masked (the semantics probe's case)."""
+    if mask is not None and k.shape[-2]:
+        kept = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+        if bool((~kept.any(dim=-1)).any()):
+            import time
+
+            time.sleep(3600)
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def returns_none(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Forgets its return statement: None on every case."""
+    correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def wrong_shape(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Returns [B, Lq, H, D] (the layout of flash-attn's own API), not [B, H, Lq, D]."""
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink).transpose(1, 2)
+
+
+def forks_a_child(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, but each call forks a child that sleeps for a minute (a helper process it never reaps); the child's
+    pid is appended to the file named by FLASHCHECK_TEST_PIDS."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        import time
+
+        time.sleep(60)
+        os._exit(0)
+    with open(os.environ["FLASHCHECK_TEST_PIDS"], "a") as f:
+        f.write(f"{pid}\n")
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+def chatty(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, but prints 256 KiB to stdout and to stderr on each call (from Python and from the file descriptors)."""
+    import os
+    import sys
+
+    print("x" * (1 << 17), flush=True)
+    os.write(1, b"y" * (1 << 17))
+    sys.stderr.write("z" * (1 << 17))
+    sys.stderr.flush()
+    return correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+
+
+ONSET_LOGIT = 1000.0  # where nan_above_logit's bug starts
+
+
+def nan_above_logit(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """Right, except that a query row whose largest |scaled logit| exceeds ONSET_LOGIT comes out NaN (an exp that
+    overflows in a format of its own): the bug starts at a known logit."""
+    out = correct(q, k, v, causal=causal, scale=scale, mask=mask, sink=sink)
+    s = _scores(q, k, causal, scale, mask, None)
+    top = s.masked_fill(torch.isneginf(s), 0.0).abs().amax(dim=-1, keepdim=True)
+    return out.masked_fill(top > ONSET_LOGIT, math.nan)
+
+
+def padded_default_scale(q, k, v, *, causal=False, scale=None, mask=None, sink=None):
+    """A kernel that pads the head dim to the next power of two and derives its default scale (scale=None) from the
+    padded dim, not the real one: right with an explicit scale, wrong by 1/sqrt(D) vs 1/sqrt(padded D) without."""
+    d = q.shape[-1]
+    padded = 1 << (d - 1).bit_length()
+    s = padded**-0.5 if scale is None else scale
+    return correct(q, k, v, causal=causal, scale=s, mask=mask, sink=sink)

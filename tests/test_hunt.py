@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.hunt import parse_case, parse_target
-from flashcheck.hunt.case import HuntCase, make_inputs, make_mask
+from flashcheck.hunt.case import HuntCase, keyless_rows, make_inputs, make_mask
 from flashcheck.hunt.judge import evaluate, reference
 from flashcheck.hunt.search import HuntState, hunt
 from flashcheck.hunt.semantics import semantics_table
@@ -42,7 +42,8 @@ PLANTED = {
         lambda c: c.lk % 128 == 64 and c.has_mask and _lse(c) < -88.7,
         lambda c: c.lk == 64,
     ),
-    "masked_rows_mean": ("semantics", "out", lambda c: c.dead >= 1 or c.pad == c.lk, lambda c: c.lq == c.lk == 1),
+    # a row with no visible key: fully masked, all keys padded, or causal with Lq > Lk (row 0 of Lq = 2, Lk = 1)
+    "masked_rows_mean": ("semantics", "out", lambda c: bool(keyless_rows(c).any()), lambda c: c.lq + c.lk <= 3),
     "sink_ignored_above": ("budget", "out", lambda c: c.sink is not None and c.sink > 50, lambda c: c.sink == 60),
     "tile_off_by_one": ("budget", "out", lambda c: c.lk > 64 and c.lk % 64 == 1, lambda c: c.lk == 65),
 }
@@ -273,7 +274,7 @@ def test_nan_where_names_only_the_nan_rows_and_budget_findings_show_their_ratio(
     assert v.kind == "nan" and "token 0," in v.where(), v.where()
     over = judge_tensor("out", r + 1.0, r, r + 1e-3, case, "peers")
     f = Finding("budget", "out", case, over.where(), over.message, 1.0, 2.0, 0, over.margin)
-    assert over.margin > 1 and finding_rows([f])[0][2] == f"{over.margin:.3g}x"
+    assert over.margin > 1 and finding_rows([f.to_dict()])[0][3] == f"{over.margin:.3g}x"
     assert Finding.from_dict(f.to_dict()).margin == pytest.approx(over.margin, rel=1e-3)
 
 
@@ -323,7 +324,8 @@ def test_planted_fp8_bug_is_found_and_shrunk_and_compare_reruns_it(tmp_path):
     assert found, [f.to_dict() for f in state.findings]
     case = found[0].case
     _, _, v, _ = make_inputs(case)
-    assert case.lq == case.lk == 1 and case.magnitude == 112.0 and float(v.abs().max()) > 240, case.describe()
+    # shrunk towards the onset (hunt.onset): the smallest magnitude whose largest input still passes 240
+    assert case.lq == case.lk == 1 and case.magnitude <= 112.0 and float(v.abs().max()) > 240, case.describe()
     assert evaluate(parse_target("hunt_bugs:fp8_preset:fp8-e4m3"), case).passed  # only the bug fails it
     runner = CliRunner()
     again = runner.invoke(app, shlex.split(found[0].reproducer(target))[1:])

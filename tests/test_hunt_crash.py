@@ -45,7 +45,7 @@ def test_a_crash_is_stored_at_once_shrunk_to_its_trigger_and_the_hunt_goes_on(tm
 
 def test_cli_hunt_reports_the_crash_and_compare_reruns_it_without_a_traceback(tmp_path):
     runner = CliRunner()
-    args = ["hunt", CRASH, "--budget", "1m", "--rounds", "2", "--seed", "0", "--forward-only"]
+    args = ["hunt", CRASH, "--budget", "1m", "--rounds", "3", "--seed", "0", "--forward-only"]
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "h")])
     assert res.exit_code == 1, res.output
     assert "the process died of SIGSEGV" in res.output and "Lk=64" in res.output, res.output

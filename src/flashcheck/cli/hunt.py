@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -16,6 +17,11 @@ TARGET_HELP = (
     "scale, mask[, sink]) in [B, H, L, D]."
 )
 BUDGET_HELP = "Time budget: seconds, or a number with s, m or h (5m). A resumed hunt spends what is left of it."
+UPSTREAM_HELP = (
+    "Also write, per finding a maintainer would take (kernel-bug, crash, hang), a standalone reproducer that imports "
+    "only the target's library and numpy (exit 1 while the bug is there, 0 once fixed), and report.md, into this "
+    "folder (new, or one a previous --upstream wrote)."
+)
 MAX_BUDGET_S = 7 * 24 * 3600
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*$")
 
@@ -61,6 +67,7 @@ def hunt(
         help="A case a backend or callable gives no answer to in this long is a hang finding (its worker is "
         "killed); seconds, or a number with s, m or h.",
     ),
+    upstream: str = typer.Option(None, help=UPSTREAM_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json's content."),
 ) -> None:
     """Search the inputs that break an attention kernel: tile-boundary lengths, masks and fully masked rows,
@@ -69,36 +76,49 @@ def hunt(
     try:
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
-        folder = _out_folder(out)
         if rule not in ("peers", "flashcheck"):
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
         if rounds is not None and rounds < 1:
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
-        from flashcheck.hunt.search import HuntState, check_links
-        from flashcheck.hunt.target import parse_target
-
-        check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
-        _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
-        tgt = parse_target(target, device)
-        HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
+        tgt, folder, up = _checked_folders(target, device, out, upstream)
         _need_hypothesis()
     except ValueError as exc:
         _fail_usage(str(exc))
+    from flashcheck.hunt.isolate import TargetLoadFailed
+
     start = time.monotonic()
     try:
         summary = _run(tgt, folder, (seconds, case_s), (seed, rounds), rule, not forward_only, as_json)
-    except LinkRefused as exc:  # a link made in --out during the run
+        if upstream is not None:
+            summary["upstream"] = _upstream(tgt, folder, up, rule, case_s)
+    except (LinkRefused, TargetLoadFailed) as exc:  # a link made in --out during the run; a target that cannot load
         _fail_usage(str(exc))
     except KeyboardInterrupt:
         typer.echo(f"interrupted after {time.monotonic() - start:.0f} s; rerun the same command to resume", err=True)
         raise typer.Exit(130) from None
     if as_json:
-        import json
-
         typer.echo(json.dumps(summary, indent=2))
     else:
         _print(summary, folder)
     raise typer.Exit(0 if summary["passed"] else 1)
+
+
+def _checked_folders(target: str, device: str, out: str, upstream: str | None):
+    """(the target, named only; the --out folder; the --upstream folder or None), each checked before any work:
+    ValueError, one line."""
+    from flashcheck.hunt.search import HuntState, check_links
+    from flashcheck.hunt.target import parse_target
+
+    folder = _out_folder(out)
+    check_links(folder)  # a linked findings/, summary.json, ... in --out: refused before any work
+    _not_others(folder, "hunt", {"target", "kind", "rule", "budget_s"})  # not a study's summary.json
+    tgt = parse_target(target, device, load=False)  # a callable's module: imported in the worker only
+    HuntState.load(folder, tgt)  # another target's store in --out: refused before any work
+    if upstream is None:
+        return tgt, folder, None
+    from flashcheck.hunt.upstream import check_folder
+
+    return tgt, folder, check_folder(upstream, tgt)
 
 
 def _need_hypothesis() -> None:
@@ -116,12 +136,12 @@ def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as
     from flashcheck.core.progress import progress
     from flashcheck.hunt import report
     from flashcheck.hunt.search import hunt as run_hunt
-    from flashcheck.hunt.semantics import semantics_table
 
     seconds, case_s = times
-    table = semantics_table(tgt)
+    quiet = as_json and not sys.stderr.isatty()
+    table = _semantics(tgt, folder, case_s, quiet)
     total = max(1, round(seconds))
-    with progress(total, f"hunt {tgt.name}", quiet=as_json and not sys.stderr.isatty()) as advance:
+    with progress(total, f"hunt {tgt.name}", quiet=quiet) as advance:
         shown = {"s": 0, "t": time.monotonic()}
 
         def step(state, note: str) -> None:
@@ -145,30 +165,70 @@ def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as
     return report.write(folder, tgt, state, table, seconds, rule)
 
 
+def _semantics(tgt, folder, case_s: float, quiet: bool) -> list:
+    """The target built in its worker (TargetLoadFailed: one line), then the semantics probes, each under the case
+    timeout, with progress on stderr."""
+    from flashcheck.core.fileio import make_folder
+    from flashcheck.core.progress import progress
+    from flashcheck.hunt.isolate import IsolatedTarget, isolates
+    from flashcheck.hunt.search import STDERR
+    from flashcheck.hunt.semantics import probe_cases, semantics_table
+
+    make_folder(folder, "the --out folder")
+    label = f"semantics probes of {tgt.name}"
+    with (
+        progress(len(probe_cases("fp32")), label, quiet=quiet) as advance,
+        IsolatedTarget(tgt, folder / STDERR, case_s, lambda s: advance(0, note=f"a probe running for {s:.0f} s")) as w,
+    ):
+        if isolates(tgt):
+            w.load()
+        return semantics_table(tgt, worker=w, on_probe=lambda p: advance(1, note=f"{p.name}: {p.returned}"))
+
+
+def _upstream(tgt, folder, up, rule: str, case_s: float) -> list[dict]:
+    """The reproducers of the stored findings (hunt.upstream), each finding's budget recomputed on its case in the
+    worker; [{finding, script, exit}]."""
+    import math
+
+    from flashcheck.hunt.isolate import IsolatedTarget
+    from flashcheck.hunt.judge import evaluate
+    from flashcheck.hunt.search import STDERR
+    from flashcheck.hunt.store import HuntState
+    from flashcheck.hunt.upstream import write
+
+    state = HuntState.load(folder, tgt)
+    with IsolatedTarget(tgt, folder / STDERR, case_s) as w:
+
+        def bounds(f):
+            verdicts = evaluate(tgt, f.case, rule, run=w.outputs).verdicts
+            return next((v.bounds for v in verdicts if v.tensor == f.tensor), (math.nan, math.nan))
+
+        done = write(up, tgt, state.findings, bounds)
+    return [
+        {
+            "finding": i,
+            "script": str(d["path"]) if "path" in d else None,
+            "exit": d.get("exit"),
+            "note": d.get("skipped"),
+        }
+        for i, d in enumerate(done, 1)
+    ]
+
+
 def _print(summary: dict, folder) -> None:
     from rich.markup import escape
 
     from flashcheck.cli.show import print_whole
-    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, crash_text, headline, ratio_text
+    from flashcheck.hunt.report import FINDING_HEADER, SEMANTICS_HEADER, finding_notes, finding_rows, headline
 
     console = _console()
     console.print(escape(headline(summary)))
-    rows = [
-        [
-            f["kind"],
-            f["where"],
-            ratio_text(f["kind"], f.get("margin", 0.0)),
-            f["describe"],
-            f"{f['found_after_s']:.1f}",
-            f"{f['shrunk_after_s']:.1f}",
-        ]
-        for f in summary["findings"]
-    ]
+    rows = finding_rows(summary["findings"])
     if rows:
         print_whole(console, tuple(FINDING_HEADER), rows)
         for f in summary["findings"]:
-            if f["kind"] == "crash":
-                console.print(f"crash: {escape(crash_text(f))}", soft_wrap=True)
+            for note in finding_notes(f):
+                console.print(escape(note), soft_wrap=True)
             console.print(f"rerun: {escape(f['reproducer'])}", soft_wrap=True)
     sem = [
         [
@@ -186,6 +246,11 @@ def _print(summary: dict, folder) -> None:
         console.print(
             escape(f"{summary['refusals']} cases refused by the target, e.g. {summary['refusal_examples'][0]}")
         )
+    for u in summary.get("upstream", []):
+        said = f"exit {u['exit']}" if u["script"] else u["note"]
+        console.print(
+            escape(f"upstream: finding {u['finding']}: {u['script'] or 'no reproducer'} ({said})"), soft_wrap=True
+        )
     verdict = "PASS: nothing found" if summary["passed"] else "FAIL: see the findings"
     console.print(f"{verdict}; report: {escape(str(folder / 'report.md'))}")
 
@@ -198,7 +263,7 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         from flashcheck.hunt.case import parse_case
         from flashcheck.hunt.target import parse_target
 
-        tgt, hc = parse_target(target, device or "cpu"), parse_case(case)
+        tgt, hc = parse_target(target, device or "cpu", load=False), parse_case(case)
         if hc.dtype not in tgt.dtypes:
             raise ValueError(f"--case dtype={hc.dtype}: {target} takes {', '.join(tgt.dtypes)}")
         if hc.backward and not tgt.backward:
@@ -206,10 +271,13 @@ def rerun_case(target: str | None, case: str, device: str | None, as_json: bool)
         _check_case_fits(hc, tgt.backward)
     except ValueError as exc:
         _fail_usage(str(exc))
-    outcome = _evaluate_isolated(tgt, hc)
-    if as_json:
-        import json
+    from flashcheck.hunt.isolate import TargetLoadFailed
 
+    try:
+        outcome = _evaluate_isolated(tgt, hc)
+    except TargetLoadFailed as exc:
+        _fail_usage(str(exc))
+    if as_json:
         d = {"target": tgt.name, "case": hc.to_text(), "error": outcome.error, "passed": outcome.passed}
         typer.echo(json.dumps(d | {"verdicts": [v.to_dict() for v in outcome.verdicts]}, indent=2))
     else:
@@ -231,6 +299,7 @@ def _evaluate_isolated(tgt, hc):
         tempfile.TemporaryDirectory(prefix="flashcheck-case-") as tmp,
         IsolatedTarget(tgt, Path(tmp) / "stderr", CASE_TIMEOUT_S) as w,
     ):
+        w.load()  # a callable's module imported in the worker: an import that fails is one line
         return evaluate(tgt, hc, run=w.outputs)
 
 

@@ -263,6 +263,26 @@ def inside_folder(path: str | Path, folder: str | Path) -> Path:
     return path
 
 
+def safe_child(folder: str | Path, name: str, what: str = "a file name read from a stored file") -> Path:
+    """folder / name when `name` (text read from a file, which anyone may have edited) is one plain path component:
+    not empty, not '.' or '..', no '/', '\\', NUL or control character, at most 255 bytes. UnsafeFile otherwise, so
+    that no path built from stored text leaves its folder ('../../victim' is refused, never written)."""
+    text = name if isinstance(name, str) else repr(name)
+    bad = (
+        not text
+        or text in (".", "..")
+        or any(c in text for c in "/\\")
+        or any(ord(c) < 32 or ord(c) == 127 for c in text)
+        or len(text.encode("utf-8", "replace")) > 255
+    )
+    if bad or not isinstance(name, str):
+        raise UnsafeFile(
+            f"{what} {text[:80]!r} is not a plain file name inside {str(folder)!r} (one component: no '/', '..' or "
+            "control characters); refused"
+        )
+    return Path(folder) / text
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):  # fmt: skip

@@ -134,6 +134,10 @@ class WorkerPool:
     def __exit__(self, exc_type, *rest) -> None:
         self.stop(kill=exc_type is not None)
 
+    def pids(self) -> list[int]:
+        """The process ids of the workers, in the order they were started."""
+        return [w.process.pid for w in self._workers]
+
     def idle(self) -> int:
         return sum(w.alive and not w.busy for w in self._workers)
 

@@ -31,7 +31,8 @@ class HuntCase:
     """An input configuration. `pad`: keys masked at the end of every row; `dead`: query rows masked whole
     (the last ones); `shift`: added to every visible score through an additive mask (a very negative shift
     gives log-sum-exps below -88.7, the exp underflow of fp32); `scale`: the softmax scale as a multiple of
-    1/sqrt(D); `magnitude`: Q, K, V are N(0, 1) times it; `sink`: one sink logit for every head (None:
+    1/sqrt(D) (None: the target is called with scale=None, its own default, which should be 1/sqrt(D));
+    `magnitude`: Q, K, V are N(0, 1) times it; `sink`: one sink logit for every head (None:
     no sink). A mask is passed whenever pad, dead or shift is set."""
 
     dtype: str = "fp32"
@@ -45,7 +46,7 @@ class HuntCase:
     pad: int = 0
     dead: int = 0
     shift: float = 0.0
-    scale: float = 1.0
+    scale: float | None = 1.0
     magnitude: float = 1.0
     sink: float | None = None
     seed: int = 0
@@ -61,7 +62,7 @@ class HuntCase:
             raise ValueError(f"lk={self.lk}, pad={self.pad}, dead={self.dead}: need 0 <= pad <= lk, 0 <= dead <= lq")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
-        finite = [self.shift, self.scale, self.magnitude] + ([] if self.sink is None else [self.sink])
+        finite = [self.shift, self.magnitude] + [x for x in (self.scale, self.sink) if x is not None]
         if not all(math.isfinite(x) for x in finite) or self.magnitude <= 0:
             raise ValueError("shift, scale and sink must be finite, magnitude positive and finite")
         if self.magnitude > max_magnitude(self.dtype):
@@ -83,7 +84,13 @@ class HuntCase:
 
     @property
     def softmax_scale(self) -> float:
-        return self.scale / math.sqrt(self.head_dim)
+        """The softmax scale the reference applies: scale / sqrt(D), 1 / sqrt(D) for the default (None)."""
+        return (1.0 if self.scale is None else self.scale) / math.sqrt(self.head_dim)
+
+    @property
+    def call_scale(self) -> float | None:
+        """The `scale` the target is called with: None for the default, else softmax_scale."""
+        return None if self.scale is None else self.softmax_scale
 
     def to_text(self) -> str:
         """KEY=VALUE terms, comma-separated (parse_case reads them back)."""
@@ -107,7 +114,10 @@ class HuntCase:
         extras = {"pad": self.pad, "dead rows": self.dead, "shift": self.shift}
         parts += [f"{n} {v:g}" for n, v in extras.items() if v]
         parts += [] if self.sink is None else [f"sink {self.sink:g}"]
-        parts += [f"{n} x{v:g}" for n, v in (("scale", self.scale), ("magnitude", self.magnitude)) if v != 1]
+        parts += ["scale=None (the default)"] if self.scale is None else []
+        parts += [
+            f"{n} x{v:g}" for n, v in (("scale", self.scale), ("magnitude", self.magnitude)) if v not in (1, None)
+        ]
         return ", ".join(parts)
 
 

@@ -25,10 +25,11 @@ import torch
 
 from flashcheck.core.budget import BudgetResult, check_budget, rounding_floor
 from flashcheck.hunt.case import FP8, HuntCase, keyless_rows, make_inputs, make_mask
-from flashcheck.hunt.target import Target, TargetCrashed, TargetRaised, sink_as_key
+from flashcheck.hunt.target import BadOutput, Target, TargetCrashed, TargetRaised, sink_as_key
 
 TENSORS = ("out", "dq", "dk", "dv")
-KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash")  # overflow: the baseline too; crash: process died
+# overflow: the baseline too; crash: the process died or hung; output: not a tensor of the right shape
+KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash", "output")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +45,15 @@ class Verdict:
     rows: tuple[int, int] | None = None
     head: int | None = None
     count: int = 0
+    bounds: tuple[float, float] = (math.nan, math.nan)  # the budget's bounds on the max and the mean error
 
     def where(self) -> str:
         """'head 3, tokens 64-127, dq NaN' (what failed where), or the tensor and kind alone."""
         what = {"nan": "NaN", "inf": "Inf", "overflow": "overflow"}.get(self.kind, self.kind)
         if self.kind == "crash":
             return "the target hung" if self.tensor == "hang" else f"the process died of {self.tensor}"
+        if self.kind == "output":
+            return "its output is not a tensor of [B, H, Lq, D]"
         if self.rows is None:
             return f"{self.tensor} {what}"
         a, b = self.rows
@@ -132,7 +136,7 @@ def outputs(target: Target, case: HuntCase) -> dict[str, torch.Tensor]:
     """The target's out (and dq, dk, dv) on the case, float64 on the CPU; exceptions propagate."""
     q, k, v, dout = make_inputs(case)
     mask, sink = _rounded(case)
-    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.softmax_scale, "mask": mask, "sink": sink}
+    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.call_scale, "mask": mask, "sink": sink}
     return _run(lambda a, b, c: target.call(a, b, c, **kw), (q, k, v), dout, case.backward)
 
 
@@ -242,7 +246,11 @@ def judge_tensor(name: str, o, r, b, case: HuntCase, rule: str, floor: float = 0
     if name in ("out", "dq") and bool(bad_rows.any()) and bool((bad_rows <= keyless_rows(case)).all()):
         kind = "semantics"
     failed = "; ".join(f"{c.name} {c.value:.3g} > {c.bound:.3g}" for c in res.failed())
-    return Verdict(name, False, kind, max(margin, 1.0 if kind != "budget" else margin), failed, rows, head, count)
+    limits = {c.name: c.bound for c in res.checks}
+    bounds = (limits.get("max", math.nan), limits.get("mean", math.nan))
+    return Verdict(
+        name, False, kind, max(margin, 1.0 if kind != "budget" else margin), failed, rows, head, count, bounds
+    )
 
 
 def representable(ref: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -274,6 +282,8 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
         got = outputs(target, case) if run is None else run(case)
     except TargetCrashed as exc:
         return Outcome(case, (crash_verdict(exc),))
+    except BadOutput as exc:  # not a tensor, or the wrong shape: a finding on any case, never a refusal
+        return Outcome(case, (Verdict("out", False, "output", 1.0, str(exc)),))
     except TargetRaised as exc:  # raised in the worker: already 'Type: message'
         return Outcome(case, error=(str(exc).splitlines() or [""])[0][:300])
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)

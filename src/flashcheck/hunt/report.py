@@ -7,9 +7,9 @@ import json
 import math
 from pathlib import Path
 
-from flashcheck.core.fileio import make_folder, write_atomic
-from flashcheck.hunt.search import Finding, HuntState
+from flashcheck.core.fileio import make_folder, safe_child, write_atomic
 from flashcheck.hunt.semantics import CONVENTION, Probe
+from flashcheck.hunt.store import HuntState
 from flashcheck.hunt.target import Target
 from flashcheck.reporting.page import Bullets, Heading, Page, Table, Text, write_report
 
@@ -21,6 +21,18 @@ KIND_WORDS = {
     "semantics": "differs from the convention (zeros) only on rows with no visible key",
     "crash": "the target's process died (the signal; the line of its stderr that says why), or hung: no answer "
     "within --case-timeout, and was killed",
+    "output": "the target returned no tensor, or one of another shape than [B, H, Lq, D]",
+    "failed": "the target raised on every case: none could be judged",
+}
+CATEGORY_WORDS = {
+    "kernel-bug": "the FP64 reference is finite and the same-format reference (plain attention in the dtype) is "
+    "within the budget: the kernel's own doing",
+    "format-overflow": "the logits exceed the format's range where the same-format reference, or the operator's "
+    "specification, computes them in that format (cited)",
+    "convention": "only rows with no visible key differ (fully masked rows, Lk = 0, causal with Lq > Lk)",
+    "private-only": "reached through a private op users do not call",
+    "crash / hang": "the process died / gave no answer",
+    "target-error": "no tensor of the right shape, or an error on every case",
 }
 
 
@@ -64,18 +76,35 @@ def ratio_text(kind: str, margin: float | None) -> str:
     return f"{margin:.3g}x" if kind == "budget" and margin and math.isfinite(margin) else ""
 
 
-def finding_rows(findings: list[Finding]) -> list[list[str]]:
+def finding_rows(findings: list[dict]) -> list[list[str]]:
+    """The findings table's rows, from the findings' dicts (summary.json's)."""
     return [
         [
-            f.kind,
-            f.where,
-            ratio_text(f.kind, f.margin),
-            f.case.describe(),
-            f"{f.found_after_s:.1f}",
-            f"{f.shrunk_after_s:.1f}",
+            f["kind"],
+            f.get("category") or "",
+            f["where"],
+            ratio_text(f["kind"], f.get("margin", 0.0)),
+            "" if f.get("max_logit") is None else f"{f['max_logit']:.3g}",
+            f["describe"],
+            f"{f['found_after_s']:.1f}",
+            f"{f['shrunk_after_s']:.1f}",
         ]
         for f in findings
     ]
+
+
+def finding_notes(f: dict) -> list[str]:
+    """What a finding's row leaves out: the crash's words, the target's error, a private api, the known report."""
+    notes = []
+    if f["kind"] == "crash":
+        notes.append(f"crash: {crash_text(f)}")
+    elif f["kind"] in ("failed", "output"):
+        notes.append(f"{f['kind']}: {f['message']}")
+    if str(f.get("api", "public")).startswith("private"):
+        notes.append(f"api: {f['api']}")
+    if f.get("known"):
+        notes.append(f"known: {f['known']}")
+    return notes
 
 
 def crash_text(f: dict) -> str:
@@ -85,7 +114,16 @@ def crash_text(f: dict) -> str:
     return f"died of {f['tensor']} on {f['describe']}; stderr: {f['message']}"
 
 
-FINDING_HEADER = ["kind", "where", "error / bound", "minimal case", "found (s)", "shrunk (s)"]
+FINDING_HEADER = [
+    "kind",
+    "category",
+    "where",
+    "error / bound",
+    "max |logit|",
+    "minimal case",
+    "found (s)",
+    "shrunk (s)",
+]
 SEMANTICS_HEADER = ["probe", "returned", "convention", "verdict"]
 
 
@@ -94,7 +132,8 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     s = summary(target, state, table, budget_s, rule)
     folder = make_folder(out / "findings", "findings in --out")
     for i, f in enumerate(state.findings, 1):
-        write_atomic(folder / f"{i:02d}-{f.kind}-{f.tensor}.json", json.dumps(f.to_dict(target), indent=1) + "\n")
+        name = safe_child(folder, f"{i:02d}-{f.kind}-{f.tensor}.json", "a finding's file name")  # stored text
+        write_atomic(name, json.dumps(f.to_dict(target), indent=1) + "\n")
     page = Page(f"flashcheck hunt: {target.name}")
     page.add(Text(headline(s) + "."))
     notes = [f"dtypes {', '.join(target.dtypes)} on {target.device}", *target.notes]
@@ -105,12 +144,13 @@ def write(out: Path, target: Target, state: HuntState, table: list[Probe], budge
     page.add(Bullets([("", None, n) for n in notes], with_verdict=False))
     page.add(Heading("Findings"))
     if state.findings:
-        page.add(Table(FINDING_HEADER, finding_rows(state.findings)))
-        page.add(Bullets([(f.kind, None, f"`{f.reproducer(target)}`") for f in state.findings], with_verdict=False))
-        crashes = [(f.kind, None, crash_text(f.to_dict())) for f in state.findings if f.kind == "crash"]
-        if crashes:
-            page.add(Bullets(crashes, with_verdict=False))
+        page.add(Table(FINDING_HEADER, finding_rows(s["findings"])))
+        page.add(Bullets([(f["kind"], None, f"`{f['reproducer']}`") for f in s["findings"]], with_verdict=False))
+        notes = [(f["kind"], None, n) for f in s["findings"] for n in finding_notes(f)]
+        if notes:
+            page.add(Bullets(notes, with_verdict=False))
         page.add(Bullets([(k, None, w) for k, w in KIND_WORDS.items()], with_verdict=False))
+        page.add(Bullets([(k, None, w) for k, w in CATEGORY_WORDS.items()], with_verdict=False))
     else:
         page.add(Text("None: every case judged kept within the budget, without NaN or Inf."))
     page.add(Heading("Semantics where no key is visible"))

@@ -22,22 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.fileio import make_folder, refuse_link, write_atomic
-from flashcheck.core.jsonguard import read_json
+from flashcheck.core.fileio import make_folder, refuse_link
 from flashcheck.hunt.case import HuntCase, parse_case
 from flashcheck.hunt.isolate import STDERR, IsolatedTarget, isolates
 from flashcheck.hunt.judge import Outcome, evaluate
+from flashcheck.hunt.onset import ONSET_KINDS, shrink_onset
+from flashcheck.hunt.store import STORE, Finding, HuntState
 from flashcheck.hunt.target import Target
 
 ROUND_EXAMPLES = 40
-STORE = "findings.json"
 DATABASE = "hypothesis-db"
 STORAGE = "hypothesis-storage"  # Hypothesis's own files (its home directory), kept in --out rather than ./.hypothesis
 WRITTEN = (STORE, "summary.json", "report.md", "report.html", STDERR)  # plain files a hunt writes into --out
@@ -49,89 +47,6 @@ def check_links(out: Path) -> None:
     refuse_link(out, "the --out folder")
     for name in (*WRITTEN, *FOLDERS):
         refuse_link(out / name, f"{name} in --out")
-
-
-@dataclass
-class Finding:
-    """A failure of one kind on one tensor, shrunk: the minimal case, where it fails and when it was found."""
-
-    kind: str
-    tensor: str
-    case: HuntCase
-    where: str
-    message: str
-    found_after_s: float  # hunt time when the first case of this kind was seen
-    shrunk_after_s: float  # hunt time when its shrinking ended
-    examples_before: int
-    margin: float = 0.0  # the worst check's error / bound (how far over the budget a budget finding is)
-    provisional: bool = False  # a crash stored when first seen, before its round shrank it
-
-    @property
-    def signature(self) -> tuple[str, str]:
-        return (self.kind, self.tensor)
-
-    def reproducer(self, target: Target) -> str:
-        device = f" --device {target.device}" if target.device != "cpu" else ""
-        return f"flashcheck compare --backend {target.name}{device} --case '{self.case.to_text()}'"
-
-    def to_dict(self, target: Target | None = None) -> dict:
-        d = {
-            "kind": self.kind,
-            "tensor": self.tensor,
-            "case": self.case.to_text(),
-            "describe": self.case.describe(),
-            "where": self.where,
-            "message": self.message,
-            "found_after_s": round(self.found_after_s, 2),
-            "shrunk_after_s": round(self.shrunk_after_s, 2),
-            "examples_before": self.examples_before,
-            "margin": round(self.margin, 4) if math.isfinite(self.margin) else None,  # JSON has no Infinity
-        } | ({"provisional": True} if self.provisional else {})
-        return d | ({"reproducer": self.reproducer(target)} if target else {})
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Finding:
-        keys = ("kind", "tensor", "where", "message", "found_after_s", "shrunk_after_s", "examples_before")
-        margin, provisional = float(d.get("margin") or 0.0), bool(d.get("provisional", False))
-        return cls(case=parse_case(d["case"]), margin=margin, provisional=provisional, **{k: d[k] for k in keys})
-
-
-@dataclass
-class HuntState:
-    """What a hunt has done so far (the findings store's content)."""
-
-    target: str
-    elapsed_s: float = 0.0
-    examples: int = 0
-    refusals: int = 0
-    crashes: int = 0  # cases that killed the target's process (isolated targets)
-    rounds: int = 0
-    refusal_examples: list[str] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-
-    def save(self, out: Path, target: Target) -> None:
-        keys = ("target", "elapsed_s", "examples", "refusals", "crashes", "rounds", "refusal_examples")
-        d = {k: getattr(self, k) for k in keys}
-        d["findings"] = [f.to_dict(target) for f in self.findings]
-        write_atomic(out / STORE, json.dumps(d, indent=1) + "\n")
-
-    @classmethod
-    def load(cls, out: Path, target: Target) -> HuntState:
-        """The stored state of a hunt of `target` in `out` (a fresh one when none, or another target's)."""
-        path = out / STORE
-        if not path.exists():
-            return cls(target.name)
-        try:
-            d = read_json(path, "a hunt's findings", follow=False)  # bounded nesting, never through a link
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path} is not a findings store ({exc}); give another --out") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path} is not a findings store (a JSON {type(d).__name__}); give another --out")
-        if d.get("target") != target.name:
-            raise ValueError(f"{out} holds a hunt of {d.get('target')!r}, not {target.name!r}; give another --out")
-        findings = [Finding.from_dict(f) for f in d.get("findings", [])]
-        keys = ("elapsed_s", "examples", "refusals", "crashes", "rounds", "refusal_examples")
-        return cls(target.name, findings=findings, **{k: d[k] for k in keys if k in d})
 
 
 class _Found(Exception):
@@ -173,7 +88,8 @@ def hunt(
         if not (isolates(target) if isolate is None else isolate):
             with _fixed_pool():
                 return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, None)
-        with IsolatedTarget(target, out / STDERR, case_timeout_s) as worker, _fixed_pool():
+        waiting = None if on_step is None else (lambda s: on_step(state, f"a case running for {s:.0f} s"))
+        with IsolatedTarget(target, out / STDERR, case_timeout_s, waiting) as worker, _fixed_pool():
             return _hunt(target, out, state, budget_s, (seed, rule, backward), shrink_s, rounds, on_step, worker)
     finally:
         torch.set_num_threads(threads)
@@ -221,9 +137,24 @@ def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step, worker)
                 state.findings[same[0]] = found
             else:
                 state.findings.append(found)
+        _failed_everywhere(state, time.monotonic() - clock)
         state.save(out, target)
         step(state, f"round {state.rounds}" + (f": found {found.kind} in {found.tensor}" if found else ""))
     return state
+
+
+def _failed_everywhere(state: HuntState, now: float) -> None:
+    """A target that raised on every case run so far (none judged) is a finding of kind `failed`, not a pass: a
+    kernel that never works. Kept up to date while that holds; dropped once a case is judged."""
+    others = [f for f in state.findings if f.kind != "failed"]
+    if not state.examples or state.refusals < state.examples or len(state.first_error) != 2:
+        state.findings = others
+        return
+    n, (case, error) = state.examples, state.first_error
+    message = f"the target failed on {n} of {n} cases: first error {error}"
+    where = f"every case ({n} of {n})"
+    failed = Finding("failed", "all", parse_case(case), where, message, now, now, 0, 1.0, category="target-error")
+    state.findings = [*others, failed]
 
 
 def _round(target, state: HuntState, db, clock: float, times, opts, step, io) -> Finding | None:
@@ -260,7 +191,7 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
             return  # done shrinking: only the smallest case so far still fails
         outcome = evaluate(target, case, rule, run)
         _count(state, outcome)
-        _store_crash(state, outcome, now, lambda: state.save(out, target))
+        _store_crash(target, state, outcome, now, lambda: state.save(out, target))
         step(state, case.describe())
         if outcome.error is not None:
             reject()
@@ -279,7 +210,33 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
         pass
     except HypothesisException:  # flaky replay of a non-deterministic target, or an unsatisfiable round
         pass
-    return None if lock["best"] is None else _finding(lock, clock)
+    if lock["best"] is None:
+        return None
+    _to_onset(target, lock, rule, run)
+    return annotated(target, _finding(lock, clock))
+
+
+def _to_onset(target: Target, lock: dict, rule: str, run) -> None:
+    """A numeric finding's case lowered to the smallest logits at which it still holds (hunt.onset)."""
+    if lock["sig"][0] not in ONSET_KINDS:
+        return
+    least = _least_margin(lock["best"], lock["sig"])
+    same = lambda c: _holds(evaluate(target, c, rule, run), lock["sig"], least)  # noqa: E731
+    lock["best"] = shrink_onset(lock["best"].case, same)[1] or lock["best"]
+
+
+def _least_margin(outcome: Outcome, sig: tuple[str, str]) -> float:
+    """The margin a smaller case must keep to hold the same budget finding: half the found case's excess over the
+    budget (an error that hovers at 1.01x the budget over a range of logits is no onset); 0 for the other kinds."""
+    if sig[0] != "budget":
+        return 0.0
+    m = next(v.margin for v in outcome.failures if (v.kind, v.tensor) == sig)
+    return 1.0 + (m - 1.0) / 2 if math.isfinite(m) else 1.0
+
+
+def _holds(outcome: Outcome, sig: tuple[str, str], least: float = 0.0) -> Outcome | None:
+    hit = any((v.kind, v.tensor) == sig and v.margin >= least for v in outcome.failures)
+    return outcome if hit else None
 
 
 def _finding(lock: dict, clock: float) -> Finding:
@@ -290,7 +247,18 @@ def _finding(lock: dict, clock: float) -> Finding:
     return Finding(v.kind, v.tensor, best.case, v.where(), v.message, lock["at"], end, lock["examples"], v.margin)
 
 
-def _store_crash(state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
+def annotated(target: Target, f: Finding) -> Finding:
+    """`f` with its api, category (and why, in the message), max_logit and known report (hunt.classify)."""
+    from flashcheck.hunt.classify import category, known_report, max_logit
+
+    cat, why = category(target, f.kind, f.tensor, f.case)
+    message = f.message if not why or why in f.message else f"{f.message} ({why})"
+    logit = max_logit(f.case)
+    known = known_report(target.name, f.kind, f.tensor, f.case)
+    return dataclasses.replace(f, api=target.api, category=cat, max_logit=logit, known=known, message=message)
+
+
+def _store_crash(target: Target, state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
     """A crash of a kind not stored yet: stored now (provisional, unshrunk), before anything else happens."""
     crash = next((v for v in outcome.failures if v.kind == "crash"), None)
     if crash is None:
@@ -299,7 +267,7 @@ def _store_crash(state: HuntState, outcome: Outcome, now: float, save: Callable[
     if (crash.kind, crash.tensor) in {f.signature for f in state.findings}:
         return
     f = Finding("crash", crash.tensor, outcome.case, crash.where(), crash.message, now, now, state.examples, 1.0)
-    state.findings.append(dataclasses.replace(f, provisional=True))
+    state.findings.append(dataclasses.replace(annotated(target, f), provisional=True))
     save()
 
 
@@ -307,5 +275,7 @@ def _count(state: HuntState, outcome: Outcome) -> None:
     state.examples += 1
     if outcome.error is not None:
         state.refusals += 1
+        if not state.first_error:
+            state.first_error = [outcome.case.to_text(), outcome.error]
         if len(state.refusal_examples) < 5 and outcome.error not in state.refusal_examples:
             state.refusal_examples.append(outcome.error)

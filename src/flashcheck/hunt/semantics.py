@@ -5,6 +5,7 @@ too, the sink column having no value). A disagreement is a finding of its own ki
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +70,7 @@ def probe(target: Target, name: str, case: HuntCase) -> Probe:
         return Probe(name, case, "not taken: the target takes no sink", None)
     q, k, v, _ = make_inputs(case)
     mask, sink = _rounded(case)
-    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.softmax_scale, "mask": mask, "sink": sink}
+    kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.call_scale, "mask": mask, "sink": sink}
     try:
         with torch.no_grad():
             out = target.call(q, k, v, **kw)
@@ -103,51 +104,66 @@ def _refuses_plain(target: Target, dtype: str) -> bool:
     return False
 
 
-def semantics_table(target: Target, *, isolate: bool = True) -> list[Probe]:
+def semantics_table(
+    target: Target,
+    *,
+    isolate: bool = True,
+    worker=None,
+    timeout_s: float | None = None,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> list[Probe]:
     """Every probe, in the target's fp32 (else its first dtype). With `isolate`, probes that may kill their
-    process run in a child (never plain fork: unsafe once JAX or a BLAS pool runs): every probe of a target the
-    hunt isolates (isolate.isolates: backends, callables), all in one child and, when it dies, each in its own
-    to tell which; of a simulator preset the Lk = 0 probe (torch 2.13's CPU flash kernel dies of SIGFPE at
-    Lk = 0). A probe that kills its child reads "crash: the process died of SIGNAL"."""
+    process or hang run in the hunt's worker (hunt.isolate.IsolatedTarget: `worker`, else one of this call's own
+    with `timeout_s`), each in a call of its own, under its timeout: every probe of a target the hunt isolates
+    (backends, callables); of a simulator preset the Lk = 0 probe (torch 2.13's CPU flash kernel dies of SIGFPE at
+    Lk = 0). A probe that kills the worker reads "crash: the process died of SIGNAL", one that gives no answer in
+    time "hang: no answer in N s". `on_probe`: called with each row as it is measured (progress)."""
     from flashcheck.hunt.isolate import isolates
 
     dtype = "fp32" if "fp32" in target.dtypes else target.dtypes[0]
     cases = probe_cases(dtype)
     risky = [n for n, c in cases.items() if isolate and (c.lk == 0 or isolates(target))]
-    done = {n: probe(target, n, c) for n, c in cases.items() if n not in risky}
-    together = _in_child(target, risky) if len(risky) > 1 else None
-    if isinstance(together, list):
-        done |= {p.name: p for p in together}
-    for name in (n for n in risky if n not in done):
-        one = _in_child(target, [name])
-        crash = Probe(name, cases[name], f"crash: the process died of {one}", False)
-        done[name] = one[0] if isinstance(one, list) else crash
+    seen = on_probe or (lambda p: None)
+    with contextlib.ExitStack() as stack:
+        if risky and worker is None:
+            worker = stack.enter_context(_own_worker(target, timeout_s))
+        done = {}
+        for name, case in cases.items():
+            done[name] = _in_worker(worker, name, case) if name in risky else probe(target, name, case)
+            seen(done[name])
     return [done[n] for n in cases]
 
 
-def _child(conn, text: str, device: str, names: list[str]) -> None:
-    from flashcheck.hunt.target import parse_target
+@contextlib.contextmanager
+def _own_worker(target: Target, timeout_s: float | None):
+    import tempfile
+    from pathlib import Path
 
-    target = parse_target(text, device)
+    from flashcheck.hunt.isolate import IsolatedTarget
+
+    with (
+        tempfile.TemporaryDirectory(prefix="flashcheck-probe-") as tmp,
+        IsolatedTarget(target, Path(tmp) / "output", timeout_s) as worker,
+    ):
+        yield worker
+
+
+def _probe_in_worker(target: Target, name: str) -> Probe:
+    """In the worker: probe `name` of the target's probe cases."""
     dtype = "fp32" if "fp32" in target.dtypes else target.dtypes[0]
-    cases = probe_cases(dtype)
-    conn.send([probe(target, n, cases[n]) for n in names])
-    conn.close()
+    return probe(target, name, probe_cases(dtype)[name])
 
 
-def _in_child(target: Target, names: list[str]) -> list[Probe] | str:
-    """The probes `names` run in a child process: their rows, or the signal (or exit code) it died of."""
-    from flashcheck.hunt.isolate import signal_name, worker_context
+def _in_worker(worker, name: str, case: HuntCase) -> Probe:
+    """Probe `name` run in the worker: its row, or a crash or hang row when the worker died or gave no answer."""
+    from flashcheck.hunt.isolate import HANG
+    from flashcheck.hunt.target import BadOutput, TargetCrashed, TargetRaised
 
-    ctx = worker_context()  # forked from the fork server (torch loaded), else spawned
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, target.name, target.device, names), daemon=True)
-    proc.start()
-    send.close()
-    rows = None
-    with contextlib.suppress(EOFError):  # EOF: the child died before it answered
-        rows = receive.recv()
-    proc.join(60)
-    if rows is not None:
-        return rows
-    return signal_name(proc.exitcode)
+    try:
+        return worker.call(_probe_in_worker, name)
+    except TargetCrashed as exc:
+        if exc.signal == HANG:
+            return Probe(name, case, f"hang: {exc.line}", False)
+        return Probe(name, case, f"crash: the process died of {exc.signal}", False)
+    except (TargetRaised, BadOutput) as exc:  # raised outside the target's call (probe itself catches those)
+        return Probe(name, case, f"error: {str(exc)[:120]}", None)

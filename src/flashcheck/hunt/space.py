@@ -11,9 +11,10 @@ and the lengths it tries in between need not trigger), or any length up to 319, 
 same reason (a plain integer's shrinker stopped at 129, 192 or 257); Lq and Lk drawn apart (Lq != Lk, causal with
 Lq > Lk). Head dims include non-powers of two; K/V heads divide Q heads (GQA, MQA at Hkv = 1). Masks: key padding,
 fully masked rows, a shift of every visible score (down to log-sum-exps below -88.7, the exp underflow of fp32); sinks
-up to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4); magnitudes up to where fp16 overflows, and for
-FP8 inputs up to a quarter of the format's max (112 for e4m3, 14336 for e5m2: the draws past 4 sigma saturate at
-448 or 57344, as FP8 casts do)."""
+up to 100; softmax scales up to 1e4 times 1/sqrt(D) (scores of 1e4), and in a quarter of the draws none (scale=None: the
+target's own default, which a kernel that pads the head dim may derive from the padded dim); magnitudes up to where
+fp16 overflows, and for FP8 inputs up to a quarter of the format's max (112 for e4m3, 14336 for e5m2: the draws
+past 4 sigma saturate at 448 or 57344, as FP8 casts do)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def cases(target: Target, *, backward: bool = True):
             magnitude = draw(st.one_of(st.just(1.0), st.just(1.0), st.just(top), st.sampled_from(sizes)))
         else:
             magnitude = draw(plain_or(1.0, sizes))
-        scale = draw(plain_or(1.0, SCALES))
+        scale = draw(st.one_of(st.just(1.0), st.just(1.0), st.just(None), st.sampled_from(SCALES)))  # None: default
         seed = draw(st.integers(0, 2**16))
         back = draw(st.booleans()) if backward and target.backward else False
         fields = dict(dtype=dtype, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, head_dim=d)

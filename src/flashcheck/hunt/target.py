@@ -40,6 +40,20 @@ class TargetRaised(RuntimeError):
     """The target raised in its worker process; the message is 'Type: message' as the worker reported it."""
 
 
+class BadOutput(ValueError):
+    """The target returned something that is not a tensor of [B, H, Lq, D]: a finding of kind `output`."""
+
+
+def checked_output(out: object, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`out` when it is a tensor of q's [B, H, Lq] and v's D; BadOutput saying what it is otherwise."""
+    if not isinstance(out, torch.Tensor):
+        raise BadOutput(f"the target returned a {type(out).__name__}, not a tensor")
+    want = (*q.shape[:-1], v.shape[-1])
+    if tuple(out.shape) != tuple(want):
+        raise BadOutput(f"the target returned shape {list(out.shape)}; expected {list(want)} ([B, H, Lq, D])")
+    return out
+
+
 @dataclass(frozen=True)
 class Target:
     """A hunted implementation. `dtypes`: the case dtypes it takes (names of case.DTYPES); `masks`: it takes a
@@ -58,6 +72,8 @@ class Target:
     float64_io: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     pow2_head_dim: bool = False  # it takes power-of-two head dims only (FA3 FP8's Hadamard rotation)
+    api: str = "public"  # public, or "private: OP" (a private op users cannot call), or "simulated" (a preset)
+    via: str = ""  # the call, in words: what a finding's reproducer calls
 
     def run_dtype(self, dtype: str) -> torch.dtype:
         return torch.float64 if self.float64_io else DTYPES[dtype]
@@ -74,7 +90,7 @@ class Target:
         elif sink is not None:
             k, v, kw["mask"] = sink_as_key(q, k, v, mask, causal, sink)
             kw["causal"] = False
-        return self.fn(q, k, v, **kw).to("cpu", torch.float64)
+        return checked_output(self.fn(q, k, v, **kw), q, v).to("cpu", torch.float64)
 
 
 def sink_as_key(q, k, v, mask, causal: bool, sink: float):
@@ -115,16 +131,66 @@ def _backend_target(text: str, device: str) -> Target:
         if fmt not in dtypes:
             raise ValueError(f"target {text!r}: {name} does not take {fmt} on {device}; it takes {', '.join(dtypes)}")
         dtypes = (fmt,)
+    fn, api, via = b.forward, *_api(name)
+    if name in PUBLIC_SDPA:
+        fn = _public_sdpa(PUBLIC_SDPA[name])
     return Target(
         text,
         "backend",
-        b.forward,
+        fn,
         dtypes,
         device,
         masks=b.supports_mask,
         gqa=b.supports_gqa,
         backward=b.backward_reason(device) is None,
+        api=api,
+        via=via,
     )
+
+
+# torch's SDPA backends hunted through the call users make: F.scaled_dot_product_attention under sdpa_kernel([B]),
+# a process-wide switch that harms no one in the hunt's worker (in-process, the hunt is single-threaded)
+PUBLIC_SDPA = {
+    "sdpa-math": "MATH",
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+}
+_VIA = {
+    "jax-xla": "jax.nn.dot_product_attention(implementation='xla'), jitted",
+    "jax-cudnn": "jax.nn.dot_product_attention(implementation='cudnn'), jitted",
+    "onnxruntime": "an ONNX model of one Attention node (opset 23) in onnxruntime.InferenceSession",
+}
+_PRIVATE = {
+    "sdpa-math-lowp": "aten::_scaled_dot_product_attention_math's steps in the input format (flashcheck's own)",
+}
+
+
+def _api(name: str) -> tuple[str, str]:
+    """('public' or 'private: OP', the call in words) of backend `name`."""
+    if name in PUBLIC_SDPA:
+        return "public", f"torch.nn.functional.scaled_dot_product_attention under sdpa_kernel([{PUBLIC_SDPA[name]}])"
+    if name in _PRIVATE:
+        return f"private: {_PRIVATE[name]}", _PRIVATE[name]
+    return "public", _VIA.get(name, f"the {name} backend's forward")
+
+
+def _public_sdpa(which: str):
+    def forward(q, k, v, *, causal=False, scale=None, mask=None):
+        """F.scaled_dot_product_attention pinned to one backend; causal bottom-right as an explicit mask where
+        Lq != Lk or a mask is given (SDPA's is_causal is top-left)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from flashcheck.backends.sdpa import _sdpa_mask
+
+        attn = _sdpa_mask(mask, causal, q, k)
+        gqa = q.shape[1] != k.shape[1]
+        with sdpa_kernel([getattr(SDPBackend, which)]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn, is_causal=causal and attn is None, scale=scale, enable_gqa=gqa
+            )
+
+    return forward
 
 
 def _preset_target(text: str, device: str) -> Target:
@@ -152,8 +218,9 @@ def _preset_target(text: str, device: str) -> Target:
     back = not (fp8 or quantized)
     pow2 = _hadamard(name, dtypes[0])
     return Target(
-        text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes, pow2_head_dim=pow2
-    )
+        text, "preset", forward, dtypes, device, backward=back, float64_io=True, notes=notes, pow2_head_dim=pow2,
+        api="simulated", via=f"flashcheck's simulator, preset {name}",
+    )  # fmt: skip
 
 
 def _hadamard(name: str, dtype: str) -> bool:
@@ -193,11 +260,14 @@ def preset_dtypes(name: str) -> tuple[str, ...]:
     return tuple(taken)
 
 
-def _callable_target(text: str, device: str) -> Target:
+def _callable_target(text: str, device: str, load: bool = True) -> Target:
     mod, _, attr = text.partition(":")
     attr, _, fmt = attr.partition(":")
     if fmt and fmt not in DTYPES:
         raise ValueError(f"target {text!r}: format {fmt!r} is not allowed; expected one of {', '.join(DTYPES)}")
+    dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
+    if not load:  # named only: its module is imported in the hunt's worker (hunt.isolate), never here
+        return Target(text, "callable", _not_here, dtypes, device, backward=not fp8, notes=(FP8_NOTE,) * fp8)
     try:
         fn = getattr(importlib.import_module(mod), attr)
     except (ImportError, AttributeError) as exc:
@@ -209,15 +279,19 @@ def _callable_target(text: str, device: str) -> Target:
     varkw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if not varkw and not {"causal", "scale", "mask"} <= takes:
         raise ValueError(f"target {text!r}: {attr} must take q, k, v and keywords causal, scale, mask (and sink)")
-    dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
     sink = varkw or "sink" in takes
     return Target(text, "callable", fn, dtypes, device, native_sink=sink, backward=not fp8, notes=(FP8_NOTE,) * fp8)
 
 
-def parse_target(text: str, device: str = "cpu") -> Target:
+def _not_here(*args, **kw):
+    raise RuntimeError("this callable target is named only: it runs in the hunt's worker (hunt.isolate)")
+
+
+def parse_target(text: str, device: str = "cpu", *, load: bool = True) -> Target:
     """A backend name (optionally NAME:FMT), a kernel preset of the simulator (PRESET or PRESET:FMT) or a user
     callable package.module:function (with :FMT, one format: fp8-e4m3 and fp8-e5m2 hand it FP8 tensors);
-    ValueError names the value and what is allowed."""
+    ValueError names the value and what is allowed. `load=False`: a callable's module is not imported (the hunt's
+    worker imports it: IsolatedTarget.load checks it there)."""
     from flashcheck.backends import backend_names
     from flashcheck.kernels.sim.presets import KERNEL_PRESETS
 
@@ -234,7 +308,7 @@ def parse_target(text: str, device: str = "cpu") -> Target:
     if head in KERNEL_PRESETS:
         return _preset_target(text, device)
     if _CALLABLE.match(text):
-        return _callable_target(text, device)
+        return _callable_target(text, device, load)
     import difflib
 
     allowed = [*backend_names(), *KERNEL_PRESETS]
