@@ -209,9 +209,8 @@ def test_the_readme_dump_lines_write_a_file_judge_accepts(tmp_path: Path):
 
 
 def test_the_readme_documents_every_command():
-    from flashcheck.cli import app
-
-    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    """Every command is in a command line of the README or the docs (so it runs in test_readme_command_runs)."""
+    names = set(_commands())
     documented = {shlex.split(c)[1] for c in readme_commands()}
     assert names <= documented, f"not in a README command line: {sorted(names - documented)}"
     assert len(readme_commands()) >= len(names)
@@ -311,9 +310,16 @@ def _help_options(command: str) -> list[str]:
 
 
 def _commands() -> list[str]:
+    """The commands `flashcheck --help` lists (however the app registers them)."""
+    from typer.testing import CliRunner
+
     from flashcheck.cli import app
 
-    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    res = CliRunner().invoke(app, ["--help"])
+    listed = res.stdout.split("\nCommands:\n", 1)[1]
+    names = re.findall(r"^  ([a-z][a-z0-9-]*)(?:\s|$)", listed, flags=re.M)
+    assert len(names) >= 14, res.stdout  # study ... validate: the commands of today at least
+    return names
 
 
 @pytest.mark.parametrize("command", _commands())
@@ -370,3 +376,16 @@ def test_no_internal_issue_numbers_in_the_docs():
     for path in (README, *(p for p in doc_pages() if p.name not in PAGES_OF_OTHERS)):
         found = re.findall(r"\b[Ii]ssues? #?\d+", path.read_text())
         assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def test_the_study_page_counts_each_presets_cases():
+    """The "cases" column of docs/commands/study.md is each preset's count today (its sweeps expanded), so a preset
+    that grows does not leave a stale number behind."""
+    from flashcheck.study.cases import expand_sweep
+    from flashcheck.study.config import preset
+
+    page = (DOCS / "commands" / "study.md").read_text()
+    rows = re.findall(r"^\| `([a-z0-9-]+)`[^|]*\| (\d+) \|", page, flags=re.M)
+    assert len(rows) >= 8, rows
+    for name, cases in rows:
+        assert sum(len(expand_sweep(s)) for s in preset(name).sweeps) == int(cases), name
