@@ -728,20 +728,20 @@ def test_minilm_bf16_embeddings_within_the_bf16_budget(minilm):
 
 @pytest.mark.xdist_group("guard_minilm")  # one worker computes the module fixture minilm once
 def test_readme_guard_example_runs(minilm, caplog):
-    """The README's service example, as written (its PrometheusExporter in a fresh registry, every call checked)."""
+    """The docs' service example (docs/guard.md), as written (its PrometheusExporter in a fresh registry, every call
+    checked)."""
     import re
     from pathlib import Path
 
     import prometheus_client as pc
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Guard attention in production", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guard.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     code = code.replace("PrometheusExporter()", "PrometheusExporter(registry=pc.CollectorRegistry())")
     code = code.replace("every=100", "every=1")  # exercise the background checks of inference-mode tensors
     scope = {"pc": pc}
     with caplog.at_level(logging.INFO, logger="flashcheck.guard"):
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/guard.md", "exec"), scope)
     s = scope["guard"].stats()
     assert s.calls == 6 and s.fallbacks == {} and s.shadow.failed == 0
     assert s.shadow.checks >= 1 and s.shadow.checks + s.shadow.skipped == 6  # max_overhead may skip some

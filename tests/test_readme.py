@@ -1,14 +1,18 @@
-"""Every `flashcheck ...` command line in README.md runs: exit 0, no traceback, as a new user types it.
+"""Every `flashcheck ...` command line in README.md and the docs site (docs/**/*.md) runs: exit 0, no traceback, as
+a new user types it; and the docs keep up with the command line: every option of `flashcheck CMD --help` is on CMD's
+page, every page is in the mkdocs nav, the README stays a short front door whose links and table point at real pages
+and lines.
 
 Each line runs in this process through the CLI's app (typer's CliRunner, in the line's folder; C-level
 stderr caught by capfd), not through the installed script: a fresh interpreter per line cost ~4 s of torch
 import each; `train-study` (FRESH) still runs in one. The installed script itself (its plain output, quiet
 stderr) is test_cli_human's test_installed_script_output_is_plain_and_stderr_quiet.
 
-Lines come from the README's bash blocks (backslash continuations joined, `&&` chains split, comments
-dropped). Sizes are made small by explicit rewrites (`small`): `--preset tiny` where a study or training
+Lines come from the bash blocks of README.md and of every docs page (backslash continuations joined, `&&` chains
+split, comments dropped); a line that several pages show, or that is the same line once made small, runs once. Sizes
+are made small by explicit rewrites (`small`): `--preset tiny` where a study or training
 preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ..., `--seq-len-k 256` and `--heads 1`; the
-README's TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
+docs' TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
 `validate` gets `--samples 8 --max-length 32`, and `--check-pin` a pin of this environment; the `validate` lines
 that run a model share one folder, in order, as a reader's would."""
@@ -31,20 +35,38 @@ import pytest
 import torch
 from tests.helpers import figures_from
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
 STUDY_ARGS = ("--preset", "--config")
 FLASHCHECK = shutil.which("flashcheck", path=str(Path(sys.executable).parent)) or shutil.which("flashcheck")
 # run through the installed script: train-study's pool forks (the default start method), and a fork of a
 # process that earlier lines left with JAX's or XLA's threads can deadlock
 FRESH = {"train-study"}
+# a preset the docs show -> the preset its line runs in the test: the same questions at toy sizes
+SMALL_PRESETS = {
+    **{("study", p): "tiny" for p in ("quick", "paper", "fa3", "full", "production", "modern")},
+    **{("study", p): "guide-tiny" for p in ("guide", "guide-full")},
+    ("study", "serving"): "serving-tiny",
+    **{("train-study", p): "tiny" for p in ("quick", "paper", "full")},
+}
+
+
+def doc_pages() -> list[Path]:
+    """Every page of the docs site, sorted."""
+    return sorted(DOCS.rglob("*.md"))
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    """The fenced `lang` blocks of README.md, then of every docs page."""
+    return [b for path in (README, *doc_pages()) for b in re.findall(rf"^```{lang}\n(.*?)^```", path.read_text(),
+                                                                    flags=re.S | re.M)]  # fmt: skip
 
 
 def readme_commands() -> list[str]:
-    """Every `flashcheck ...` command of the README's bash blocks, in order, once each, without comments."""
+    """Every `flashcheck ...` command of the bash blocks of README.md and the docs, in order, once each, without
+    comments."""
     commands = []
     for block in _blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
@@ -60,10 +82,9 @@ def small(words: list[str]) -> list[str]:
     cmd, args = words[1], list(words[2:])
     if cmd in ("study", "train-study") and not any(a in args for a in STUDY_ARGS):
         args += ["--preset", "tiny"]
-    if cmd == "study" and "--preset" in args and args[args.index("--preset") + 1] in ("guide", "guide-full"):
-        args[args.index("--preset") + 1] = "guide-tiny"
-    if cmd == "study" and "--preset" in args and args[args.index("--preset") + 1] == "serving":
-        args[args.index("--preset") + 1] = "serving-tiny"
+    if cmd in ("study", "train-study") and "--preset" in args:
+        i = args.index("--preset") + 1
+        args[i] = SMALL_PRESETS.get((cmd, args[i]), args[i])
     if cmd == "consistency" and "--max-batch" in args:
         args[args.index("--max-batch") + 1] = "4"
     if cmd == "validate" and "--kv-cache" in args:
@@ -80,7 +101,8 @@ def small(words: list[str]) -> list[str]:
             else:
                 args += [flag, value]
     if cmd == "hunt":
-        args[args.index("--budget") + 1] = "2s"
+        args = [a for i, a in enumerate(args) if a != "--budget" and (i == 0 or args[i - 1] != "--budget")]
+        args += ["--budget", "2s"]
     if cmd in ("compare", "explain") and "--case" not in args:
         if "--seq-len" in args:
             i = args.index("--seq-len") + 1
@@ -97,9 +119,9 @@ def small(words: list[str]) -> list[str]:
 
 
 def _readme_sweep() -> str:
-    (toml,) = _blocks("toml")
+    (toml,) = _blocks("toml")  # the docs' one sweep, which `study --config sweep.toml` runs
     shrunk, n = re.subn(r"^seq_lens = \[[^\]]*\]", "seq_lens = [64, 128]", toml, flags=re.M)
-    assert n == 1, "the README's sweep has no seq_lens line to shrink"
+    assert n == 1, "the docs' sweep has no seq_lens line to shrink"
     return shrunk
 
 
@@ -180,16 +202,15 @@ def test_the_readme_dump_lines_write_a_file_judge_accepts(tmp_path: Path):
 
     from flashcheck.cli import app
 
-    (line,) = [c for c in readme_commands() if c.startswith("flashcheck judge")]
+    line = next(c for c in readme_commands() if c.startswith("flashcheck judge"))  # the first: the file alone
     _dump_as_the_readme_says(tmp_path)
     res = CliRunner().invoke(app, [*shlex.split(line)[1:-1], str(tmp_path / shlex.split(line)[-1])])
     assert res.exit_code == 0 and "pass" in res.output, res.output
 
 
 def test_the_readme_documents_every_command():
-    from flashcheck.cli import app
-
-    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    """Every command is in a command line of the README or the docs (so it runs in test_readme_command_runs)."""
+    names = set(_commands())
     documented = {shlex.split(c)[1] for c in readme_commands()}
     assert names <= documented, f"not in a README command line: {sorted(names - documented)}"
     assert len(readme_commands()) >= len(names)
@@ -209,8 +230,13 @@ def validate_folder(tmp_path_factory) -> Path:
 
 
 def _readme_params() -> list:
+    """One param per line that differs once made small (a line shown on several pages, or at two sizes that
+    `small` makes one, runs once)."""
     shared = pytest.mark.xdist_group("readme_validate")  # one worker, in order: the cache of the first serves
-    return [pytest.param(line, marks=[shared] if _shares_a_folder(line) else []) for line in readme_commands()]
+    lines = {}
+    for line in readme_commands():
+        lines.setdefault(shlex.join(small(shlex.split(line))), line)
+    return [pytest.param(line, marks=[shared] if _shares_a_folder(line) else []) for line in lines.values()]
 
 
 @pytest.mark.slow
@@ -260,3 +286,106 @@ def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, ca
         json.loads(res.stdout)
     else:
         assert res.stdout.strip(), shown
+
+
+# ---- the docs keep up with the command line ------------------------------------------------------------------------
+
+# pages other work writes (each says which); this site lists them in its nav
+PAGES_OF_OTHERS = {"findings.md", "models.md", "training-claim.md", "architecture-native.md"}
+
+
+def _help_options(command: str) -> list[str]:
+    """The options `flashcheck COMMAND --help` shows (both names of an on/off pair), --help left out."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    res = CliRunner().invoke(app, [command, "--help"])
+    assert res.exit_code == 0, res.output
+    options = res.stdout.split("\nOptions:\n", 1)[1]
+    # an option's line starts with two spaces and a dash; its names end at the first run of two spaces
+    names = [n for line in options.splitlines() if line.startswith("  -")
+             for n in re.findall(r"--[a-z0-9][a-z0-9-]*", re.split(r"\s{2,}", line.strip())[0])]  # fmt: skip
+    return [n for n in dict.fromkeys(names) if n != "--help"]
+
+
+def _commands() -> list[str]:
+    """The commands `flashcheck --help` lists (however the app registers them)."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    res = CliRunner().invoke(app, ["--help"])
+    listed = res.stdout.split("\nCommands:\n", 1)[1]
+    names = re.findall(r"^  ([a-z][a-z0-9-]*)(?:\s|$)", listed, flags=re.M)
+    assert len(names) >= 14, res.stdout  # study ... validate: the commands of today at least
+    return names
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_option_of_a_command_is_on_its_page(command: str):
+    """A new flag without documentation fails: each option --help shows is named on docs/commands/COMMAND.md."""
+    page = DOCS / "commands" / f"{command}.md"
+    assert page.is_file(), f"{command} has no page: {page.relative_to(ROOT)}"
+    text = page.read_text()
+    missing = [o for o in _help_options(command) if not re.search(rf"{re.escape(o)}(?![a-z0-9-])", text)]
+    assert not missing, f"{page.relative_to(ROOT)} does not name {missing}"
+
+
+def _nav_pages() -> list[str]:
+    """The pages mkdocs.yml's nav lists (paths under docs/)."""
+    nav = MKDOCS.read_text().split("\nnav:\n", 1)[1]
+    return re.findall(r"^\s+-\s+(?:[^:\n]+:\s+)?([\w./-]+\.md)\s*$", nav, flags=re.M)
+
+
+def test_every_docs_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    pages = {str(p.relative_to(DOCS)) for p in doc_pages()}
+    nav = _nav_pages()
+    assert len(nav) == len(set(nav)), f"listed twice in the nav: {sorted(n for n in nav if nav.count(n) > 1)}"
+    assert pages - set(nav) == set(), f"pages missing from mkdocs.yml's nav: {sorted(pages - set(nav))}"
+    assert set(nav) - pages == set(), f"nav entries with no page: {sorted(set(nav) - pages)}"
+    assert set(nav) >= PAGES_OF_OTHERS
+
+
+def test_the_readme_is_a_short_front_door():
+    """At most 200 lines; its first block installs and runs the study, then installs and runs the tests (CI's
+    line); no internal issue numbers; every link into docs/ names a page that exists."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    first = _blocks("bash")[0].splitlines()
+    assert first[0].startswith("python3 -m venv ") and first[0].endswith("&& flashcheck study"), first[0]
+    assert re.match(r"^python3 -m venv .*pytest", first[1]), first[1]
+    links = re.findall(r"\]\((docs/[^)#\s]+)", text)
+    assert len(links) >= 10, links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+def test_the_readme_table_commands_are_lines_that_run():
+    """Each command of the README's "I want to…" table is a line of some bash block (so test_readme_command_runs
+    runs it)."""
+    text = README.read_text()
+    table = [line for line in text.splitlines() if line.startswith("|") and "`flashcheck " in line]
+    shown = [shlex.join(shlex.split(c)) for line in table for c in re.findall(r"`(flashcheck [^`]+)`", line)]
+    assert len(shown) >= 10, shown
+    assert [c for c in shown if c not in readme_commands()] == []
+
+
+def test_no_internal_issue_numbers_in_the_docs():
+    """A reader never meets "issue 23": the README and every docs page this site owns speak of features, not of
+    the tracker."""
+    for path in (README, *(p for p in doc_pages() if p.name not in PAGES_OF_OTHERS)):
+        found = re.findall(r"\b[Ii]ssues? #?\d+", path.read_text())
+        assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def test_the_study_page_counts_each_presets_cases():
+    """The "cases" column of docs/commands/study.md is each preset's count today (its sweeps' distinct cases, as the
+    study computes them), so a preset that grows does not leave a stale number behind."""
+    from flashcheck.study.cases import expand_sweep
+    from flashcheck.study.config import preset
+
+    page = (DOCS / "commands" / "study.md").read_text()
+    rows = re.findall(r"^\| `([a-z0-9-]+)`[^|]*\| (\d+) \|", page, flags=re.M)
+    assert len(rows) >= 8, rows
+    for name, cases in rows:
+        assert len({c.case_id for s in preset(name).sweeps for c in expand_sweep(s)}) == int(cases), name

@@ -374,10 +374,11 @@ def test_explain_with_a_preset_has_its_own_default_folder(tmp_path, monkeypatch)
 
 def test_the_readme_names_every_default_folder():
     """Every command's default --out folder (explain's, mutants', validate's; study's and train-study's
-    per preset) is named in the README."""
+    per preset) is named in the docs (README.md and docs/**/*.md)."""
     import inspect
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    root = Path(__file__).resolve().parents[1]
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))])
     defaults = set()
     for command in app.registered_commands:
         out = inspect.signature(command.callback).parameters.get("out")

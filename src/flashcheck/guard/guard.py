@@ -45,7 +45,7 @@ class _Served:
 
 class Guard:
     """A callable with the attention signature that never raises for a fault of the preferred backend
-    while the fallback works. See the README section "Guard attention in production".
+    while the fallback works. See docs/guard.md, "Guard attention in production".
 
     preferred, fallback: backend names (`flashcheck backends`) or Backend objects. breaker: when to pin the
     fallback (None: never). shadow: which calls to recompute in higher precision (None: none). monitor: the
