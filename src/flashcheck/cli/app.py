@@ -196,6 +196,13 @@ def _fail_usage(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _starting(text: str, quiet: bool = False) -> None:
+    """A long command's first line, on stderr, before its heavy imports (torch alone takes seconds to load):
+    what it is about to do. None with --quiet."""
+    if not quiet:
+        typer.echo(text, err=True)
+
+
 def _positive(name: str):
     def check(value: int) -> int:
         if value < 1:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _seed, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _seed, _starting, app
 from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
@@ -74,6 +75,8 @@ def hunt(
             raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
         if rounds is not None and rounds < 1:
             raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
+        _starting(f"hunt: searching the inputs that break {target} for up to {budget} into {out} (stopped early, "
+                  "the same command resumes it)", as_json and not sys.stderr.isatty())  # fmt: skip
         from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 
@@ -111,7 +114,6 @@ def _need_hypothesis() -> None:
 def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
     """The semantics table, then the search with progress on stderr (seconds of the budget), then the report.
     times: (the budget, the case timeout) in seconds."""
-    import sys
 
     from flashcheck.core.progress import progress
     from flashcheck.hunt import report

@@ -16,6 +16,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _out_folder,
     _probe,
+    _starting,
     app,
     default_out,
 )
@@ -31,11 +32,12 @@ class Executor(StrEnum):
 @app.command()
 def study(
     preset: str = typer.Option(
-        "quick",
+        None,
         help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny | "
-        "serving | serving-tiny.",
+        "serving | serving-tiny (default: quick).",
+        show_default=False,
     ),
-    config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
+    config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (instead of --preset)."),
     out: str = typer.Option(
         None,
         help="Folder for records, figures and the report (default: flashcheck-study for quick, "
@@ -49,14 +51,22 @@ def study(
 ) -> None:
     """Reproduce the published studies; resumable (run the same command again to continue, failed
     cases are tried again). Exit code 1 when a case failed."""
+    if preset is not None and config is not None:
+        _fail_usage(
+            f"--preset {preset} and --config {config}: give one of them (a --config file defines its own sweep, "
+            "so the preset would not run)"
+        )
+    preset = "quick" if preset is None else preset
+    out = default_out("flashcheck-study", preset, config) if out is None else out
+    _guarded(lambda: _out_folder(out))  # a bad --out is one line (checked again below: it may change meanwhile)
+    what = f"the sweep of {config}" if config is not None else f"the {preset} preset"
+    _starting(f"study: measuring {what} into {out} (stopped early, the same command resumes it)", quiet)
+    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
     from flashcheck.study.registry import solo_set
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
-
-    out = default_out("flashcheck-study", preset, config) if out is None else out
-    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
 
     if config is None and preset in SERVING_PRESETS:  # its own runner and printout (cli.serving)
         from flashcheck.cli.serving import study_serving

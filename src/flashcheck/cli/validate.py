@@ -7,10 +7,11 @@ import functools
 import importlib
 import json
 import re
+import sys
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, _starting, app
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
@@ -145,15 +146,18 @@ def validate(
         _check_pin_only(check_pin, as_json)
     if kv_cache is not None:
         _validate_kv(model, kv_cache, new_tokens, prompts, prompt_len, out, as_json)
-    from flashcheck.core.progress import progress
-    from flashcheck.validate import validate_model
-
     try:
         _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None:
             _out_file(pin, "--pin")  # written after a pass: checked before the work
+        which = "the bundled all-MiniLM-L6-v2" if model is None else model
+        _starting(f"validate: {which} under {impls} in {dtypes} against eager fp32, into {out}",
+                  quiet or (as_json and not sys.stderr.isatty()))  # fmt: skip
+        from flashcheck.core.progress import progress
+        from flashcheck.validate import validate_model
+
         _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)
@@ -198,6 +202,12 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
 def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
                  as_json: bool) -> None:  # fmt: skip
     """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+    try:
+        _out_folder(out)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}",
+              as_json and not sys.stderr.isatty())  # fmt: skip
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
     try:
