@@ -203,3 +203,44 @@ def test_enough_values_whose_interval_contains_one_say_no_measurable_difference(
     few = Estimate(0.99, 0.5, 1.9, 2, "geometric mean")
     monkeypatch.setattr(ans, "pooled_mixed", lambda points: (few, [64, 128]))
     assert ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}}).startswith("Too few")
+
+
+def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured_yet(tmp_path):
+    """`flashcheck report` on a study stopped early (a quarter of its cases, half its guide tasks): the first
+    line of report.md, report.html, summary.json's `partial` and the command's output says "partial: K of N
+    cases, G of T guide tasks; rerun the same command to finish"; no "None." for the problems, no "n=0" verdict
+    or "L = ," condition: each missing part says "not measured yet". The finished study says nothing of it."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+    from flashcheck.questions.guide.tasks import GUIDE_FILE
+    from flashcheck.questions.presets import quick
+
+    write_quick_shaped(tmp_path)
+    whole = build_report(tmp_path)
+    assert whole["complete"] is True and whole["partial"] is None
+    assert (tmp_path / "report.md").read_text().startswith("# flashcheck study quick")
+    cases = (tmp_path / "records.jsonl").read_text().splitlines(keepends=True)
+    tasks = (tmp_path / GUIDE_FILE).read_text().splitlines(keepends=True)
+    (tmp_path / "records.jsonl").write_text("".join(cases[: len(cases) // 4]))
+    (tmp_path / GUIDE_FILE).write_text("".join(tasks[: len(tasks) // 2]))
+    from flashcheck.questions.guide.tasks import tasks as planned_tasks
+
+    summary = build_report(tmp_path)
+    n_tasks = len(planned_tasks(quick().settings["guide"]))  # the GPU tasks too, where a GPU is
+    first = (
+        f"partial: {len(cases) // 4} of {len(cases)} cases, {len(tasks) // 2} of {n_tasks} guide tasks; rerun the "
+        "same command to finish"
+    )
+    assert summary["complete"] is False and summary["partial"] == first
+    md = (tmp_path / "report.md").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert md.splitlines()[0] == f"**{first}**"
+    assert page.split("<body>", 1)[1].startswith(f"<p class='partial'>{first}</p>") and f"<title>{first}" in page
+    assert "None." not in md and "None so far" in md
+    assert "n=0" not in md and "L = ," not in md and "nan (" not in md, [
+        ln for ln in md.splitlines() if "n=0" in ln or "L = ," in ln or "nan (" in ln
+    ]
+    assert md.count("not measured yet") >= 10
+    out = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert out.exit_code == 0 and out.stdout.splitlines()[0] == first, out.output

@@ -177,6 +177,7 @@ def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = Fals
     from rich.markup import escape
 
     console = _console()
+    _print_partial(summary, quiet)
     if stats and not quiet:
         console.print(
             f"{stats['cases_computed']} error cases computed, {stats['cases_reused']} reused; "
@@ -247,6 +248,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
     from flashcheck.cli.show import verdict_text
 
     console = _console()
+    _print_partial(summary, quiet)
     if stats and not quiet:
         too_big = f", {stats['cases_too_big']} too big for memory" if stats["cases_too_big"] else ""
         guide = f", {stats['guide_tasks_computed']} guide tasks" if "guide_tasks_computed" in stats else ""
@@ -281,6 +283,13 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
     _print_failures(summary, _console(stderr=True) if quiet else console)
     if not quiet:
         console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+
+
+def _print_partial(summary: dict, quiet: bool) -> None:
+    """The first line of an unfinished study's output: "partial: 141 of 564 cases; rerun the same command to
+    finish" (on stderr with --quiet, which prints no findings)."""
+    if summary.get("partial"):
+        _console(stderr=quiet).print(f"[bold yellow]{summary['partial']}[/]", markup=True)
 
 
 def _print_skipped(summary: dict, console) -> None:

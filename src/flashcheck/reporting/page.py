@@ -71,10 +71,12 @@ class Figure:
 
 @dataclass(slots=True)
 class Page:
-    """What a report says, in order; `title` is the H1."""
+    """What a report says, in order; `title` is the H1; `banner`, when given, the line above it (a report of
+    unfinished work says so first)."""
 
     title: str
     blocks: list = field(default_factory=list)
+    banner: str | None = None
 
     def add(self, *blocks) -> Page:
         self.blocks.extend(blocks)
@@ -116,7 +118,7 @@ def _md_block(b, folder: Path) -> list[str]:
 
 def render_markdown(page: Page, folder: Path) -> str:
     folder = Path(folder).resolve()
-    lines = [f"# {page.title}", ""]
+    lines = ([f"**{page.banner}**", ""] if page.banner else []) + [f"# {page.title}", ""]
     for b in page.blocks:
         lines += _md_block(b, folder)
     return "\n".join(lines)
@@ -156,6 +158,7 @@ def _html_block(b, folder: Path) -> str:
 _STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
+    ".partial{background:#fff3cd;border:1px solid #e0b000;padding:.5em 1em;font-weight:bold}"
     ".holds{color:#070}.fails{color:#b00}.none{color:#777}.structural{color:#05a}img{max-width:100%}"
 )
 
@@ -163,9 +166,11 @@ _STYLE = (
 def render_html(page: Page, folder: Path) -> str:
     folder = Path(folder).resolve()
     body = "\n".join(_html_block(b, folder) for b in page.blocks)
+    banner = f"<p class='partial'>{html.escape(page.banner)}</p>" if page.banner else ""
+    title = f"{page.banner} — {page.title}" if page.banner else page.title
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(page.title)}</title>"
-        f"<style>{_STYLE}</style></head><body><h1>{html.escape(page.title)}</h1>\n{body}\n</body></html>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{banner}<h1>{html.escape(page.title)}</h1>\n{body}\n</body></html>"
     )
 
 

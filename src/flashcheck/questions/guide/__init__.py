@@ -32,6 +32,7 @@ def report_part(study: Study) -> Part:
         summary={"guide": part},
         middle=blocks[:3],  # the claims table and its rules (guide.report.claims_blocks)
         end=blocks[3:],
+        stored={"guide tasks": tuple(part["stored"]["tasks"])},  # its error cases are the study's own
     )
 
 
