@@ -76,8 +76,10 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
     claims = [{**c, "shown": shown_status(c)} for c in claims]  # summary.json says what the table says
     part = {
         "findings": claims,
-        "stored": {"cases": [len(ids) - len(missing["cases"]), len(ids)],
-                   "tasks": [len(missing["planned"]) - len(missing["tasks"]), len(missing["planned"])]},  # fmt: skip
+        "stored": {
+            "cases": [len(ids) - len(missing["cases"]), len(ids)],
+            "tasks": [len(missing["planned"]) - len(missing["tasks"]), len(missing["planned"])],
+        },
         "answer": answer,
         "conclusion": conclusion(claims, answer),
         "failures": [
@@ -169,8 +171,8 @@ def _unmeasured(c: dict, missing: dict[str, list]) -> dict:
     if not tasks and not cases:
         return c
     what = ", ".join(x for x in (f"{len(tasks)} task(s)" * bool(tasks), f"{len(cases)} case(s)" * bool(cases)) if x)
-    return {**c, "status": "inconclusive", "holds": None, "pending": True,
-            "measured": f"{NOT_YET}: {what} to run (rerun the same command to finish)", "conditions": NOT_YET}  # fmt: skip
+    measured = f"{NOT_YET}: {what} to run (rerun the same command to finish)"
+    return {**c, "status": "inconclusive", "holds": None, "pending": True, "measured": measured, "conditions": NOT_YET}
 
 
 SECTIONS = {  # a finding's id prefix -> the report section (Heading anchor) holding its evidence
@@ -284,7 +286,9 @@ def claims_blocks(part: dict) -> list:
 def _yet(missing: list[str], prefix: str | tuple[str, ...]) -> list:
     """A line under a section whose tasks (ids starting with `prefix`) are not all stored yet."""
     n = sum(t.startswith(prefix) for t in missing)
-    return [Text(f"{NOT_YET.capitalize()}: {n} task(s) of this section to run (rerun the same command to finish).")] if n else []
+    return [Text(f"{NOT_YET.capitalize()}: {n} task(s) of this section to run (rerun the same command to finish).")] * (
+        n > 0
+    )
 
 
 def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path], missing: list[str]) -> list:
