@@ -286,9 +286,9 @@ def claims_blocks(part: dict) -> list:
 def _yet(missing: list[str], prefix: str | tuple[str, ...]) -> list:
     """A line under a section whose tasks (ids starting with `prefix`) are not all stored yet."""
     n = sum(t.startswith(prefix) for t in missing)
-    return [Text(f"{NOT_YET.capitalize()}: {n} task(s) of this section to run (rerun the same command to finish).")] * (
-        n > 0
-    )
+    if not n:
+        return []
+    return [Text(f"{NOT_YET.capitalize()}: {n} task(s) of this section to run (rerun the same command to finish).")]
 
 
 def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path], missing: list[str]) -> list:
