@@ -244,3 +244,12 @@ def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured
     assert md.count("not measured yet") >= 10
     out = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert out.exit_code == 0 and out.stdout.splitlines()[0] == first, out.output
+
+
+@pytest.mark.xdist_group("quick_report")
+def test_no_table_of_the_quick_report_shows_a_python_literal(quick_report):
+    """The guide's fp16 boundary table printed `True` in its monotone column; every cell reads as words."""
+    folder = quick_report[0]
+    cells = [c.strip() for ln in (folder / "report.md").read_text().splitlines() if ln.startswith("|")
+             for c in ln.strip("|").split(" | ")]  # fmt: skip
+    assert cells and not {"True", "False", "None", "nan"} & set(cells), sorted(set(cells))[:50]

@@ -78,3 +78,10 @@ def test_the_html_renders_the_texts_inline_markdown(tmp_path):
     )
     assert html.count(shown) == 4 and "<h2><code>study</code></h2>" in html and "<th><code>a</code></th>" in html
     assert "`" not in html and "<h1>t <code>x</code></h1>" in html
+
+
+def test_table_cells_never_show_python_literals(tmp_path):
+    """A flag is yes / no and nothing is '-' in both renderings (serving's tables printed True / False / None)."""
+    write_report(tmp_path, Page("t").add(Table(["a", "b", "c", "d"], [[True, False, None, 3]])))
+    md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "| yes | no | - | 3 |" in md and "<td>yes</td><td>no</td><td>-</td><td>3</td>" in html

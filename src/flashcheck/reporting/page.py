@@ -60,8 +60,19 @@ class Sentences:
 
 @dataclass(frozen=True, slots=True)
 class Table:
+    """Rows of cells: text, or a value shown through `cell` (yes / no / -, never Python's True / False / None)."""
+
     header: list[str]
     rows: list[list[str]]
+
+
+def cell(value: object) -> str:
+    """A table cell as a person reads it: yes / no for a flag, - for nothing, else its text."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +119,7 @@ def _md_block(b, folder: Path) -> list[str]:
         return [*lines, ""]
     if isinstance(b, Table):
         rows = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
-        cells = ("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
+        cells = ("| " + " | ".join(cell(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
         return [*rows, *cells, ""]
     if isinstance(b, Figure):
         path = _resolve(b.path, folder)
@@ -169,7 +180,7 @@ def _html_block(b, folder: Path) -> str:
         return "<ul>" + "".join(items) + "</ul>"
     if isinstance(b, Table):
         head = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in b.header) + "</tr>"
-        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+        rows = "".join("<tr>" + "".join(f"<td>{esc(cell(c))}</td>" for c in r) + "</tr>" for r in b.rows)
         return f"<table>{head}{rows}</table>"
     if isinstance(b, Figure):
         data = base64.b64encode(_resolve(b.path, folder).read_bytes()).decode()

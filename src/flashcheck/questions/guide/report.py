@@ -15,7 +15,7 @@ from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, gu
 from flashcheck.questions.guide.tasks import load_results, read_settings
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.figures import Styler, figure, label_axes, log10_axis, matplotlib_available
-from flashcheck.reporting.page import Sentences
+from flashcheck.reporting.page import Sentences, cell
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study.cases import expand_sweep
 from flashcheck.study.config import StudyConfig
@@ -362,7 +362,7 @@ def _boundary_rows(results: dict[str, dict]) -> list[list[str]]:
             res, p = r["result"], r["params"]
             i = res["boundary_i"]
             sig = "none up to 2^16" if i is None else f"2^{i / OCTAVE_STEPS:.4g} = {2 ** (i / OCTAVE_STEPS):.4g}"
-            rows.append([p["method"], str(p["seq_len"]), sig, str(len(res["points"])), str(res["monotone"])])
+            rows.append([p["method"], str(p["seq_len"]), sig, str(len(res["points"])), cell(res["monotone"])])
     return rows
 
 
