@@ -108,7 +108,10 @@ def _need_hypothesis() -> None:
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise ValueError("flashcheck hunt needs Hypothesis: pip install 'flashcheck[hunt]'") from None
+        raise ValueError(
+            "flashcheck hunt needs Hypothesis, a dependency of flashcheck that is missing here: "
+            "pip install -c constraints.txt hypothesis"
+        ) from None
 
 
 def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
