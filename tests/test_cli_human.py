@@ -646,3 +646,27 @@ def test_preset_with_config_is_refused(tmp_path):
         "error: --preset tiny and --config x.toml: give one of them (a --config file defines its own sweep, so the "
         "preset would not run)\n"
     )
+
+
+@pytest.mark.parametrize("preset", ["sage2", "sage2pp", "sage1", "fa4-fp4"])
+def test_compare_explain_and_predict_describe_a_preset_alike(preset, tmp_path):
+    """One description of a preset's input quantisation (measure.substages, as explain's sub-stage rows name
+    it) in compare's and predict's lines: compare said sage2's V was int8 where explain showed fp8-e4m3. An
+    alias is named as such by all three (sage2 is sage2-hopper)."""
+    from flashcheck.kernels.presets import alias_of
+
+    small = ["--seq-len", "64", "--heads", "1", "--head-dim", "32"]
+    human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "x")])
+    labels = json.loads((tmp_path / "x" / "summary.json").read_text())["substages"]
+    inside = f"({labels['input:qk']['label']} and {labels['input:v']['label']})"
+    compared = human(["compare", "--preset", preset, *small], codes=(0, 1)).output
+    predicted = human(["predict", "--preset", preset, "--seq-len", "64", "--head-dim", "32"]).output
+    explained = human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "y")]).output
+    assert f"this preset quantises its inputs inside the kernel {inside}" in compared, compared
+    assert f"this leaves out the kernel's own input quantisation {inside}" in predicted, predicted
+    alias = alias_of(preset)
+    assert (alias is not None) == (preset in ("sage2", "sage2pp"))
+    if alias:
+        assert f"sim-flash[{preset}@fp16, alias of {alias}]" in compared
+        said = f"(--preset {preset}, an alias of {alias})"
+        assert said in one_line(predicted, f"flash:{alias}@fp16") and said in one_line(explained, "dominant stage")
