@@ -14,7 +14,7 @@ from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
 from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, guide_sweep
 from flashcheck.questions.guide.tasks import load_results, read_settings
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
-from flashcheck.reporting.figures import Styler, figure, label_axes, log10_axis, matplotlib_available
+from flashcheck.reporting.figures import Styler, figure, label_axes, legend_below, log10_axis, matplotlib_available
 from flashcheck.reporting.page import Sentences, cell
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study.cases import expand_sweep
@@ -478,7 +478,7 @@ def _draw_boundary(path: Path, results, s: GuideSettings) -> bool:
             ax.set_title(f"{m} (filled) beside {twin(m).split(':')[1]} (hollow)", fontsize=8)
             label_axes(ax, x="L", y="input scale sigma", x_unit="tokens")
             if ax.collections:
-                ax.legend(fontsize=6, loc="lower left")
+                legend_below(ax, ncol=1, fontsize=6)  # inside, it hid the points at the smallest sigma
     return True
 
 
