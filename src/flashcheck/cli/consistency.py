@@ -53,13 +53,11 @@ def consistency(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Certify TARGET: see CONSISTENCY_HELP."""
-    import sys
-
     try:
         _out_folder(out) if out is not None else None
     except ValueError as exc:
         _fail_usage(str(exc))
-    _starting(f"consistency: certifying {target} ({checks})", as_json and not sys.stderr.isatty())
+    _starting(f"consistency: certifying {target} ({checks})", as_json=as_json)
     from flashcheck.backends.serving import resolve_target
     from flashcheck.core.fileio import LinkRefused, refuse_link
     from flashcheck.measure.consistency import certify

@@ -71,12 +71,9 @@ def hunt(
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
         folder = _out_folder(out)
-        if rule not in ("peers", "flashcheck"):
-            raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
-        if rounds is not None and rounds < 1:
-            raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
+        _check_rule_rounds(rule, rounds)
         _starting(f"hunt: searching the inputs that break {target} for up to {budget} into {out} (stopped early, "
-                  "the same command resumes it)", as_json and not sys.stderr.isatty())  # fmt: skip
+                  "the same command resumes it)", as_json=as_json)  # fmt: skip
         from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 
@@ -102,6 +99,14 @@ def hunt(
     else:
         _print(summary, folder)
     raise typer.Exit(0 if summary["passed"] else 1)
+
+
+def _check_rule_rounds(rule: str, rounds: int | None) -> None:
+    """ValueError naming --rule or --rounds when it is not allowed."""
+    if rule not in ("peers", "flashcheck"):
+        raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
 
 
 def _need_hypothesis() -> None:

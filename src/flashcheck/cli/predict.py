@@ -261,12 +261,18 @@ def predict(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    named = setting.policy.name if preset else numerics
-    if preset:
-        from flashcheck.kernels.presets import alias_of
+    _print_human(kernel, _named(setting, preset, numerics), setting, data, head_dim)
 
-        named += f" (--preset {preset}, an alias of {alias_of(preset)})" if alias_of(preset) else ""
-    _print_human(kernel, named, setting, data, head_dim)
+
+def _named(setting, preset: str | None, numerics: str) -> str:
+    """The policy as the setting line names it: a preset's own (sage2-hopper@fp16), with the alias given (sage2)
+    said as such, else --numerics."""
+    if not preset:
+        return numerics
+    from flashcheck.kernels.presets import alias_of
+
+    alias = alias_of(preset)
+    return setting.policy.name + (f" (--preset {preset}, an alias of {alias})" if alias else "")
 
 
 def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, int], stats: tuple) -> dict:

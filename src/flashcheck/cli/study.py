@@ -51,16 +51,7 @@ def study(
 ) -> None:
     """Reproduce the published studies; resumable (run the same command again to continue, failed
     cases are tried again). Exit code 1 when a case failed."""
-    if preset is not None and config is not None:
-        _fail_usage(
-            f"--preset {preset} and --config {config}: give one of them (a --config file defines its own sweep, "
-            "so the preset would not run)"
-        )
-    preset = "quick" if preset is None else preset
-    out = default_out("flashcheck-study", preset, config) if out is None else out
-    _guarded(lambda: _out_folder(out))  # a bad --out is one line (checked again below: it may change meanwhile)
-    what = f"the sweep of {config}" if config is not None else f"the {preset} preset"
-    _starting(f"study: measuring {what} into {out} (stopped early, the same command resumes it)", quiet)
+    preset, out = _announce(preset, config, out, quiet)
     from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
@@ -99,6 +90,22 @@ def study(
         typer.echo(str(exc), err=True)
         raise typer.Exit(130) from None
     _print_study(summary, stats, out, quiet)
+
+
+def _announce(preset: str | None, config: str | None, out: str | None, quiet: bool) -> tuple[str, str]:
+    """(the preset, the --out folder) once both are checked (--preset with --config, a bad --out: one line, exit
+    2), after the first line saying what the study is about to do, before any heavy import."""
+    if preset is not None and config is not None:
+        _fail_usage(
+            f"--preset {preset} and --config {config}: give one of them (a --config file defines its own sweep, "
+            "so the preset would not run)"
+        )
+    preset = "quick" if preset is None else preset
+    out = default_out("flashcheck-study", preset, config) if out is None else out
+    _guarded(lambda: _out_folder(out))  # a bad --out is one line (checked again later: it may change meanwhile)
+    what = f"the sweep of {config}" if config is not None else f"the {preset} preset"
+    _starting(f"study: measuring {what} into {out} (stopped early, the same command resumes it)", quiet)
+    return preset, out
 
 
 def _not_a_study(folder: Path) -> None:

@@ -7,11 +7,11 @@ import functools
 import importlib
 import json
 import re
-import sys
 
 import typer
 
 from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, _starting, app
+from flashcheck.core.progress import progress  # light (no torch): the first line still comes first
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
@@ -152,10 +152,8 @@ def validate(
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None:
             _out_file(pin, "--pin")  # written after a pass: checked before the work
-        which = "the bundled all-MiniLM-L6-v2" if model is None else model
-        _starting(f"validate: {which} under {impls} in {dtypes} against eager fp32, into {out}",
-                  quiet or (as_json and not sys.stderr.isatty()))  # fmt: skip
-        from flashcheck.core.progress import progress
+        _starting(f"validate: {model or 'the bundled all-MiniLM-L6-v2'} under {impls} in {dtypes} against eager "
+                  f"fp32, into {out}", quiet, as_json)  # fmt: skip
         from flashcheck.validate import validate_model
 
         _need_transformers()
@@ -199,15 +197,20 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
     raise typer.Exit(0 if result.passed else 1)
 
 
-def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
-                 as_json: bool) -> None:  # fmt: skip
-    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+def _usable(out: str) -> None:
+    """--out checked (exit 2, one line) before the first line and the heavy imports."""
     try:
         _out_folder(out)
     except ValueError as exc:
         _fail_usage(str(exc))
+
+
+def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
+                 as_json: bool) -> None:  # fmt: skip
+    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+    _usable(out)
     _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}",
-              as_json and not sys.stderr.isatty())  # fmt: skip
+              as_json=as_json)  # fmt: skip
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
     try:
