@@ -196,10 +196,11 @@ def _fail_usage(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _starting(text: str, quiet: bool = False, as_json: bool = False) -> None:
-    """A long command's first line, on stderr, before its heavy imports (torch alone takes seconds to load):
-    what it is about to do. None with --quiet, nor with --json off a terminal (as progress: 2>&1 stays JSON)."""
-    if not quiet and not (as_json and not sys.stderr.isatty()):
+def _starting(text: str, quiet: bool = False) -> None:
+    """A long command's first line on a terminal, on stderr, before its heavy imports (torch alone takes seconds
+    to load): what it is about to do. None with --quiet, and none off a terminal, where a usage error found after
+    those imports stays the one line a script reads (as progress, which is plain lines there, starts later)."""
+    if not quiet and sys.stderr.isatty():
         typer.echo(text, err=True)
 
 

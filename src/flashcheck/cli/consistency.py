@@ -57,7 +57,7 @@ def consistency(
         _out_folder(out) if out is not None else None
     except ValueError as exc:
         _fail_usage(str(exc))
-    _starting(f"consistency: certifying {target} ({checks})", as_json=as_json)
+    _starting(f"consistency: certifying {target} ({checks})")
     from flashcheck.backends.serving import resolve_target
     from flashcheck.core.fileio import LinkRefused, refuse_link
     from flashcheck.measure.consistency import certify

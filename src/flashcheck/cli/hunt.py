@@ -73,7 +73,7 @@ def hunt(
         folder = _out_folder(out)
         _check_rule_rounds(rule, rounds)
         _starting(f"hunt: searching the inputs that break {target} for up to {budget} into {out} (stopped early, "
-                  "the same command resumes it)", as_json=as_json)  # fmt: skip
+                  "the same command resumes it)")  # fmt: skip
         from flashcheck.hunt.search import HuntState, check_links
         from flashcheck.hunt.target import parse_target
 

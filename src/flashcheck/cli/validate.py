@@ -153,7 +153,7 @@ def validate(
         if pin is not None:
             _out_file(pin, "--pin")  # written after a pass: checked before the work
         _starting(f"validate: {model or 'the bundled all-MiniLM-L6-v2'} under {impls} in {dtypes} against eager "
-                  f"fp32, into {out}", quiet, as_json)  # fmt: skip
+                  f"fp32, into {out}", quiet)  # fmt: skip
         from flashcheck.validate import validate_model
 
         _need_transformers()
@@ -209,8 +209,7 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
                  as_json: bool) -> None:  # fmt: skip
     """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
     _usable(out)
-    _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}",
-              as_json=as_json)  # fmt: skip
+    _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}")
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
     try:
