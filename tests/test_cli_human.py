@@ -584,3 +584,113 @@ def test_compare_padding_says_what_it_counted(pad, causal, lk):
     kept = make_mask(spec)[:, 0].any(dim=-2).sum(dim=-1).tolist()
     assert f"per batch row {', '.join(map(str, kept))} of {lk};" in line
     assert f"errors over {live} of 144 query rows" in line and live < 144
+
+
+# ---- the first line: before torch is imported -----------------------------------------------------------------
+
+# A process that ends (exit 42) the moment anything imports torch: what it printed by then is what a person sees
+# within the first second or two (torch alone takes 2-8 s to import on a loaded machine).
+ENDS_AT_TORCH = """
+import os, sys
+def _hook(event, args):
+    if event == "import" and args[0] == "torch":
+        sys.stdout.flush(); sys.stderr.flush(); os._exit(42)
+sys.addaudithook(_hook)
+from flashcheck.cli import main
+sys.argv = ["flashcheck", *sys.argv[1:]]
+main()
+"""
+
+
+def _until_torch(args: list[str], cwd: Path, terminal: bool = False) -> subprocess.CompletedProcess:
+    """The run of ENDS_AT_TORCH; with `terminal`, its stderr a terminal (a pseudo-terminal read here)."""
+    if not terminal:
+        return subprocess.run([sys.executable, "-c", ENDS_AT_TORCH, *args], capture_output=True, text=True, cwd=cwd,
+                              timeout=120)  # fmt: skip
+    import pty
+
+    main, side = pty.openpty()
+    try:
+        res = subprocess.run([sys.executable, "-c", ENDS_AT_TORCH, *args], stdout=subprocess.PIPE, stderr=side,
+                             text=True, cwd=cwd, timeout=120)  # fmt: skip
+    finally:
+        os.close(side)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(main)
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout, err.decode().replace("\r\n", "\n"))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["study", "--help"]])
+def test_help_and_version_never_import_torch(args, tmp_path):
+    """`flashcheck --help` and `--version` finish without importing torch (7.7 s at load 8 did): exit 0."""
+    res = _until_torch(args, tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() and res.stderr == "", (res.returncode, res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize(
+    "args,first",
+    [
+        (["study", "--preset", "tiny", "--out", "s"], "study: measuring the tiny preset into s"),
+        (["study", "--preset", "serving-tiny", "--out", "s"], "study: measuring the serving-tiny preset into s"),
+        (["study", "--preset", "modern", "--out", "s"], "study: measuring the modern preset into s"),
+        (["study", "--config", "x.toml", "--out", "s"], "study: measuring the sweep of x.toml into s"),
+        (["train-study", "--preset", "tiny", "--out", "t"], "train-study: training the tiny preset's runs into t"),
+        (["validate", "--out", "v"], "validate: the bundled all-MiniLM-L6-v2 under eager,sdpa,flash_attention_2"),
+        (["validate", "m", "--kv-cache", "fp8", "--out", "v"], "validate: m's generation with KV caches fp8"),
+        (["hunt", "sdpa-math", "--budget", "5s", "--out", "h"], "hunt: searching the inputs that break sdpa-math"),
+        (["consistency", "sim-fa3"], "consistency: certifying sim-fa3 (determinism,batch,prefill-decode,chunked)"),
+    ],
+)  # fmt: skip
+def test_a_long_command_says_what_it_does_before_torch_loads(args, first, tmp_path):
+    """On a terminal, every long command's first line (stderr: stdout stays the result) is printed before torch
+    is imported: nothing was printed for 32-43 s before the first progress line. Off a terminal none is (a usage
+    error found after the imports stays the one line a script reads)."""
+    res = _until_torch(args, tmp_path, terminal=True)
+    assert res.returncode == 42, (res.returncode, res.stdout, res.stderr)  # it reached torch ...
+    assert res.stdout == "" and res.stderr.splitlines()[0].startswith(first), res.stderr  # ... after its first line
+    assert len(res.stderr.splitlines()) == 1 and not list(tmp_path.iterdir()), res.stderr  # nothing written yet
+    piped = _until_torch(args, tmp_path)
+    assert piped.returncode == 42 and piped.stdout == piped.stderr == "", piped
+
+
+def test_preset_with_config_is_refused(tmp_path):
+    """`study --preset tiny --config x.toml` ran the config alone, silently: now one line and exit 2, before any
+    work (the process never imports torch)."""
+    res = _until_torch(["study", "--preset", "tiny", "--config", "x.toml"], tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr == (
+        "error: --preset tiny and --config x.toml: give one of them (a --config file defines its own sweep, so the "
+        "preset would not run)\n"
+    )
+
+
+@pytest.mark.parametrize("preset", ["sage2", "sage2pp", "sage1", "fa4-fp4"])
+def test_compare_explain_and_predict_describe_a_preset_alike(preset, tmp_path):
+    """One description of a preset's input quantisation (measure.substages, as explain's sub-stage rows name
+    it) in compare's and predict's lines: compare said sage2's V was int8 where explain showed fp8-e4m3. An
+    alias is named as such by all three (sage2 is sage2-hopper)."""
+    from flashcheck.kernels.sim.presets import alias_of
+
+    small = ["--seq-len", "64", "--heads", "1", "--head-dim", "32"]
+    human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "x")])
+    labels = json.loads((tmp_path / "x" / "summary.json").read_text())["substages"]
+    inside = f"({labels['input:qk']['label']} and {labels['input:v']['label']})"
+    compared = human(["compare", "--preset", preset, *small], codes=(0, 1)).output
+    predicted = human(["predict", "--preset", preset, "--seq-len", "64", "--head-dim", "32"]).output
+    explained = human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "y")]).output
+    assert f"this preset quantises its inputs inside the kernel {inside}" in compared, compared
+    assert f"this leaves out the kernel's own input quantisation {inside}" in predicted, predicted
+    alias = alias_of(preset)
+    assert (alias is not None) == (preset in ("sage2", "sage2pp"))
+    if alias:
+        assert f"sim-flash[{preset}@fp16, alias of {alias}]" in compared
+        said = f"(--preset {preset}, an alias of {alias})"
+        assert said in one_line(predicted, f"flash:{alias}@fp16") and said in one_line(explained, "dominant stage")

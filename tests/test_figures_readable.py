@@ -201,3 +201,68 @@ def test_a_log_axis_narrower_than_two_ticks_is_widened_not_labelled_linearly():
     fig.canvas.draw()
     assert ax.get_xlim() == (1e-3, 2e-3) and figure_problems(fig) == []
     plt.close(fig)
+
+
+def test_figure_problems_catches_a_legend_over_data_or_text():
+    """A legend inside the axes over points, over a line between points, over bars, or below the axes over
+    the rotated tick labels (boundary.png, explain.png, modern_fa4.png): each reported; legend_below, placed
+    once the figure is laid out, covers nothing."""
+    import matplotlib.pyplot as plt
+
+    from flashcheck.reporting.figures import _place_below, figure_problems, legend_below
+
+    def legend_problems(draw, place=None) -> list[str]:
+        fig, ax = _axes()
+        draw(ax)
+        if place is None:
+            legend_below(ax)
+            fig.tight_layout()
+            _place_below(fig)
+        else:
+            ax.legend(**place)
+        try:
+            return [p for p in figure_problems(fig) if "legend covers" in p]
+        finally:
+            plt.close(fig)
+
+    def points(ax):  # in the lower right corner only
+        ax.plot([8.6, 9], [0.2, 0.35], "o", label="a")
+        ax.plot([8.8, 9.2], [0.3, 0.25], "s", label="b")
+        ax.set_xlim(0, 9.5)
+        ax.set_ylim(0, 5)
+
+    def line(ax):  # its points at the ends; the middle of the line passes under the legend
+        ax.plot([0, 10], [0, 10], label="a")
+        ax.plot([0, 10], [1, 11], label="b")
+        ax.set_xlim(0, 10)
+
+    def bars(ax):
+        ax.bar([0, 1, 2], [5, 5, 5], label="a")
+        ax.bar([0.4, 1.4, 2.4], [5, 5, 5], width=0.4, label="b")
+
+    def rotated(ax):
+        ax.plot(range(4), [1, 2, 3, 4], "o", label="a")
+        ax.plot(range(4), [2, 3, 4, 5], "s", label="b")
+        ax.set_xticks(range(4), ["a long policy name"] * 3 + ["bf16-mixed,rescale_threshold=8"], rotation=30)
+
+    assert legend_problems(points, {"loc": "upper left"}) == []  # nothing drawn there
+    assert "drawn point(s) or bar(s) under its box" in legend_problems(points, {"loc": "lower right"})[0]
+    assert legend_problems(line, {"loc": "center"})  # no point of the line's, the line itself
+    assert legend_problems(bars, {"loc": "upper right"})
+    assert "covers text" in legend_problems(rotated, {"loc": "upper left", "bbox_to_anchor": (0, -0.1)})[0]
+    for draw in (points, line, bars, rotated):
+        assert legend_problems(draw) == []
+
+
+@pytest.mark.parametrize("args", [["--preset", "sage2"], ["--preset", "fa4-fp4"], ["--numerics", "fp64"]])
+def test_explains_figure_passes_figure_problems(args, tmp_path):
+    """explain.png: its legend covered the raised bars, its symlog axis printed 0 on 10^-5; an exact policy drew
+    a legend of nothing."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    with audited_figures(save=False) as seen:
+        res = CliRunner().invoke(app, ["explain", *args, "--seq-len", "64", "--heads", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert len(seen) == 1 and seen[0][1] == [], seen

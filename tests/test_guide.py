@@ -517,6 +517,37 @@ def test_each_timing_records_the_load_and_a_busy_machine_makes_its_verdict_incon
     assert line.startswith(f"{shown_status(f)}: {f['claim']}") and "\n" not in line, line
 
 
+def test_every_timing_verdict_measured_under_load_says_the_machine_was_busy():
+    """The busy-machine reason was given only where it changed the verdict: a time exponent already inconclusive
+    (its interval across a band edge) measured at load 17 on 2 cores said only the interval. Now each timing
+    verdict resting on a busy timing says the machine was busy first, then its own reason."""
+    from flashcheck.questions.guide.claims import cost_claims, latency_claim
+    from flashcheck.questions.guide.report import shown_status
+
+    load = {"load1_before": 0.1, "load1_after": 12.0, "cpus": 2, "own_threads": 1}
+    results = {}
+    for m in TINY.cost_methods:
+        for bwd in (False, True):
+            for n in (512, 1024, 2048, 4096):  # exponent ~2.9 with wide scatter: inconclusive on its own
+                times = [1e-9 * n ** (3 if i % 2 else 1.5) for i in range(5)]
+                tid = f"cost/{m}/{'fwd+bwd' if bwd else 'fwd'}/L={n}"
+                params = {"kind": "cost", "method": m, "seq_len": n, "backward": bwd}
+                results[tid] = {"id": tid, "status": "ok", "params": params, "load": load,
+                                "result": {"times": times, "peak_bytes": 64 * n}}  # fmt: skip
+    blocks = [[1.0, 1.5, 0.7, 1.3]] * 3
+    results["latency/L=64"] = {"id": "latency/L=64", "status": "ok", "params": {"kind": "latency", "seq_len": 64},
+                               "load": load, "result": {"blocks": {"sdpa-flash:bf16": blocks,
+                                                                   "sdpa-math:bf16": blocks}}}  # fmt: skip
+    timing = [f for f in cost_claims(results, TINY) if not f["id"].startswith("memory/")]
+    timing.append(latency_claim(results, TINY))
+    assert len(timing) > 2
+    for f in timing:
+        assert f["status"] == "inconclusive", f
+        assert shown_status(f).startswith("inconclusive: the machine was busy ("), (f["id"], shown_status(f))
+    memory = [f for f in cost_claims(results, TINY) if f["id"].startswith("memory/")]
+    assert memory and not any("busy" in shown_status(f) for f in memory)  # peak bytes are not timings
+
+
 def test_an_inconclusive_claim_says_why_busy_or_not():
     """Every inconclusive cell says why: the rule's reason where the machine was not busy (it said a bare
     "inconclusive"); a GPU claim not measured here stays "not measured here"."""

@@ -41,3 +41,21 @@ def test_constraints_pin_every_package_the_readme_installs() -> None:
     assert pins["torch"] == "2.13.0"
     torch_req = next(r for r in project["dependencies"] if _name(r) == "torch")
     assert "2.13" not in torch_req.split("<")[0] or ">=" in torch_req, torch_req  # a range, not a pin
+
+
+def test_the_first_install_line_gives_every_command() -> None:
+    """The README's first command installs what every command needs: each extra a command's module names for
+    itself (pip install 'flashcheck[X]') is in that line or in the core dependencies, Hypothesis (hunt) among
+    them (`hunt` needed an extra the first line did not install)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    first = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "pip install" in ln)
+    given = {_name(r) for r in project["dependencies"]}
+    for group in re.findall(r"-e '\.\[([a-z,]+)\]'", first):
+        for extra in group.split(","):
+            given |= {_name(r) for r in project["optional-dependencies"][extra]}
+    cli = "\n".join(p.read_text() for p in (ROOT / "src" / "flashcheck" / "cli").glob("*.py"))
+    named = set(re.findall(r"flashcheck\[(\w+)\]", cli))
+    assert "plots" in named and "validate" in named, named  # the check reads what the commands say
+    for extra in named:
+        assert {_name(r) for r in project["optional-dependencies"][extra]} <= given, (extra, first)
+    assert "hypothesis" in given and "hypothesis" in {_name(r) for r in project["dependencies"]}

@@ -520,9 +520,9 @@ def test_cli_presets_run_at_their_own_format():
     assert res.exit_code in (0, 1) and json.loads(res.stdout)["config"]["numerics"] == "fp16"
     res = runner.invoke(app, ["predict", "--preset", "fa4-fp8", "--seq-len", "1024", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["numerics"] == "fa4-fp8@fp8-e4m3"
-    for preset, inside in (("fa4-fp4", "fp4-e2m1"), ("fa4-fp8", None)):  # predict says what it leaves out
+    for preset, inside in (("fa4-fp4", "NVFP4, 1x16 blocks"), ("fa4-fp8", None)):  # predict says what it leaves out
         res = runner.invoke(app, ["predict", "--preset", preset, "--seq-len", "256"])
-        said = f"this leaves out the kernel's own quantisation of Q, K and V to {inside}"
+        said = f"this leaves out the kernel's own input quantisation (Q/K quantisation ({inside}"
         assert res.exit_code == 0 and (said in res.output if inside else "leaves out" not in res.output), res.output
     res = runner.invoke(app, ["predict", "--preset", "fa4-nope", "--seq-len", "1024"])
     assert res.exit_code == 2 and "fa4-nope" in res.output

@@ -89,7 +89,7 @@ def test_compare_of_a_preset_quantising_16_bit_inputs_inside_says_so():
     step (a new user read predict's 0.023 against the column's 0.17), so the line names it."""
     res = runner.invoke(app, ["compare", "--preset", "fa4-fp4", "--seq-len", "64", "--heads", "1"])
     assert res.exit_code in (0, 1), res.output
-    assert "quantises Q, K and V to fp4-e2m1 inside the kernel" in res.output
+    assert "quantises its inputs inside the kernel (Q/K quantisation (NVFP4, 1x16 blocks" in res.output
     assert "predicts the rel_l2 of the column" not in res.output
 
 

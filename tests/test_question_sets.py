@@ -131,7 +131,7 @@ def test_the_engine_names_no_registered_set_preset_question_or_verdict():
     the registry), except the names of Sweep's and Case's fields and a finding's keys (the grammar)."""
     names = set()
     for s in registry.sets():
-        names |= {s.name, *s.presets, *s.notes, *s.published, *s.draw, *s.cells}
+        names |= {s.name, *s.presets, *s.notes, *s.published, *s.draw, *s.cells, *s.files}
         if s.settings is not None:
             names.add(s.settings[0])
     for make in registry.presets().values():
@@ -143,6 +143,26 @@ def test_the_engine_names_no_registered_set_preset_question_or_verdict():
             if isinstance(node, ast.Constant) and node.value in names - grammar:
                 said.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert len(names - grammar) > 30 and not said, said
+
+
+def test_the_store_files_are_the_engines_and_the_registered_sets(tmp_path):
+    """study/store.py named the guide's own files: the store's list is the engine's files and each registered
+    set's `files`, so a set registered by a test has its file refused as a link like the engine's records."""
+    import os
+
+    import pytest
+
+    from flashcheck.core.fileio import LinkRefused
+    from flashcheck.study.store import ENGINE_FILES, check_store_files, store_files
+
+    assert store_files() == (*ENGINE_FILES, "guide.jsonl", "guide.json")  # the guide keeps its tasks' results
+    (tmp_path / "elsewhere").write_text("")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "example.jsonl")
+    check_store_files(tmp_path)  # not a store file of any registered set: left alone
+    with registry.registered(dataclasses.replace(EXAMPLE, files=("example.jsonl",))):
+        assert "example.jsonl" in store_files()
+        with pytest.raises(LinkRefused, match=r"example\.jsonl"):
+            check_store_files(tmp_path)
 
 
 def test_the_shipped_sets_and_presets():

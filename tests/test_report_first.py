@@ -5,6 +5,7 @@ quick-shaped folder of synthetic records (tests/quick_shaped.py, no kernel run),
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -65,6 +66,8 @@ def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verd
     md = (folder / "report.md").read_text()
     lines = [x for x in md.splitlines() if x.strip() and not x.startswith("<a id=")]
     assert lines[1] == "## Answer"
+    assert lines[2] == summary["answer"][0] and lines[2].startswith("With fp32 statistics (real kernels)")
+    lines = lines[:2] + lines[3:]  # the first sentence (test_the_first_sentence_...), then the sentences it sums up
     first = lines[2:5]  # three plain sentences: real kernels, the paper's policy, what follows
     assert first[0].startswith("Yes, for real kernels: with fp32 softmax statistics") and "0.946x [" in first[0]
     assert "no larger than standard attention's at 95% confidence" in first[0]
@@ -74,7 +77,7 @@ def test_the_report_opens_with_the_answer_then_the_headline_figure_then_the_verd
     # then one line over the modern kernels quick also measures (questions.presets._quick_modern)
     assert lines[5].startswith("The 2026 kernels (a small part here; `flashcheck study --preset modern` measures")
     assert "FA4's bf16 kernel" in lines[5] and "FA3's FP8 path" in lines[5]
-    assert [*first, lines[5]] == summary["answer"]
+    assert [*first, lines[5]] == summary["answer"][1:]
     lines = lines[:5] + lines[6:]
     assert lines[5] == "![Flash / standard attention against the length, both policies](figures/headline.png)"
     assert lines[6:8] == ["## Verdicts", "| claim | ours (95% interval) | paper | verdict |"]
@@ -117,6 +120,8 @@ def test_the_answer_follows_the_verdicts(tmp_path):
             r.errors["max_abs"] *= 1.5 / 0.9
     pts = sweep_points(cfg.sweeps[0], records)
     said = answer(findings(cfg, records), pts)
+    assert said[0].startswith("With fp32 statistics (real kernels), Flash's error is larger than standard")
+    said = said[1:]
     assert said[0].startswith("Not entirely, for real kernels") and re.search(r"1\.5\d*x \[", said[0])
     assert "larger than standard attention's at 95% confidence" in said[0] and len(said) == 2
     assert answer([], [])[0].startswith("This study did not measure Flash against standard attention")
@@ -136,12 +141,14 @@ def test_a_smoke_test_says_so_first_and_an_inconclusive_ratio_is_not_called_indi
     mixed = next(f for f in found if f["id"] == "flash_vs_baseline_bf16_mixed")
     assert mixed["status"] == "inconclusive"
     said = answer(found, pts, cfg)
+    assert said[0].startswith("With fp32 statistics (real kernels), Flash's error is not settled") and "n=2" in said[0]
+    said = said[1:]
     assert said[0].startswith("This is a smoke test (preset tiny) at L=64-128 with 1 seed") and "say little" in said[0]
     assert said[1].startswith("Too few seeds/lengths to say for real kernels") and "(n=2)" in said[1]
     assert "the verdict on it below is inconclusive" in said[1]
     assert not any("indistinguishable" in x or x.startswith(("Yes", "So the tiling")) for x in said)
     named = StudyConfig(name="synthetic", sweeps=(sweep,))
-    assert answer(found, pts, named) == said[1:]  # not a smoke preset: no smoke sentence
+    assert answer(found, pts, named)[1:] == said[1:]  # not a smoke preset: no smoke sentence
 
 
 def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_between_decades(tmp_path, monkeypatch):
@@ -203,3 +210,100 @@ def test_enough_values_whose_interval_contains_one_say_no_measurable_difference(
     few = Estimate(0.99, 0.5, 1.9, 2, "geometric mean")
     monkeypatch.setattr(ans, "pooled_mixed", lambda points: (few, [64, 128]))
     assert ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}}).startswith("Too few")
+
+
+def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured_yet(tmp_path):
+    """`flashcheck report` on a study stopped early (a quarter of its cases, half its guide tasks): the first
+    line of report.md, report.html, summary.json's `partial` and the command's output says "partial: K of N
+    cases, G of T guide tasks; rerun the same command to finish"; no "None." for the problems, no "n=0" verdict
+    or "L = ," condition: each missing part says "not measured yet". The finished study says nothing of it."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+    from flashcheck.questions.guide.tasks import GUIDE_FILE
+    from flashcheck.questions.presets import quick
+
+    write_quick_shaped(tmp_path)
+    whole = build_report(tmp_path)
+    assert whole["complete"] is True and whole["partial"] is None
+    assert (tmp_path / "report.md").read_text().startswith("# flashcheck study quick")
+    cases = (tmp_path / "records.jsonl").read_text().splitlines(keepends=True)
+    tasks = (tmp_path / GUIDE_FILE).read_text().splitlines(keepends=True)
+    (tmp_path / "records.jsonl").write_text("".join(cases[: len(cases) // 4]))
+    (tmp_path / GUIDE_FILE).write_text("".join(tasks[: len(tasks) // 2]))
+    from flashcheck.questions.guide.tasks import tasks as planned_tasks
+
+    summary = build_report(tmp_path)
+    n_tasks = len(planned_tasks(quick().settings["guide"]))  # the GPU tasks too, where a GPU is
+    first = (
+        f"partial: {len(cases) // 4} of {len(cases)} cases, {len(tasks) // 2} of {n_tasks} guide tasks; rerun the "
+        "same command to finish"
+    )
+    assert summary["complete"] is False and summary["partial"] == first
+    md = (tmp_path / "report.md").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert md.splitlines()[0] == f"**{first}**"
+    assert page.split("<body>", 1)[1].startswith(f"<p class='partial'>{first}</p>") and f"<title>{first}" in page
+    assert "None." not in md and "None so far" in md
+    assert "n=0" not in md and "L = ," not in md and "nan (" not in md, [
+        ln for ln in md.splitlines() if "n=0" in ln or "L = ," in ln or "nan (" in ln
+    ]
+    assert md.count("not measured yet") >= 10
+    out = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert out.exit_code == 0 and out.stdout.splitlines()[0] == first, out.output
+
+
+@pytest.mark.xdist_group("quick_report")
+def test_no_table_of_the_quick_report_shows_a_python_literal(quick_report):
+    """The guide's fp16 boundary table printed `True` in its monotone column; every cell reads as words."""
+    folder = quick_report[0]
+    cells = [c.strip() for ln in (folder / "report.md").read_text().splitlines() if ln.startswith("|")
+             for c in ln.strip("|").split(" | ")]  # fmt: skip
+    assert cells and not {"True", "False", "None", "nan"} & set(cells), sorted(set(cells))[:50]
+
+
+@pytest.mark.xdist_group("quick_report")
+def test_the_first_sentence_answers_in_30_words_with_the_verdicts_numbers(quick_report):
+    """The quick report opened with 70 words and three intervals; now with at most 30: about the same / larger
+    / smaller, the pooled bf16-mixed ratio and its interval as a margin, the all-bf16 verdict row's ratio at its
+    length. Its numbers are those of the estimates and verdict rows after it (recomputed here), not written in."""
+    from flashcheck.questions.paper.answer import FIRST_WORDS, pooled_mixed
+    from flashcheck.study.config import StudyConfig
+    from flashcheck.study.store import ResultStore, read_study_json
+
+    folder, summary, _, _ = quick_report
+    first = summary["answer"][0]
+    assert len(first.split()) <= FIRST_WORDS == 30, first
+    config = StudyConfig.from_dict(read_study_json(folder), "study.json")
+    sweep = next(sw for sw in config.sweeps if sw.question == "seq_len")
+    est, _ = pooled_mixed(sweep_points(sweep, ResultStore(folder).load()))
+    bf16 = next(f for f in summary["findings"] if f["id"] == "flash_vs_baseline_bf16")
+    word = "smaller than" if est.high < 1 else "larger than" if est.low > 1 else None
+    margin = f"{est.low:.2g}-{est.high:.2g}x" if word else f"within ±{max(1 - est.low, est.high - 1):.0%}"
+    assert first == (
+        f"With fp32 statistics (real kernels), Flash's error {f'is {word}' if word else 'matches'} standard "
+        f"attention's ({est.value:.2g}x, {margin}); with all stages in bf16 it is {bf16['estimate']:.2g}x at 8k tokens."
+    )
+    md = (folder / "report.md").read_text()
+    assert md.split("## Answer\n\n", 1)[1].startswith(first + "\n")
+
+
+def test_the_first_sentence_follows_other_numbers(tmp_path):
+    """Not hard-coded: a synthetic study whose bf16-mixed ratio is about 1 within its margin says "matches"
+    with that margin; one that holds no all-bf16 points says only the real kernels' half; none, no sentence."""
+    from flashcheck.questions.paper.answer import first_sentence
+
+    cfg = config()
+    records = write_study(tmp_path, cfg)
+    for r in records.values():  # bf16-mixed Flash = Baseline within +-1%
+        if r.case.policy == "bf16-mixed" and r.case.kernel == "flash":
+            r.errors["max_abs"] *= (1 + 0.01 * math.sin(5 * r.case.seed + r.case.seq_len)) / 0.9
+    pts, found = sweep_points(cfg.sweeps[0], records), findings(cfg, records)
+    est = next(f for f in found if f["id"] == "flash_vs_baseline_bf16")["estimate"]
+    said = first_sentence(found, pts)
+    assert re.fullmatch(
+        r"With fp32 statistics \(real kernels\), Flash's error matches standard attention's \(1(\.0)?x, within "
+        rf"±\d%\); with all stages in bf16 it is {est:.2g}x at 4k tokens\.", said
+    ), said
+    mixed_only = [p for p in pts if p.method == "flash:bf16-mixed"]
+    assert first_sentence([], mixed_only) == said.split(";")[0] + "." and first_sentence([], []) is None

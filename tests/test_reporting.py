@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Styler, Table, Text, write_report
+from flashcheck.reporting.page import Sentences
 
 PNG = b"\x89PNG\r\n\x1a\nfake"
 
@@ -58,3 +59,29 @@ def test_sentences_link_to_heading_anchors(tmp_path):
     assert "<li>Flash is within 5% &amp; fine. (<a href='#seq_len'>seq_len</a>)</li>" in html
     assert "<h2 id='seq_len'>seq_len</h2>" in html
     assert "<span class='structural'>structural</span>" in html and "<span class='fails'>does not hold</span>" in html
+
+
+def test_the_html_renders_the_texts_inline_markdown(tmp_path):
+    """Backticks showed literally in report.html: inline code, bold and links of every block are rendered (and
+    the rest escaped), the Markdown keeps them as written."""
+    said = "run `flashcheck study --preset modern` on <2 GPUs> for **all** of them ([how](#cost))"
+    page = Page("t `x`").add(
+        Heading("`study`"), Text(said), Bullets([("id", "holds", said)]), Table(["`a`"], [[said]]),
+        Sentences([(said, "cost")]),
+    )  # fmt: skip
+    write_report(tmp_path, page)
+    md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert md.count(said) == 4 and md.count("`study`") == 1  # as written in each block
+    shown = (
+        "run <code>flashcheck study --preset modern</code> on &lt;2 GPUs&gt; for <b>all</b> of them "
+        "(<a href='#cost'>how</a>)"
+    )
+    assert html.count(shown) == 4 and "<h2><code>study</code></h2>" in html and "<th><code>a</code></th>" in html
+    assert "`" not in html and "<h1>t <code>x</code></h1>" in html
+
+
+def test_table_cells_never_show_python_literals(tmp_path):
+    """A flag is yes / no and nothing is '-' in both renderings (serving's tables printed True / False / None)."""
+    write_report(tmp_path, Page("t").add(Table(["a", "b", "c", "d"], [[True, False, None, 3]])))
+    md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "| yes | no | - | 3 |" in md and "<td>yes</td><td>no</td><td>-</td><td>3</td>" in html

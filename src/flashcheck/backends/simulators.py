@@ -58,7 +58,10 @@ class SimBackend(Backend):
         if self.kernel == "standard":
             return f"{self.name}[{policy}]"
         if self.preset:
-            return f"{self.name}[{self.preset}@{self.fmt}]"
+            from flashcheck.kernels.sim.presets import alias_of
+
+            alias = alias_of(self.preset)  # sage2 is sage2-hopper: said, as explain and predict name it so
+            return f"{self.name}[{self.preset}@{self.fmt}" + (f", alias of {alias}]" if alias else "]")
         return f"{self.name}[{policy}, {self.block_q}x{self.block_k} {self.algorithm}]"
 
     def forward(self, q, k, v, *, causal=False, scale=None, mask=None):

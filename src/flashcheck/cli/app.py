@@ -41,11 +41,22 @@ def _plain_flags(params: list) -> list:
     return params
 
 
+def _filled(params: list) -> list:
+    """`params` whose help names "{KERNEL_PRESETS}" with the registry's preset names filled in: loaded when a
+    command's help or options are read, never for `flashcheck --help` (the registry imports torch)."""
+    for p in params:
+        if "{KERNEL_PRESETS}" in (getattr(p, "help", None) or ""):
+            from flashcheck.kernels.sim.presets import KERNEL_PRESETS
+
+            p.help = p.help.replace("{KERNEL_PRESETS}", ", ".join(KERNEL_PRESETS))
+    return params
+
+
 class _Command(TyperCommand):
-    """typer's command with plain flags in its help (_plain_flags)."""
+    """typer's command with plain flags in its help (_plain_flags) and preset names filled in (_filled)."""
 
     def get_params(self, ctx: typer.Context) -> list:
-        return _plain_flags(super().get_params(ctx))
+        return _filled(_plain_flags(super().get_params(ctx)))
 
 
 class _Typer(typer.Typer):
@@ -183,6 +194,14 @@ class Fp8Scaling(StrEnum):
 def _fail_usage(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _starting(text: str, quiet: bool = False) -> None:
+    """A long command's first line on a terminal, on stderr, before its heavy imports (torch alone takes seconds
+    to load): what it is about to do. None with --quiet, and none off a terminal, where a usage error found after
+    those imports stays the one line a script reads (as progress, which is plain lines there, starts later)."""
+    if not quiet and sys.stderr.isatty():
+        typer.echo(text, err=True)
 
 
 def _positive(name: str):

@@ -24,7 +24,6 @@ from flashcheck.cli.app import (
     app,
 )
 from flashcheck.cli.show import print_backends, print_compare, print_decoding, print_grads, sim_name
-from flashcheck.kernels.sim.presets import KERNEL_PRESETS
 
 NUMERICS_HELP = (
     "Candidate policy (default bf16-mixed): FMT, FMT-mixed, a named policy, or KEY=VALUE terms "
@@ -57,8 +56,8 @@ DELTA_SOURCE_HELP = (
     "Which O the flash backward's delta = rowsum(dO*O) reads: forward (its rounded output, the default), "
     "unrounded, or fresh (a new stochastic rounding); needs --backward (arXiv 2609.39813)."
 )
-PRESET_HELP = (  # every preset the registry holds, as the error for an unknown one lists them
-    f"Kernel preset for sim-flash: {', '.join(KERNEL_PRESETS)} (default --numerics: the preset's own input format)."
+PRESET_HELP = (  # every preset the registry holds, as the error for an unknown one lists them (filled in at use)
+    "Kernel preset for sim-flash: {KERNEL_PRESETS} (default --numerics: the preset's own input format)."
 )
 CASE_HELP = (
     "A `flashcheck hunt` finding's case (KEY=VALUE,...): rerun it on --backend (then any hunt TARGET) and judge it "
@@ -162,7 +161,7 @@ def _hadamard_head_dim(numerics: str | None, baseline: str | None, preset: str |
     """Refuse a head dim that is not a power of two for a policy with Hadamard incoherent processing (FA3's
     FP8: --numerics, --baseline-numerics or --preset), before any case runs (it failed inside each case)."""
     from flashcheck.core.numerics import parse_policy
-    from flashcheck.kernels.sim.presets import default_format, resolve
+    from flashcheck.kernels.sim.presets import KERNEL_PRESETS, default_format, resolve
 
     named = [(f"--numerics {n}", n) for n in (numerics or "").split(",") if n.strip()]
     named += [(f"--baseline-numerics {baseline}", baseline)] if baseline else []

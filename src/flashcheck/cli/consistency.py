@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from flashcheck.cli.app import _fail_usage, _int_range, _names, _not_others, _out_folder, app
+from flashcheck.cli.app import _fail_usage, _int_range, _names, _not_others, _out_folder, _starting, app
 
 CONSISTENCY_HELP = (
     "Does one request get the same bits however a server runs it? Certificates of run-to-run determinism, batch "
@@ -53,6 +53,11 @@ def consistency(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Certify TARGET: see CONSISTENCY_HELP."""
+    try:
+        _out_folder(out) if out is not None else None
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    _starting(f"consistency: certifying {target} ({checks})")
     from flashcheck.backends.serving import resolve_target
     from flashcheck.core.fileio import LinkRefused, refuse_link
     from flashcheck.measure.consistency import certify

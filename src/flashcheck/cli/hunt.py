@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _seed, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _seed, _starting, app
 from flashcheck.core.fileio import LinkRefused
 
 TARGET_HELP = (
@@ -76,10 +77,9 @@ def hunt(
     try:
         seconds = parse_budget(budget)
         case_s = parse_budget(case_timeout, "--case-timeout")
-        if rule not in ("peers", "flashcheck"):
-            raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
-        if rounds is not None and rounds < 1:
-            raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
+        _check_rule_rounds(rule, rounds)
+        _starting(f"hunt: searching the inputs that break {target} for up to {budget} into {out} (stopped early, "
+                  "the same command resumes it)")  # fmt: skip
         tgt, folder, up = _checked_folders(target, device, out, upstream)
         _need_hypothesis()
     except ValueError as exc:
@@ -121,17 +121,27 @@ def _checked_folders(target: str, device: str, out: str, upstream: str | None):
     return tgt, folder, check_folder(upstream, tgt)
 
 
+def _check_rule_rounds(rule: str, rounds: int | None) -> None:
+    """ValueError naming --rule or --rounds when it is not allowed."""
+    if rule not in ("peers", "flashcheck"):
+        raise ValueError(f"--rule {rule!r} is not allowed; expected peers or flashcheck")
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"--rounds {rounds} is not allowed; give a positive integer")
+
+
 def _need_hypothesis() -> None:
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise ValueError("flashcheck hunt needs Hypothesis: pip install 'flashcheck[hunt]'") from None
+        raise ValueError(
+            "flashcheck hunt needs Hypothesis, a dependency of flashcheck that is missing here: "
+            "pip install -c constraints.txt hypothesis"
+        ) from None
 
 
 def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as_json: bool) -> dict:
     """The semantics table, then the search with progress on stderr (seconds of the budget), then the report.
     times: (the budget, the case timeout) in seconds."""
-    import sys
 
     from flashcheck.core.progress import progress
     from flashcheck.hunt import report

@@ -261,7 +261,18 @@ def predict(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    _print_human(kernel, setting.policy.name if preset else numerics, setting, data, head_dim)
+    _print_human(kernel, _named(setting, preset, numerics), setting, data, head_dim)
+
+
+def _named(setting, preset: str | None, numerics: str) -> str:
+    """The policy as the setting line names it: a preset's own (sage2-hopper@fp16), with the alias given (sage2)
+    said as such, else --numerics."""
+    if not preset:
+        return numerics
+    from flashcheck.kernels.sim.presets import alias_of
+
+    alias = alias_of(preset)
+    return setting.policy.name + (f" (--preset {preset}, an alias of {alias})" if alias else "")
 
 
 def _prediction(setting, kernel: str, block_k: int | None, lengths: tuple[int, int], stats: tuple) -> dict:
@@ -322,7 +333,7 @@ def _print_human(kernel: str, numerics: str, setting, data: dict, head_dim: int)
     inside = quantised_inside(setting.policy)
     if inside:  # Sage, NVFP4, SageAttention3: the kernel's own input quantisation is not in the model
         typer.echo(
-            f"this leaves out the kernel's own quantisation of Q, K and V to {inside}, often its largest error: "
+            f"this leaves out the kernel's own input quantisation ({inside}), often its largest error: "
             "flashcheck compare measures the whole error, flashcheck explain shows that input stage apart"
         )
     if not data["first_order"]:

@@ -81,7 +81,7 @@ def predicts_line(inside: str | None = None, columns: str = "the 'candidate' col
     """Which error `flashcheck predict` predicts, under a table whose `columns` hold the error with the inputs'
     rounding. inside: the format a preset quantises Q, K, V to inside the kernel (in every column then)."""
     if inside:
-        return f"this preset quantises Q, K and V to {inside} inside the kernel; " + PREDICTS_INSIDE
+        return f"this preset quantises its inputs inside the kernel ({inside}); " + PREDICTS_INSIDE
     return (
         "flashcheck predict predicts the rel_l2 of the column 'vs FP64 of rounded inputs' (the kernel's own error); "
         f"{columns} the rounding of the inputs"
@@ -89,12 +89,11 @@ def predicts_line(inside: str | None = None, columns: str = "the 'candidate' col
 
 
 def quantised_inside(pol) -> str | None:
-    """The format pol quantises Q, K, V to inside the kernel from 16-bit inputs (kernels.sim.quantized: Sage, NVFP4,
-    MX presets), or None."""
-    from flashcheck.core.numerics import Format
-    from flashcheck.kernels.sim.quantized import uses_quantized_inputs
+    """What pol quantises inside the kernel from 16-bit inputs (kernels.sim.quantized: Sage, NVFP4, MX presets), Q/K
+    and V each as explain names them (measure.substages.inside_words), or None."""
+    from flashcheck.measure.substages import inside_words
 
-    return pol.input.value if pol.input != Format.FP64 and uses_quantized_inputs(pol) else None
+    return inside_words(pol)
 
 
 def _preset_inside(r: dict) -> str | None:

@@ -16,6 +16,7 @@ from flashcheck.cli.app import (
     _fail_usage,
     _out_folder,
     _probe,
+    _starting,
     app,
     default_out,
 )
@@ -31,11 +32,12 @@ class Executor(StrEnum):
 @app.command()
 def study(
     preset: str = typer.Option(
-        "quick",
+        None,
         help="quick | paper | fa3 | full | tiny | modern | production | guide | guide-full | guide-tiny | "
-        "serving | serving-tiny.",
+        "serving | serving-tiny (default: quick).",
+        show_default=False,
     ),
-    config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (overrides --preset)."),
+    config: str = typer.Option(None, "--config", help="A TOML file defining a custom sweep (instead of --preset)."),
     out: str = typer.Option(
         None,
         help="Folder for records, figures and the report (default: flashcheck-study for quick, "
@@ -49,14 +51,13 @@ def study(
 ) -> None:
     """Reproduce the published studies; resumable (run the same command again to continue, failed
     cases are tried again). Exit code 1 when a case failed."""
+    preset, out = _announce(preset, config, out, quiet)
+    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
     from flashcheck.study.config import load_config
     from flashcheck.study.config import preset as get_preset
     from flashcheck.study.registry import solo_set
     from flashcheck.study.report import build_report
     from flashcheck.study.runner import run_study
-
-    out = default_out("flashcheck-study", preset, config) if out is None else out
-    from flashcheck.questions.serving import PRESETS as SERVING_PRESETS
 
     if config is None and preset in SERVING_PRESETS:  # its own runner and printout (cli.serving)
         from flashcheck.cli.serving import study_serving
@@ -89,6 +90,22 @@ def study(
         typer.echo(str(exc), err=True)
         raise typer.Exit(130) from None
     _print_study(summary, stats, out, quiet)
+
+
+def _announce(preset: str | None, config: str | None, out: str | None, quiet: bool) -> tuple[str, str]:
+    """(the preset, the --out folder) once both are checked (--preset with --config, a bad --out: one line, exit
+    2), after the first line saying what the study is about to do, before any heavy import."""
+    if preset is not None and config is not None:
+        _fail_usage(
+            f"--preset {preset} and --config {config}: give one of them (a --config file defines its own sweep, "
+            "so the preset would not run)"
+        )
+    preset = "quick" if preset is None else preset
+    out = default_out("flashcheck-study", preset, config) if out is None else out
+    _guarded(lambda: _out_folder(out))  # a bad --out is one line (checked again later: it may change meanwhile)
+    what = f"the sweep of {config}" if config is not None else f"the {preset} preset"
+    _starting(f"study: measuring {what} into {out} (stopped early, the same command resumes it)", quiet)
+    return preset, out
 
 
 def _not_a_study(folder: Path) -> None:
@@ -167,6 +184,7 @@ def _print_guide(summary: dict, stats: dict | None, out: str, quiet: bool = Fals
     from rich.markup import escape
 
     console = _console()
+    _print_partial(summary, quiet)
     if stats and not quiet:
         console.print(
             f"{stats['cases_computed']} error cases computed, {stats['cases_reused']} reused; "
@@ -237,6 +255,7 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
     from flashcheck.cli.show import verdict_text
 
     console = _console()
+    _print_partial(summary, quiet)
     if stats and not quiet:
         too_big = f", {stats['cases_too_big']} too big for memory" if stats["cases_too_big"] else ""
         guide = f", {stats['guide_tasks_computed']} guide tasks" if "guide_tasks_computed" in stats else ""
@@ -271,6 +290,13 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
     _print_failures(summary, _console(stderr=True) if quiet else console)
     if not quiet:
         console.print(f"report: {escape(str(out))}/report.html, report.md, summary.json")
+
+
+def _print_partial(summary: dict, quiet: bool) -> None:
+    """The first line of an unfinished study's output: "partial: 141 of 564 cases; rerun the same command to
+    finish" (on stderr with --quiet, which prints no findings)."""
+    if summary.get("partial"):
+        _console(stderr=quiet).print(f"[bold yellow]{summary['partial']}[/]", markup=True)
 
 
 def _print_skipped(summary: dict, console) -> None:

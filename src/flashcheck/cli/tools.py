@@ -155,7 +155,7 @@ def _write_explain(folder, attr, data: dict, metric: str, as_json: bool) -> None
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        _print_explain(attr, metric)
+        _print_explain(attr, metric, data["config"].get("preset"))
         _console().print(f"wrote {folder}/summary.json{figure}", markup=False)
 
 
@@ -185,8 +185,9 @@ def _explain_kernel(
     return kw["policy"], {k: kw[k] for k in ("block_q", "block_k", "algorithm", "exp2")}
 
 
-def _print_explain(attr, metric: str) -> None:
-    """The dominant line and the table: each stage, and under it its sub-stages (measure.substages) in words."""
+def _print_explain(attr, metric: str, preset: str | None = None) -> None:
+    """The dominant line and the table: each stage, and under it its sub-stages (measure.substages) in words;
+    a preset given by another name (sage2) is named with the preset it is (sage2-hopper)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -197,8 +198,11 @@ def _print_explain(attr, metric: str) -> None:
     console = _console()
     dom = attr.dominant
     share = attr.alone[dom] / attr.full if attr.full > 0 else float("nan")
+    from flashcheck.kernels.sim.presets import alias_of
+
+    alias = f" (--preset {preset}, an alias of {alias_of(preset)})" if preset and alias_of(preset) else ""
     line = (  # one measure for both stages (each alone, the others FP64): shares of that kind need not add to 100%
-        f"{metric} vs FP64 of {pol.name}: full {attr.full:.3e}; dominant stage (raising it to FP64 removes the "
+        f"{metric} vs FP64 of {pol.name}{alias}: full {attr.full:.3e}; dominant stage (raising it to FP64 removes the "
         f"most): {dom}, which alone (the other stages FP64) gives {100 * share:.0f}% of the full error"
     )
     sub = attr.dominant_substage

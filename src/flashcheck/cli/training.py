@@ -16,6 +16,7 @@ from flashcheck.cli.app import (
     _int_range,
     _not_others,
     _out_folder,
+    _starting,
     app,
     default_out,
 )
@@ -86,8 +87,6 @@ def train_study(
     """Train runs that differ in one factor (attention, format, seed), one group per seed, and compare their
     weights; and 8-bit attention runs (sage8, sage8ft) whose loss is judged against the base run's. A run
     killed at any point resumes where it stopped when the command is run again."""
-    from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
-
     out = default_out("flashcheck-train-study", preset) if out is None else out
     try:
         for flag, value in (("--preset", preset), ("--out", out), ("--policy", policy)):
@@ -97,6 +96,13 @@ def train_study(
             raise ValueError(f"--workers {workers} is not allowed; give an integer from 1 to {MAX_WORKERS}")
         _not_others(_out_folder(out), "train-study", TRAIN_KEYS)  # not a study's or another command's output
         _check_counts(steps, save_every, seeds)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+    _starting(f"train-study: training the {preset} preset's runs into {out} (stopped early, the same command "
+              "resumes them)", quiet)  # fmt: skip
+    from flashcheck.training.experiments import NonFiniteWeights, StudyInterrupted
+
+    try:
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)

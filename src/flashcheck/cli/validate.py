@@ -10,7 +10,8 @@ import re
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, app
+from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, _starting, app
+from flashcheck.core.progress import progress  # light (no torch): the first line still comes first
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
 OWN_IMPLS = {"fcguard": "flashcheck.guard.integrations:register_transformers"}
@@ -145,15 +146,16 @@ def validate(
         _check_pin_only(check_pin, as_json)
     if kv_cache is not None:
         _validate_kv(model, kv_cache, new_tokens, prompts, prompt_len, out, as_json)
-    from flashcheck.core.progress import progress
-    from flashcheck.validate import validate_model
-
     try:
         _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
             raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
         if pin is not None:
             _out_file(pin, "--pin")  # written after a pass: checked before the work
+        _starting(f"validate: {model or 'the bundled all-MiniLM-L6-v2'} under {impls} in {dtypes} against eager "
+                  f"fp32, into {out}", quiet)  # fmt: skip
+        from flashcheck.validate import validate_model
+
         _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)
@@ -195,9 +197,19 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
     raise typer.Exit(0 if result.passed else 1)
 
 
+def _usable(out: str) -> None:
+    """--out checked (exit 2, one line) before the first line and the heavy imports."""
+    try:
+        _out_folder(out)
+    except ValueError as exc:
+        _fail_usage(str(exc))
+
+
 def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
                  as_json: bool) -> None:  # fmt: skip
     """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+    _usable(out)
+    _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}")
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
     try:

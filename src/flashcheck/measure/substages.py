@@ -84,6 +84,15 @@ def _v_label(pol: Policy) -> str:
     return f"V quantisation ({_scaled(fmt, pol.v_scaling)}{amax})"
 
 
+def inside_words(pol: Policy) -> str | None:
+    """What a policy quantises inside the kernel from its 16-bit inputs, operand by operand, as explain's input
+    sub-stages name it ("Q/K quantisation (INT8 per-thread, K smoothed) and V quantisation (fp8-e4m3
+    per-channel)"): the one description compare, explain and predict give; None for a policy that does not."""
+    if pol.input == Format.FP64 or not uses_quantized_inputs(pol):
+        return None
+    return f"{_qk_label(pol)} and {_v_label(pol)}"
+
+
 def _acc_words(bits: int, nearest: bool) -> str:
     name = {13: "FP22, ", 10: "fp16, "}.get(bits, "")
     return f"{name}{bits} mantissa bits, {'round to nearest' if nearest else 'truncating'}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashcheck.reporting.figures import COLOURS, figure
+from flashcheck.reporting.figures import COLOURS, figure, legend_below
 
 
 def draw_attribution(attr, path) -> None:
@@ -16,24 +16,21 @@ def draw_attribution(attr, path) -> None:
 
 def _bars(ax, attr, stages: tuple[str, ...]) -> None:
     xs = range(len(stages))
-    ax.bar(
-        [x - 0.2 for x in xs],
-        [attr.alone[s] for s in stages],
-        width=0.4,
-        label="stage alone in low precision",
-        color=COLOURS[0],
-    )
-    ax.bar(
-        [x + 0.2 for x in xs],
-        [attr.raised[s] for s in stages],
-        width=0.4,
-        label="stage alone raised to FP64",
-        color=COLOURS[1],
-    )
-    ax.axhline(attr.full, color="k", ls="--", lw=1, label=f"full policy {attr.policy.name}")
     ax.set_xticks(list(xs), [f"{s}\n({attr.policy.stage(s).value})" for s in stages])
-    ax.set_yscale("symlog", linthresh=max(attr.full * 1e-3, 1e-300))
     ax.set_ylabel(f"{attr.metric} vs FP64")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("stage (its format in the policy)")
     sub = getattr(attr, "dominant_substage", None)  # measure.substages: e.g. input:qk within input
     ax.set_title(f"which stage causes the deviation? dominant: {attr.dominant}" + (f", within it {sub}" if sub else ""))
+    shown = [v for v in (*attr.alone.values(), *attr.raised.values(), attr.full) if v > 0]
+    if not shown:  # an exact policy (fp64): nothing to draw, and said so
+        ax.text(0.5, 0.5, "no error: every stage is exact", transform=ax.transAxes, ha="center")
+        return
+    for shift, values, label, colour in (
+        (-0.2, attr.alone, "stage alone in low precision", COLOURS[0]),
+        (0.2, attr.raised, "stage alone raised to FP64", COLOURS[1]),
+    ):
+        ax.bar([x + shift for x in xs], [values[s] for s in stages], width=0.4, label=label, color=colour)
+    ax.axhline(attr.full, color="k", ls="--", lw=1, label=f"full policy {attr.policy.name}")
+    ax.set_yscale("log", nonpositive="clip")  # an exact stage (0) draws no bar; symlog's 0 tick sat on 10^-5
+    ax.set_ylim(bottom=min(shown) / 3)
+    legend_below(ax, ncol=3, fontsize=8)  # the bars reach the top: a legend inside covered them

@@ -75,6 +75,7 @@ def figure(
         for ax in fig.axes:
             mark_empty(ax)
         fig.tight_layout()
+        _place_below(fig)
         make_folder(Path(path).parent, "a report's figures folder")
         with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
             # legends placed outside the axes stay in; PNG level 3 costs 1% in size, a third of the encoding
@@ -85,6 +86,30 @@ def figure(
 
 
 NOT_MEASURED = "not measured yet"
+_BELOW = "_flashcheck_below"  # a legend's mark: figure() moves it under its axes' lowest text once laid out
+
+
+def legend_below(ax, ncol: int = 2, fontsize: float = 7) -> None:
+    """The legend under the axes, never over the data: placed once the figure is laid out (figure()) just under
+    the axes' lowest text (rotated tick labels, the x label), whatever their height."""
+    legend = ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(0, -0.2), ncol=ncol)
+    setattr(legend, _BELOW, True)
+
+
+def _place_below(fig) -> None:
+    """Move each legend_below legend to just under its axes' x tick labels and x label (after tight_layout, so
+    the axes no longer move)."""
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if getattr(ax.get_legend(), _BELOW, False)]
+    if not legends:
+        return
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for ax, legend in legends:
+        texts = [*ax.get_xticklabels(), *ax.get_xticklabels(minor=True), ax.xaxis.label]
+        bottoms = [t.get_window_extent(renderer).y0 for t in texts if t.get_visible() and t.get_text()]
+        low = min([*bottoms, ax.get_window_extent(renderer).y0])
+        y = ax.transAxes.inverted().transform((0, low - 4))[1]  # 4 pixels under the lowest text
+        legend.set_bbox_to_anchor((0, y), transform=ax.transAxes)
 
 
 def mark_empty(ax) -> bool:
@@ -206,8 +231,9 @@ def figure_problems(fig) -> list[str]:
     labelled series: a missing axis label, repeated tick labels, legend entries that differ from the series
     drawn (a series that draws nothing must not be in the legend), two series with the same colour, marker,
     fill and line style, more than MAX_AT_ONE_X series with a point at one x, markers in several styles with
-    no legend entry, a linear axis over more than two decades, tick labels drawn over one another. Call it
-    before saving (tests wrap Figure.savefig)."""
+    no legend entry, a linear axis over more than two decades, tick labels drawn over one another, a legend
+    drawn over data (a point, a line or a bar of the axes under its box). Call it before saving (tests wrap
+    Figure.savefig)."""
     fig.draw_without_rendering()  # the layout (text extents) without rasterising every artist
     renderer = fig.canvas.get_renderer()
     out = []
@@ -235,7 +261,95 @@ def figure_problems(fig) -> list[str]:
             out.append(f"{where}: one colour and marker for more than one series ({twins})")
         out += _crowded_x(ax, labels, data, where) + _unlegended_markers(ax, handles, where)
         out += _decade_problem(ax, data, where) + _overlapping_ticks(ax, renderer, where)
+        out += _legend_over_data(ax, renderer, where)
     return out
+
+
+def _data_points(ax):
+    """The display coordinates of what an axes draws from data: its lines' points and points along their
+    segments (every ~4 pixels), scatter points, error-bar segments and bars' corners and centres; reference
+    lines and bands drawn in axes coordinates (axhline, axhspan) are not data."""
+    import itertools
+
+    import numpy as np
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Rectangle
+
+    data = ax.transData
+    out = []
+
+    def along(xy):
+        for a, b in itertools.pairwise(xy):
+            steps = int(min(200, max(1, np.hypot(*(b - a)) // 4)))
+            out.extend(a + (b - a) * t for t in np.linspace(0, 1, steps + 1))
+        if len(xy) == 1:
+            out.append(xy[0])
+
+    for line in ax.lines:
+        if line.get_visible() and line.get_transform() == data:
+            xy = data.transform(np.asarray(line.get_xydata(), dtype=float))
+            xy = xy[np.isfinite(xy).all(axis=1)]
+            if line.get_linestyle() in ("None", "none", "", " "):
+                out.extend(xy)
+            else:
+                along(xy)
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        if _is_scatter(coll) and coll.get_offset_transform() == data:
+            out.extend(data.transform(np.asarray(coll.get_offsets(), dtype=float)))
+        elif isinstance(coll, LineCollection) and coll.get_transform() == data:
+            for seg in coll.get_segments():
+                along(data.transform(np.asarray(seg, dtype=float)))
+    for patch in ax.patches:
+        if isinstance(patch, Rectangle) and patch.get_visible() and patch.get_data_transform() == data:
+            x, y, w, h = patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()
+            out.extend(data.transform([(x, y + h), (x + w, y + h), (x + w / 2, y + h), (x + w / 2, y + h / 2)]))
+    pts = np.asarray(out, dtype=float).reshape(-1, 2)
+    return pts[np.isfinite(pts).all(axis=1)]
+
+
+def _legend_over_data(ax, renderer, where: str) -> list[str]:
+    """A legend whose box covers drawn data (a point, a line, a bar of the axes under it) or any text of the
+    figure (tick labels, axis labels, titles): a reader cannot see what lies under it."""
+    from matplotlib.patches import Rectangle
+
+    legend = ax.get_legend()
+    if legend is None or not legend.get_visible():
+        return []
+    box = legend.get_window_extent(renderer)
+    frame = ax.get_window_extent(renderer)
+    pts = _data_points(ax)
+    inside = pts[(pts[:, 0] >= frame.x0) & (pts[:, 0] <= frame.x1) & (pts[:, 1] >= frame.y0) & (pts[:, 1] <= frame.y1)]
+    under = int(((inside[:, 0] > box.x0) & (inside[:, 0] < box.x1) & (inside[:, 1] > box.y0)
+                 & (inside[:, 1] < box.y1)).sum())  # fmt: skip
+    from matplotlib.transforms import Bbox
+
+    for p in ax.patches:  # a bar: the part of it inside the axes
+        if isinstance(p, Rectangle) and p.get_visible() and p.get_data_transform() == ax.transData:
+            under += _meet(Bbox.intersection(p.get_window_extent(renderer), frame), box)
+    out = [f"{where}: the legend covers data ({under} drawn point(s) or bar(s) under its box)"] if under else []
+    texts = [t for a in legend.figure.axes for t in _texts(a)] + list(legend.figure.texts)
+    hidden = [t.get_text() for t in texts if t.get_visible() and t.get_text().strip()
+              and _meet(t.get_window_extent(renderer), box)]  # fmt: skip
+    if hidden:
+        more = f" and {len(hidden) - 1} more" if len(hidden) > 1 else ""
+        out.append(f"{where}: the legend covers text {hidden[0]!r}{more}")
+    return out
+
+
+def _texts(ax) -> list:
+    """An axes's tick labels, axis labels and titles."""
+    ticks = [*ax.get_xticklabels(), *ax.get_yticklabels(), *ax.get_xticklabels(minor=True),
+             *ax.get_yticklabels(minor=True)]  # fmt: skip
+    return [*ticks, ax.xaxis.label, ax.yaxis.label, ax.title, ax._left_title, ax._right_title]
+
+
+def _meet(a, b) -> bool:
+    """Whether two display boxes overlap by more than a pixel each way (None: no box)."""
+    return a is not None and b is not None and min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(
+        a.y0, b.y0
+    ) > 1
 
 
 def _overlapping_ticks(ax, renderer, where: str) -> list[str]:
@@ -322,6 +436,6 @@ def _decade_problem(ax, data, where: str) -> list[str]:
     )
     name, scale = ("x", ax.get_xscale()) if across else ("y", ax.get_yscale())
     vals = [v for _, xv, yv in data for v in (xv if across else yv) if math.isfinite(v) and v > 0]
-    if vals and max(vals) / min(vals) > 100 and scale != "log":
+    if vals and max(vals) / min(vals) > 100 and scale not in ("log", "symlog"):
         return [f"{where}: values span {max(vals) / min(vals):.0f}x on a linear {name} axis"]
     return []

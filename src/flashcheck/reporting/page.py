@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,8 +60,19 @@ class Sentences:
 
 @dataclass(frozen=True, slots=True)
 class Table:
+    """Rows of cells: text, or a value shown through `cell` (yes / no / -, never Python's True / False / None)."""
+
     header: list[str]
     rows: list[list[str]]
+
+
+def cell(value: object) -> str:
+    """A table cell as a person reads it: yes / no for a flag, - for nothing, else its text."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +83,12 @@ class Figure:
 
 @dataclass(slots=True)
 class Page:
-    """What a report says, in order; `title` is the H1."""
+    """What a report says, in order; `title` is the H1; `banner`, when given, the line above it (a report of
+    unfinished work says so first)."""
 
     title: str
     blocks: list = field(default_factory=list)
+    banner: str | None = None
 
     def add(self, *blocks) -> Page:
         self.blocks.extend(blocks)
@@ -105,7 +119,7 @@ def _md_block(b, folder: Path) -> list[str]:
         return [*lines, ""]
     if isinstance(b, Table):
         rows = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
-        cells = ("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
+        cells = ("| " + " | ".join(cell(c).replace("|", "\\|") for c in r) + " |" for r in b.rows)
         return [*rows, *cells, ""]
     if isinstance(b, Figure):
         path = _resolve(b.path, folder)
@@ -116,19 +130,40 @@ def _md_block(b, folder: Path) -> list[str]:
 
 def render_markdown(page: Page, folder: Path) -> str:
     folder = Path(folder).resolve()
-    lines = [f"# {page.title}", ""]
+    lines = ([f"**{page.banner}**", ""] if page.banner else []) + [f"# {page.title}", ""]
     for b in page.blocks:
         lines += _md_block(b, folder)
     return "\n".join(lines)
 
 
+# The Markdown the reports' texts use inline, rendered in the HTML (they were shown raw: `flashcheck study`):
+# `code`, **bold**, [text](link); everything else is escaped text.
+_INLINE = re.compile(r"`([^`]+)`|\*\*(.+?)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline_html(text: str) -> str:
+    """`text` as HTML: escaped, with inline code, bold and links of its Markdown rendered."""
+    text, out, at = str(text), [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[at : m.start()]))
+        code, bold, label, href = m.groups()
+        if code is not None:
+            out.append(f"<code>{html.escape(code)}</code>")
+        elif bold is not None:
+            out.append(f"<b>{inline_html(bold)}</b>")
+        else:
+            out.append(f"<a href='{html.escape(href)}'>{inline_html(label)}</a>")
+        at = m.end()
+    return "".join(out) + html.escape(text[at:])
+
+
 def _html_block(b, folder: Path) -> str:
-    esc = html.escape
+    esc = inline_html
     if isinstance(b, Heading):
-        anchor = f" id='{esc(b.anchor)}'" if b.anchor else ""
+        anchor = f" id='{html.escape(b.anchor)}'" if b.anchor else ""
         return f"<h{b.level}{anchor}>{esc(b.text)}</h{b.level}>"
     if isinstance(b, Sentences):
-        items = (f"<li>{esc(t)} (<a href='#{esc(a)}'>{esc(a)}</a>)</li>" for t, a in b.items)
+        items = (f"<li>{esc(t)} (<a href='#{html.escape(a)}'>{html.escape(a)}</a>)</li>" for t, a in b.items)
         return "<ul class='conclusion'>" + "".join(items) + "</ul>"
     if isinstance(b, Text):
         return f"<p>{esc(b.text)}</p>"
@@ -145,17 +180,19 @@ def _html_block(b, folder: Path) -> str:
         return "<ul>" + "".join(items) + "</ul>"
     if isinstance(b, Table):
         head = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in b.header) + "</tr>"
-        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+        rows = "".join("<tr>" + "".join(f"<td>{esc(cell(c))}</td>" for c in r) + "</tr>" for r in b.rows)
         return f"<table>{head}{rows}</table>"
     if isinstance(b, Figure):
         data = base64.b64encode(_resolve(b.path, folder).read_bytes()).decode()
-        return f"<img alt='{esc(b.alt)}' src='data:image/png;base64,{data}'>"
+        return f"<img alt='{html.escape(b.alt)}' src='data:image/png;base64,{data}'>"
     raise TypeError(f"unknown block {b!r}")
 
 
 _STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+    "code{background:#f3f3f3;padding:0 .2em}"
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
+    ".partial{background:#fff3cd;border:1px solid #e0b000;padding:.5em 1em;font-weight:bold}"
     ".holds{color:#070}.fails{color:#b00}.none{color:#777}.structural{color:#05a}img{max-width:100%}"
 )
 
@@ -163,9 +200,11 @@ _STYLE = (
 def render_html(page: Page, folder: Path) -> str:
     folder = Path(folder).resolve()
     body = "\n".join(_html_block(b, folder) for b in page.blocks)
+    banner = f"<p class='partial'>{inline_html(page.banner)}</p>" if page.banner else ""
+    title = f"{page.banner} — {page.title}" if page.banner else page.title
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(page.title)}</title>"
-        f"<style>{_STYLE}</style></head><body><h1>{html.escape(page.title)}</h1>\n{body}\n</body></html>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title.replace('`', ''))}</title>"
+        f"<style>{_STYLE}</style></head><body>{banner}<h1>{inline_html(page.title)}</h1>\n{body}\n</body></html>"
     )
 
 

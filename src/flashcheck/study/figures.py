@@ -195,8 +195,11 @@ def _draw_errors(ax, points: list[Point], sw: Sweep, x: str) -> None:
 
 
 def legend_below(ax, x: str, ncol: int = 2) -> None:
-    """The legend under the axes (never over the data), below rotated tick labels where there are some."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.42 if x in ("tile", "policy") else -0.2), ncol=ncol)
+    """The legend under the axes (never over the data), below rotated tick labels where there are some
+    (reporting.figures.legend_below places it once the figure is laid out)."""
+    from flashcheck.reporting.figures import legend_below as below
+
+    below(ax, ncol=ncol)
 
 
 def _log_if_decades(ax, values: list[float]) -> None:

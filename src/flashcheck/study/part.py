@@ -34,7 +34,9 @@ class Part:
     (the first set's that has one). sentences: the conclusion's (the leading set's first). headline: a figure
     and caption under the Answer. figures/tables: its questions' own (they replace the engine's per-question
     figure and table of that name). summary: its keys of summary.json. failures: its failed tasks.
-    top/middle/end: page blocks after the verdicts table, after the verdicts' rules, after the questions."""
+    top/middle/end: page blocks after the verdicts table, after the verdicts' rules, after the questions.
+    stored: what of the set's own work is stored, {what: (stored, planned)} (e.g. {"guide tasks": (0, 52)}):
+    the report says "partial" first while any is short."""
 
     answer: list[str] = field(default_factory=list)
     brief: list[str] = field(default_factory=list)
@@ -48,3 +50,16 @@ class Part:
     top: list = field(default_factory=list)
     middle: list = field(default_factory=list)
     end: list = field(default_factory=list)
+    stored: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+NOT_YET = "not measured yet"
+
+
+def partial_line(stored: dict[str, tuple[int, int]]) -> str | None:
+    """A report's first line while its study is unfinished, from {what: (stored, planned)}: "partial: 141 of 564
+    cases, 0 of 52 guide tasks; rerun the same command to finish"; None when everything planned is stored."""
+    if all(done >= planned for done, planned in stored.values()):
+        return None
+    items = ", ".join(f"{done} of {planned} {what}" for what, (done, planned) in stored.items() if planned)
+    return f"partial: {items}; rerun the same command to finish"

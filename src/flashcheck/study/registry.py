@@ -28,7 +28,8 @@ class QuestionSet:
     settings: (a table of study.json and TOML, its class with from_dict(data, source) and to_dict()) and
     tasks(folder, settings, quiet) -> statistics: work it runs after the cases when a study has that table.
     own_report(folder) -> summary: the whole report of its solo presets (owns_folder tells such a folder).
-    titles: a question's (or table's) id -> the heading a reader sees (the id stays its anchor)."""
+    titles: a question's (or table's) id -> the heading a reader sees (the id stays its anchor).
+    files: the files its tasks keep in a study folder (part of the study's store: refused when linked)."""
 
     name: str
     order: int
@@ -45,6 +46,7 @@ class QuestionSet:
     own_report: Callable[[str | Path], dict] | None = None
     owns_folder: Callable[[str | Path], bool] | None = None
     titles: Mapping[str, str] = field(default_factory=dict)
+    files: tuple[str, ...] = ()
 
 
 _SETS: dict[str, QuestionSet] = {}
@@ -102,6 +104,11 @@ def solo_set(preset: str) -> QuestionSet | None:
 def settings_tables() -> dict[str, Any]:
     """Table name -> settings class, for every set that has settings."""
     return {s.settings[0]: s.settings[1] for s in sets() if s.settings is not None}
+
+
+def store_files() -> tuple[str, ...]:
+    """The files every registered set keeps in a study folder (QuestionSet.files), in report order."""
+    return tuple(f for s in sets() for f in s.files)
 
 
 def notes() -> dict[str, str]:

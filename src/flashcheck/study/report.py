@@ -12,10 +12,10 @@ from flashcheck.core.fileio import folder_problem
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
 from flashcheck.study import registry
-from flashcheck.study.cases import Case, CaseRecord, expand
+from flashcheck.study.cases import Case, CaseRecord, expand, expand_sweep
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
-from flashcheck.study.part import Part, Study
+from flashcheck.study.part import NOT_YET, Part, Study, partial_line
 from flashcheck.study.points import Point, ratio_text, sweep_points
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
@@ -124,6 +124,7 @@ def build_report(folder: str | Path) -> dict:
     folder = Path(folder)
     config = _load_config(folder)
     records = _of_this_study(ResultStore(folder).load(), config, folder)
+    yet = _not_stored(config, records)
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}
@@ -131,6 +132,8 @@ def build_report(folder: str | Path) -> dict:
     sets = registry.sets()
     judges = [s for s in sets if config.name in s.solo and s.findings] or sets  # a solo preset: its verdicts alone
     found = [f for s in judges if s.findings is not None for f in s.findings(study)]
+    if yet:  # a verdict on no values while cases are missing is not inconclusive: it is not measured yet
+        found = [_not_yet(f) for f in found]
     study = dataclasses.replace(study, found=found)
     parts, lead = report_parts(study)
     n_skipped = sum(s["cases"] for s in skipped)
@@ -141,8 +144,13 @@ def build_report(folder: str | Path) -> dict:
         figures = {"headline": headline[0]} | figures
     env = next(iter(records.values())).env if records else {}
     failures += [f for p in parts for f in p.failures]  # a set's failed tasks (tried again on the next run)
+    stored = {"cases": (len(records), len(expand(config)))} | {w: n for p in parts for w, n in p.stored.items()}
+    partial = partial_line(stored)
     summary = {
         "study": config.name,
+        "complete": partial is None,
+        "partial": partial,  # the report's and the command's first line while the study is unfinished
+        "stored": {what: list(n) for what, n in stored.items()},
         "answer": _answer(parts, lead),
         "conclusion": [{"text": t, "section": a} for t, a in _conclusion(parts, lead, len(failures), n_skipped)],
         "findings": found,
@@ -160,8 +168,28 @@ def build_report(folder: str | Path) -> dict:
     tables = [t for t in _tables(config, ok) if t[0] not in replaced] + [t for p in parts for t in p.tables]
     inside = {q: p.relative_to(folder) for q, p in figures.items()}  # the page resolves them in `folder`
     caption = headline[1] if headline is not None else ""
-    write_report(folder, _page(summary, tables, inside, parts, caption), summary)
+    write_report(folder, _page(summary, tables, inside, parts, caption, yet), summary)
     return summary
+
+
+def _not_stored(config: StudyConfig, records: dict[str, CaseRecord]) -> dict[str, int]:
+    """Per question, how many of its sweep's cases have no stored record yet (a study stopped early or still
+    running); the questions with all of them stored are left out."""
+    out: dict[str, int] = {}
+    for sw in config.sweeps:
+        n = sum(1 for c in expand_sweep(sw) if c.case_id not in records)
+        if n:
+            out[sw.question] = out.get(sw.question, 0) + n
+    return out
+
+
+def _not_yet(f: dict) -> dict:
+    """A finding judged on no values (n=0, "nan (n=0, no interval)") while the study is unfinished: "not
+    measured yet"; others as they are (they rest on the cases stored so far; the report's first line says so)."""
+    if f.get("status") != "inconclusive" or f.get("n"):
+        return f
+    return {**f, "status": NOT_YET, "holds": None, "measured": f"{NOT_YET} (its cases are still to run)",
+            "reason": f"{NOT_YET}: no value stored"}  # fmt: skip
 
 
 def report_parts(study: Study) -> tuple[list[Part], Part | None]:
@@ -242,11 +270,13 @@ def _verdict_items(summary: dict) -> list[tuple[str, str, str]]:
     return items
 
 
-def _page(summary: dict, tables, figures: dict[str, Path], parts: list[Part], caption: str) -> Page:
+def _page(
+    summary: dict, tables, figures: dict[str, Path], parts: list[Part], caption: str, yet: dict[str, int]
+) -> Page:
     """The study report as a reporting.Page: the answer in plain sentences, the headline figure and the
     verdicts as a table first (then the sets' top blocks); the conclusion sentence by sentence, each verdict's
     rule (then the sets' middle blocks), skipped/failed cases, one section per question, the sets' end blocks."""
-    page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?")
+    page = Page(f"flashcheck study {summary['study']}: is Flash Attention stable?", banner=summary["partial"])
     page.add(Heading("Answer", anchor="answer"), *(Text(t) for t in summary["answer"]))
     if "headline" in figures:
         page.add(Figure(figures["headline"], caption))
@@ -276,10 +306,16 @@ def _page(summary: dict, tables, figures: dict[str, Path], parts: list[Part], ca
     for n, (title, header, rows) in enumerate(problems):  # the conclusion links to the first
         page.add(Heading(title, anchor="" if n else "problems"), Table(header, rows))
     if not problems:
-        page.add(Heading("Skipped and failed cases", anchor="problems"), Text("None."))
+        done, planned = summary["stored"]["cases"]
+        missing = planned - done
+        none = f"None so far; {missing} case(s) {NOT_YET} (rerun the same command to finish)." if missing else "None."
+        page.add(Heading("Skipped and failed cases", anchor="problems"), Text(none))
     notes, titles = registry.notes(), registry.titles()
     for question, header, rows in tables:
         page.add(Heading(titles.get(question, question), anchor=question))
+        if question in yet:
+            page.add(Text(f"{NOT_YET.capitalize()}: {yet[question]} case(s) of this question (rerun the same "
+                          "command to finish); the rows below are those stored so far."))  # fmt: skip
         if question in notes:
             page.add(Text(notes[question]))
         if question in figures:

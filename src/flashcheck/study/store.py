@@ -25,13 +25,20 @@ from flashcheck.study.recordcheck import record_problem
 DROPPED_SUFFIX = ".dropped"  # records.jsonl.dropped: the text of the lines repair() removed
 
 
-STORE_FILES = ("records.jsonl", "records.jsonl.dropped", "runs.jsonl", "study.json", "guide.jsonl", "guide.json")
+ENGINE_FILES = ("records.jsonl", "records.jsonl.dropped", "runs.jsonl", "study.json")
+
+
+def store_files() -> tuple[str, ...]:
+    """The files of a study's store: the engine's and those the registered question sets keep (their tasks')."""
+    from flashcheck.study.registry import store_files as sets_files
+
+    return ENGINE_FILES + sets_files()
 
 
 def check_store_files(folder: str | Path) -> None:
     """LinkRefused (one line) when a store file of `folder` is a symbolic link: checked before a study computes
     anything, so it is refused at once, not after its cases."""
-    for name in STORE_FILES:
+    for name in store_files():
         refuse_link(Path(folder) / name, "a file of the study's store")
 
 

@@ -106,6 +106,13 @@ def kernel_preset(name: str) -> KernelPreset:
         raise ValueError(f"unknown kernel preset {name!r}; expected one of {', '.join(KERNEL_PRESETS)}") from None
 
 
+def alias_of(name: str) -> str | None:
+    """The preset that `name` is another name for (sage2 -> sage2-hopper: its policy is that preset's), else None."""
+    pre = kernel_preset(name)
+    canonical = pre.policy(parse_format(pre.default_format)).name.split("@")[0]
+    return canonical if canonical != name and canonical in KERNEL_PRESETS else None
+
+
 def resolve(name: str, fmt: Format | str, lq: int, lk: int, d: int, causal: bool) -> dict:
     """Keyword arguments of flash_attention for preset `name` at dtype fmt and this shape."""
     pre = kernel_preset(name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flashcheck.questions.guide.presets import GuideSettings, guide, guide_full, guide_tiny
 from flashcheck.questions.guide.report import build_guide_report, guide_part, guide_sentences, is_guide_folder
-from flashcheck.questions.guide.tasks import run_tasks_locked
+from flashcheck.questions.guide.tasks import GUIDE_FILE, SETTINGS_FILE, run_tasks_locked
 from flashcheck.study.part import Part, Study
 from flashcheck.study.registry import QuestionSet
 
@@ -32,6 +32,7 @@ def report_part(study: Study) -> Part:
         summary={"guide": part},
         middle=blocks[:3],  # the claims table and its rules (guide.report.claims_blocks)
         end=blocks[3:],
+        stored={"guide tasks": tuple(part["stored"]["tasks"])},  # its error cases are the study's own
     )
 
 
@@ -56,4 +57,5 @@ QUESTION_SET = QuestionSet(
     tasks=_tasks,
     own_report=build_guide_report,
     owns_folder=is_guide_folder,
+    files=(GUIDE_FILE, SETTINGS_FILE),
 )

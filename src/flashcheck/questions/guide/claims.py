@@ -93,9 +93,10 @@ def _tasks(results: dict[str, dict], kind: str, pick=lambda p: True) -> list[dic
 
 def unless_busy(v: Verdict, timed: list[dict]) -> Verdict:
     """A timing verdict, made inconclusive when any of the timings it rests on ran on a busy machine (the load
-    recorded beside each timing, core.load.busy); an inconclusive verdict stays as it is."""
+    recorded beside each timing, core.load.busy), its reason saying so first; an inconclusive one too (its own
+    reason after it: an interval across a band edge measured under load is the load's doing as likely)."""
     why = [(r["id"], b) for r in timed if (b := busy(r.get("load")))]
-    if not why or v.status == "inconclusive":
+    if not why:
         return v
     rule = f"{v.rule}; inconclusive when a timing ran on a busy machine (load > {BUSY_FRACTION:g} x cores)"
     reason = f"{len(why)} of {len(timed)} timings ran on a busy machine ({why[0][0]}: {why[0][1]}); {v.reason}"

@@ -14,8 +14,8 @@ from flashcheck.questions.guide.measure import OCTAVE_STEPS, twin
 from flashcheck.questions.guide.presets import GUIDE_QUESTION, GuideSettings, guide_sweep
 from flashcheck.questions.guide.tasks import load_results, read_settings
 from flashcheck.reporting import Figure, Heading, Page, Table, Text, write_report
-from flashcheck.reporting.figures import Styler, figure, label_axes, log10_axis, matplotlib_available
-from flashcheck.reporting.page import Sentences
+from flashcheck.reporting.figures import Styler, figure, label_axes, legend_below, log10_axis, matplotlib_available
+from flashcheck.reporting.page import Sentences, cell
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study.cases import expand_sweep
 from flashcheck.study.config import StudyConfig
@@ -71,9 +71,15 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
     figures = _figures(folder / "figures", records, results, s, methods) if matplotlib_available() else {}
     drawn = {DRAWN: folder} if matplotlib_available() else {}  # figures drawn: a missing one was not measured
     answer = gc.answer(records, results)
+    missing = _missing(folder, s, ids, {r.case_id for r in records}, results)
+    claims = [_unmeasured(c, missing) for c in claims]
     claims = [{**c, "shown": shown_status(c)} for c in claims]  # summary.json says what the table says
     part = {
         "findings": claims,
+        "stored": {
+            "cases": [len(ids) - len(missing["cases"]), len(ids)],
+            "tasks": [len(missing["planned"]) - len(missing["tasks"]), len(missing["planned"])],
+        },
         "answer": answer,
         "conclusion": conclusion(claims, answer),
         "failures": [
@@ -85,7 +91,7 @@ def guide_part(folder: Path, config: StudyConfig, records: list, s: GuideSetting
     }
     part = _strict(part)
     rel = {**drawn, **{k: p.relative_to(folder) for k, p in figures.items()}}
-    return part, [*claims_blocks(part), *_evidence(part, results, s, explains, rel)]
+    return part, [*claims_blocks(part), *_evidence(part, results, s, explains, rel, missing["tasks"])]
 
 
 def build_guide_report(folder: str | Path) -> dict:
@@ -99,8 +105,14 @@ def build_guide_report(folder: str | Path) -> dict:
         for r in records
         if r.status == "failed"
     ]
+    from flashcheck.study.part import partial_line
+
+    partial = partial_line({what: tuple(n) for what, n in part["stored"].items()})
     summary = {
         "study": config.name,
+        "complete": partial is None,
+        "partial": partial,
+        "stored": part["stored"],
         "findings": part["findings"],
         "cases": len(records) + len(load_results(folder)),
         "failed": len(failures),
@@ -112,7 +124,7 @@ def build_guide_report(folder: str | Path) -> dict:
         "settings": part["settings"],
         "figures": part["figures"],
     }
-    page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured")
+    page = Page(f"flashcheck study {summary['study']}: the production guide's claims, measured", banner=partial)
     page.add(*blocks[:2], Heading("Conclusion", anchor="conclusion"))
     page.add(Sentences([(c["text"], c["section"]) for c in summary["conclusion"]]))
     if summary["failures"]:
@@ -121,6 +133,46 @@ def build_guide_report(folder: str | Path) -> dict:
     page.add(*blocks[2:])
     write_report(folder, page, summary)
     return summary
+
+
+NOT_YET = "not measured yet"
+
+
+def _missing(folder: Path, s: GuideSettings, ids: set[str], stored: set[str], results: dict) -> dict[str, list]:
+    """What the study has not stored yet: its guide sweep's case ids and its tasks' ids (a study stopped early,
+    or read while it runs), and every task id planned."""
+    from flashcheck.questions.guide.tasks import tasks
+
+    planned = [tid for tid, _ in tasks(s)]
+    return {"cases": sorted(ids - stored), "tasks": [t for t in planned if t not in results], "planned": planned}
+
+
+def _task_prefixes(cid: str) -> tuple[str, ...]:
+    """The task ids a claim rests on, as prefixes: time/M/P and memory/M/P on cost/M/P/, the speedups on every
+    cost task, the latency on latency/, fp16/M on the scale and sum searches, the error slope on explain/."""
+    head, _, rest = cid.partition("/")
+    return {
+        "time": (f"cost/{rest}/",),
+        "memory": (f"cost/{rest}/",),
+        "speedup": ("cost/",),
+        "speedup_grows": ("cost/",),
+        "latency_variance": ("latency/",),
+        "fp16": ("scale/", "sum/"),
+        "slope": ("explain/",),
+    }.get(head, ())
+
+
+def _unmeasured(c: dict, missing: dict[str, list]) -> dict:
+    """A claim whose tasks or error cases are not all stored yet, as "not measured yet" (its measured text and
+    conditions read "n=0 points", "L = ," on no data); others as they are."""
+    head = c["id"].split("/")[0]
+    tasks = [t for t in missing["tasks"] if t.startswith(_task_prefixes(c["id"]))] if _task_prefixes(c["id"]) else []
+    cases = missing["cases"] if head in ("error_range", "slope") else []
+    if not tasks and not cases:
+        return c
+    what = ", ".join(x for x in (f"{len(tasks)} task(s)" * bool(tasks), f"{len(cases)} case(s)" * bool(cases)) if x)
+    measured = f"{NOT_YET}: {what} to run (rerun the same command to finish)"
+    return {**c, "status": "inconclusive", "holds": None, "pending": True, "measured": measured, "conditions": NOT_YET}
 
 
 SECTIONS = {  # a finding's id prefix -> the report section (Heading anchor) holding its evidence
@@ -151,7 +203,8 @@ def conclusion(findings: list[dict], answer: str) -> list[dict]:
     out = [{"text": answer, "section": "cost"}]
     for sec, fs in by.items():
         shown = [table_status(f) for f in fs]  # as the claims table shows them
-        counts = {st: shown.count(st) for st in ("holds", "does not hold", "inconclusive", "structural", NOT_MEASURED)}
+        kinds = ("holds", "does not hold", "inconclusive", "structural", NOT_MEASURED, NOT_YET)
+        counts = {st: shown.count(st) for st in kinds}
         parts = ", ".join(f"{n} {st}" for st, n in counts.items() if n)
         out.append({"text": f"{names[sec]}: of {len(fs)} claim{'s' * (len(fs) != 1)}, {parts}.", "section": sec})
     return out
@@ -162,7 +215,7 @@ def guide_sentences(part: dict) -> list[tuple[str, str]]:
     and the answer to "is the deviation worth it?"."""
     fs = part["findings"]
     words = {"holds": "hold", "does not hold": "do not hold", "structural": "structural (fixed by the format)"}
-    words |= {"inconclusive": "inconclusive", NOT_MEASURED: "not measured here (need a CUDA GPU)"}
+    words |= {"inconclusive": "inconclusive", NOT_MEASURED: "not measured here (need a CUDA GPU)", NOT_YET: NOT_YET}
     shown = [table_status(f) for f in fs]
     parts = ", ".join(f"{n} {w}" for st, w in words.items() if (n := shown.count(st)))
     return [(f"The production guide's claims: of {len(fs)}, {parts}.", "guide"), (part["answer"], "cost")]
@@ -174,6 +227,8 @@ NOT_MEASURED = "not measured here"
 def table_status(f: dict) -> str:
     """The verdict as the claims table shows (and the conclusion counts) it: a GPU claim not measured on this
     machine is not counted as inconclusive."""
+    if f.get("pending"):
+        return NOT_YET
     gpu = f["id"].startswith("gpu_") and "needs a GPU" in f["measured"]
     return NOT_MEASURED if gpu and f["status"] == "inconclusive" else f["status"]
 
@@ -228,8 +283,17 @@ def claims_blocks(part: dict) -> list:
     ]
 
 
-def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path]) -> list:
-    """The blocks after the claims table: the rules, skipped tasks, one section per question with its figure."""
+def _yet(missing: list[str], prefix: str | tuple[str, ...]) -> list:
+    """A line under a section whose tasks (ids starting with `prefix`) are not all stored yet."""
+    n = sum(t.startswith(prefix) for t in missing)
+    if not n:
+        return []
+    return [Text(f"{NOT_YET.capitalize()}: {n} task(s) of this section to run (rerun the same command to finish).")]
+
+
+def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Path], missing: list[str]) -> list:
+    """The blocks after the claims table: the rules, skipped tasks, one section per question with its figure
+    (and under each, how many of its tasks are not measured yet)."""
     out = []
     if part["skipped"]:
         out += [
@@ -238,6 +302,7 @@ def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Pa
         ]
     out += [
         Heading("Guide: cost against length", anchor="cost"),
+        *_yet(missing, "cost/"),
         *_figure(rel, "cost", "time and memory vs L"),
     ]
     out.append(Table(["method", "pass", "L", "median time [s] (interval)", "peak memory [MiB]"], _cost_rows(results)))
@@ -248,12 +313,15 @@ def _evidence(part: dict, results, s: GuideSettings, explains, rel: dict[str, Pa
     ]
     out += [
         Heading("Guide: latency variance", anchor="latency"),
+        *_yet(missing, "latency/"),
         Table(["method", "L", "CV over blocks (geometric mean)", "median", "calls"], gc.latency_rows(results, s)),
         Heading("Guide: fp16 overflow boundaries", anchor="fp16"),
+        *_yet(missing, ("scale/", "sum/")),
         *_figure(rel, "boundary", "input scale x length, finite or not, per policy"),
         Table(["method", "L", "first non-finite sigma", "tried", "monotone"], _boundary_rows(results)),
         Table(["method", "first bad Lk (keys at the max)", "outcome", "Lk tried"], _sum_rows(results)),
         Heading("Guide: error against length and its reason", anchor="error"),
+        *_yet(missing, "explain/"),
         *_figure(rel, "slope", "relative error vs L"),
         Table(["L", "stage", "alone (others FP64)", "raised to FP64 (others as policy)"], _explain_rows(explains)),
         Heading("Guide: not measured here", anchor="gpu"),
@@ -294,7 +362,7 @@ def _boundary_rows(results: dict[str, dict]) -> list[list[str]]:
             res, p = r["result"], r["params"]
             i = res["boundary_i"]
             sig = "none up to 2^16" if i is None else f"2^{i / OCTAVE_STEPS:.4g} = {2 ** (i / OCTAVE_STEPS):.4g}"
-            rows.append([p["method"], str(p["seq_len"]), sig, str(len(res["points"])), str(res["monotone"])])
+            rows.append([p["method"], str(p["seq_len"]), sig, str(len(res["points"])), cell(res["monotone"])])
     return rows
 
 
@@ -410,7 +478,7 @@ def _draw_boundary(path: Path, results, s: GuideSettings) -> bool:
             ax.set_title(f"{m} (filled) beside {twin(m).split(':')[1]} (hollow)", fontsize=8)
             label_axes(ax, x="L", y="input scale sigma", x_unit="tokens")
             if ax.collections:
-                ax.legend(fontsize=6, loc="lower left")
+                legend_below(ax, ncol=1, fontsize=6)  # inside, it hid the points at the smallest sigma
     return True
 
 

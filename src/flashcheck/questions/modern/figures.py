@@ -66,6 +66,7 @@ def draw_sink_question(sw, points: list[Point], path: Path, title: str) -> None:
     """The sink figure of sweep `sw` into `path`: each fix's MSE gain (95% interval) against the sink score, one
     series per setting and fix, the paper's 3-10x shaded (study.registry's draw for modern_sink)."""
     from flashcheck.reporting import Styler, figure
+    from flashcheck.reporting.figures import legend_below
 
     with figure(path, size=(7.5, 5.2)) as (fig, ax):
         ax.axhspan(3.0, 10.0, color="0.88")  # named by a text, not the legend (figure_problems reads lines only)
@@ -80,5 +81,5 @@ def draw_sink_question(sw, points: list[Point], path: Path, title: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("sink score Delta")
         ax.set_ylabel("MSE forward order, S = 1 / MSE with the fix")
-        ax.legend(fontsize=8)
+        legend_below(ax, ncol=1, fontsize=8)  # inside, it covered the gains at small sink scores
         fig.suptitle(title, fontsize=10)

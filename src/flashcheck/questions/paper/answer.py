@@ -52,11 +52,71 @@ def smoke_sentence(config: StudyConfig | None) -> str | None:
 
 
 def answer(found: list[dict], points: list[Point], config: StudyConfig | None = None) -> list[str]:
-    """Two or three sentences from the seq_len question's points and the verdicts (findings); one saying so
-    when the study did not measure Flash against Baseline over the length; first, for a smoke-test preset
-    (tiny, guide-tiny), a sentence saying that it is one."""
+    """The first sentence (first_sentence: the answer in at most 30 words), then two or three sentences from the
+    seq_len question's points and the verdicts (findings) with their intervals; one saying so when the study
+    did not measure Flash against Baseline over the length; for a smoke-test preset (tiny, guide-tiny), a
+    sentence saying that it is one, before those."""
     smoke = smoke_sentence(config)
-    return ([smoke] if smoke else []) + _answer(found, points)
+    first = first_sentence(found, points)
+    return ([first] if first else []) + ([smoke] if smoke else []) + _answer(found, points)
+
+
+FIRST_WORDS = 30  # the first sentence's most words: a reader asked "is Flash Attention stable?" reads one line
+NEAR = 0.25  # an interval holding 1 within 1 +- NEAR reads "about the same"; wider, "not settled"
+
+
+def first_sentence(found: list[dict], points: list[Point]) -> str | None:
+    """The answer in one sentence of at most FIRST_WORDS words: with fp32 statistics (real kernels) Flash's
+    error matches / is about the same as / is larger or smaller than standard attention's, with the pooled ratio
+    and its 95% interval as a margin; with every stage in bf16, the verdict row's ratio at its length. Derived
+    from the same estimates as the sentences and verdict rows after it (which keep the rules and intervals);
+    None when the study measured neither."""
+    real = _real_clause(points)
+    paper = _paper_clause({f["id"]: f for f in found}, points)
+    if real is None and paper is None:
+        return None
+    if real is None:
+        return f"With all stages in bf16, Flash's error {paper.removeprefix('it ')}."
+    head = f"With fp32 statistics (real kernels), Flash's error {real}"
+    both = f"{head}; with all stages in bf16 {paper}."
+    return both if paper and len(both.split()) <= FIRST_WORDS else f"{head}."
+
+
+def _x(v: float) -> str:
+    return f"{v:.2g}x"
+
+
+def _real_clause(points: list[Point]) -> str | None:
+    """'matches standard attention's (0.99x, within ±8%)' from the pooled bf16-mixed ratio (pooled_mixed)."""
+    est, _ = pooled_mixed(points)
+    if est.n < 1 or not math.isfinite(est.value):
+        return None
+    if est.n < MIN_N or not (math.isfinite(est.low) and math.isfinite(est.high)):
+        return f"is not settled against standard attention's ({_x(est.value)}, n={est.n})"
+    if est.low > 1:
+        return f"is larger than standard attention's ({_x(est.value)}, {est.low:.2g}-{est.high:.2g}x)"
+    if est.high < 1:
+        return f"is smaller than standard attention's ({_x(est.value)}, {est.low:.2g}-{est.high:.2g}x)"
+    spread = max(1 - est.low, est.high - 1)
+    within = f"within ±{spread:.0%}"
+    if spread <= EQUIVALENCE_MARGIN:
+        return f"matches standard attention's ({_x(est.value)}, {within})"
+    if spread <= NEAR:
+        return f"is about the same as standard attention's ({_x(est.value)}, {within})"
+    return f"is not settled against standard attention's ({_x(est.value)}, {est.low:.2g}-{est.high:.2g}x)"
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _paper_clause(by: dict, points: list[Point]) -> str | None:
+    """'it is 27x at 8k tokens': the all-bf16 verdict row's ratio (flash_vs_baseline_bf16) at its length."""
+    f, p = by.get("flash_vs_baseline_bf16"), at_longest(points, PAPER)
+    value = (f or {}).get("estimate")
+    if p is None or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return f"it is {_x(value)} at {_tokens(p.seq_len)} tokens"
 
 
 def _answer(found: list[dict], points: list[Point]) -> list[str]:

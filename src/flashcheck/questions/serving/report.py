@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flashcheck.measure.longcontext import VARIANTS
 from flashcheck.questions.serving.tasks import SDPA_TARGETS, SPLIT_TARGETS, load_units
-from flashcheck.reporting.page import Heading, Page, Table, Text, write_report
+from flashcheck.reporting.page import Heading, Page, Table, Text, cell, write_report
 
 SAFE, COLLAPSE = 1e-2, 5e-2  # relative L2 error of O: "safe" under 1%, "collapsed" over 5% (the rule, stated)
 NOT_MEASURED = "not measured"
@@ -179,11 +179,11 @@ def _longctx_table(lc: dict) -> Table:
     header = ["variant", "keys", *(f"{v} / {n}" for v in kinds for n in ("early", "late", "absent")),
               "cos(O, needle v) / exact", "cache vs bf16 cache", "s per cell"]  # fmt: skip
     rows = []
-    for (var, n), cell in sorted(lc.items(), key=lambda kv: (list(VARIANTS).index(kv[0][0]), kv[0][1])):
-        errs = [_fmt(_err(cell, v, nd)) for v in kinds for nd in ("early", "late", "absent")]
-        late = next((r for r in cell if r["values"] == "shared-mean" and r["needle"] == "late"), cell[0])
-        secs = sum(r["seconds"] for r in cell)
-        cache = max((r.get("cache_err", 0.0) for r in cell if r["values"] == "shared-mean"), default=None)
+    for (var, n), cells in sorted(lc.items(), key=lambda kv: (list(VARIANTS).index(kv[0][0]), kv[0][1])):
+        errs = [_fmt(_err(cells, v, nd)) for v in kinds for nd in ("early", "late", "absent")]
+        late = next((r for r in cells if r["values"] == "shared-mean" and r["needle"] == "late"), cells[0])
+        secs = sum(r["seconds"] for r in cells)
+        cache = max((r.get("cache_err", 0.0) for r in cells if r["values"] == "shared-mean"), default=None)
         rows.append([var, str(n), *errs, f"{late['cos_needle']:.3f} / {late['cos_needle_exact']:.3f}", _fmt(cache),
                      f"{secs:.0f}"])  # fmt: skip
     return Table(header, rows)
@@ -209,8 +209,8 @@ def build_serving_report(folder: str | Path) -> dict:
     if certs:
         page.add(Heading("Consistency certificates of the SDPA CPU kernels"),
                  Table(["target", "check", "holds", "first", "max |diff|", "compared"],
-                       [[c["target"], c["check"], str(c["holds"]), str(c["first"]), f"{c['max_abs']:.3g}",
-                         str(c["compared"])] for c in certs]))  # fmt: skip
+                       [[c["target"], c["check"], "holds" if c["holds"] else "does not hold", cell(c["first"]),
+                         f"{c['max_abs']:.3g}", cell(c["compared"])] for c in certs]))  # fmt: skip
     summary = {"answer": answer(units), "published": _published(units), "units": units,
                "seconds": sum(u.get("seconds", 0.0) for u in units.values())}  # fmt: skip
     write_report(folder, page, summary)
