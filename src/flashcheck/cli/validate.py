@@ -87,8 +87,13 @@ def _print(result, out: str) -> None:
     from rich.table import Table
 
     from flashcheck.validate.report import comparison_table, conclusion
+    from flashcheck.validate.sim_report import answer_lines
 
     c = _console()
+    if lines := answer_lines(result):  # simulated kernels: the end-to-end consequence per kernel, first
+        c.print("[bold]Answer[/]")
+        for line in lines:
+            c.print(f"  {line}", soft_wrap=True)
     rows = comparison_table(result)
     table = Table(title=f"validate {result.model}: {_inputs_line(result.settings)}")
     for col in rows.header:

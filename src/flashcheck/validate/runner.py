@@ -77,6 +77,11 @@ class Settings:
         if self.samples is not None and self.samples < MIN_TEXTS:
             raise ValueError(f"samples={self.samples} is not allowed; at least {MIN_TEXTS} are needed")
         check_impls(list(self.impls))
+        from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+        for impl in self.impls:
+            if is_sim(impl):
+                parse_sim(impl)  # an unknown sim: name lists the valid ones, before any model is loaded
 
 
 def _texts(texts: list[str] | str | Path | None) -> list[str]:
@@ -170,6 +175,7 @@ class _Session:
     advance: Callable[..., None]
     ref: RunOutput | None = None
     fp64: RunOutput | None = None
+    ref_model: object | None = None  # eager fp32, kept for the simulated kernels' isolated runs
     comparisons: list[Comparison] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -208,6 +214,7 @@ def _context(sess: _Session, dtype: str, eager: RunOutput) -> Context:
     s = sess.settings
     if dtype == "fp32":
         sess.ref = eager
+        sess.plan.ref_tokens = [g["tokens"] for g in eager.generation] if eager.generation else None
     ctx = make_context(dtype, sess.ref, eager, sess.fp64, tolerance=s.tolerance, n_texts=sess.plan.n_texts, topk=s.topk)
     sess.notes += [n for n in ctx.notes if n not in sess.notes]
     if dtype == "fp32":
@@ -272,7 +279,26 @@ def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> Non
     where = _where(sess, model, impl, dtype, cmp.k, forward=not cmp.passed)
     if where is not None and (not cmp.passed or where["backward"]):
         cmp = dataclasses.replace(cmp, where=where)
+    if impl.startswith("sim:"):
+        cmp = _with_layer_errors(sess, model if dtype == "fp32" else None, impl, dtype, cmp)
     sess.comparisons.append(cmp)
+
+
+def _with_layer_errors(sess: _Session, fp32_model, impl: str, dtype: str, cmp: Comparison) -> Comparison:
+    """cmp with each layer's isolated error and the error model's prediction (validate.layer_error), measured on
+    the reference model (eager fp32: the one in hand, else loaded once and kept)."""
+    from flashcheck.validate.layer_error import layer_errors, with_layer_errors
+
+    if fp32_model is None:
+        if sess.ref_model is None:
+            sess.ref_model = sess.source.load("fp32", "eager", sess.plan.device)
+        fp32_model = sess.ref_model
+    try:
+        errs = layer_errors(sess.plan, fp32_model, impl, DTYPES[dtype], sess.ref, sess.advance)
+    except Exception as e:  # the layer analysis is an aid: a failure of it is a note, never a crash of the verdict
+        sess.notes.append(f"{impl}:{dtype}: isolated errors not measured ({type(e).__name__}: {e})")
+        return cmp
+    return with_layer_errors(cmp, errs)
 
 
 def _where(sess: _Session, model, impl: str, dtype: str, k: float, *, forward: bool) -> dict | None:
@@ -336,6 +362,7 @@ def validate_model(
     )
     s.check()
     source, tok = _source(model, tokenizer)
+    _check_sims(source, s)
     length = _max_length(source.info, tok, s.max_length)
     sample = sample_texts(_texts(texts), s.samples, s.seed)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -361,6 +388,19 @@ def validate_model(
 
         write_validation_report(out, result)
     return result
+
+
+def _check_sims(source: ModelSource, s: Settings) -> None:
+    """Register the simulated kernels asked for and check each takes the model's head dim (before any weights load)."""
+    from flashcheck.validate.sim_impl import check_config
+
+    if source.model is not None:
+        cfg = source.model.config.to_dict()
+    else:
+        from flashcheck.core.modelconfig import read_model_config
+
+        cfg = read_model_config(source.info.path / "config.json")
+    check_config(s.impls, cfg, [DTYPES[d] for d in s.dtypes])
 
 
 def _silent(total: int, label: str) -> AbstractContextManager[Callable[..., None]]:
