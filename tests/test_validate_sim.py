@@ -179,3 +179,18 @@ def test_a_forward_only_kernel_in_a_training_model_says_so(bert: Path) -> None:
     model.set_attn_implementation(sim_impl.parse_sim("sim:bf16-mixed").registered)
     model(**x).last_hidden_state.sum().backward()
     assert all(p.grad is not None for p in model.encoder.layer[0].attention.self.query.parameters())
+
+
+def test_kv_cache_combines_with_a_sim_kernel(llama: Path, tmp_path: Path) -> None:
+    """--kv-cache with sim: kernels in --impls: every cache again with the kernel as the attention; the bf16 cache
+    with sim:fp32 (every stage fp32) reproduces the exact attention's generation."""
+    args = ["validate", str(llama), "--kv-cache", "fp4", "--impls", "eager,sim:fp32,sim:fa4-fp8", "--prompts", "2",
+            "--new-tokens", "4", "--prompt-len", "8", "--out", str(tmp_path / "kv"), "--json"]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = {r["kv"]: r for r in json.loads(res.output)["rows"]}
+    assert list(rows) == ["bf16", "fp4", "bf16 + sim:fp32", "fp4 + sim:fp32", "bf16 + sim:fa4-fp8", "fp4 + sim:fa4-fp8"]
+    assert rows["bf16 + sim:fp32"]["token_agreement"] == 1.0 and rows["bf16 + sim:fp32"]["kl_max"] < 1e-6
+    assert rows["bf16 + sim:fa4-fp8"]["kl_mean"] > rows["bf16 + sim:fp32"]["kl_mean"]
+    bad = runner.invoke(app, [*args[:4], "--impls", "sim:nope", "--out", str(tmp_path / "kv2")])
+    assert bad.exit_code == 2 and "unknown simulated kernel 'sim:nope'" in bad.output

@@ -149,7 +149,7 @@ def validate(
     if check_pin is not None:
         _check_pin_only(check_pin, as_json)
     if kv_cache is not None:
-        _validate_kv(model, kv_cache, new_tokens, prompts, prompt_len, out, as_json)
+        _validate_kv(model, kv_cache, (impls, new_tokens, prompts, prompt_len), out, as_json)
     from flashcheck.core.progress import progress
     from flashcheck.validate import validate_model
 
@@ -200,12 +200,16 @@ def _finish(result, out: str, pin: str | None, as_json: bool) -> None:
     raise typer.Exit(0 if result.passed else 1)
 
 
-def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
-                 as_json: bool) -> None:  # fmt: skip
-    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+def _validate_kv(model: str | None, kv_cache: str, sizes: tuple, out: str, as_json: bool) -> None:
+    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache, with
+    exact attention and with each sim: kernel of --impls (sizes: impls, new_tokens, prompts, prompt_len)."""
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
+    impls, new_tokens, prompts, prompt_len = sizes
     try:
+        from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+        kernels = tuple(parse_sim(i) for i in _names(impls, "--impls") if is_sim(i))  # others: exact attention
         folder = _out_folder(out)
         _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
@@ -223,6 +227,13 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
         info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
         if not info.causal:
             raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
+        if kernels:
+            import torch
+
+            from flashcheck.core.modelconfig import read_model_config
+            from flashcheck.validate.sim_impl import check_config
+
+            check_config([k.impl for k in kernels], read_model_config(info.path / "config.json"), [torch.float32])
         register()
         lm = load_model(info, "fp32", impl=IMPL)
         ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
@@ -231,7 +242,7 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
     import time
 
     t0 = time.perf_counter()
-    rows = kv_cache_check(lm, formats, ids, new_tokens)
+    rows = kv_cache_check(lm, formats, ids, new_tokens, kernels)
     summary = {"model": model, "prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
                "seconds": time.perf_counter() - t0, "rows": [r.to_dict() for r in rows]}  # fmt: skip
     from flashcheck.core.fileio import write_atomic
