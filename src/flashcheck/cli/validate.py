@@ -124,7 +124,13 @@ def validate(
         metavar="MODEL",
         help="Model folder (Hugging Face or sentence-transformers); default: the bundled all-MiniLM-L6-v2.",
     ),
-    impls: str = typer.Option("eager,sdpa,flash_attention_2", help="Attention implementations, comma-separated."),
+    impls: str = typer.Option(
+        "eager,sdpa,flash_attention_2",
+        help="Attention implementations, comma-separated: transformers' (eager, sdpa, ...), flashcheck backends, or "
+        "sim:NAME, a simulated GPU kernel as every layer's attention (a kernel preset: sim:fa3-fp8, sim:fa4-fp4, "
+        "sim:sage3-fp4, ... as `compare --preset`; or a policy: sim:bf16-mixed). A sim: kernel adds, per layer, "
+        "its isolated error (one layer through it), the growth over the layers and the error model's prediction.",
+    ),
     dtypes: str = typer.Option("fp32,bf16", help="Formats: fp32, bf16, fp16."),
     texts: str = typer.Option(None, help="UTF-8 file, one text per line (default: the built-in corpus)."),
     samples: int = typer.Option(1000, help="Texts drawn from the corpus."),
@@ -139,7 +145,8 @@ def validate(
     kv_cache: str = typer.Option(
         None,
         help="Decoder models: generate with these KV caches (fp8, fp8/calc, fp8-head, fp8-token, fp4, nvfp4, "
-        "fp8k-nvfp4v; fp8 alone runs scale 1.0 and calibrated) against the bf16 cache.",
+        "fp8k-nvfp4v; fp8 alone runs scale 1.0 and calibrated) against the bf16 cache; with sim: kernels in "
+        "--impls, every cache again with each kernel as the attention.",
     ),
     new_tokens: int = typer.Option(32, help="--kv-cache: greedy tokens generated per prompt."),
     prompts: int = typer.Option(8, help="--kv-cache: prompts (random token ids where MODEL has no tokenizer)."),
