@@ -20,7 +20,7 @@ from pathlib import Path
 PHASES = {  # module attribute -> phase name; nested phases are subtracted from their parents
     ("flashcheck.validate.runner", "execute"): "forward runs (all texts, invariance, profiler, generation)",
     ("flashcheck.validate.runner", "_where"): "locate (per-layer heads, forward and backward)",
-    ("flashcheck.validate.runner", "_with_layer_errors"): "isolated errors + predictions",
+    ("flashcheck.validate.runner", "with_layer_errors"): "isolated errors + predictions",
     ("flashcheck.validate.layer_error", "_model_pair"): "error model: measured and predicted attention rel-L2",
     ("flashcheck.validate.runner", "judge"): "judging (metrics, retrieval)",
 }

@@ -106,7 +106,7 @@ def predict_rel_l2(kernel: sim_impl.SimKernel, dtype: torch.dtype, q, k, v, mask
     return model.predict(setting)
 
 
-def with_layer_errors(cmp: Comparison, errs: LayerErrors) -> Comparison:
+def add_layer_errors(cmp: Comparison, errs: LayerErrors) -> Comparison:
     """The comparison with the isolated error, measured and predicted attention rel-L2 on each of its layers."""
     layers = tuple(
         dataclasses.replace(d, isolated_max_abs=errs.isolated[d.layer], attention_rel_l2=errs.measured_rel_l2[d.layer],

@@ -31,6 +31,7 @@ from flashcheck.validate.loading import (
 )
 from flashcheck.validate.result import Comparison, Skipped, ValidationResult
 from flashcheck.validate.run import Plan, RunOutput, execute
+from flashcheck.validate.sim_run import check_sims, with_layer_errors
 
 DEFAULT_IMPLS = ("eager", "sdpa", "flash_attention_2")
 DEFAULT_DTYPES = ("fp32", "bf16")
@@ -280,25 +281,16 @@ def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> Non
     if where is not None and (not cmp.passed or where["backward"]):
         cmp = dataclasses.replace(cmp, where=where)
     if impl.startswith("sim:"):
-        cmp = _with_layer_errors(sess, model if dtype == "fp32" else None, impl, dtype, cmp)
+        ref_model = model if dtype == "fp32" else _ref_model(sess)
+        cmp = with_layer_errors(cmp, sess.plan, ref_model, DTYPES[dtype], sess.ref, sess.advance, sess.notes)
     sess.comparisons.append(cmp)
 
 
-def _with_layer_errors(sess: _Session, fp32_model, impl: str, dtype: str, cmp: Comparison) -> Comparison:
-    """cmp with each layer's isolated error and the error model's prediction (validate.layer_error), measured on
-    the reference model (eager fp32: the one in hand, else loaded once and kept)."""
-    from flashcheck.validate.layer_error import layer_errors, with_layer_errors
-
-    if fp32_model is None:
-        if sess.ref_model is None:
-            sess.ref_model = sess.source.load("fp32", "eager", sess.plan.device)
-        fp32_model = sess.ref_model
-    try:
-        errs = layer_errors(sess.plan, fp32_model, impl, DTYPES[dtype], sess.ref, sess.advance)
-    except Exception as e:  # the layer analysis is an aid: a failure of it is a note, never a crash of the verdict
-        sess.notes.append(f"{impl}:{dtype}: isolated errors not measured ({type(e).__name__}: {e})")
-        return cmp
-    return with_layer_errors(cmp, errs)
+def _ref_model(sess: _Session):
+    """The reference model (eager fp32), loaded once and kept for the simulated kernels' isolated runs."""
+    if sess.ref_model is None:
+        sess.ref_model = sess.source.load("fp32", "eager", sess.plan.device)
+    return sess.ref_model
 
 
 def _where(sess: _Session, model, impl: str, dtype: str, k: float, *, forward: bool) -> dict | None:
@@ -362,7 +354,7 @@ def validate_model(
     )
     s.check()
     source, tok = _source(model, tokenizer)
-    _check_sims(source, s)
+    check_sims(source, s.impls, [DTYPES[d] for d in s.dtypes])
     length = _max_length(source.info, tok, s.max_length)
     sample = sample_texts(_texts(texts), s.samples, s.seed)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -388,19 +380,6 @@ def validate_model(
 
         write_validation_report(out, result)
     return result
-
-
-def _check_sims(source: ModelSource, s: Settings) -> None:
-    """Register the simulated kernels asked for and check each takes the model's head dim (before any weights load)."""
-    from flashcheck.validate.sim_impl import check_config
-
-    if source.model is not None:
-        cfg = source.model.config.to_dict()
-    else:
-        from flashcheck.core.modelconfig import read_model_config
-
-        cfg = read_model_config(source.info.path / "config.json")
-    check_config(s.impls, cfg, [DTYPES[d] for d in s.dtypes])
 
 
 def _silent(total: int, label: str) -> AbstractContextManager[Callable[..., None]]:
