@@ -140,18 +140,19 @@ def test_consistency_cli_table_and_user_callable(tmp_path, monkeypatch):
     res = runner.invoke(app, ["consistency", "sdpa-math", *args, "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     assert "consistency of sdpa-math: H=4 Hkv=4 D=64 bf16" in res.output
-    assert "holds  batch: bit-identical over 2 comparisons [decode, KV length 64]" in res.output
+    assert "holds  decode:            batch: bit-identical over 2 comparisons [decode, KV length 64]" in res.output
     saved = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert [c["check"] for c in saved["certificates"]] == ["determinism", "batch", "prefill-decode", "chunked"]
+    checks = ["determinism", "batch", "batch-prefill", "prefill-decode", "chunked"]
+    assert [c["check"] for c in saved["certificates"]] == checks
     res = runner.invoke(app, ["consistency", "my_attn:attn", "--checks", "batch", *args])
-    assert res.exit_code == 0 and "holds  batch" in res.output
+    assert res.exit_code == 0 and "holds  decode:            batch:" in res.output
     res = runner.invoke(app, ["consistency", "sim-fa3", "--kv", "fp8", "--checks", "prefill-decode",
                               "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
     assert res.exit_code == 1
-    assert "FAILS  prefill-decode: differs from KV length 97 on" in res.output
+    assert "FAILS  prefill vs decode: prefill-decode: differs from KV length 97 on" in res.output
     res = runner.invoke(app, ["consistency", "sim-fa3-fixed", "--kv", "fp8", "--checks", "prefill-decode",
                               "--head-dim", "128", "--heads", "1", "--prefill-len", "100"])  # fmt: skip
-    assert res.exit_code == 1 and "FAILS  prefill-decode: differs from KV length 97" in res.output
+    assert res.exit_code == 1 and "FAILS  prefill vs decode: prefill-decode: differs from KV length 97" in res.output
     assert "'fixed' fixes the split count only, not the tile width: decode visits the keys in tiles of kBlockN 96, " \
            "the prefill in tiles of 192" in res.output  # fmt: skip
     for bad, msg in ((["my_attn:nope"], "cannot load 'my_attn:nope'"), (["sim-fa9"], "unknown target 'sim-fa9'"),

@@ -9,10 +9,13 @@ import typer
 from flashcheck.cli.app import _fail_usage, _int_range, _names, _not_others, _out_folder, _starting, app
 
 CONSISTENCY_HELP = (
-    "Does one request get the same bits however a server runs it? Certificates of run-to-run determinism, batch "
-    "invariance (batch sizes 1..N, two compositions each), prefill vs decode (row t of a prefill against the decode "
-    "step at KV length t + 1) and chunked prefill. Each names the first run / batch size / KV length / position "
-    "where bits differ and by how much.\n\n"
+    "Does one request get the same bits however a server runs it? Certificates, each for one phase of serving: "
+    "determinism [decode] (the same decode batch run after run); batch [decode] (a decode step alone and in batches "
+    "of 2..N, two compositions each, at --kv-len); batch-prefill [prefill] (a causal prefill alone and in batches of "
+    "2 and 4, beside prefills of the same and of other lengths right-padded (ragged), at the tile-boundary lengths "
+    "31-33, 63-65, 127-129, 191-193 up to --prefill-len, and --prefill-len itself); prefill-decode [prefill vs decode] "
+    "(row t of a prefill against the decode step at KV length t + 1); chunked [prefill] (a prefill in chunks against "
+    "one prefill). Each names the first run / batch size / length / position where bits differ and by how much.\n\n"
     "TARGET: a backend (sdpa-math, sdpa-flash, jax-xla, onnxruntime, ...: `flashcheck backends`), a simulator "
     "(sim-fa3, sim-fa3-fixed: FA3's "
     "tile and num_splits rules; -fixed fixes the split count only, not the tile width kBlockN, so prefill vs decode "
@@ -27,7 +30,9 @@ CONSISTENCY_HELP = (
 @app.command(help=CONSISTENCY_HELP)
 def consistency(
     target: str = typer.Argument(..., metavar="TARGET", help="Backend, simulator or module:function."),
-    checks: str = typer.Option("determinism,batch,prefill-decode,chunked", help="Comma-separated checks."),
+    checks: str = typer.Option(
+        "determinism,batch,batch-prefill,prefill-decode,chunked", help="Comma-separated checks (see above)."
+    ),
     kv: str = typer.Option("fp8", help="Simulators' KV cache: bf16, fp8[/static|calc|amax], fp8-head, fp4, ..."),
     max_batch: int = typer.Option(
         16, callback=_int_range("--max-batch", 1, 64), help="Largest batch size of the batch check."
@@ -122,7 +127,7 @@ def _report(target: str, kv: str | None, shape, certs: list, how: tuple) -> None
                f"decode KV length {shape.kv_len}, prefill {shape.prefill_len} tokens")  # fmt: skip
     for c in certs:
         mark = "holds" if c.holds else "FAILS"
-        typer.echo(f"  {mark:5}  {c.sentence()}" + (f" [{c.note}]" if c.note else ""))
+        typer.echo(f"  {mark:5}  {c.phase + ':':18} {c.sentence()}" + (f" [{c.note}]" if c.note else ""))
     if why:
         typer.echo(f"note: {why}")
 
@@ -133,8 +138,10 @@ def _fixed_note(target: str, kv: str | None, shape, certs: list) -> str:
     if not target.endswith("-fixed") or pd is None:
         return ""
     if not target.startswith("sim-fa3"):
-        return ("'fixed' fixes the split size only; the prefill and decode kernels still differ in how they "
-                "accumulate, so prefill vs decode can still differ")
+        return (
+            "'fixed' fixes the split size only; the prefill and decode kernels still differ in how they "
+            "accumulate, so prefill vs decode can still differ"
+        )
     from flashcheck.backends.serving import parse_kv_format
     from flashcheck.kernels.serving.heuristics import fa3_launch_tile
 

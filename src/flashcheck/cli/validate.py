@@ -88,8 +88,13 @@ def _print(result, out: str) -> None:
     from rich.table import Table
 
     from flashcheck.validate.report import comparison_table, conclusion
+    from flashcheck.validate.sim_report import answer_lines
 
     c = _console()
+    if lines := answer_lines(result):  # simulated kernels: the end-to-end consequence per kernel, first
+        c.print("[bold]Answer[/]")
+        for line in lines:
+            c.print(f"  {line}", soft_wrap=True)
     rows = comparison_table(result)
     table = Table(title=f"validate {result.model}: {_inputs_line(result.settings)}")
     for col in rows.header:
@@ -120,7 +125,13 @@ def validate(
         metavar="MODEL",
         help="Model folder (Hugging Face or sentence-transformers); default: the bundled all-MiniLM-L6-v2.",
     ),
-    impls: str = typer.Option("eager,sdpa,flash_attention_2", help="Attention implementations, comma-separated."),
+    impls: str = typer.Option(
+        "eager,sdpa,flash_attention_2",
+        help="Attention implementations, comma-separated: transformers' (eager, sdpa, ...), flashcheck backends, or "
+        "sim:NAME, a simulated GPU kernel as every layer's attention (a kernel preset: sim:fa3-fp8, sim:fa4-fp4, "
+        "sim:sage3-fp4, ... as `compare --preset`; or a policy: sim:bf16-mixed). A sim: kernel adds, per layer, "
+        "its isolated error (one layer through it), the growth over the layers and the error model's prediction.",
+    ),
     dtypes: str = typer.Option("fp32,bf16", help="Formats: fp32, bf16, fp16."),
     texts: str = typer.Option(None, help="UTF-8 file, one text per line (default: the built-in corpus)."),
     samples: int = typer.Option(1000, help="Texts drawn from the corpus."),
@@ -135,7 +146,8 @@ def validate(
     kv_cache: str = typer.Option(
         None,
         help="Decoder models: generate with these KV caches (fp8, fp8/calc, fp8-head, fp8-token, fp4, nvfp4, "
-        "fp8k-nvfp4v; fp8 alone runs scale 1.0 and calibrated) against the bf16 cache.",
+        "fp8k-nvfp4v; fp8 alone runs scale 1.0 and calibrated) against the bf16 cache; with sim: kernels in "
+        "--impls, every cache again with each kernel as the attention.",
     ),
     new_tokens: int = typer.Option(32, help="--kv-cache: greedy tokens generated per prompt."),
     prompts: int = typer.Option(8, help="--kv-cache: prompts (random token ids where MODEL has no tokenizer)."),
@@ -145,7 +157,7 @@ def validate(
     if check_pin is not None:
         _check_pin_only(check_pin, as_json)
     if kv_cache is not None:
-        _validate_kv(model, kv_cache, new_tokens, prompts, prompt_len, out, as_json)
+        _validate_kv(model, kv_cache, (impls, new_tokens, prompts, prompt_len), out, as_json)
     try:
         _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
         if model is not None and not model.strip():
@@ -205,14 +217,18 @@ def _usable(out: str) -> None:
         _fail_usage(str(exc))
 
 
-def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int, prompt_len: int, out: str,
-                 as_json: bool) -> None:  # fmt: skip
-    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache."""
+def _validate_kv(model: str | None, kv_cache: str, sizes: tuple, out: str, as_json: bool) -> None:
+    """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache, with
+    exact attention and with each sim: kernel of --impls (sizes: impls, new_tokens, prompts, prompt_len)."""
     _usable(out)
     _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}")
     from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
 
+    impls, new_tokens, prompts, prompt_len = sizes
     try:
+        from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+        kernels = tuple(parse_sim(i) for i in _names(impls, "--impls") if is_sim(i))  # others: exact attention
         folder = _out_folder(out)
         _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
         for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
@@ -230,6 +246,13 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
         info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
         if not info.causal:
             raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
+        if kernels:
+            import torch
+
+            from flashcheck.core.modelconfig import read_model_config
+            from flashcheck.validate.sim_impl import check_config
+
+            check_config([k.impl for k in kernels], read_model_config(info.path / "config.json"), [torch.float32])
         register()
         lm = load_model(info, "fp32", impl=IMPL)
         ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
@@ -238,7 +261,7 @@ def _validate_kv(model: str | None, kv_cache: str, new_tokens: int, prompts: int
     import time
 
     t0 = time.perf_counter()
-    rows = kv_cache_check(lm, formats, ids, new_tokens)
+    rows = kv_cache_check(lm, formats, ids, new_tokens, kernels)
     summary = {"model": model, "prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
                "seconds": time.perf_counter() - t0, "rows": [r.to_dict() for r in rows]}  # fmt: skip
     from flashcheck.core.fileio import write_atomic

@@ -1,10 +1,15 @@
 """Consistency certificates: does one request get the same bits however the server runs it?
 
-Four checks on a target f(q, k, v, causal) -> out (q [B, H, Lq, D], k, v [B, Hkv, Lk, D]; causal is bottom-right
-aligned, so a decode step Lq = 1 sees the whole cache):
-- determinism: the same batch `runs` times;
-- batch: one request alone (batch 1) against the same request inside batches of 2 .. max_batch, at the first
-  and the last slot, beside other random requests (two compositions per size);
+Five checks on a target f(q, k, v, causal) -> out (q [B, H, Lq, D], k, v [B, Hkv, Lk, D]; causal is bottom-right
+aligned, so a decode step Lq = 1 sees the whole cache); each names the phase it covers (PHASES):
+- determinism (decode): the same batch `runs` times;
+- batch (decode): one request alone (batch 1) against the same request inside batches of 2 .. max_batch, at the
+  first and the last slot, beside other random requests (two compositions per size);
+- batch-prefill (prefill): one causal prefill (Lq = Lk = L) alone against the same prefill inside batches of 2 and
+  4, at the first and the last slot, beside prefills of the same length (uniform) and of other lengths (ragged:
+  every request right-padded with random tokens to the longest; under a causal mask with Lq = Lk, row i < L sees
+  keys 0 .. i only, so the padding is invisible to the request's rows), for L at tile boundaries (PREFILL_LENGTHS
+  up to the prefill length, and the prefill length itself);
 - prefill-decode: row t of one causal prefill of L tokens against the decode step at KV length t + 1;
 - chunked: the prefill computed chunk by chunk (queries c0 .. c1 against keys 0 .. c1) against one prefill.
 Each certificate names the first run / batch size / KV length / position where bits differ and the largest
@@ -19,7 +24,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
-CHECKS = ("determinism", "batch", "prefill-decode", "chunked")
+CHECKS = ("determinism", "batch", "batch-prefill", "prefill-decode", "chunked")
+PHASES = {"determinism": "decode", "batch": "decode", "batch-prefill": "prefill", "prefill-decode": "prefill vs decode",
+          "chunked": "prefill"}  # fmt: skip
+# query/key tile edges of the kernels flashcheck models (64, 128; FA3's 176 / 192 tiles; the CPU flash kernel's 32)
+PREFILL_LENGTHS = (31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193)
+PREFILL_BATCHES = (2, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +47,22 @@ class Certificate:
     differing: list[int] = field(default_factory=list)
     note: str = ""
 
+    @property
+    def phase(self) -> str:
+        """Which phase of serving the certificate covers: decode, prefill, or prefill vs decode."""
+        return PHASES.get(self.check, "")
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"phase": self.phase}
 
     def sentence(self) -> str:
         """The finding in words, e.g. 'prefill-decode: differs from KV length 97 on (max |diff| 0.0156)'."""
         if self.holds:
             return f"{self.check}: bit-identical over {self.compared} comparisons"
+        if self.check == "batch-prefill":  # lengths are not an order in which a difference persists
+            at = ", ".join(map(str, self.differing))
+            return f"{self.check}: differs at {self.unit} {at} (max |diff| {self.max_abs:.3g}; " \
+                   f"{len(self.differing)} of {self.compared} lengths differ)"  # fmt: skip
         return f"{self.check}: differs from {self.unit} {self.first} on (max |diff| {self.max_abs:.3g}; " \
                f"{len(self.differing)} of {self.compared} differ)"  # fmt: skip
 
@@ -111,6 +130,47 @@ def batch_invariance(f: AttentionFn, name: str, sh: Shape, *, max_batch: int = 1
     return _certify("batch", name, "batch size", pairs, note=f"decode, KV length {sh.kv_len}" if lq == 1 else "")
 
 
+def prefill_lengths(prefill_len: int) -> list[int]:
+    """The tile-boundary lengths up to prefill_len, and prefill_len itself."""
+    return sorted({n for n in PREFILL_LENGTHS if n <= prefill_len} | {prefill_len})
+
+
+def _padded(req: tuple, length: int, seed: int) -> tuple:
+    """A causal prefill request (Lq = Lk) right-padded to `length` tokens with random ones."""
+    n = req[0].shape[-2]
+    if n == length:
+        return req
+    fill = _request(Shape(req[0].shape[1], req[1].shape[1], req[0].shape[-1], dtype=req[0].dtype), length - n,
+                    length - n, seed)  # fmt: skip
+    return tuple(torch.cat([t, x], dim=-2) for t, x in zip(req, fill, strict=True))
+
+
+def batch_invariance_prefill(f: AttentionFn, name: str, sh: Shape, *, batches: tuple[int, ...] = PREFILL_BATCHES,
+                             lengths: list[int] | None = None) -> Certificate:  # fmt: skip
+    """Each prefill length L: request 0 alone against it at the first and last slot of batches of each size,
+    beside prefills of length L (uniform) and of the other lengths (ragged, right-padded): rows 0 .. L - 1."""
+    lengths = lengths or prefill_lengths(sh.prefill_len)
+    pairs = []
+    for i, n in enumerate(lengths):
+        req = _request(sh, n, n, 0)
+        alone = f(*req, True)[0]
+        diffs = []
+        for b in batches:
+            for ragged in (False, True):
+                sizes = [lengths[(i + j + 1) % len(lengths)] if ragged else n for j in range(b - 1)]
+                others = [_request(sh, m, m, 3000 + 3 * j) for j, m in enumerate(sizes)]
+                top = max([n, *sizes])
+                for slot in (0, b - 1):
+                    parts = [*others[:slot], req, *others[slot:]]
+                    q, k, v = (torch.cat(t) for t in zip(*(_padded(p, top, 9000 + j) for j, p in enumerate(parts)),
+                                                         strict=True))  # fmt: skip
+                    diffs.append(_diff(alone, f(q, k, v, True)[slot][..., :n, :]))
+        pairs.append((n, max(diffs)))
+    sizes, lens = ", ".join(map(str, batches)), ", ".join(map(str, lengths))
+    note = f"prefill lengths {lens}; batches of {sizes}, uniform and ragged"
+    return _certify("batch-prefill", name, "prefill length", pairs, note=note)
+
+
 def prefill_decode(f: AttentionFn, name: str, sh: Shape) -> Certificate:
     """Row t of one causal prefill of prefill_len tokens against the decode step at KV length t + 1."""
     q, k, v = _request(sh, sh.prefill_len, sh.prefill_len, 7)
@@ -143,6 +203,7 @@ def certify(f: AttentionFn, name: str, sh: Shape, *, checks: tuple[str, ...] = C
     run = {
         "determinism": lambda: determinism(f, name, sh, runs=runs),
         "batch": lambda: batch_invariance(f, name, sh, max_batch=max_batch),
+        "batch-prefill": lambda: batch_invariance_prefill(f, name, sh),
         "prefill-decode": lambda: prefill_decode(f, name, sh),
         "chunked": lambda: chunked_prefill(f, name, sh, chunk=chunk),
     }

@@ -13,7 +13,7 @@ import torch
 from flashcheck.core.fileio import write_atomic
 from flashcheck.validate.run import RunOutput
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4  # 4: generations carry teacher-forced logprobs (KL per position)
 
 
 def cache_file(out: str | Path, impl: str, dtype: str, key: dict) -> Path:

@@ -172,13 +172,24 @@ def generation_agreement(gen: list[dict], ref: list[dict]) -> dict:
     """Greedy sequences against the reference's: per prompt the first position where they differ (None:
     identical) and whether each side's token there is in the other's top-5 (vLLM's check_logprobs_close);
     `close` holds when that is so for every prompt."""
-    prompts = []
+    prompts, same, kls = [], [], []
     for g, r in zip(gen, ref, strict=True):
         pos = next((i for i, (a, b) in enumerate(zip(g["tokens"], r["tokens"], strict=False)) if a != b), None)
         ok = pos is None or (g["tokens"][pos] in r["top5"][pos] and r["tokens"][pos] in g["top5"][pos])
         prompts.append({"first_divergence": pos, "close": ok, "tokens": g["tokens"], "ref_tokens": r["tokens"]})
+        same += [a == b for a, b in zip(g["tokens"], r["tokens"], strict=False)]
+        if g.get("logprobs") is not None and r.get("logprobs") is not None:
+            lr, lg = r["logprobs"].to(torch.float64), g["logprobs"].to(torch.float64)
+            kls.append((lr.exp() * (lr - lg)).sum(-1).nan_to_num(nan=math.inf))  # [G] KL(ref || run)
+    firsts = [p["first_divergence"] for p in prompts if p["first_divergence"] is not None]
+    kl = torch.stack(kls) if kls and len({k.numel() for k in kls}) == 1 else None
     return {
         "prompts": prompts,
         "identical": sum(p["first_divergence"] is None for p in prompts),
         "close": all(p["close"] for p in prompts),
+        "token_agreement": sum(same) / len(same) if same else None,
+        "first_divergence": min(firsts) if firsts else None,
+        "kl_per_position": None if kl is None else kl.mean(0).tolist(),
+        "kl_mean": None if kl is None else float(kl.mean()),
+        "kl_max": None if kl is None else float(kl.max()),
     }

@@ -25,7 +25,7 @@ import torch
 from flashcheck.kernels.serving.kvcache import parse_kv_format, quantize_kv
 
 IMPL = "fckv"
-_STATE: dict = {"fmt": None, "scales": {}}
+_STATE: dict = {"fmt": None, "scales": {}, "kernel": None}  # kernel: a sim_impl.SimKernel, None: exact attention
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -37,6 +37,12 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     _STATE["scales"].setdefault(layer, used)
     lq = query.shape[2]
     causal = lq > 1 and attention_mask is None and bool(is_causal if is_causal is not None else module.is_causal)
+    if _STATE["kernel"] is not None:  # the cache's values through a simulated kernel (prefill and each decode step)
+        from flashcheck.validate.sim_impl import run_kernel
+
+        out = run_kernel(_STATE["kernel"], qq.to(query.dtype), kq.to(query.dtype), vq.to(query.dtype),
+                         dtype=query.dtype, causal=causal, scale=scaling, mask=attention_mask)  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
     mask = attention_mask
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(torch.float32)
@@ -119,19 +125,28 @@ def _first(mask_rows: list[torch.Tensor]) -> int | None:
     return min(firsts) if firsts else None
 
 
-def kv_cache_check(model, formats: list[str], prompts: list[torch.Tensor], new_tokens: int) -> list[KVRow]:
-    """The bf16 cache's row, then one per format (see the module docstring). `model` loaded with attn "fckv"."""
+def kv_cache_check(model, formats: list[str], prompts: list[torch.Tensor], new_tokens: int,
+                   kernels: tuple = ()) -> list[KVRow]:  # fmt: skip
+    """The bf16 cache's row, then one per format (see the module docstring); with `kernels` (sim_impl.SimKernel),
+    the bf16 cache and every format again with each kernel as the attention ("fp8/calc + sim:fa3-fp8"), all
+    against the bf16 cache with exact attention. `model` loaded with attn "fckv"."""
     rows, ref = [], None
-    for fmt in ["bf16", *formats]:
+    runs = [(None, f) for f in ["bf16", *formats]] + [(kn, f) for kn in kernels for f in ["bf16", *formats]]
+    for kernel, fmt in runs:
         t0 = time.perf_counter()
-        gens, kls, pd = _run_format(model, fmt, prompts, new_tokens, ref)
+        _STATE["kernel"] = kernel
+        try:
+            gens, kls, pd = _run_format(model, fmt, prompts, new_tokens, ref)
+        finally:
+            _STATE["kernel"] = None
         if ref is None:
             ref = gens
         differ = [g[0] != r[0] for g, r in zip(gens, ref, strict=True)]
         agree = float(torch.cat([~d for d in differ]).float().mean())
         kl = torch.cat(kls) if kls else torch.zeros(1)
         pdiff = torch.cat(pd)
-        rows.append(KVRow(fmt, agree, _first(differ), sum(bool(d.any()) for d in differ), float(kl.mean()),
+        label = fmt if kernel is None else f"{fmt} + {kernel.impl}"
+        rows.append(KVRow(label, agree, _first(differ), sum(bool(d.any()) for d in differ), float(kl.mean()),
                           float(kl.max()), float(pdiff.max()), _first([p != 0 for p in pd]),
                           time.perf_counter() - t0))  # fmt: skip
     return rows

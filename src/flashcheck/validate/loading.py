@@ -223,6 +223,8 @@ def check_impls(impls: list[str]) -> None:
     """ValueError naming an unknown implementation, the known ones and the closest match."""
     known = known_impls()
     for name in impls:
+        if name.startswith("sim:"):  # simulated kernels: validate.sim_impl checks their names
+            continue
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -230,7 +232,12 @@ def check_impls(impls: list[str]) -> None:
 
 
 def switch_impl(model, impl: str) -> str | None:
-    """Set the model's attention implementation in place; the reason when it cannot run here, else None."""
+    """Set the model's attention implementation in place; the reason when it cannot run here, else None.
+    A simulated kernel (sim:NAME) is set by the name it is registered under (validate.sim_impl)."""
+    if impl.startswith("sim:"):
+        from flashcheck.validate.sim_impl import parse_sim
+
+        impl = parse_sim(impl).registered
     try:
         model.set_attn_implementation(impl)
     except (ImportError, ValueError, KeyError, RuntimeError, NotImplementedError) as e:
@@ -254,6 +261,11 @@ class ModelSource:
     def __init__(self, info: ModelInfo, model=None) -> None:
         self.info = info
         self._model = model
+
+    @property
+    def model(self):
+        """The in-memory model this source copies (None: it loads from the folder)."""
+        return self._model
 
     def fp64_bytes(self) -> int:
         """Generous estimate of an fp64 copy's size: 8 bytes a parameter, or 4x the checkpoint files (which

@@ -171,7 +171,12 @@ def _retrieval_figure(result: ValidationResult, folder: Path) -> list[Figure]:
 
 
 def build_page(result: ValidationResult, folder: Path) -> Page:
+    from flashcheck.validate.sim_report import answer_lines, kernel_table, layer_figures
+
     page = Page(f"flashcheck validate: {result.model}")
+    if lines := answer_lines(result):  # simulated kernels: what each does to the model, first
+        page.add(Heading("Answer"), Bullets([("", None, line) for line in lines], False), kernel_table(result))
+        page.add(*layer_figures(result, folder) if matplotlib_available() else [])
     page.add(Text(conclusion(result)), Heading("Comparisons"), comparison_table(result))
     items = [
         (f"{c.a} vs {c.b}", c.passed, "; ".join(c.failures()) or f"k = {c.k:.3g}, all checks within bounds")

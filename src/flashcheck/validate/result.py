@@ -37,10 +37,43 @@ class LayerDeviation:
     max_abs: float
     format_only_max_abs: float
     bound: float  # k * format_only_max_abs + rounding floor
+    # simulated kernels (validate.layer_error): this layer's error with only its attention through the kernel on
+    # eager fp32's inputs (what a per-call unit test sees), and its attention's rel-L2, measured and predicted
+    isolated_max_abs: float | None = None
+    attention_rel_l2: float | None = None
+    predicted_rel_l2: float | None = None
 
     @property
     def passed(self) -> bool:
         return self.max_abs <= self.bound
+
+    @property
+    def growth(self) -> float | None:
+        """Propagated over isolated error: what the layers before add (None where not measured or zero)."""
+        if self.isolated_max_abs is None or not self.isolated_max_abs > 0:
+            return None
+        return self.max_abs / self.isolated_max_abs
+
+    @property
+    def prediction_ratio(self) -> float | None:
+        """Predicted over measured attention rel-L2 (None where either is missing)."""
+        if self.predicted_rel_l2 is None or not self.attention_rel_l2:
+            return None
+        return self.predicted_rel_l2 / self.attention_rel_l2
+
+    def to_dict(self) -> dict:
+        out = {"layer": self.layer, "name": self.name, "max_abs": self.max_abs,
+               "format_only_max_abs": self.format_only_max_abs, "bound": self.bound, "pass": self.passed}  # fmt: skip
+        if self.isolated_max_abs is not None:
+            out |= {
+                "isolated_max_abs": self.isolated_max_abs,
+                "isolated_pass": self.isolated_max_abs <= self.bound,
+                "growth": self.growth,
+                "attention_rel_l2": self.attention_rel_l2,
+                "predicted": self.predicted_rel_l2,
+                "predicted_over_measured": self.prediction_ratio,
+            }
+        return out
 
     @property
     def name(self) -> str:
@@ -84,6 +117,24 @@ class Comparison:
     @property
     def first_bad_layer(self) -> int | None:
         return next((d.layer for d in self.layers if not d.passed), None)
+
+    def per_call(self) -> dict | None:
+        """Simulated kernels: whether every layer's isolated error (one call through the kernel) is within its
+        bound, the first layer where the propagated error is not while the isolated one is (passes per call,
+        fails end to end), the growth at the last layer and how many layers' predictions are within 2x."""
+        iso = [d for d in self.layers if d.isolated_max_abs is not None and d.layer > 0]
+        if not iso:
+            return None
+        hidden = next((d.layer for d in iso if d.isolated_max_abs <= d.bound and not d.passed), None)
+        ratios = [d.prediction_ratio for d in iso if d.prediction_ratio is not None]
+        return {
+            "passes_per_call": all(d.isolated_max_abs <= d.bound for d in iso),
+            "passes_end_to_end": all(d.passed for d in self.layers),
+            "first_layer_failing_only_end_to_end": hidden,
+            "last_layer_growth": iso[-1].growth,
+            "predicted_within_2x": sum(0.5 <= r <= 2.0 for r in ratios),
+            "predicted_layers": len(ratios),
+        }
 
     @property
     def max_abs(self) -> float | None:
@@ -134,17 +185,8 @@ class Comparison:
                 "embeddings": emb,
                 "format_only": {k: v for k, v in self.format_only.items() if k != "cosines"},
                 "retrieval": self.retrieval,
-                "layers": [
-                    {
-                        "layer": d.layer,
-                        "name": d.name,
-                        "max_abs": d.max_abs,
-                        "format_only_max_abs": d.format_only_max_abs,
-                        "bound": d.bound,
-                        "pass": d.passed,
-                    }
-                    for d in self.layers
-                ],
+                "layers": [d.to_dict() for d in self.layers],
+                "per_call": self.per_call(),
                 "checks": [c.to_dict() for c in self.checks],
                 "invariance": self.invariance,
                 "logits": self.logits,

@@ -44,6 +44,7 @@ class Plan:
     causal: bool
     new_tokens: int
     device: str
+    ref_tokens: list[list[int]] | None = None  # the reference's greedy tokens per prompt (set once it has run)
 
 
 @dataclass(slots=True)
@@ -193,9 +194,11 @@ def invariance_checks(plan: Plan, model) -> dict:
 
 
 def greedy(plan: Plan, model) -> list[dict]:
-    """Greedy decoding of plan.new_tokens tokens per prompt (batch size 1): tokens [G] and top-5 [G, 5]."""
+    """Greedy decoding of plan.new_tokens tokens per prompt (batch size 1): tokens [G], top-5 [G, 5] and the
+    next-token log-probabilities [G, V] teacher-forced on the reference's tokens (plan.ref_tokens, step by step
+    through the cache: the decode path) for KL per position; on the run's own tokens where they are the same."""
     out = []
-    for ids in plan.prompts:
+    for i, ids in enumerate(plan.prompts):
         x = torch.tensor([ids], device=plan.device)
         with torch.inference_mode():
             g = model.generate(
@@ -210,5 +213,17 @@ def greedy(plan: Plan, model) -> list[dict]:
                 pad_token_id=plan.tok.pad_token_id,
             )
         logits = torch.stack(g.logits).squeeze(1).float()  # [G, V]
-        out.append({"tokens": g.sequences[0, len(ids) :].tolist(), "top5": logits.topk(5, -1).indices.tolist()})
+        tokens = g.sequences[0, len(ids) :].tolist()
+        forced = plan.ref_tokens[i] if plan.ref_tokens else tokens
+        lp = logits if forced == tokens else _forced_logits(model, x[0], forced)
+        out.append({"tokens": tokens, "top5": logits.topk(5, -1).indices.tolist(), "logprobs": lp.log_softmax(-1)})
     return out
+
+
+def _forced_logits(model, prompt: torch.Tensor, forced: list[int]) -> torch.Tensor:
+    """Next-token logits [G, V] (float32) decoding `forced` one token at a time through the KV cache."""
+    from flashcheck.validate.kvcache import _step_logits
+
+    with torch.inference_mode():
+        _, logits = _step_logits(model, prompt, len(forced), torch.tensor(forced, device=prompt.device))
+    return logits.float()

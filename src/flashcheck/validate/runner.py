@@ -31,6 +31,7 @@ from flashcheck.validate.loading import (
 )
 from flashcheck.validate.result import Comparison, Skipped, ValidationResult
 from flashcheck.validate.run import Plan, RunOutput, execute
+from flashcheck.validate.sim_run import check_sims, with_layer_errors
 
 DEFAULT_IMPLS = ("eager", "sdpa", "flash_attention_2")
 DEFAULT_DTYPES = ("fp32", "bf16")
@@ -77,6 +78,11 @@ class Settings:
         if self.samples is not None and self.samples < MIN_TEXTS:
             raise ValueError(f"samples={self.samples} is not allowed; at least {MIN_TEXTS} are needed")
         check_impls(list(self.impls))
+        from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+        for impl in self.impls:
+            if is_sim(impl):
+                parse_sim(impl)  # an unknown sim: name lists the valid ones, before any model is loaded
 
 
 def _texts(texts: list[str] | str | Path | None) -> list[str]:
@@ -170,6 +176,7 @@ class _Session:
     advance: Callable[..., None]
     ref: RunOutput | None = None
     fp64: RunOutput | None = None
+    ref_model: object | None = None  # eager fp32, kept for the simulated kernels' isolated runs
     comparisons: list[Comparison] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -208,6 +215,7 @@ def _context(sess: _Session, dtype: str, eager: RunOutput) -> Context:
     s = sess.settings
     if dtype == "fp32":
         sess.ref = eager
+        sess.plan.ref_tokens = [g["tokens"] for g in eager.generation] if eager.generation else None
     ctx = make_context(dtype, sess.ref, eager, sess.fp64, tolerance=s.tolerance, n_texts=sess.plan.n_texts, topk=s.topk)
     sess.notes += [n for n in ctx.notes if n not in sess.notes]
     if dtype == "fp32":
@@ -272,7 +280,17 @@ def _run_impl(sess: _Session, model, impl: str, dtype: str, ctx: Context) -> Non
     where = _where(sess, model, impl, dtype, cmp.k, forward=not cmp.passed)
     if where is not None and (not cmp.passed or where["backward"]):
         cmp = dataclasses.replace(cmp, where=where)
+    if impl.startswith("sim:"):
+        ref_model = model if dtype == "fp32" else _ref_model(sess)
+        cmp = with_layer_errors(cmp, sess.plan, ref_model, DTYPES[dtype], sess.ref, sess.advance, sess.notes)
     sess.comparisons.append(cmp)
+
+
+def _ref_model(sess: _Session):
+    """The reference model (eager fp32), loaded once and kept for the simulated kernels' isolated runs."""
+    if sess.ref_model is None:
+        sess.ref_model = sess.source.load("fp32", "eager", sess.plan.device)
+    return sess.ref_model
 
 
 def _where(sess: _Session, model, impl: str, dtype: str, k: float, *, forward: bool) -> dict | None:
@@ -336,6 +354,7 @@ def validate_model(
     )
     s.check()
     source, tok = _source(model, tokenizer)
+    check_sims(source, s.impls, [DTYPES[d] for d in s.dtypes])
     length = _max_length(source.info, tok, s.max_length)
     sample = sample_texts(_texts(texts), s.samples, s.seed)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")

