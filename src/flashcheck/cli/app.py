@@ -11,6 +11,8 @@ from pathlib import Path
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from flashcheck.core.fileio import LinkRefused, UnsafeFile
+
 # click's base of every usage error (typer vendors click in newer releases, so found through typer's own class)
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
@@ -77,6 +79,8 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except _CLICK_ERROR as exc:
             _usage_error(exc)
+        except (LinkRefused, UnsafeFile) as exc:  # wherever a command meets one: a file it must not use, one line
+            _fail_usage(" ".join(str(exc).split()))
         except OSError as exc:
             from flashcheck.core.fileio import is_full
 

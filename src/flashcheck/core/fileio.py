@@ -9,7 +9,9 @@ free) raises DiskFull naming the file, with nothing half-written left behind.
 Nothing is written, truncated, appended to or deleted through a link the tool did not make: every file the tool
 writes or keeps (locks, store files, reports, atomic targets) is opened with O_NOFOLLOW as a regular file
 (`open_plain`), an atomic write refuses a target that is a link, and a folder it writes into (a run folder,
-figures/) is refused when it is a link (`make_folder`): LinkRefused, a ValueError of one line.
+figures/) is refused when it is a link (`make_folder`): LinkRefused, a ValueError of one line. Every read of a file
+the tool wrote before (a store, a resume point, a cache, a figure) goes through the same rule (`open_own`,
+`read_plain`): nothing it trusts or copies is read through a link.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -77,11 +80,24 @@ def open_plain(path: str | Path, flags: int, mode: int = 0o666, what: str = "a f
     return fd
 
 
-def read_plain(path: str | Path, what: str = "a file flashcheck reads back") -> bytes:
-    """The bytes of the regular file `path`, not followed when it is a link (LinkRefused)."""
-    fd = open_plain(path, os.O_RDONLY, what=what)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+def open_own(path: str | Path, what: str = "a file flashcheck reads back") -> BinaryIO:
+    """The regular file `path` open for reading (binary), never through a link at `path` (LinkRefused). The one
+    way to read back a file the tool wrote before (a store, a resume point, a cache, a figure): a link planted in
+    its place would make the tool trust, or copy into a report, whatever file it names."""
+    return os.fdopen(open_plain(path, os.O_RDONLY, what=what), "rb")
+
+
+def read_plain(path: str | Path, what: str = "a file flashcheck reads back", limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path` (open_own: not through a link); with `limit`, ValueError naming the
+    file when it holds more than `limit` bytes (checked before reading: nothing is parsed or held)."""
+    with open_own(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise ValueError(f"{str(path)!r} ({what}) holds {size} bytes, more than the {limit} such a file can")
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:  # grew while read
+        raise ValueError(f"{str(path)!r} ({what}) holds more than the {limit} bytes such a file can")
+    return data
 
 
 def make_folder(path: str | Path, what: str = "a folder flashcheck writes into") -> Path:
@@ -135,14 +151,16 @@ def full_error(exc: OSError, path: str | Path, needed: int | None = None) -> OSE
     return DiskFull(path, needed, exc.errno) if is_full(exc) else exc
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets; LinkRefused when
-    `path` is a symbolic link."""
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> None:
+    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets (or `mode`, e.g. the
+    mode of the file it replaces: a private file rewritten stays private); LinkRefused when `path` is a link."""
     path = Path(path)
     refuse_link(path)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = _create_temp(path)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode & 0o777)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
