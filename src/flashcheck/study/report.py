@@ -17,6 +17,7 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.part import Part, Study
 from flashcheck.study.points import Point, ratio_text, sweep_points
+from flashcheck.study.recordcheck import study_needs
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "sweep_points"]
@@ -123,7 +124,7 @@ def build_report(folder: str | Path) -> dict:
         raise ValueError(f"folder {str(folder)!r} is empty; give a study folder (the --out of `flashcheck study`)")
     folder = Path(folder)
     config = _load_config(folder)
-    records = _of_this_study(ResultStore(folder).load(), config, folder)
+    records = _of_this_study(ResultStore(folder, study_needs(config)).load(), config, folder)
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)
     pts = {sw.question: sweep_points(sw, ok) for sw in config.sweeps}

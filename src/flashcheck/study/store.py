@@ -55,14 +55,14 @@ def _read_bytes(path: Path, what: str) -> bytes | None:
         raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def parse_record_line(line: bytes, where: str) -> tuple[dict | None, str | None]:
+def parse_record_line(line: bytes, where: str, needs: frozenset[str] = frozenset()) -> tuple[dict | None, str | None]:
     """(the record's object, None) for a line that holds a record, else (None, why): not JSON, nested too deep,
-    or the first field that breaks the schema (study.recordcheck)."""
+    or the first field that breaks the schema (study.recordcheck; `needs`: the metrics its study reports)."""
     try:
         d = loads_bounded(line, where, constants=True)
     except ValueError as exc:
         return None, "not JSON" if "not JSON" in str(exc) else str(exc).removeprefix(where + " ")
-    why = record_problem(d)
+    why = record_problem(d, needs)
     return (None, why) if why is not None else (d, None)
 
 
@@ -75,7 +75,7 @@ def _label(rec: CaseRecord) -> str:
     return f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}"
 
 
-def _warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
+def warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
     where = ", ".join(f"line {n} ({why})" for n, why in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
     warnings.warn(f"{path}: dropped {len(bad)} unreadable line(s): {where}; {consequence}", stacklevel=3)
 
@@ -101,7 +101,7 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[tuple[int, dict]]:
         else:
             bad.append((n, f"a JSON {type(obj).__name__}, not an object"))
     if bad:
-        _warn_dropped(path, bad, "the rest is kept")
+        warn_dropped(path, bad, "the rest is kept")
     return out
 
 
@@ -138,10 +138,12 @@ def _write_all(f, data: bytes) -> None:
 
 
 class ResultStore:
-    """records.jsonl in a study folder: one JSON line per finished case."""
+    """records.jsonl in a study folder: one JSON line per finished case. `needs`: the metrics the study that reads
+    it reports (study.recordcheck.study_needs): an ok record without one is dropped like a damaged line."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, needs: frozenset[str] = frozenset()) -> None:
         self.path = Path(folder) / "records.jsonl"
+        self.needs = needs
         self.dropped = 0
 
     def load(self) -> dict[str, CaseRecord]:
@@ -156,7 +158,7 @@ class ResultStore:
         for n, line in enumerate((data or b"").split(b"\n"), 1):
             if not line.strip():
                 continue
-            d, why = parse_record_line(line, f"line {n}")
+            d, why = parse_record_line(line, f"line {n}", self.needs)
             if why is not None:
                 bad.append((n, why))
                 continue
@@ -168,7 +170,7 @@ class ResultStore:
                 records[rec.case_id], lines[rec.case_id] = rec, n
         self.dropped = len(bad)
         if bad:
-            _warn_dropped(self.path, bad, "those cases will be recomputed")
+            warn_dropped(self.path, bad, "those cases will be recomputed")
         if clashes:
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
             warnings.warn(
@@ -195,7 +197,7 @@ class ResultStore:
         for n, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
-            _, why = parse_record_line(line, f"line {n}")
+            _, why = parse_record_line(line, f"line {n}", self.needs)
             if why is not None:
                 bad.append((n, why))
                 removed.append(line + b"\n")
@@ -206,7 +208,7 @@ class ResultStore:
         if removed or not data.endswith(b"\n"):
             write_atomic(self.path, b"".join(keep))
         if bad:
-            _warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
+            warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
         return len(removed)
 
     def append(self, record: CaseRecord) -> None:
