@@ -2,7 +2,8 @@
 
 A file is written to a temporary name in the same folder, flushed to disk and renamed over the target,
 so a reader never sees half a file. The temporary file is created with mode 0o666 less the umask (the
-mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600.
+mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600; a file
+that replaces one keeps the replaced file's permissions (a private store repaired stays private).
 A full disk (ENOSPC, EDQUOT; or any error of a writer such as torch.save while under LOW_ROOM bytes are
 free) raises DiskFull naming the file, with nothing half-written left behind.
 
@@ -93,10 +94,12 @@ def read_plain(path: str | Path, what: str = "a file flashcheck reads back", lim
     with open_own(path, what) as f:
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
-            raise ValueError(f"{str(path)!r} ({what}) holds {size} bytes, more than the {limit} such a file can")
+            raise ValueError(
+                f"{str(path)!r} ({what}) holds {size} bytes, more than the {limit} bytes such a file can hold"
+            )
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:  # grew while read
-        raise ValueError(f"{str(path)!r} ({what}) holds more than the {limit} bytes such a file can")
+        raise ValueError(f"{str(path)!r} ({what}) holds more than the {limit} bytes such a file can hold")
     return data
 
 
@@ -152,15 +155,15 @@ def full_error(exc: OSError, path: str | Path, needed: int | None = None) -> OSE
 
 
 def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> None:
-    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets (or `mode`, e.g. the
-    mode of the file it replaces: a private file rewritten stays private); LinkRefused when `path` is a link."""
+    """Write text (UTF-8) or bytes to path atomically: a new file with the mode an ordinary new file gets, a file it
+    replaces with that file's own mode (a private file rewritten or repaired stays private), or `mode` when given;
+    LinkRefused when `path` is a symbolic link."""
     path = Path(path)
     refuse_link(path)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = _create_temp(path)
     try:
-        if mode is not None:
-            os.fchmod(fd, mode & 0o777)
+        _keep_mode(fd, path, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -181,7 +184,10 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     refuse_link(path)
     fd, tmp = _create_temp(path)
-    os.close(fd)
+    try:
+        _keep_mode(fd, path, None)
+    finally:
+        os.close(fd)
     try:
         yield tmp
         with open(tmp, "rb+") as f:
@@ -193,6 +199,19 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
         if full:
             raise DiskFull(path, None, exc.errno if is_full(exc) else errno.ENOSPC) from exc
         raise
+
+
+def _keep_mode(fd: int, path: Path, mode: int | None) -> None:
+    """Give the temporary file `fd` `mode`, else the permissions of the regular file at `path` it will replace."""
+    if mode is None:
+        try:
+            st = os.lstat(path)
+        except OSError:  # a new file: the umask's mode, as open() gives
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        mode = st.st_mode
+    os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
 
 
 LOW_ROOM = 1 << 20  # bytes: a writer that fails with less free space than this has run out of it

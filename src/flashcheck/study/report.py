@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from flashcheck.core.fileio import folder_problem
+from flashcheck.core.printable import printable
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
 from flashcheck.study import registry
@@ -94,7 +95,7 @@ def _of_this_study(records: dict[str, CaseRecord], config: StudyConfig, folder: 
 def case_label(c: Case) -> str:
     """One line naming a case: method, sizes, tiles, inputs, seed."""
     tiles = f" tiles {c.block_q}x{c.block_k}" if c.block_q else ""
-    return f"{c.method} L={c.seq_len} D={c.head_dim}{tiles} {c.distribution} seed {c.seed}"
+    return printable(f"{c.method} L={c.seq_len} D={c.head_dim}{tiles} {c.distribution} seed {c.seed}")
 
 
 def _first_line(text: str | None) -> str:

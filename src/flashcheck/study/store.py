@@ -19,6 +19,7 @@ from pathlib import Path
 from flashcheck.core.fileio import full_error, open_plain, read_plain, refuse_link, write_atomic
 from flashcheck.core.jsonguard import loads_bounded
 from flashcheck.core.lock import LOCK_NAME, FolderLocked, folder_lock  # noqa: F401  (the study folder's lock)
+from flashcheck.core.printable import printable
 from flashcheck.study.cases import CaseRecord
 from flashcheck.study.recordcheck import record_problem
 
@@ -46,11 +47,14 @@ def _check_file(path: Path, what: str) -> bool:
     return path.exists() or path.is_symlink()
 
 
-def _read_bytes(path: Path, what: str) -> bytes | None:
+MAX_STUDY_JSON = 4 * 2**20  # bytes: the largest preset's study.json holds 9 kB; a study of 400x as many sweeps fits
+
+
+def _read_bytes(path: Path, what: str, limit: int | None = None) -> bytes | None:
     if not _check_file(path, what):
         return None
     try:
-        return read_plain(path, f"the study's {what} file")
+        return read_plain(path, f"the study's {what} file", limit)
     except OSError as exc:
         raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
@@ -72,7 +76,7 @@ def _numbers(rec: CaseRecord) -> str:
 
 def _label(rec: CaseRecord) -> str:
     c = rec.case
-    return f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}"
+    return printable(f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}")
 
 
 def warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
@@ -205,7 +209,7 @@ class ResultStore:
             keep.append(line + b"\n")
         if removed:  # kept aside with the source's own permissions (a private records.jsonl stays private)
             append_bytes(self.dropped_path, b"".join(removed), mode=os.stat(self.path).st_mode & 0o777)
-        if removed or not data.endswith(b"\n"):
+        if removed or not data.endswith(b"\n"):  # rewritten with its own mode (write_atomic): private stays private
             write_atomic(self.path, b"".join(keep))
         if bad:
             warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
@@ -218,7 +222,7 @@ class ResultStore:
 def read_study_json(folder: str | Path) -> dict | None:
     """study.json's object; None when absent. ValueError naming the file when it cannot be read."""
     path = Path(folder) / "study.json"
-    data = _read_bytes(path, "configuration (study.json)")
+    data = _read_bytes(path, "configuration (study.json)", MAX_STUDY_JSON)  # bounded before it is parsed
     if data is None:
         return None
     try:

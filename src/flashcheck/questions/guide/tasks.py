@@ -16,6 +16,7 @@ import flashcheck.questions.guide.measure as gm
 from flashcheck.core.fileio import write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.load import load_average, load_record
+from flashcheck.core.printable import printable
 from flashcheck.core.progress import progress
 from flashcheck.questions.guide.presets import GUIDE_SETTINGS, GuideSettings
 from flashcheck.questions.guide.resultcheck import result_problem
@@ -111,6 +112,7 @@ def load_results(folder: str | Path) -> dict[str, dict]:
             if (why := result_problem(obj)) is not None:  # forged or mistyped: never reaches a claim
                 bad.append((n, why))
                 continue
+            obj |= {k: printable(obj[k]) for k in ("id", "reason", "error") if isinstance(obj.get(k), str)}
             prev = out.get(obj["id"])
             if obj["status"] == "failed" and prev is not None and prev["status"] == "ok":
                 continue
