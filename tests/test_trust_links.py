@@ -166,3 +166,16 @@ def test_a_link_refusal_is_one_line_exit_2_on_every_command(tmp_path, args, link
     res = runner.invoke(app, [*args, "--out", str(out)])
     _one_line_exit_2(res, Path(linked).name, "symbolic link")
     _untouched(victim)
+
+
+# ---- new probes of this round ---------------------------------------------------------------------------------
+
+
+def test_a_forged_losses_json_of_strings_is_resumed_not_a_traceback(tmp_path):
+    """A finished run whose losses.json was replaced by strings: main took it as complete and train-study's report
+    died summing them (TypeError); the run is now resumed from state.pt, which rewrites it."""
+    first = train(RUN, tmp_path / "r")
+    (tmp_path / "r" / "losses.json").write_text(json.dumps(["x"] * RUN.steps))
+    again = train(RUN, tmp_path / "r")
+    assert again["losses"] == first["losses"]
+    assert json.loads((tmp_path / "r" / "losses.json").read_text()) == first["losses"]

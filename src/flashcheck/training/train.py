@@ -109,8 +109,8 @@ def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
         losses = read_json(Path(run_dir) / "losses.json", "a run's losses", follow=False)
     except (OSError, ValueError):  # absent, damaged or a link: not complete (a link is refused when training)
         return False
-    if not isinstance(losses, list):
-        return False
+    if not isinstance(losses, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in losses):
+        return False  # forged or mistyped: the run is resumed from state.pt, which rewrites it
     return isinstance(marker, dict) and marker.get("config") == _config_json(cfg) and len(losses) == cfg.steps
 
 
