@@ -169,3 +169,21 @@ def test_the_fork_server_ignores_ctrl_c_from_its_start_and_the_parent_keeps_its_
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_small_study_json_naming_millions_of_cases_is_refused_before_expanding(tmp_path):
+    """New probe: 690 kB of study.json (100,000 lengths x 100 seeds x 2 methods) kept `report` expanding 20 million
+    cases for minutes; the count is bounded on the declared lists, before any case is made."""
+    from flashcheck.study.config import MAX_CASES, StudyConfig, Sweep
+
+    sw = Sweep(question="seq_len", methods=("flash:bf16",), seq_lens=(32,), blocks=((8, 8),), heads=1, seeds=(0,))
+    data = StudyConfig(name="big", sweeps=(sw,)).to_dict()
+    data["sweeps"][0] |= {"seq_lens": list(range(1, 100_001)), "seeds": list(range(100))}
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "study.json").write_text(json.dumps(data))
+    start = time.monotonic()
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"up to 20000000 cases, more than the {MAX_CASES} a study runs" in res.stderr, res.stderr
+    assert time.monotonic() - start < 60
