@@ -157,3 +157,13 @@ def test_a_guide_line_of_strings_is_dropped_naming_file_line_and_field(tmp_path)
     assert f"{tmp_path / GUIDE_FILE}: dropped 2 unreadable line(s)" in message
     assert "line 2 (result.times[0] is 'fast', not a number)" in message
     assert "line 3 (params.seq_len is 'long', not an integer)" in message
+
+
+def test_a_file_where_the_figures_folder_goes_is_one_line_exit_2(tmp_path, one_records):
+    """New probe: figures/ replaced by a plain file gave FileExistsError's traceback (make_folder)."""
+    out = _folder(tmp_path, one_records)
+    (out / "figures").write_text("not a folder")
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "figures' (" in res.stderr and "is not a folder" in res.stderr, res.stderr
+    assert (out / "figures").read_text() == "not a folder"

@@ -108,7 +108,10 @@ def make_folder(path: str | Path, what: str = "a folder flashcheck writes into")
     not a folder."""
     path = Path(path)
     refuse_link(path, what)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file (or a FIFO, a socket) where the folder goes
+        raise _refusal(path, what, "not a folder") from None
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise _refusal(path, what, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder")
