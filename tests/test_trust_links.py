@@ -179,3 +179,16 @@ def test_a_forged_losses_json_of_strings_is_resumed_not_a_traceback(tmp_path):
     again = train(RUN, tmp_path / "r")
     assert again["losses"] == first["losses"]
     assert json.loads((tmp_path / "r" / "losses.json").read_text()) == first["losses"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["explain", "--seq-len", "32", "--heads", "1"], ["mutants", "--size", "tiny"]],
+    ids=["explain", "mutants"],
+)
+def test_a_deeply_nested_summary_in_out_is_another_commands_not_a_recursion_error(tmp_path, args):
+    """New probe: the check of --out (cli.app._not_others) parsed summary.json with json.loads: 500,000 brackets gave
+    RecursionError's traceback on every command that writes a summary; it now goes through the bounded reader."""
+    (tmp_path / "summary.json").write_text("[" * 500_000)
+    res = runner.invoke(app, [*args, "--out", str(tmp_path)])
+    _one_line_exit_2(res, "holds summary.json, another command's output")

@@ -314,14 +314,12 @@ def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], fla
     """ValueError when `folder` holds another command's output that `command` would overwrite: a study's records
     (STUDY_FILES), or a summary.json without all of `keys` (those of `command`'s own summary.json). Checked before
     any work; an absent folder or summary.json is fine."""
-    import json
-
-    from flashcheck.core.fileio import LinkRefused, read_plain
+    from flashcheck.core.jsonguard import read_json
 
     taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
     if taken is None and os.path.lexists(folder / "summary.json"):
-        try:
-            data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
+        try:  # bounded: a summary.json nested 500,000 deep is another command's, not a RecursionError
+            data = read_json(folder / "summary.json", "summary.json in --out", follow=False)
         except LinkRefused:
             raise  # a link in --out: said as such, not as another command's output
         except (OSError, ValueError):

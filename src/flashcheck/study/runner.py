@@ -9,7 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
-from flashcheck.core.fileio import DiskFull, full_error, is_full, write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, is_full, read_plain, write_atomic
 from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
@@ -221,8 +221,8 @@ def _run_locked(
 def _record_bytes(store: ResultStore) -> int:
     """The mean size of a record line in the store (RECORD_BYTES when it holds none)."""
     try:
-        data = store.path.read_bytes()
-    except OSError:
+        data = read_plain(store.path, "the study's records file")  # never through a link
+    except (OSError, ValueError):
         return RECORD_BYTES
     lines = data.count(b"\n")
     return -(-len(data) // lines) if lines else RECORD_BYTES
