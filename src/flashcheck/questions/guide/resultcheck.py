@@ -38,7 +38,7 @@ RESULTS: dict[str, dict] = {
     "sum_points": _BOUNDARY,
     "latency": {"blocks": _map(_list(_list(NUM)))},
     "cost": {"times": _list(NUM), "peak_bytes": _opt(NUM)},
-    "explain": {"metric": STR, "full": NUM, "alone": _map(NUM), "raised": _map(NUM), "dominant_stage": STR},
+    "explain": {"full": NUM, "alone": _map(NUM), "raised": _map(NUM), "dominant_stage": STR},
     "gpu_same": {"available": BOOL},
     "gpu_deterministic": {},
 }
