@@ -319,7 +319,7 @@ def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], fla
     taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
     if taken is None and os.path.lexists(folder / "summary.json"):
         try:  # bounded: a summary.json nested 500,000 deep is another command's, not a RecursionError
-            data = read_json(folder / "summary.json", "summary.json in --out", follow=False)
+            data = read_json(folder / "summary.json", "summary.json in --out", follow=False, constants=True)
         except LinkRefused:
             raise  # a link in --out: said as such, not as another command's output
         except (OSError, ValueError):
