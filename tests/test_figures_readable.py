@@ -86,7 +86,7 @@ def test_the_stage_figures_draw_one_panel_per_preset_with_a_row_per_variant(tmp_
     cfg = StudyConfig(name="modern", sweeps=sweeps)
     with audited_figures(save=False) as seen:
         draw_figures(cfg, _records(cfg), tmp_path)
-    assert sorted(name for name, _, _ in seen) == ["modern_sage_stages.tmp.png", "modern_stages.tmp.png"]
+    assert sorted(name for name, _, _ in seen) == ["modern_sage_stages.png", "modern_stages.png"]
     for name, problems, ylabels in seen:
         assert problems == [], (name, problems)
         question = name.split(".")[0]

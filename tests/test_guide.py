@@ -274,15 +274,20 @@ def test_quick_full_and_tiny_carry_the_guide_and_study_json_keeps_it(tmp_path):
 
 def test_a_failure_never_supersedes_a_success(tmp_path):
     """guide.jsonl read back: a later failed line of a task that finished ok is ignored; a later ok wins."""
+    params = {"kind": "cost", "method": "sdpa-math:bf16", "seq_len": 64, "backward": False}  # lines as tasks write
+
+    def result(t: float) -> dict:
+        return {"times": [t], "peak_bytes": 1}
+
     lines = [
-        {"id": "a", "params": {}, "status": "ok", "result": 1},
-        {"id": "a", "params": {}, "status": "failed", "reason": "x"},
-        {"id": "b", "params": {}, "status": "failed", "reason": "y"},
-        {"id": "b", "params": {}, "status": "ok", "result": 2},
+        {"id": "a", "params": params, "status": "ok", "result": result(1.0)},
+        {"id": "a", "params": params, "status": "failed", "reason": "x"},
+        {"id": "b", "params": params, "status": "failed", "reason": "y"},
+        {"id": "b", "params": params, "status": "ok", "result": result(2.0)},
     ]
     (tmp_path / GUIDE_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
     got = load_results(tmp_path)
-    assert got["a"]["status"] == "ok" and got["b"]["result"] == 2
+    assert got["a"]["status"] == "ok" and got["b"]["result"] == result(2.0)
     # the order of finishing (workers vary it) does not reach the claims: tasks come back in the order of their ids
     (tmp_path / GUIDE_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines[2:] + lines[:2]))
     assert list(load_results(tmp_path)) == ["a", "b"]

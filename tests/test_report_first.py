@@ -185,7 +185,7 @@ def test_the_headline_says_when_no_point_has_an_interval_and_labels_ticks_betwee
 def test_every_figure_of_the_quick_preset_passes_figure_problems(quick_report):
     seen = quick_report[2]
     names = {name for name, _, _ in seen}
-    assert {"padding.png", "boundary.png", "headline.tmp.png", "seq_len.tmp.png", "cost.png"} <= names
+    assert {"padding.png", "boundary.png", "headline.png", "seq_len.png", "cost.png"} <= names
     assert len(seen) == len(names)  # each figure drawn once (the attention variants' no longer twice)
     for name, problems, _ in seen:
         assert problems == [], (name, problems)

@@ -166,7 +166,7 @@ def test_report_opens_with_the_answer_and_its_links_resolve(tmp_path):
     assert page.index("Answer") < page.index("<img") < page.index("Verdicts") < page.index("Conclusion")
     assert "ratio on rel-L2 vs FP64 of the rounded inputs (kernel's own)" in md  # the second view, labelled
     assert re.search(r"\| flash:bf16 \| 4096 \| 64 \| 16x16 \| 3 \| [\d.e-]+ \[", md)  # mean [95%], n
-    drawn = ["block_area.tmp.png", "headline.tmp.png", "seq_len.tmp.png", "swapped.tmp.png"]
+    drawn = ["block_area.png", "headline.png", "seq_len.png", "swapped.png"]  # each drawn in place, atomically
     assert sorted(name for name, _, _ in seen) == drawn
     for name, problems, ylabels in seen:
         assert problems == [], (name, problems)

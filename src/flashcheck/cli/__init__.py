@@ -26,7 +26,8 @@ def main() -> None:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C anywhere a command does not say more itself: one line, never a traceback
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from flashcheck.core.fileio import LinkRefused, UnsafeFile
+
 # click's base of every usage error (typer vendors click in newer releases, so found through typer's own class)
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
@@ -88,6 +90,8 @@ class _Group(TyperGroup):
             return super().invoke(ctx)
         except _CLICK_ERROR as exc:
             _usage_error(exc)
+        except (LinkRefused, UnsafeFile) as exc:  # wherever a command meets one: a file it must not use, one line
+            _fail_usage(" ".join(str(exc).split()))
         except OSError as exc:
             from flashcheck.core.fileio import is_full
 
@@ -329,14 +333,12 @@ def _not_others(folder: Path, command: str, keys: set[str] | list[set[str]], fla
     """ValueError when `folder` holds another command's output that `command` would overwrite: a study's records
     (STUDY_FILES), or a summary.json without all of `keys` (those of `command`'s own summary.json). Checked before
     any work; an absent folder or summary.json is fine."""
-    import json
-
-    from flashcheck.core.fileio import LinkRefused, read_plain
+    from flashcheck.core.jsonguard import read_json
 
     taken = next((n for n in STUDY_FILES if os.path.lexists(folder / n)), None)
     if taken is None and os.path.lexists(folder / "summary.json"):
-        try:
-            data = json.loads(read_plain(folder / "summary.json", "summary.json in --out"))
+        try:  # bounded: a summary.json nested 500,000 deep is another command's, not a RecursionError
+            data = read_json(folder / "summary.json", "summary.json in --out", follow=False, constants=True)
         except LinkRefused:
             raise  # a link in --out: said as such, not as another command's output
         except (OSError, ValueError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import LinkRefused, make_folder, open_own, write_atomic
 
 BUNDLED = ("minilm", "all-MiniLM-L6-v2")
 WINDOW = 512  # tokens per forward, capped by the model's position limit
@@ -133,21 +133,39 @@ def _path(folder: Path, layer: int) -> Path:
     return cache_dir() / f"{_fingerprint(folder)}-layer{layer}.pt"
 
 
+def _cached(path: Path) -> dict | None:
+    """A layer's store read back from the cache (never through a link: LinkRefused), or None when absent or not
+    a store this module wrote ({"q": [Hm, T, D], "k", "v": [Hm_kv, T, D], "width"}: captured again)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open_own(path, "a cached capture of activations") as f:
+            got = torch.load(f, map_location="cpu", weights_only=True)
+    except LinkRefused:
+        raise
+    except Exception:  # damaged: captured again and rewritten
+        return None
+    ok = isinstance(got, dict) and all(isinstance(got.get(n), torch.Tensor) and got[n].dim() == 3 for n in "qkv")
+    ok = ok and got["q"].shape[1:] == got["k"].shape[1:] and got["k"].shape == got["v"].shape  # K/V heads may be fewer
+    ok = ok and type(got.get("width")) is int
+    return got if ok and got["width"] > 0 else None
+
+
 def layer_store(model: str, layer: int, tokens: int) -> dict:
     """Layer `layer`'s store of at least `tokens` tokens: {"q","k","v": [Hm, T, D] float32, "layers": n},
     from the disk cache or captured now (every layer is written, atomically, in one go)."""
     folder = model_path(model)
     key = (str(folder), layer)
     got = _memo.get(key)
-    if got is None and _path(folder, layer).is_file():
-        got = torch.load(_path(folder, layer), weights_only=True)
+    if got is None:
+        got = _cached(_path(folder, layer))
     if got is None or got["q"].shape[1] < tokens:
         width = min(WINDOW, int(got["width"])) if got else WINDOW
         stores = _capture(folder, -(-tokens // width))
         for i, st in enumerate(stores):
             buf = io.BytesIO()
             torch.save(st | {"layers": len(stores)}, buf)
-            _path(folder, i).parent.mkdir(parents=True, exist_ok=True)
+            make_folder(_path(folder, i).parent, "the cache of captured activations")
             write_atomic(_path(folder, i), buf.getvalue())
         if layer >= len(stores):
             raise ValueError(f"captured:{model}: layer={layer}; the model has layers 0..{len(stores) - 1}")

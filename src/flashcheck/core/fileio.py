@@ -2,14 +2,17 @@
 
 A file is written to a temporary name in the same folder, flushed to disk and renamed over the target,
 so a reader never sees half a file. The temporary file is created with mode 0o666 less the umask (the
-mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600.
+mode a plain `open(path, "w")` gives, 0644 under the usual umask 022), not `tempfile.mkstemp`'s 0600; a file
+that replaces one keeps the replaced file's permissions (a private store repaired stays private).
 A full disk (ENOSPC, EDQUOT; or any error of a writer such as torch.save while under LOW_ROOM bytes are
 free) raises DiskFull naming the file, with nothing half-written left behind.
 
 Nothing is written, truncated, appended to or deleted through a link the tool did not make: every file the tool
 writes or keeps (locks, store files, reports, atomic targets) is opened with O_NOFOLLOW as a regular file
 (`open_plain`), an atomic write refuses a target that is a link, and a folder it writes into (a run folder,
-figures/) is refused when it is a link (`make_folder`): LinkRefused, a ValueError of one line.
+figures/) is refused when it is a link (`make_folder`): LinkRefused, a ValueError of one line. Every read of a file
+the tool wrote before (a store, a resume point, a cache, a figure) goes through the same rule (`open_own`,
+`read_plain`): nothing it trusts or copies is read through a link.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -77,11 +81,26 @@ def open_plain(path: str | Path, flags: int, mode: int = 0o666, what: str = "a f
     return fd
 
 
-def read_plain(path: str | Path, what: str = "a file flashcheck reads back") -> bytes:
-    """The bytes of the regular file `path`, not followed when it is a link (LinkRefused)."""
-    fd = open_plain(path, os.O_RDONLY, what=what)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+def open_own(path: str | Path, what: str = "a file flashcheck reads back") -> BinaryIO:
+    """The regular file `path` open for reading (binary), never through a link at `path` (LinkRefused). The one
+    way to read back a file the tool wrote before (a store, a resume point, a cache, a figure): a link planted in
+    its place would make the tool trust, or copy into a report, whatever file it names."""
+    return os.fdopen(open_plain(path, os.O_RDONLY, what=what), "rb")
+
+
+def read_plain(path: str | Path, what: str = "a file flashcheck reads back", limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path` (open_own: not through a link); with `limit`, ValueError naming the
+    file when it holds more than `limit` bytes (checked before reading: nothing is parsed or held)."""
+    with open_own(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise ValueError(
+                f"{str(path)!r} ({what}) holds {size} bytes, more than the {limit} bytes such a file can hold"
+            )
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:  # grew while read
+        raise ValueError(f"{str(path)!r} ({what}) holds more than the {limit} bytes such a file can hold")
+    return data
 
 
 def make_folder(path: str | Path, what: str = "a folder flashcheck writes into") -> Path:
@@ -89,7 +108,10 @@ def make_folder(path: str | Path, what: str = "a folder flashcheck writes into")
     not a folder."""
     path = Path(path)
     refuse_link(path, what)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file (or a FIFO, a socket) where the folder goes
+        raise _refusal(path, what, "not a folder") from None
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise _refusal(path, what, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder")
@@ -135,14 +157,16 @@ def full_error(exc: OSError, path: str | Path, needed: int | None = None) -> OSE
     return DiskFull(path, needed, exc.errno) if is_full(exc) else exc
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write text (UTF-8) or bytes to path atomically, with the mode an ordinary new file gets; LinkRefused when
-    `path` is a symbolic link."""
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> None:
+    """Write text (UTF-8) or bytes to path atomically: a new file with the mode an ordinary new file gets, a file it
+    replaces with that file's own mode (a private file rewritten or repaired stays private), or `mode` when given;
+    LinkRefused when `path` is a symbolic link."""
     path = Path(path)
     refuse_link(path)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = _create_temp(path)
     try:
+        _keep_mode(fd, path, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -163,7 +187,10 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     refuse_link(path)
     fd, tmp = _create_temp(path)
-    os.close(fd)
+    try:
+        _keep_mode(fd, path, None)
+    finally:
+        os.close(fd)
     try:
         yield tmp
         with open(tmp, "rb+") as f:
@@ -175,6 +202,19 @@ def atomic_target(path: str | Path) -> Iterator[Path]:
         if full:
             raise DiskFull(path, None, exc.errno if is_full(exc) else errno.ENOSPC) from exc
         raise
+
+
+def _keep_mode(fd: int, path: Path, mode: int | None) -> None:
+    """Give the temporary file `fd` `mode`, else the permissions of the regular file at `path` it will replace."""
+    if mode is None:
+        try:
+            st = os.lstat(path)
+        except OSError:  # a new file: the umask's mode, as open() gives
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        mode = st.st_mode
+    os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
 
 
 LOW_ROOM = 1 << 20  # bytes: a writer that fails with less free space than this has run out of it

@@ -62,10 +62,26 @@ def fresh_context(preload: list[str]):
     before = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))  # no public getter
     ctx.set_forkserver_preload(preload)
     try:
-        forkserver.ensure_running()  # reads the list now: the only moment it matters
+        with _server_ignores_ctrl_c():
+            forkserver.ensure_running()  # reads the list now: the only moment it matters
     finally:
         ctx.set_forkserver_preload(before)
     return ctx
+
+
+@contextlib.contextmanager
+def _server_ignores_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored while the fork server is started, so that it inherits SIG_IGN (kept across exec, and by
+    Python): a Ctrl-C while it imports its preload (seconds of torch) is the parent's to handle (one line, exit
+    130), not a 30-line traceback from the server. The server's children ignore it too, as pool workers do."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _worker_main(conn: Connection, init: Callable[..., None] | None, initargs: tuple, env: dict) -> None:

@@ -42,6 +42,8 @@ _NP_DTYPES = {
 
 
 NameCheck = Callable[[str, list[str]], None]
+ShapeCheck = Callable[[str, dict[str, tuple[int, ...]]], None]
+READ_SHARE = 0.5  # of the memory available here: the most a dump's arrays may take (the judging needs the rest)
 
 
 class DumpError(ValueError):
@@ -58,23 +60,45 @@ class Dump:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-def read_dump(path: str | Path, *, max_bytes: int = MAX_BYTES, allowed: NameCheck | None = None) -> Dump:
+def read_dump(
+    path: str | Path,
+    *,
+    max_bytes: int = MAX_BYTES,
+    allowed: NameCheck | None = None,
+    declared: ShapeCheck | None = None,
+) -> Dump:
     """The tensors and settings of a .safetensors or .npz file; DumpError says why a file cannot be read.
-    `allowed(path, names)` raises DumpError for names the caller does not read, before any data is read."""
+    `allowed(path, names)` raises DumpError for names the caller does not read, before any data is read;
+    `declared(path, {name: shape})` for shapes the caller cannot use (or whose work cannot fit here), once every
+    header is read and before any data is. The arrays together may take at most max_bytes and READ_SHARE of the
+    memory available here (kernels.sim.memory.available_bytes), checked on the declared sizes before any inflating."""
     p = Path(path)
     if not p.is_file():
         raise DumpError(f"{str(p)!r} is not a file")
     suffix = p.suffix.lower()
+    checks = (_room(max_bytes), allowed, declared)
     if suffix == ".safetensors":
-        tensors, meta = _read_safetensors(p, max_bytes, allowed)
+        tensors, meta = _read_safetensors(p, *checks)
     elif suffix == ".npz":
-        tensors, meta = _read_npz(p, max_bytes, allowed)
+        tensors, meta = _read_npz(p, *checks)
     else:
         raise DumpError(f"{str(p)!r}: unknown file type {suffix or '(none)'!r}; expected .safetensors or .npz")
     return Dump(path=str(p), tensors=tensors, meta=meta)
 
 
-def _read_safetensors(p: Path, max_bytes: int, allowed: NameCheck | None) -> tuple[dict, dict[str, str]]:
+def _room(max_bytes: int) -> tuple[int, str]:
+    """(the most bytes a dump's arrays may take, the words that say why)."""
+    from flashcheck.kernels.sim.memory import available_bytes, human_bytes
+
+    avail = available_bytes()
+    if avail is not None and READ_SHARE * avail < max_bytes:
+        return int(READ_SHARE * avail), f"half the {human_bytes(avail)} of memory available here"
+    return max_bytes, "the limit of a dump"
+
+
+def _read_safetensors(
+    p: Path, room: tuple[int, str], allowed: NameCheck | None, declared: ShapeCheck | None
+) -> tuple[dict, dict[str, str]]:
     size = p.stat().st_size
     with p.open("rb") as f:
         try:
@@ -90,8 +114,10 @@ def _read_safetensors(p: Path, max_bytes: int, allowed: NameCheck | None) -> tup
         entries = [_st_entry(p, name, e, data_len) for name, e in header.items()]  # the header alone
         if allowed is not None:
             allowed(str(p), [*header, *meta])
-        _check_count_and_total(p, [(name, nbytes) for name, _, _, _, nbytes in entries], max_bytes)
+        _check_count_and_total(p, [(name, nbytes) for name, _, _, _, nbytes in entries], room)
         _check_disjoint(p, entries)
+        if declared is not None:
+            declared(str(p), {name: shape for name, _, shape, _, _ in entries})
         tensors = {}
         for name, dtype, shape, start, nbytes in entries:
             f.seek(8 + n + start)
@@ -138,15 +164,20 @@ def _nonneg_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def _check_count_and_total(p: Path, sizes: list[tuple[str, int]], max_bytes: int) -> None:
+def _check_count_and_total(p: Path, sizes: list[tuple[str, int]], room: tuple[int, str]) -> None:
     if len(sizes) > MAX_TENSORS:
         raise DumpError(f"{str(p)!r} holds {len(sizes)} arrays; at most {MAX_TENSORS} are read")
-    total = sum(s for _, s in sizes)
-    if total > max_bytes:
-        raise DumpError(f"{str(p)!r}: its arrays take {total} bytes, more than the {max_bytes} bytes allowed")
+    total, (most, why) = sum(s for _, s in sizes), room
+    if total > most:
+        raise DumpError(
+            f"{str(p)!r}: its arrays declare {total} bytes, more than the {most} bytes a dump may take here ({why}); "
+            "refused before reading them"
+        )
 
 
-def _read_npz(p: Path, max_bytes: int, allowed: NameCheck | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_npz(
+    p: Path, room: tuple[int, str], allowed: NameCheck | None, declared: ShapeCheck | None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Each member's name, then its .npy header (shape and dtype, a few hundred bytes inflated), checked before
     any data is inflated: the directory's size of a member must be exactly what its header's shape needs, and
     all of them together within max_bytes (a small file can hold a 4 GiB member of zeros, or declare 2^40)."""
@@ -156,11 +187,13 @@ def _read_npz(p: Path, max_bytes: int, allowed: NameCheck | None) -> tuple[dict[
             names = [_member_name(p, i.filename) for i in infos]
             if len(set(names)) != len(names):
                 raise DumpError(f"{str(p)!r} holds an array name twice; each name once")
-            _check_count_and_total(p, [(n, 0) for n in names], max_bytes)
+            _check_count_and_total(p, [(n, 0) for n in names], room)
             if allowed is not None:
                 allowed(str(p), names)
             plans = [_npy_plan(p, z, info, name) for info, name in zip(infos, names, strict=True)]
-            _check_count_and_total(p, [(name, need) for name, _, need in plans], max_bytes)
+            _check_count_and_total(p, [(name, need) for name, _, need in plans], room)
+            if declared is not None:
+                declared(str(p), {name: tuple(plan[1]) for name, plan, _ in plans if plan[1]})  # arrays, not settings
             arrays = {name: _npy_data(p, z, info, name, plan) for (name, *plan), info in zip(plans, infos, strict=True)}
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError) as exc:
         raise DumpError(f"{str(p)!r} is not a valid .npz (zip) file: {exc}") from None

@@ -50,7 +50,7 @@ class Judged:
 
 def load(path: str) -> Judged:
     """Read and check a dump; DumpError (a ValueError) names the tensor or setting at fault."""
-    dump = read_dump(path, allowed=_known_names)
+    dump = read_dump(path, allowed=_known_names, declared=_declared)
     t, where = dump.tensors, repr(dump.path)
     _check_names(dump)
     missing = [n for n in INPUTS if n not in t]
@@ -99,6 +99,22 @@ def _known_names(path: str, names: list[str]) -> None:
     ]  # fmt: skip
     if bad:
         raise DumpError(f"{path!r}: unknown name(s) {', '.join(map(repr, bad[:8]))}; allowed {ALLOWED_NAMES}")
+
+
+def _declared(path: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Before any data is read (read_dump's `declared`): an output whose declared shape is not the inputs'
+    [B, H, Lq, Dv], and inputs whose judging (the FP64 reference, the eager baseline) cannot fit in memory here,
+    are refused, so that a small file declaring a huge array never has it inflated."""
+    q, k, v = (shapes.get(n) for n in INPUTS)
+    if q is None or k is None or v is None or not len(q) == len(k) == len(v) == 4:
+        return  # load() names what is missing or malformed
+    want = (*q[:3], v[-1])
+    for name, shape in shapes.items():
+        if (name == "out" or name.startswith("out.")) and shape != want:
+            raise DumpError(
+                f"{path!r}: tensor {name!r} has shape {tuple(shape)}; expected [B, H, Lq, Dv] = {list(want)}"
+            )
+    _fits_dims(q, k, v, work=4, backward=any(n.partition(".")[0] in GRADS for n in shapes))
 
 
 def _check_names(dump: Dump) -> None:
@@ -251,12 +267,15 @@ def judge(path: str, rule: str = "flashcheck") -> list[dict]:
 def _fits(j: Judged) -> None:
     """InsufficientMemory (a ValueError) before computing when the FP64 reference and the eager baseline (L x L
     scores) of these shapes cannot fit here: a small file can name a large L."""
+    _fits_dims(j.q.shape, j.k.shape, j.v.shape, max(4, info(j.fmt).dtype.itemsize), bool(j.grads))
+
+
+def _fits_dims(q: tuple, k: tuple, v: tuple, work: int, backward: bool) -> None:
     from flashcheck.kernels.sim.memory import Footprint, check_fits
 
-    b, h, lq, d = j.q.shape
-    work = max(4, info(j.fmt).dtype.itemsize)
-    dims = dict(batch=b, heads=h, seq_len=lq, head_dim=max(d, j.v.shape[-1]), seq_len_k=j.k.shape[-2])
-    check_fits(Footprint(**dims, kernels=("standard",), work_itemsize=work, backward=bool(j.grads)))
+    b, h, lq, d = q
+    dims = dict(batch=b, heads=h, seq_len=lq, head_dim=max(d, v[-1]), seq_len_k=k[-2])
+    check_fits(Footprint(**dims, kernels=("standard",), work_itemsize=work, backward=backward))
 
 
 def _eager(dtype: torch.dtype, kw: dict):

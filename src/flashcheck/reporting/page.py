@@ -6,11 +6,12 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcheck.core.fileio import make_folder, write_atomic
+from flashcheck.core.fileio import make_folder, read_plain, write_atomic
 
 VERDICT_WORDS = {True: "holds", False: "does not hold", None: "not measured", "inconclusive": "inconclusive"}
 _VERDICT_CLASS = {
@@ -103,6 +104,15 @@ def _resolve(path: Path, folder: Path) -> Path:
     return path.resolve() if path.exists() else (folder / path).resolve()
 
 
+def _figure_file(path: Path, folder: Path) -> Path:
+    """The figure's file as _resolve finds it, its own last component not resolved: a figure that is a link is
+    refused by the reader (read_plain), not followed to its target."""
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    return path if os.path.lexists(path) else Path(folder).resolve() / path
+
+
 def _md_block(b, folder: Path) -> list[str]:
     if isinstance(b, Heading):
         anchor = [f'<a id="{b.anchor}"></a>', ""] if b.anchor else []
@@ -183,8 +193,8 @@ def _html_block(b, folder: Path) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{esc(cell(c))}</td>" for c in r) + "</tr>" for r in b.rows)
         return f"<table>{head}{rows}</table>"
     if isinstance(b, Figure):
-        data = base64.b64encode(_resolve(b.path, folder).read_bytes()).decode()
-        return f"<img alt='{html.escape(b.alt)}' src='data:image/png;base64,{data}'>"
+        data = base64.b64encode(read_plain(_figure_file(b.path, folder), "a figure the report embeds")).decode()
+        return f"<img alt='{esc(b.alt)}' src='data:image/png;base64,{data}'>"
     raise TypeError(f"unknown block {b!r}")
 
 

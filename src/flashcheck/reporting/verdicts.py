@@ -74,9 +74,14 @@ def mean_interval(xs: Sequence[float]) -> Estimate:
     if n == 0:
         return Estimate(math.nan, math.nan, math.nan, 0, "mean, t interval")
     mean = sum(v) / n
+    if not math.isfinite(mean):  # finite values near the largest float: their sum overflowed, their mean does not
+        mean = math.fsum(x / n for x in v)
     if n < 2:
         return Estimate(mean, math.nan, math.nan, n, "mean, t interval")
-    sd = statistics.stdev(v)  # exact for identical values, where scipy's tstd warns of precision loss
+    try:
+        sd = statistics.stdev(v)  # exact for identical values, where scipy's tstd warns of precision loss
+    except OverflowError:  # values near the largest float: the spread is no number
+        return Estimate(mean, math.nan, math.nan, n, "mean, t interval")
     half = stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd / math.sqrt(n)
     return Estimate(mean, mean - half, mean + half, n, "mean, t interval")
 
@@ -84,13 +89,22 @@ def mean_interval(xs: Sequence[float]) -> Estimate:
 def ratio_interval(num: Sequence[float], den: Sequence[float]) -> Estimate:
     """Geometric-mean ratio num/den of paired positive values (same seed, same inputs) with a t interval on
     the log ratios; pairs with a non-positive or non-finite side are dropped."""
-    logs = [math.log(a / b) for a, b in zip(num, den, strict=True) if a and b and a > 0 and b > 0]
-    logs = [x for x in logs if math.isfinite(x)]
+    pairs = [(a, b) for a, b in zip(num, den, strict=True) if a is not None and b is not None]
+    # the difference of logs, not the log of a / b: a tiny over a huge value underflows to 0 (log: a domain error)
+    logs = [math.log(a) - math.log(b) for a, b in pairs if 0 < a < math.inf and 0 < b < math.inf]
     e = mean_interval(logs)
     if e.n == 0:
         return Estimate(math.nan, math.nan, math.nan, 0, "geometric mean of paired ratios, t interval")
-    low, high = (math.exp(e.low), math.exp(e.high)) if e.n >= 2 else (math.nan, math.nan)
-    return Estimate(math.exp(e.value), low, high, e.n, "geometric mean of paired ratios, t interval on logs")
+    low, high = (exp_or_inf(e.low), exp_or_inf(e.high)) if e.n >= 2 else (math.nan, math.nan)
+    return Estimate(exp_or_inf(e.value), low, high, e.n, "geometric mean of paired ratios, t interval on logs")
+
+
+def exp_or_inf(x: float) -> float:
+    """math.exp that gives inf past the largest float instead of OverflowError (the mean of logs of huge values)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 def share_interval(successes: int, n: int) -> Estimate:

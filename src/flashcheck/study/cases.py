@@ -15,6 +15,7 @@ import torch
 
 from flashcheck.core import captured
 from flashcheck.core.inputs import InputSpec, is_captured, sink_delta
+from flashcheck.core.printable import printable
 from flashcheck.kernels import SIMULATED_KERNELS
 from flashcheck.measure import METRICS, References, parse_method, run_case
 from flashcheck.measure import Case as MeasureCase
@@ -151,8 +152,8 @@ class CaseRecord:
             errors=d["errors"],
             errors_rounded=d["errors_rounded"],
             seconds=d["seconds"],
-            error=d.get("error"),
-            env=d.get("env", {}),
+            error=None if d.get("error") is None else printable(d["error"]),  # printed and reported: no escapes
+            env={k: printable(v) for k, v in d.get("env", {}).items()},
             dead_rows=d.get("dead_rows"),
             stats=d.get("stats") or {},
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,17 @@ class Sweep:
                     out.append(base)
         return tuple(out)
 
+    def most_cases(self) -> int:
+        """The most cases this sweep expands to (every dimension's values multiplied; baselines and blocks that
+        coincide make fewer), counted without expanding them."""
+        dims = (self.seq_lens, self.seq_lens_k, self.head_dims, self.kv_heads, self.paddings, self.distributions,
+                self.layers, self.seeds, self.blocks, self.splits)  # fmt: skip
+        causals = 1 if isinstance(self.causal, bool) else len(self.causal)
+        return 2 * len(self.methods) * causals * math.prod(max(1, len(d)) for d in dims)
+
+
+MAX_CASES = 200_000  # a study's cases: the full preset has 2,645; more would run (or report) for days
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StudyConfig:
@@ -215,9 +227,15 @@ class StudyConfig:
         name = data.get("name", Path(source).stem)
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"{source}: name={name!r} must be a non-empty string")
+        parsed = tuple(_sweep_from_dict(s, i, source) for i, s in enumerate(sweeps, 1))
+        if (most := sum(sw.most_cases() for sw in parsed)) > MAX_CASES:  # before anything expands them
+            raise ValueError(
+                f"{source}: its sweeps name up to {most} cases, more than the {MAX_CASES} a study runs (the full "
+                "preset has 2,645); split it into several studies"
+            )
         return cls(
             name=name,
-            sweeps=tuple(_sweep_from_dict(s, i, source) for i, s in enumerate(sweeps, 1)),
+            sweeps=parsed,
             settings={k: kind.from_dict(data[k], source) for k, kind in tables.items() if data.get(k) is not None},
         )
 

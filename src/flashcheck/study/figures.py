@@ -34,9 +34,7 @@ def draw_figures(
         if not points:
             continue
         path = folder / f"{sw.question}.png"
-        tmp = path.with_suffix(".tmp.png")
-        draw_question(sw, points, tmp, config.name)
-        tmp.replace(path)
+        draw_question(sw, points, path, config.name)  # atomic, never over a link (reporting.figure)
         paths[sw.question] = path
     return paths
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from flashcheck.measure.method import baseline_name
-from flashcheck.reporting.verdicts import Estimate, Verdict, mean_interval, ratio_interval
+from flashcheck.reporting.verdicts import Estimate, Verdict, exp_or_inf, mean_interval, ratio_interval
 from flashcheck.study.cases import CaseRecord, expand_sweep
 from flashcheck.study.config import Sweep
 
@@ -76,7 +76,7 @@ class Point:
 def geometric(xs: tuple[float, ...]) -> Estimate:
     """Geometric mean of positive values with a t interval on their logs (non-positive values dropped)."""
     e = mean_interval([math.log(x) for x in xs if x > 0 and math.isfinite(x)])
-    exp = [math.exp(v) if math.isfinite(v) else math.nan for v in (e.value, e.low, e.high)]
+    exp = [exp_or_inf(v) if math.isfinite(v) else math.nan for v in (e.value, e.low, e.high)]
     return Estimate(*exp, e.n, "geometric mean, t interval on logs")
 
 

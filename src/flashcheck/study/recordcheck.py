@@ -9,7 +9,12 @@ A line the tool wrote always passes; a forged or mistyped one is named with the 
   null). A number there may be NaN or +-Infinity, because the tool writes them for a kernel whose output
   overflowed, or a statistic of rows that see no key (a measurement, not damage);
 - `seconds`: a finite number >= 0; `env`: {name: string};
-  `dead_rows`: null, "zeros", "nan" or "other".
+  `dead_rows`: null, "zeros", "nan" or "other";
+- every finite number at most MAX_VALUE in size (no error or statistic of attention in the tool's formats comes
+  near; a larger one would overflow the report's logs, intervals and figure axes); an error (all but cosine
+  similarity) is >= 0, a cosine similarity in [-1, 1], a share (f_out, p_collapse) in [0, 1];
+- what the readers need (`needs`, given by the study that reads the store): an ok record holds in `errors` every
+  metric its study's sweeps report (a record without it is dropped, and measured again, never a KeyError).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import dataclasses
 import math
 
 from flashcheck.study.cases import STATUSES, Case
+from flashcheck.study.config import StudyConfig
 
 _POSITIVE = ("batch", "heads", "seq_len", "head_dim")
 DEAD_ROWS = (None, "zeros", "nan", "other")
@@ -43,6 +49,24 @@ def _case_problem(d: object) -> str | None:
     return None
 
 
+MAX_VALUE = 1e100
+SHARES = ("f_out", "p_collapse")  # statistics that are fractions of a whole
+
+
+def _range_problem(name: str, k: str, v: float) -> str | None:
+    if not math.isfinite(v):
+        return None  # NaN and +-Infinity: a measurement of an output that overflowed (see above)
+    if abs(v) > MAX_VALUE:
+        return f"{name}.{k} is {v:.3g}, larger than any value a measurement gives (at most {MAX_VALUE:g})"
+    if name == "stats":
+        if k in SHARES and not 0.0 <= v <= 1.0:
+            return f"stats.{k} is {v:.3g}, not a share in [0, 1]"
+        return None
+    if k.endswith("cos_sim"):
+        return None if -1.0 - 1e-9 <= v <= 1.0 + 1e-9 else f"{name}.{k} is {v:.3g}, not a cosine in [-1, 1]"
+    return None if v >= 0 else f"{name}.{k} is {v:.3g}, not an error (>= 0)"
+
+
 def _numbers_problem(name: str, d: object, *, nullable: bool = False) -> str | None:
     if not isinstance(d, dict):
         return f"{name} is not an object"
@@ -51,12 +75,17 @@ def _numbers_problem(name: str, d: object, *, nullable: bool = False) -> str | N
             continue
         if not _is_number(v):
             return f"{name}.{k} is {v!r}, not a number"
+        if isinstance(v, int) and abs(v) > MAX_VALUE:  # also no float (10**400): never float() it
+            return f"{name}.{k} is an integer of {len(str(abs(v)))} digits, larger than any value a measurement gives"
+        if (why := _range_problem(name, k, float(v))) is not None:
+            return why
     return None
 
 
-def record_problem(d: object) -> str | None:
-    """Why the parsed line `d` is not a record this tool wrote (the first field that breaks the schema in the
-    module docstring), else None."""
+def record_problem(d: object, needs: frozenset[str] = frozenset()) -> str | None:
+    """Why the parsed line `d` is not a record this tool wrote, or one its reader cannot use (`needs`: the metrics
+    an ok record's errors must hold), naming the first field that breaks the schema in the module docstring; else
+    None."""
     if not isinstance(d, dict):
         return f"a JSON {type(d).__name__}, not a record"
     for key in ("case_id", "case", "status", "errors", "errors_rounded", "seconds"):
@@ -75,6 +104,8 @@ def record_problem(d: object) -> str | None:
             return why
     if d["status"] == "ok" and not d["errors"]:
         return "an ok record with no errors"
+    if d["status"] == "ok" and (missing := sorted(needs - set(d["errors"]))):
+        return f"errors.{missing[0]} is missing (a metric this study reports)"
     if not _is_number(d["seconds"]) or not math.isfinite(d["seconds"]) or d["seconds"] < 0:
         return f"seconds is {d['seconds']!r}, not a finite number >= 0"
     if d.get("error") is not None and not isinstance(d["error"], str):
@@ -87,3 +118,8 @@ def record_problem(d: object) -> str | None:
     if d.get("dead_rows") not in DEAD_ROWS:
         return f"dead_rows is {d['dead_rows']!r}; expected null, zeros, nan or other"
     return None
+
+
+def study_needs(config: StudyConfig) -> frozenset[str]:
+    """The metrics an ok record of `config` must hold for its report: each sweep's metric."""
+    return frozenset(sw.metric for sw in config.sweeps)

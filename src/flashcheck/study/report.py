@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from flashcheck.core.fileio import folder_problem
+from flashcheck.core.printable import printable
 from flashcheck.reporting import Bullets, Figure, Heading, Page, Table, Text, write_report
 from flashcheck.reporting.page import Sentences
 from flashcheck.study import registry
@@ -17,6 +18,7 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.figures import METRIC, draw_figures
 from flashcheck.study.part import NOT_YET, Part, Study, partial_line
 from flashcheck.study.points import Point, ratio_text, sweep_points
+from flashcheck.study.recordcheck import study_needs
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
 __all__ = ["Point", "build_report", "case_label", "draw_figures", "sweep_points"]
@@ -93,7 +95,7 @@ def _of_this_study(records: dict[str, CaseRecord], config: StudyConfig, folder: 
 def case_label(c: Case) -> str:
     """One line naming a case: method, sizes, tiles, inputs, seed."""
     tiles = f" tiles {c.block_q}x{c.block_k}" if c.block_q else ""
-    return f"{c.method} L={c.seq_len} D={c.head_dim}{tiles} {c.distribution} seed {c.seed}"
+    return printable(f"{c.method} L={c.seq_len} D={c.head_dim}{tiles} {c.distribution} seed {c.seed}")
 
 
 def _first_line(text: str | None) -> str:
@@ -123,7 +125,7 @@ def build_report(folder: str | Path) -> dict:
         raise ValueError(f"folder {str(folder)!r} is empty; give a study folder (the --out of `flashcheck study`)")
     folder = Path(folder)
     config = _load_config(folder)
-    records = _of_this_study(ResultStore(folder).load(), config, folder)
+    records = _of_this_study(ResultStore(folder, study_needs(config)).load(), config, folder)
     yet = _not_stored(config, records)
     ok = {k: r for k, r in records.items() if r.status == "ok"}
     failures, skipped = _problems(records)

@@ -9,12 +9,13 @@ import time
 import warnings
 from pathlib import Path
 
-from flashcheck.core.fileio import DiskFull, full_error, is_full, write_atomic
+from flashcheck.core.fileio import DiskFull, full_error, is_full, read_plain, write_atomic
 from flashcheck.core.progress import progress
 from flashcheck.study.cases import Case, CaseRecord, check_sweeps_can_run, environment, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.executors import EXECUTORS, check_ray_address, run_local, run_ray
 from flashcheck.study.memory import MEMORY_SKIP, available_bytes, too_big
+from flashcheck.study.recordcheck import study_needs
 from flashcheck.study.registry import sets, solo_set
 from flashcheck.study.store import (
     DamagedFile,
@@ -137,7 +138,7 @@ def run_study(
         return _run_in(config, path, workers, executor, ray_address, quiet, device)
     except KeyboardInterrupt:  # Ctrl-C: every line written stays whole; the lock is released (folder_lock)
         cases = expand(config)
-        stored = ResultStore(path).load() if (path / "records.jsonl").is_file() else {}
+        stored = ResultStore(path, study_needs(config)).load() if (path / "records.jsonl").is_file() else {}
         n = sum(_done(stored.get(c.case_id)) for c in cases)
         raise StudyInterrupted(
             f"interrupted: {n} of {len(cases)} cases stored in {path}; run the same command again to resume"
@@ -167,7 +168,7 @@ def _run_in(
 def _run_locked(
     config: StudyConfig, path: Path, workers: int, executor: str, ray_address: str | None, quiet: bool, device: str
 ) -> dict:
-    store = ResultStore(path)
+    store = ResultStore(path, study_needs(config))
     store.repair()
     current = store.load()
     cases = expand(config)
@@ -220,8 +221,8 @@ def _run_locked(
 def _record_bytes(store: ResultStore) -> int:
     """The mean size of a record line in the store (RECORD_BYTES when it holds none)."""
     try:
-        data = store.path.read_bytes()
-    except OSError:
+        data = read_plain(store.path, "the study's records file")  # never through a link
+    except (OSError, ValueError):
         return RECORD_BYTES
     lines = data.count(b"\n")
     return -(-len(data) // lines) if lines else RECORD_BYTES

@@ -19,6 +19,7 @@ from pathlib import Path
 from flashcheck.core.fileio import full_error, open_plain, read_plain, refuse_link, write_atomic
 from flashcheck.core.jsonguard import loads_bounded
 from flashcheck.core.lock import LOCK_NAME, FolderLocked, folder_lock  # noqa: F401  (the study folder's lock)
+from flashcheck.core.printable import printable
 from flashcheck.study.cases import CaseRecord
 from flashcheck.study.recordcheck import record_problem
 
@@ -53,23 +54,26 @@ def _check_file(path: Path, what: str) -> bool:
     return path.exists() or path.is_symlink()
 
 
-def _read_bytes(path: Path, what: str) -> bytes | None:
+MAX_STUDY_JSON = 4 * 2**20  # bytes: the largest preset's study.json holds 9 kB; a study of 400x as many sweeps fits
+
+
+def _read_bytes(path: Path, what: str, limit: int | None = None) -> bytes | None:
     if not _check_file(path, what):
         return None
     try:
-        return read_plain(path, f"the study's {what} file")
+        return read_plain(path, f"the study's {what} file", limit)
     except OSError as exc:
         raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def parse_record_line(line: bytes, where: str) -> tuple[dict | None, str | None]:
+def parse_record_line(line: bytes, where: str, needs: frozenset[str] = frozenset()) -> tuple[dict | None, str | None]:
     """(the record's object, None) for a line that holds a record, else (None, why): not JSON, nested too deep,
-    or the first field that breaks the schema (study.recordcheck)."""
+    or the first field that breaks the schema (study.recordcheck; `needs`: the metrics its study reports)."""
     try:
         d = loads_bounded(line, where, constants=True)
     except ValueError as exc:
         return None, "not JSON" if "not JSON" in str(exc) else str(exc).removeprefix(where + " ")
-    why = record_problem(d)
+    why = record_problem(d, needs)
     return (None, why) if why is not None else (d, None)
 
 
@@ -79,10 +83,10 @@ def _numbers(rec: CaseRecord) -> str:
 
 def _label(rec: CaseRecord) -> str:
     c = rec.case
-    return f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}"
+    return printable(f"{c.method} L={c.seq_len} seed {c.seed}, case {rec.case_id}")
 
 
-def _warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
+def warn_dropped(path: Path, bad: list[tuple[int, str]], consequence: str) -> None:
     where = ", ".join(f"line {n} ({why})" for n, why in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
     warnings.warn(f"{path}: dropped {len(bad)} unreadable line(s): {where}; {consequence}", stacklevel=3)
 
@@ -108,7 +112,7 @@ def read_jsonl(path: str | Path, what: str = "log") -> list[tuple[int, dict]]:
         else:
             bad.append((n, f"a JSON {type(obj).__name__}, not an object"))
     if bad:
-        _warn_dropped(path, bad, "the rest is kept")
+        warn_dropped(path, bad, "the rest is kept")
     return out
 
 
@@ -145,10 +149,12 @@ def _write_all(f, data: bytes) -> None:
 
 
 class ResultStore:
-    """records.jsonl in a study folder: one JSON line per finished case."""
+    """records.jsonl in a study folder: one JSON line per finished case. `needs`: the metrics the study that reads
+    it reports (study.recordcheck.study_needs): an ok record without one is dropped like a damaged line."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, needs: frozenset[str] = frozenset()) -> None:
         self.path = Path(folder) / "records.jsonl"
+        self.needs = needs
         self.dropped = 0
 
     def load(self) -> dict[str, CaseRecord]:
@@ -163,7 +169,7 @@ class ResultStore:
         for n, line in enumerate((data or b"").split(b"\n"), 1):
             if not line.strip():
                 continue
-            d, why = parse_record_line(line, f"line {n}")
+            d, why = parse_record_line(line, f"line {n}", self.needs)
             if why is not None:
                 bad.append((n, why))
                 continue
@@ -175,7 +181,7 @@ class ResultStore:
                 records[rec.case_id], lines[rec.case_id] = rec, n
         self.dropped = len(bad)
         if bad:
-            _warn_dropped(self.path, bad, "those cases will be recomputed")
+            warn_dropped(self.path, bad, "those cases will be recomputed")
         if clashes:
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
             warnings.warn(
@@ -202,7 +208,7 @@ class ResultStore:
         for n, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
-            _, why = parse_record_line(line, f"line {n}")
+            _, why = parse_record_line(line, f"line {n}", self.needs)
             if why is not None:
                 bad.append((n, why))
                 removed.append(line + b"\n")
@@ -210,10 +216,10 @@ class ResultStore:
             keep.append(line + b"\n")
         if removed:  # kept aside with the source's own permissions (a private records.jsonl stays private)
             append_bytes(self.dropped_path, b"".join(removed), mode=os.stat(self.path).st_mode & 0o777)
-        if removed or not data.endswith(b"\n"):
+        if removed or not data.endswith(b"\n"):  # rewritten with its own mode (write_atomic): private stays private
             write_atomic(self.path, b"".join(keep))
         if bad:
-            _warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
+            warn_dropped(self.path, bad, f"their text is kept in {self.dropped_path}; those cases will be recomputed")
         return len(removed)
 
     def append(self, record: CaseRecord) -> None:
@@ -223,7 +229,7 @@ class ResultStore:
 def read_study_json(folder: str | Path) -> dict | None:
     """study.json's object; None when absent. ValueError naming the file when it cannot be read."""
     path = Path(folder) / "study.json"
-    data = _read_bytes(path, "configuration (study.json)")
+    data = _read_bytes(path, "configuration (study.json)", MAX_STUDY_JSON)  # bounded before it is parsed
     if data is None:
         return None
     try:

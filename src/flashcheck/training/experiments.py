@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.core.fileio import DiskFull, full_error, make_folder, refuse_link, write_atomic
+from flashcheck.core.fileio import DiskFull, LinkRefused, UnsafeFile, full_error, make_folder, refuse_link, write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.core.pool import send_to_parent
@@ -201,6 +201,11 @@ def train_runs(
         _train_all(todo, workers or os.cpu_count() or 1, on_progress)
 
 
+# a worker's errors that are the user's input, not the tool's fault: one line, exit 2 (a link refused, a file
+# of a run's folder that is not a plain file, a folder of another configuration)
+_USAGE_ERRORS = ("ValueError", LinkRefused.__name__, UnsafeFile.__name__)
+
+
 def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> None:
     """The runs in a core.pool.WorkerPool (one private pipe per worker: a worker killed at any instant costs its
     own run, never a lock the others wait on), their steps sent back as they train."""
@@ -222,7 +227,7 @@ def _train_all(todo: list[tuple[RunConfig, str]], workers: int, on_progress) -> 
                         on_progress(sum(steps.values()), total, f"run {name} step {step}")
                 elif kind == "error":  # a run's error (e.g. a folder of another configuration) ends the study
                     kind_of, _, message = value.partition(": ")
-                    raise (ValueError(message) if kind_of == "ValueError" else RuntimeError(value))
+                    raise (ValueError(message) if kind_of in _USAGE_ERRORS else RuntimeError(value))
                 elif kind == "died":
                     raise StudyInterrupted(
                         "a training worker process died (killed, or out of memory); every finished step is saved: "

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import atomic_target, load_refusal, make_folder, open_plain, remove_plain, write_atomic
+from flashcheck.core.fileio import (
+    LinkRefused,
+    atomic_target,
+    load_refusal,
+    make_folder,
+    open_own,
+    open_plain,
+    remove_plain,
+    write_atomic,
+)
 from flashcheck.core.jsonguard import read_json
 from flashcheck.training.data import TokenStream, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
@@ -100,8 +109,8 @@ def run_complete(run_dir: str | Path, cfg: RunConfig) -> bool:
         losses = read_json(Path(run_dir) / "losses.json", "a run's losses", follow=False)
     except (OSError, ValueError):  # absent, damaged or a link: not complete (a link is refused when training)
         return False
-    if not isinstance(losses, list):
-        return False
+    if not isinstance(losses, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in losses):
+        return False  # forged or mistyped: the run is resumed from state.pt, which rewrites it
     return isinstance(marker, dict) and marker.get("config") == _config_json(cfg) and len(losses) == cfg.steps
 
 
@@ -221,7 +230,7 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
 def _resume(run_dir: Path, steps: int, model: GPT, opt, scaler) -> tuple[int, list[float]]:
     """Load the last saved state (step, losses so far); with none, save the step-0 weights and start at 0."""
     state_path = run_dir / "state.pt"
-    if not state_path.exists():
+    if not state_path.exists() and not state_path.is_symlink():  # a link is refused by _load_state
         save_torch(model.state_dict(), weights_path(run_dir, 0))
         return 0, []
     state = _load_state(state_path)
@@ -240,7 +249,10 @@ def _load_state(path: Path) -> dict:
     """state.pt as train() writes it (tensors, dicts, lists and plain numbers only), read with
     weights_only=True: a file planted in the run folder can hold no object whose unpickling runs code."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with open_own(path, "a run's resume point") as f:  # never an outside state through a link (LinkRefused)
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except LinkRefused:
+        raise
     except Exception as exc:  # damaged outside flashcheck (every write is atomic), or not flashcheck's
         raise ValueError(
             f"{str(path)!r} cannot be read as a train-study resume point ({load_refusal(exc)}); delete it to retrain"

@@ -5,15 +5,17 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from flashcheck.core.fileio import write_atomic
+from flashcheck.core.fileio import LinkRefused, make_folder, open_own, refuse_link, write_atomic
 from flashcheck.validate.run import RunOutput
 
 CACHE_VERSION = 4  # 4: generations carry teacher-forced logprobs (KL per position)
+WHAT = "validate's cache folder"
 
 
 def cache_file(out: str | Path, impl: str, dtype: str, key: dict) -> Path:
@@ -23,19 +25,24 @@ def cache_file(out: str | Path, impl: str, dtype: str, key: dict) -> Path:
 
 
 def load_run(path: Path) -> RunOutput | None:
-    """The cached run, or None when absent or unreadable (a damaged file is ignored with a warning)."""
-    if not path.is_file():
+    """The cached run, or None when absent or unreadable (a damaged file is ignored with a warning). A cached file
+    or cache/ folder that is a link is refused (LinkRefused): no run is trusted from elsewhere."""
+    refuse_link(path.parent, WHAT)
+    if not os.path.lexists(path):
         return None
     try:
-        return RunOutput.from_state(torch.load(path, map_location="cpu", weights_only=True))
+        with open_own(path, "a cached run of validate") as f:
+            return RunOutput.from_state(torch.load(f, map_location="cpu", weights_only=True))
+    except LinkRefused:
+        raise
     except Exception as e:  # any damage (truncated file, old layout) means: compute again
         warnings.warn(f"ignoring the damaged cache file {str(path)!r}: {type(e).__name__}: {e}", stacklevel=2)
         return None
 
 
 def save_run(path: Path, run: RunOutput) -> None:
-    """Write the run atomically (folders made)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the run atomically (folders made; never into a linked cache/ folder nor through a link)."""
+    make_folder(path.parent, WHAT)
     buf = io.BytesIO()
     torch.save(run.to_state(), buf)
     write_atomic(path, buf.getvalue())

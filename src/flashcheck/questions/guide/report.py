@@ -19,6 +19,7 @@ from flashcheck.reporting.page import Sentences, cell
 from flashcheck.reporting.verdicts import median_interval
 from flashcheck.study.cases import expand_sweep
 from flashcheck.study.config import StudyConfig
+from flashcheck.study.recordcheck import study_needs
 from flashcheck.study.store import ResultStore, read_jsonl, read_study_json
 
 
@@ -29,7 +30,7 @@ def _load(folder: Path) -> tuple[StudyConfig, GuideSettings, list, dict[str, dic
     if data is None:
         raise ValueError(f"{str(folder)!r} holds no study (no study.json); run `flashcheck study --preset guide`")
     config = StudyConfig.from_dict(data, str(folder / "study.json"))
-    records = list(ResultStore(folder).load().values())
+    records = list(ResultStore(folder, study_needs(config)).load().values())
     return config, read_settings(folder), records, load_results(folder)
 
 

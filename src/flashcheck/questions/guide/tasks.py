@@ -16,10 +16,12 @@ import flashcheck.questions.guide.measure as gm
 from flashcheck.core.fileio import write_atomic
 from flashcheck.core.jsonguard import read_json
 from flashcheck.core.load import load_average, load_record
+from flashcheck.core.printable import printable
 from flashcheck.core.progress import progress
 from flashcheck.questions.guide.presets import GUIDE_SETTINGS, GuideSettings
+from flashcheck.questions.guide.resultcheck import result_problem
 from flashcheck.study.config import StudyConfig
-from flashcheck.study.store import append_line, folder_lock, read_jsonl
+from flashcheck.study.store import append_line, folder_lock, read_jsonl, warn_dropped
 
 GUIDE_FILE = "guide.jsonl"
 SETTINGS_FILE = "guide.json"
@@ -104,12 +106,19 @@ def load_results(folder: str | Path) -> dict[str, dict]:
     over them then round alike in every run): the last line of an id wins, except that a failure never
     supersedes an ok result (damaged lines dropped with a warning)."""
     out: dict[str, dict] = {}
-    for _, obj in read_jsonl(Path(folder) / GUIDE_FILE, "guide results"):
+    path, bad = Path(folder) / GUIDE_FILE, []
+    for n, obj in read_jsonl(path, "guide results"):
         if isinstance(obj.get("id"), str) and obj.get("status") in ("ok", "skipped", "failed"):
+            if (why := result_problem(obj)) is not None:  # forged or mistyped: never reaches a claim
+                bad.append((n, why))
+                continue
+            obj |= {k: printable(obj[k]) for k in ("id", "reason", "error") if isinstance(obj.get(k), str)}
             prev = out.get(obj["id"])
             if obj["status"] == "failed" and prev is not None and prev["status"] == "ok":
                 continue
             out[obj["id"]] = obj
+    if bad:
+        warn_dropped(path, bad, "those tasks will be measured again")
     return dict(sorted(out.items()))
 
 

@@ -232,10 +232,9 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     make_folder(path.parent, "the study's figures folder")
-    tmp = path.with_suffix(".tmp.png")
     style = Styler()
     spread = [p.ratio_estimate().n >= 2 for ps in series.values() for p in ps]
-    with figure(tmp, size=(7.0, 4.6)) as (_, ax):
+    with figure(path, size=(7.0, 4.6)) as (_, ax):  # atomic, never over a link
         for m, ps in series.items():
             ests = [p.ratio_estimate() for p in ps]
             ys = [e.value for e in ests]
@@ -266,5 +265,4 @@ def draw_headline(points: list[Point], path: Path) -> Path | None:
             title += "mean (n=1 per point: no interval)"
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
-    tmp.replace(path)
     return path

@@ -25,11 +25,23 @@ from flashcheck.study.cases import Case, CaseRecord
 TARGET, FOLD = 0.9, 2.0  # the issue's target: within 2x for at least 90% of the cases
 
 
+NEEDED = ("visible", "f_score", "f_p")  # the input statistics the model reads of every case
+OPTIONAL = ("f_p_range", "f_flush", "f_out", "f_acc")
+
+
+def _usable(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def setting_of(rec: CaseRecord) -> Setting | None:
     """The model's view of a case: a simulated kernel under its policy, or a real CPU backend through its
-    equivalent (measure.predict.backend_equivalent). None: a backend without one, or no input statistics."""
-    c, st = rec.case, rec.stats
-    if c.kernel not in (*KERNELS, *BACKENDS) or not st or "visible" not in st:
+    equivalent (measure.predict.backend_equivalent). None: a backend without one, or no usable input statistics
+    (absent, null or not finite)."""
+    c = rec.case
+    st = {k: v for k, v in rec.stats.items() if v is not None}  # a statistic may be null (recordcheck)
+    if c.kernel not in (*KERNELS, *BACKENDS) or any(not _usable(st.get(k)) for k in NEEDED):
+        return None
+    if any(k in st and not _usable(st[k]) for k in OPTIONAL):
         return None
     return setting_for(
         c.kernel,
@@ -40,7 +52,7 @@ def setting_of(rec: CaseRecord) -> Setting | None:
         splits=c.splits or 4,
         f_score=st["f_score"],
         f_p=st["f_p"],
-        **({"f_p_range": st["f_p_range"], "f_flush": st["f_flush"]} if "f_p_range" in st else {}),
+        **({"f_p_range": st["f_p_range"], "f_flush": st["f_flush"]} if "f_p_range" in st and "f_flush" in st else {}),
         **({"f_out": st["f_out"]} if "f_out" in st else {}),
         **({"f_acc": st["f_acc"]} if "f_acc" in st else {}),
     )
