@@ -159,11 +159,7 @@ def validate(
     if kv_cache is not None:
         _validate_kv(model, kv_cache, (impls, new_tokens, prompts, prompt_len), out, as_json)
     try:
-        _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
-        if model is not None and not model.strip():
-            raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
-        if pin is not None:
-            _out_file(pin, "--pin")  # written after a pass: checked before the work
+        _checked_paths(model, out, pin)
         _starting(f"validate: {model or 'the bundled all-MiniLM-L6-v2'} under {impls} in {dtypes} against eager "
                   f"fp32, into {out}", quiet)  # fmt: skip
         from flashcheck.validate import validate_model
@@ -172,20 +168,22 @@ def validate(
         names = _names(impls, "--impls")
         _register_own(names)
         result = validate_model(
-            model,
-            texts,
-            impls=names,
-            dtypes=_names(dtypes, "--dtypes"),
-            samples=samples,
-            max_length=max_length,
-            batch_size=batch_size,
-            tolerance=_tolerance(tolerance),
-            out=out,
+            model, texts, impls=names, dtypes=_names(dtypes, "--dtypes"), samples=samples, max_length=max_length,
+            batch_size=batch_size, tolerance=_tolerance(tolerance), out=out,
             progress=functools.partial(progress, quiet=quiet),
-        )
+        )  # fmt: skip
     except ValueError as exc:
         _fail_usage(_as_flags(str(exc)))
     _finish(result, out, pin, as_json)
+
+
+def _checked_paths(model: str | None, out: str, pin: str | None) -> None:
+    """MODEL, --out and --pin checked before the work: ValueError, one line."""
+    _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
+    if model is not None and not model.strip():
+        raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
+    if pin is not None:
+        _out_file(pin, "--pin")  # written after a pass: checked before the work
 
 
 def _as_flags(message: str) -> str:
@@ -217,45 +215,55 @@ def _usable(out: str) -> None:
         _fail_usage(str(exc))
 
 
+def _kv_inputs(model: str | None, kv_cache: str, sizes: tuple, out: str):
+    """(folder, formats, sim kernels, the fp32 model, prompt ids) of `validate --kv-cache`, every option checked
+    before the model is loaded: ValueError, one line."""
+    from flashcheck.validate.kvcache import IMPL, expand_formats, random_prompts, register
+
+    impls, new_tokens, prompts, prompt_len = sizes
+    from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+    kernels = tuple(parse_sim(i) for i in _names(impls, "--impls") if is_sim(i))  # others: exact attention
+    folder = _out_folder(out)
+    _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
+    for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
+        if value < 1:
+            raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
+    try:  # every option checked before the model is looked at or loaded
+        formats = expand_formats(kv_cache)
+    except ValueError as exc:
+        raise ValueError(f"--kv-cache {kv_cache!r}: {exc}") from None
+    if model is None or not model.strip():
+        raise ValueError(f"MODEL {model!r}: --kv-cache needs a decoder model folder (Hugging Face causal LM)")
+    _need_transformers()
+    from flashcheck.validate.loading import load_model, resolve_model
+
+    info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
+    if not info.causal:
+        raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
+    if kernels:
+        import torch
+
+        from flashcheck.core.modelconfig import read_model_config
+        from flashcheck.validate.sim_impl import check_config
+
+        check_config([k.impl for k in kernels], read_model_config(info.path / "config.json"), [torch.float32])
+    register()
+    lm = load_model(info, "fp32", impl=IMPL)
+    ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
+    return folder, formats, kernels, lm, ids
+
+
 def _validate_kv(model: str | None, kv_cache: str, sizes: tuple, out: str, as_json: bool) -> None:
     """`validate MODEL --kv-cache ...`: the decoder's generation with each KV cache against the bf16 cache, with
     exact attention and with each sim: kernel of --impls (sizes: impls, new_tokens, prompts, prompt_len)."""
     _usable(out)
     _starting(f"validate: {model}'s generation with KV caches {kv_cache} against the bf16 cache, into {out}")
-    from flashcheck.validate.kvcache import IMPL, expand_formats, fmt_row, kv_cache_check, random_prompts, register
+    from flashcheck.validate.kvcache import fmt_row, kv_cache_check
 
-    impls, new_tokens, prompts, prompt_len = sizes
+    _, new_tokens, prompts, prompt_len = sizes
     try:
-        from flashcheck.validate.sim_impl import is_sim, parse_sim
-
-        kernels = tuple(parse_sim(i) for i in _names(impls, "--impls") if is_sim(i))  # others: exact attention
-        folder = _out_folder(out)
-        _not_others(folder, "validate", VALIDATE_KEYS)  # not a study's summary.json
-        for flag, value in (("--new-tokens", new_tokens), ("--prompts", prompts), ("--prompt-len", prompt_len)):
-            if value < 1:
-                raise ValueError(f"{flag} {value} is not allowed; give a positive integer")
-        try:  # every option checked before the model is looked at or loaded
-            formats = expand_formats(kv_cache)
-        except ValueError as exc:
-            raise ValueError(f"--kv-cache {kv_cache!r}: {exc}") from None
-        if model is None or not model.strip():
-            raise ValueError(f"MODEL {model!r}: --kv-cache needs a decoder model folder (Hugging Face causal LM)")
-        _need_transformers()
-        from flashcheck.validate.loading import load_model, resolve_model
-
-        info = resolve_model(model)  # the folder's files checked as validate checks them (regular, inside it)
-        if not info.causal:
-            raise ValueError(f"MODEL {model!r} is not a causal LM; --kv-cache needs a decoder (its architectures)")
-        if kernels:
-            import torch
-
-            from flashcheck.core.modelconfig import read_model_config
-            from flashcheck.validate.sim_impl import check_config
-
-            check_config([k.impl for k in kernels], read_model_config(info.path / "config.json"), [torch.float32])
-        register()
-        lm = load_model(info, "fp32", impl=IMPL)
-        ids = random_prompts(lm.config.vocab_size, prompts, prompt_len)
+        folder, formats, kernels, lm, ids = _kv_inputs(model, kv_cache, sizes, out)
     except ValueError as exc:
         _fail_usage(str(exc))
     import time

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.validate import sim_impl
+import flashcheck.validate.sim_impl as sim_impl
 from flashcheck.validate.result import Comparison
 from flashcheck.validate.run import Plan, RunOutput, _assemble, _collect
 
