@@ -79,6 +79,11 @@ def test_ratio_verdicts_against_one_and_the_paper_band(rates, below, paper):
     by_id = {f["id"]: f for f in findings(r)}
     assert by_id["flash_below_fp16"]["status"] == below, by_id["flash_below_fp16"]
     assert by_id["paper_band_fp16"]["status"] == paper, by_id["paper_band_fp16"]
+    # the curves have one shape (linear, then flat from step 60): their means' ratio is the slopes' ratio
+    assert by_id["flash_curve_below_fp16"]["status"] == below and by_id["paper_band_curve_fp16"]["status"] == paper
+    assert r["mean_w1_flash_over_fp16"]["value"] == pytest.approx(r["slope_flash_over_fp16"]["value"], rel=1e-9)
+    if below == "inconclusive" and len(rates) > 1:  # a power statement sizes the study that would decide
+        assert "needs" in by_id["flash_below_fp16"]["power"]["text"]
     est = r["slope_flash_over_fp16"]
     assert est["n"] == len(rates)
     expected = math.exp(np.mean(np.log(np.array(rates) / (1e-5 / (1 + 0.05 * np.arange(len(rates)))))))
@@ -93,7 +98,9 @@ def test_a_seed_whose_slope_is_not_positive_is_left_out_and_named():
 
 
 def test_ratio_by_step_has_an_interval_per_saved_step():
-    rows = ratio_by_step(_pairs([3e-6, 3.1e-6, 2.9e-6]))["flash_over_bf16"]
+    by_step = ratio_by_step(_pairs([3e-6, 3.1e-6, 2.9e-6]))
+    assert set(by_step) == {"flash_over_bf16", "flash_over_fp16", "flash_over_seed"}
+    rows = by_step["flash_over_bf16"]
     assert [row["step"] for row in rows] == STEPS[1:]
     assert all(row["n"] == 3 and row["low"] <= row["value"] <= row["high"] for row in rows)
 

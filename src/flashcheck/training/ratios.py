@@ -63,12 +63,22 @@ def _final(metric: str):
     return lambda c: c[metric][-1]
 
 
+def _mean_w1(c: dict) -> float:
+    """The W1 curve's mean over the saved steps past 0 (its area over the run's length): the whole curve in one
+    number, steadier than a slope over a window that each seed ends elsewhere."""
+    ys = [y for s, y in zip(c["steps"], c["wasserstein"], strict=True) if s > 0]
+    return sum(ys) / len(ys) if ys else math.nan
+
+
 def ratios(pairs: dict) -> dict:
     """{name: Estimate dict + values + notes}: Flash over bf16 / fp16 (growth-phase W1 slopes, final W1, final
-    max-abs) and over the re-seeded pair (final W1 and max-abs: a seed pair has no growth phase)."""
+    max-abs, W1 curve's mean over training) and over the re-seeded pair (final W1 and max-abs, the curve's mean:
+    a seed pair has no growth phase)."""
     plan = [(f"slope_flash_over_{f}", f"{f}_vs_fp32", _slope) for f in LOWPREC]
     plan += [(f"final_w1_flash_over_{f}", f"{f}_vs_fp32", _final("wasserstein")) for f in LOWPREC]
     plan += [(f"final_max_abs_flash_over_{f}", f"{f}_vs_fp32", _final("max_abs")) for f in LOWPREC]
+    plan += [(f"mean_w1_flash_over_{f}", f"{f}_vs_fp32", _mean_w1) for f in LOWPREC]
+    plan += [("mean_w1_flash_over_seed", "seed_vs_seed", _mean_w1)]
     plan += [("final_w1_flash_over_seed", "seed_vs_seed", _final("wasserstein"))]
     plan += [("final_max_abs_flash_over_seed", "seed_vs_seed", _final("max_abs"))]
     out = {}
@@ -148,8 +158,9 @@ def _estimate(d: dict) -> Estimate:
 
 
 def findings(r: dict) -> list[dict]:
-    """Verdicts: Flash below each low-precision format (interval vs 1), inside the paper's band (interval vs
-    0.2-0.5), and below the re-seeded pair (final W1 ratio vs 1)."""
+    """Verdicts: Flash below each low-precision format (growth-phase slope ratio, and the ratio of the whole W1
+    curves' means: interval vs 1), each inside the paper's band (interval vs 0.2-0.5), and below the re-seeded
+    pair (final W1 ratio vs 1). Each finding carries a power statement (seeds_needed)."""
     out = []
     for f in LOWPREC:
         key = f"slope_flash_over_{f}"
@@ -161,6 +172,15 @@ def findings(r: dict) -> list[dict]:
         v = band(est, *PAPER_BAND)
         claim = f"The Flash / {f} slope ratio lies in the paper's 0.2-0.5"
         out.append(_finding(f"paper_band_{f}", claim, measured, v, "0.2-0.5 (vs fp16)", _power(r[key], PAPER_BAND)))
+        key = f"mean_w1_flash_over_{f}"
+        est = _estimate(r[key])
+        claim = f"Flash-vs-Baseline's W1 curve lies below {f}-vs-fp32's over training"
+        measured = f"ratio of the W1 curves' means over the saved steps Flash / {f} {est.text()}"
+        v = compare(est, above=False)
+        out.append(_finding(f"flash_curve_below_{f}", claim, measured, v, "below (2-5x)", _power(r[key], (1.0,))))
+        claim = f"The ratio of the W1 curves Flash / {f} over training lies in the paper's 0.2-0.5"
+        v, power = band(est, *PAPER_BAND), _power(r[key], PAPER_BAND)
+        out.append(_finding(f"paper_band_curve_{f}", claim, measured, v, "0.2-0.5 (vs fp16)", power))
     est = _estimate(r["final_w1_flash_over_seed"])
     v = compare(est, above=False)
     claim = "Flash-vs-Baseline weight deviation at the last step is below that of a re-seeded run"
@@ -236,6 +256,8 @@ def conclusion(summary: dict) -> list[str]:
         for f in LOWPREC
     )
     out.append(f"At the last step (levels, not growth): {levels}.")
+    curves = ", ".join(f"Flash / {f} {_estimate(r[f'mean_w1_flash_over_{f}']).text()}" for f in (*LOWPREC, "seed"))
+    out.append(f"Over the whole run (the W1 curves' means over the saved steps): {curves}.")
     seed = _estimate(r["final_w1_flash_over_seed"])
     word = {"holds": "below it", "does not hold": "not below it", "inconclusive": "not distinguishable from it"}
     out.append(
