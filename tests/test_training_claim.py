@@ -89,3 +89,20 @@ def test_cuda_is_refused_without_a_gpu(monkeypatch):
     with pytest.raises(ValueError, match="device='cuda' is not allowed here"):
         train_preset("tiny", device="cuda")
     assert train_preset("tiny", device="cpu").runs[0].device == "cpu"
+
+
+def test_bad_data_files_exit_2_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not utf-8")
+    (tmp_path / "short.txt").write_text("short")
+    cases = [("bad.txt", "is not UTF-8 text"), ("short.txt", "has 5 characters; windows of 32 tokens need at least 34"),
+             ("missing.txt", "does not exist")]  # fmt: skip
+    for name, message in cases:
+        args = ["train-study", "--preset", "tiny", "--data", str(tmp_path / name), "--out", str(tmp_path / "o")]
+        res = CliRunner().invoke(app, args)
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+    assert not (tmp_path / "o" / "runs").exists()  # refused before any run started

@@ -81,6 +81,9 @@ def train_study(
     policy: str = typer.Option(
         None, help="Attention numerics policy of every run but sage8's 8-bit one (default bf16-mixed)."
     ),
+    data: str = typer.Option(
+        None, help="lookback (default: the next token needs looking back), synthetic, or a UTF-8 text file."
+    ),
     device: str = typer.Option(
         None, help="cpu (default) or cuda: where the runs train (cuda is written for GPUs, untested in this project)."
     ),
@@ -101,14 +104,18 @@ def train_study(
         _not_others(_out_folder(out), "train-study", TRAIN_KEYS)  # not a study's or another command's output
         _check_counts(steps, save_every, seeds)
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
-        overrides["device"] = device
+        overrides |= {"device": device, "data": data}
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)
         else:
             summary = _train_preset(preset, out, workers, quiet, overrides)
     except ValueError as exc:
         _fail_usage(
-            str(exc).replace("save_every=", "--save-every ").replace("lr=", "--lr ").replace("device=", "--device ")
+            str(exc)
+            .replace("save_every=", "--save-every ")
+            .replace("lr=", "--lr ")
+            .replace("device=", "--device ")
+            .replace("data=", "--data ")
         )
     except (StudyInterrupted, NonFiniteWeights) as exc:
         _fail_check(str(exc))

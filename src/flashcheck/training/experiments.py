@@ -107,10 +107,12 @@ def train_preset(
     lr: float | None = None,
     policy: str | None = None,
     device: str | None = None,
+    data: str | None = None,
 ) -> TrainStudy:
     """A preset, optionally with fewer/more steps, another save interval, seed count, learning rate,
-    attention policy (a study at other conditions) or device ("cuda": a GPU; ValueError without one). With steps
-    and no save_every, saves about 8 times; the warm-up stays the preset's share of the steps."""
+    attention policy (a study at other conditions), device ("cuda": a GPU; ValueError without one) or data
+    ("lookback", "synthetic" or a UTF-8 text file, read at character level; checked here). With steps and no
+    save_every, saves about 8 times; the warm-up stays the preset's share of the steps."""
     if name not in PRESETS:
         allowed = ", ".join([*TRAIN_PRESETS, "tied-max"])
         raise ValueError(f"unknown train-study preset {name!r}; expected one of {allowed}")
@@ -126,6 +128,8 @@ def train_preset(
         parse_policy(policy)  # ValueError naming the allowed policies
     if device is not None:
         _check_device(device)
+    if data is not None:
+        _check_data(data, pre.model.seq_len)
     every = pre.save_every
     if steps is not None and save_every is None:
         every = min(every, max(1, steps // 8))
@@ -137,14 +141,29 @@ def train_preset(
         batch=pre.batch,
         lr=float(lr) if lr is not None else pre.lr,
         model=pre.model,
-        data=pre.data,
         warmup=pre.warmup * n_steps // pre.steps,
         schedule=pre.schedule,
         device=device or "cpu",
+        data=data or pre.data,
     )
-    overrides = dict(steps=steps, save_every=save_every, seeds=seeds, lr=lr, policy=policy, device=device)
+    overrides = dict(steps=steps, save_every=save_every, seeds=seeds, lr=lr, policy=policy, device=device, data=data)
     study = _groups(name, base, seeds or pre.seeds, policy or "bf16-mixed", verdicts=name != "tiny")
     return dataclasses.replace(study, overrides={k: v for k, v in overrides.items() if v is not None})
+
+
+def _check_data(data: str, seq_len: int) -> None:
+    """ValueError unless data names a built-in language or a UTF-8 text file long enough for one window."""
+    from flashcheck.training.data import text_file
+
+    if data in ("lookback", "synthetic"):
+        return
+    if not data.strip():
+        raise ValueError("data='' is not allowed; give lookback, synthetic or a UTF-8 text file")
+    n = text_file(data).tokens.numel()  # ValueError: missing, or not UTF-8
+    if n < seq_len + 2:
+        raise ValueError(
+            f"text file {data!r} has {n} characters; windows of {seq_len} tokens need at least {seq_len + 2}"
+        )
 
 
 def _check_device(device: str) -> None:
