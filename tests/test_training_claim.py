@@ -3,6 +3,7 @@ says nothing), the learning-rate schedule, the per-seed plateau rule, the power 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -106,3 +107,18 @@ def test_bad_data_files_exit_2_with_one_line(tmp_path):
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
     assert not (tmp_path / "o" / "runs").exists()  # refused before any run started
+
+
+def test_a_run_records_the_cpu_time_of_the_steps_it_trained(tmp_path):
+    import json
+
+    from flashcheck.training.model import GPTConfig
+    from flashcheck.training.train import train
+
+    tiny = GPTConfig(vocab=16, seq_len=16, layers=1, heads=2, dim=16)
+    cfg = RunConfig(name="x", steps=4, save_every=2, batch=2, model=tiny, data="lookback", warmup=1, schedule="cosine")
+    train(dataclasses.replace(cfg, steps=2), tmp_path / "r")  # two steps, then extended to four: resumes at 2
+    res = train(cfg, tmp_path / "r")
+    marker = json.loads((tmp_path / "r" / "complete.json").read_text())
+    assert res["resumed_from"] == 2 and marker["steps_timed"] == 2 and 0 < marker["cpu_seconds"] < 60
+    assert marker["config"] == json.loads(json.dumps(cfg.to_dict()))

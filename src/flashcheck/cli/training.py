@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import warnings
 from contextlib import ExitStack
@@ -173,6 +174,14 @@ def _print_train_study(summary: dict, out: str) -> None:
         _print_ratios(c, summary["ratios"])
     if "pairs" in summary:
         _print_pairs(c, summary["pairs"])
+    cpu = summary.get("cpu")
+    if cpu and cpu["runs_timed"]:
+        cores = os.cpu_count() or 1
+        c.print(
+            f"training CPU time: {cpu['seconds']:.0f} s over {cpu['runs_timed']} timed runs of {cpu['runs']}; "
+            f"on {cores} idle cores about {cpu['seconds'] / cores:.0f} s",
+            markup=False,
+        )
     c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
 
 

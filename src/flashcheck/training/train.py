@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -191,7 +192,8 @@ def train(
     """Train (or resume) the run in run_dir; returns {"losses": [...], "steps": n, "resumed_from": s}.
 
     Files: config.json, weights/step_NNNNNN.pt every save_every steps, state.pt (resume point), losses.json,
-    then complete.json last; each written atomically, so a run killed anywhere resumes bit-identically.
+    then complete.json last (with the CPU seconds of the steps this call trained, steps_timed); each written
+    atomically, so a run killed anywhere resumes bit-identically.
     on_progress(step, cfg.steps, cfg.name) after each step (and once with the step it starts from). Trains on one
     thread with deterministic algorithms, and gives the caller's thread count and flag back."""
     run_dir = Path(run_dir)
@@ -213,6 +215,7 @@ def train(
 
 
 def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dict:
+    cpu0 = time.process_time()  # this process's CPU time: what the run costs on an idle core, whatever the load
     mcfg = dataclasses.replace(cfg.model, vocab=max(cfg.model.vocab, data.vocab))
     torch.manual_seed(cfg.seed)
     model = GPT(mcfg, make_attention(cfg.attention, cfg.block)).to(cfg.device)
@@ -250,7 +253,9 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
         if on_progress is not None:
             on_progress(step, cfg.steps, cfg.name)
     write_atomic(run_dir / "losses.json", json.dumps(losses))
-    write_atomic(run_dir / MARKER, json.dumps({"config": _config_json(cfg), "final_loss": losses[-1]}, indent=2))
+    timed = {"cpu_seconds": time.process_time() - cpu0, "steps_timed": cfg.steps - start}
+    marker = {"config": _config_json(cfg), "final_loss": losses[-1], **timed}
+    write_atomic(run_dir / MARKER, json.dumps(marker, indent=2))
     return {"losses": losses, "steps": cfg.steps, "resumed_from": start}
 
 

@@ -302,6 +302,13 @@ def write_train_report(summary: dict, losses: dict, out: Path) -> None:
     ]
     page.add(Heading("What the slopes mean"), Bullets(notes, with_verdict=False))
     page.add(Text("Final losses: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["final_loss"].items())))
+    cpu = summary.get("cpu")
+    if cpu and cpu["runs_timed"]:
+        page.add(Text(
+            f"Training CPU time: {cpu['seconds']:.0f} s over {cpu['runs_timed']} of {cpu['runs']} runs (each run's "
+            "process CPU time per step it trained, times its steps): on an idle machine the training takes about "
+            "that divided by the number of workers, whatever the load when it was measured."
+        ))  # fmt: skip
     names = figures(summary, losses, out / "figures")
     page.add(*(Figure(out / f, Path(f).stem) for f in names))
     write_report(out, page)
