@@ -255,7 +255,7 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, kille
         assert e["gaps"][0] == pytest.approx(e["level"][0] - gap["base_level"][0])
         assert s1["final_loss"][f"{name}-s0"] != s1["final_loss"]["base-s0"]  # 8-bit attention changed the loss
     assert "8-bit attention (SageBwd-like)" in report and "8-bit attention (SageBwd-like)" in s1["conclusion"][2]
-    assert s1["conclusion"][0].startswith("Attention matters here") and gap["attention_free"][0] is not None
+    assert s1["conclusion"][0].startswith("Does attention matter here?") and gap["attention_free"][0] is not None
     assert len(seen) == 6 and all(problems == [] for _, problems, _ in seen), seen
 
 

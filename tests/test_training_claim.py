@@ -65,6 +65,8 @@ def test_every_seed_must_leave_the_plateau():
     good = loss_gaps(_losses({"base": [2.0, 2.1, 2.05], "sage8": base, "sage8ft": base}), [0, 1, 2], plateau=3.0)
     assert good["base_left_plateau"] and good["attention_free"] is None
     assert "below it by more than the seed spread in every seed" in plateau_sentence(good)
+    one = loss_gaps(_losses({"base": [2.0], "sage8": [2.0], "sage8ft": [2.0]}), [0], plateau=3.0)
+    assert plateau_sentence(one).endswith("one seed gives no spread to judge the distance against.")
 
 
 def test_power_statement_matches_the_t_interval():

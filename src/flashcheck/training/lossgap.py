@@ -158,15 +158,16 @@ def plateau_sentence(gap: dict) -> str:
         finite = [x for x in free if x is not None]
         mean = sum(finite) / len(finite) if finite else None
         measured = f"; without attention (each position sees only itself) the runs reach {_fmt(mean, sign=False)}"
-    word = (
-        "below it by more than the seed spread in every seed"
-        if gap["base_left_plateau"]
-        else ("not below it by more than the seed spread in every seed: attention has not yet mattered")
-    )
+    if gap["spread"] is None:
+        word = "one seed gives no spread to judge the distance against"
+    elif gap["base_left_plateau"]:
+        word = "below it by more than the seed spread in every seed"
+    else:
+        word = "not below it by more than the seed spread in every seed: attention has not yet mattered"
     return (
-        f"Attention matters here: the base runs' tail loss per seed ({base} nats) against the current-token loss "
-        f"{gap['plateau']:.4f} nats (the best any model without look-back can do{measured}): {word} "
-        f"(seed spread {_fmt(gap['spread'], sign=False)})."
+        f"Does attention matter here? The base runs' tail loss per seed ({base} nats) against the current-token loss "
+        f"{gap['plateau']:.4f} nats (the best any model without look-back can do{measured}): {word}"
+        + ("." if gap["spread"] is None else f" (seed spread {_fmt(gap['spread'], sign=False)}).")
     )
 
 
