@@ -79,6 +79,11 @@ def test_ratio_verdicts_against_one_and_the_paper_band(rates, below, paper):
     by_id = {f["id"]: f for f in findings(r)}
     assert by_id["flash_below_fp16"]["status"] == below, by_id["flash_below_fp16"]
     assert by_id["paper_band_fp16"]["status"] == paper, by_id["paper_band_fp16"]
+    # the curves have one shape (linear, then flat from step 60): their means' ratio is the slopes' ratio
+    assert by_id["flash_curve_below_fp16"]["status"] == below and by_id["paper_band_curve_fp16"]["status"] == paper
+    assert r["mean_w1_flash_over_fp16"]["value"] == pytest.approx(r["slope_flash_over_fp16"]["value"], rel=1e-9)
+    if below == "inconclusive" and len(rates) > 1:  # a power statement sizes the study that would decide
+        assert "needs" in by_id["flash_below_fp16"]["power"]["text"]
     est = r["slope_flash_over_fp16"]
     assert est["n"] == len(rates)
     expected = math.exp(np.mean(np.log(np.array(rates) / (1e-5 / (1 + 0.05 * np.arange(len(rates)))))))
@@ -93,7 +98,9 @@ def test_a_seed_whose_slope_is_not_positive_is_left_out_and_named():
 
 
 def test_ratio_by_step_has_an_interval_per_saved_step():
-    rows = ratio_by_step(_pairs([3e-6, 3.1e-6, 2.9e-6]))["flash_over_bf16"]
+    by_step = ratio_by_step(_pairs([3e-6, 3.1e-6, 2.9e-6]))
+    assert set(by_step) == {"flash_over_bf16", "flash_over_fp16", "flash_over_seed"}
+    rows = by_step["flash_over_bf16"]
     assert [row["step"] for row in rows] == STEPS[1:]
     assert all(row["n"] == 3 and row["low"] <= row["value"] <= row["high"] for row in rows)
 
@@ -131,9 +138,10 @@ def test_train_study_figures_pass_the_metadata_check(tmp_path):
     losses = {f"{k}-s0": [3.0, 2.5, 2.0] for k in ("base", "flash", "reseed", "bf16", "fp16")}
     with audited_figures() as seen:
         write_train_report(summary, losses, tmp_path)
-    assert len(seen) == 5 and all(problems == [] for _, problems, _ in seen), seen
+    assert len(seen) == 6 and all(problems == [] for _, problems, _ in seen), seen
     ylabels = {name: labels for name, _, labels in seen}
-    assert "W1 ratio (Flash vs base) / (format vs base)" in ylabels["ratio.png"]
+    assert "W1 ratio (Flash vs base) / (other pair)" in ylabels["ratio.png"]
+    assert ylabels["w1_by_layer.png"] == ["W1(variant, base)"] * 3  # the whole model and each of the 2 layers
     assert ylabels["wasserstein.png"] == ["Wasserstein-1(W_variant, W_base) [weight units]"]
     assert ylabels["max_abs.png"] == ["max |W_variant - W_base| [weight units]"]
     report = (tmp_path / "report.md").read_text()
@@ -141,24 +149,29 @@ def test_train_study_figures_pass_the_metadata_check(tmp_path):
     assert "grows slower than fp16-vs-fp32 drift" in report and "0.2-0.5 band: holds" in report
 
 
-def test_presets_have_three_seed_groups_and_tiny_none_of_the_verdicts():
+def test_presets_have_five_seed_groups_and_tiny_none_of_the_verdicts():
     for name in ("quick", "paper"):
         study = train_preset(name)
-        assert study.verdicts and {p[4] for p in study.pairs} == {0, 1, 2}
-        assert len(study.runs) == 21 and len({r.name for r in study.runs}) == 21
+        seeds = range(5)
+        assert study.verdicts and {p[4] for p in study.pairs} == set(seeds)
+        assert len(study.runs) == 40 and len({r.name for r in study.runs}) == 40
         eight = {r.name: r for r in study.runs if r.name.startswith("sage8")}
-        assert sorted(eight) == [f"{n}-s{s}" for n in ("sage8", "sage8ft") for s in range(3)]
+        assert sorted(eight) == [f"{n}-s{s}" for n in ("sage8", "sage8ft") for s in seeds]
         base = study.runs[0]
-        for s in range(3):  # same seed, batches and model as base-sS; only the attention differs
+        assert base.data == "lookback" and base.schedule == "cosine" and 0 < base.warmup < base.steps // 4
+        for s in seeds:  # same seed, batches and model as base-sS; only the attention differs
             pre, ft = eight[f"sage8-s{s}"], eight[f"sage8ft-s{s}"]
             assert pre.attention == "sagebwd" and (pre.seed, pre.data_seed, pre.steps) == (s, s, base.steps)
             assert ft.attention == base.attention and ft.then_attention == "sagebwd"
             assert ft.then_from == base.steps // 2 and ft.seed == s
-        assert not any(p[1].startswith("sage8") or p[2].startswith("sage8") for p in study.pairs)
+        free = [r for r in study.runs if r.name.startswith("noattn")]
+        assert [r.attention for r in free] == ["none"] * 5 and [r.seed for r in free] == list(seeds)
+        assert not any(name.startswith(("sage8", "noattn")) for p in study.pairs for name in p[1:3])
     tiny = train_preset("tiny")
     assert not tiny.verdicts
     shorter = train_preset("paper", steps=24)
     assert shorter.runs[0].steps == 24 and shorter.runs[0].save_every == 3 and shorter.overrides == {"steps": 24}
+    assert shorter.runs[0].warmup == train_preset("paper").runs[0].warmup * 24 // train_preset("paper").runs[0].steps
     for bad in ({"steps": 0}, {"seeds": -1}, {"lr": 2.0}, {"policy": "nope"}):
         with pytest.raises(ValueError):
             train_preset("quick", **bad)

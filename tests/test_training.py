@@ -236,7 +236,8 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, kille
     assert s1["findings"] == [] and not s1["verdicts"] and "smoke test" in s1["note"]  # tiny: no verdicts
     assert set(s1["ratios"]) >= {"slope_flash_over_bf16", "slope_flash_over_fp16", "final_w1_flash_over_seed"}
     assert all(r["n"] == 1 for r in s1["ratios"].values())
-    for name in ("report.md", "report.html", "figures/wasserstein.png", "figures/loss.png", "figures/layers.png"):
+    figs = ("wasserstein", "loss", "layers", "w1_by_layer")
+    for name in ("report.md", "report.html", *(f"figures/{f}.png" for f in figs)):
         assert (out1 / name).stat().st_size > 0
     flash = s1["pairs"]["flash_vs_baseline"]["seeds"]["0"]
     assert flash["wasserstein"][0] == 0.0  # same init
@@ -253,8 +254,9 @@ def test_train_study_tiny_end_to_end_and_twice_identical(tiny_train_study, kille
         assert e["verdict"] == "inconclusive" and "too few seeds" in e["reason"]
         assert e["gaps"][0] == pytest.approx(e["level"][0] - gap["base_level"][0])
         assert s1["final_loss"][f"{name}-s0"] != s1["final_loss"]["base-s0"]  # 8-bit attention changed the loss
-    assert "8-bit attention (SageBwd-like)" in report and "8-bit attention (SageBwd-like)" in s1["conclusion"][1]
-    assert len(seen) == 5 and all(problems == [] for _, problems, _ in seen), seen
+    assert "8-bit attention (SageBwd-like)" in report and "8-bit attention (SageBwd-like)" in s1["conclusion"][2]
+    assert s1["conclusion"][0].startswith("Does attention matter here?") and gap["attention_free"][0] is not None
+    assert len(seen) == 6 and all(problems == [] for _, problems, _ in seen), seen
 
 
 @pytest.mark.slow

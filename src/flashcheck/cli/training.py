@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import warnings
 from contextlib import ExitStack
@@ -77,10 +78,16 @@ def train_study(
     workers: int = typer.Option(None, help="Runs trained in parallel (default: the core count)."),
     steps: int = typer.Option(None, help="Training steps instead of the preset's (saves about 8 times)."),
     save_every: int = typer.Option(None, help="Save the weights every N steps instead of the preset's."),
-    seeds: int = typer.Option(None, help="Seed groups instead of the preset's 3 (verdicts need 3 or more)."),
-    lr: float = typer.Option(None, help="Learning rate instead of 3e-3."),
+    seeds: int = typer.Option(None, help="Seed groups instead of the preset's 5 (verdicts need 3 or more)."),
+    lr: float = typer.Option(None, help="Peak learning rate instead of the preset's 1e-2 (warm-up, then cosine)."),
     policy: str = typer.Option(
         None, help="Attention numerics policy of every run but sage8's 8-bit one (default bf16-mixed)."
+    ),
+    data: str = typer.Option(
+        None, help="lookback (default: the next token needs looking back), synthetic, or a UTF-8 text file."
+    ),
+    device: str = typer.Option(
+        None, help="cpu (default) or cuda: where the runs train (cuda is written for GPUs, untested in this project)."
     ),
     quiet: bool = typer.Option(False, help="No progress and no findings on the terminal."),
 ) -> None:
@@ -104,12 +111,19 @@ def train_study(
 
     try:
         overrides = {"steps": steps, "save_every": save_every, "seeds": seeds, "lr": lr, "policy": policy}
+        overrides |= {"device": device, "data": data}
         if preset == "tied-max":
             summary = _tied_max(out, quiet, seeds, steps, overrides)
         else:
             summary = _train_preset(preset, out, workers, quiet, overrides)
     except ValueError as exc:
-        _fail_usage(str(exc).replace("save_every=", "--save-every ").replace("lr=", "--lr "))
+        _fail_usage(
+            str(exc)
+            .replace("save_every=", "--save-every ")
+            .replace("lr=", "--lr ")
+            .replace("device=", "--device ")
+            .replace("data=", "--data ")
+        )
     except (StudyInterrupted, NonFiniteWeights) as exc:
         _fail_check(str(exc))
     if not quiet:
@@ -160,10 +174,20 @@ def _print_train_study(summary: dict, out: str) -> None:
         c.print(f"no verdicts: {summary['note']}", markup=False)
     for f in summary["findings"]:
         c.print(f"{f['id']}: {f['status']} — {verdict_text(f)}", markup=False)
+        if f["status"] == "inconclusive" and "power" in f:
+            c.print(f"  power: {f['power']['text']}", markup=False)
     if "ratios" in summary:
         _print_ratios(c, summary["ratios"])
     if "pairs" in summary:
         _print_pairs(c, summary["pairs"])
+    cpu = summary.get("cpu")
+    if cpu and cpu["runs_timed"]:
+        cores = os.cpu_count() or 1
+        c.print(
+            f"training CPU time: {cpu['seconds']:.0f} s over {cpu['runs_timed']} timed runs of {cpu['runs']}; "
+            f"on {cores} idle cores about {cpu['seconds'] / cores:.0f} s",
+            markup=False,
+        )
     c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
 
 

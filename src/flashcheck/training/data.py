@@ -40,6 +40,23 @@ def synthetic(vocab: int = 64, length: int = 100_000, seed: int = 0) -> TokenStr
     return TokenStream(torch.from_numpy(toks), vocab)
 
 
+def lookback(vocab: int = 64, length: int = 100_000, seed: int = 0, noise: float = 0.2) -> TokenStream:
+    """A seeded skip-bigram language: x[t+1] = perm(x[t-1]) with probability 1 - noise, else uniform. The next token
+    is (almost) independent of the current one, so a model without attention stays near log(vocab) nats; looking
+    back one position (a positional attention head) takes it to the noise floor (lookback_floor)."""
+    if not 0 <= noise <= 1:
+        raise ValueError(f"noise={noise!r} is not allowed; it must lie in [0, 1]")
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(vocab, generator=g)
+    noisy = torch.rand(length, generator=g) < noise
+    uniform = torch.randint(0, vocab, (length,), generator=g)
+    toks, pm, keep = uniform.tolist(), perm.tolist(), (~noisy).tolist()
+    for i in range(2, length):  # a plain loop over 1e5 tokens: ~30 ms, once per run
+        if keep[i]:
+            toks[i] = pm[toks[i - 2]]
+    return TokenStream(torch.tensor(toks, dtype=torch.long), vocab)
+
+
 def text_file(path: str | Path) -> TokenStream:
     """Character-level tokens of a local UTF-8 text file (vocabulary = its sorted distinct characters)."""
     p = Path(path)

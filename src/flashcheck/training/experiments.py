@@ -15,7 +15,7 @@ from flashcheck.core.jsonguard import read_json
 from flashcheck.core.lifeline import exit_with_parent
 from flashcheck.core.pool import send_to_parent
 from flashcheck.training.drift import compare_series
-from flashcheck.training.lossgap import context_free_loss, loss_gaps, sentence
+from flashcheck.training.lossgap import context_free_loss, loss_gaps, plateau_sentence, sentence
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.ratios import conclusion, describe_slope, findings, growth_fit, ratio_by_step, ratios
 from flashcheck.training.train import RunConfig, load_data, run_complete, train
@@ -37,14 +37,16 @@ PAIRS = ("flash_vs_baseline", "seed_vs_seed", "bf16_vs_fp32", "fp16_vs_fp32")
 RESEED = 1000  # the re-seeded run of seed group s initialises with seed s + RESEED
 PRELOAD = ["torch", "flashcheck.training.experiments"]  # imported once in the fork server workers start from
 EIGHT_BIT, SAGE8, SAGE8FT = "sagebwd", "sage8", "sage8ft"  # the 8-bit attention (make_attention) and its runs
+NOATTN = "noattn"  # the attention-free control of each seed group (make_attention's "none")
 
 
 def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool = True) -> TrainStudy:
     """Per seed s (initialisation s, batch order s): base (standard attention, fp32 model), flash (Flash
-    attention, same policy), reseed (initialisation s + RESEED), bf16 and fp16 (autocast); and the 8-bit
+    attention, same policy), reseed (initialisation s + RESEED), bf16 and fp16 (autocast); the 8-bit
     attention runs of the loss-gap check (training.lossgap): sage8 (SageBwd-like attention from step 1,
     "pretraining") and sage8ft (the base run's attention for the first half of the steps, then SageBwd-like:
-    "fine-tuning"). The 8-bit runs are in no weight-deviation pair."""
+    "fine-tuning"); and noattn (each position sees only itself: the loss a model reaches without attention).
+    The 8-bit and attention-free runs are in no weight-deviation pair."""
     runs, pairs = [], []
     for s in range(seeds):
         b = dataclasses.replace(base, name=f"base-s{s}", attention=f"standard:{policy}", seed=s, data_seed=s)
@@ -56,6 +58,7 @@ def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool 
             dataclasses.replace(b, name=f"fp16-s{s}", precision="fp16"),
             dataclasses.replace(b, name=f"{SAGE8}-s{s}", attention=EIGHT_BIT),
             dataclasses.replace(b, name=f"{SAGE8FT}-s{s}", then_attention=EIGHT_BIT, then_from=max(1, base.steps // 2)),
+            dataclasses.replace(b, name=f"{NOATTN}-s{s}", attention="none"),
         ]
         names = (f"flash-s{s}", f"reseed-s{s}", f"bf16-s{s}", f"fp16-s{s}")
         factors = ("attention", "seed", "format", "format")
@@ -63,15 +66,36 @@ def _groups(name: str, base: RunConfig, seeds: int, policy: str, verdicts: bool 
     return TrainStudy(name=name, runs=tuple(runs), pairs=tuple(pairs), verdicts=verdicts)
 
 
-# name: (model, batch, steps, save_every, seeds); every preset's attention policy is bf16-mixed (fp32 softmax
-# statistics and accumulator, what real kernels do) unless --policy says otherwise
-PRESET_SIZES = {
-    "tiny": (GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32), 4, 12, 4, 1),
-    "quick": (GPTConfig(vocab=64, seq_len=64, layers=2, heads=4, dim=64), 8, 120, 10, 3),
-    "paper": (GPTConfig(layers=4, dim=192, heads=6), 32, 1500, 50, 3),
-    "full": (GPTConfig(layers=6, dim=256, heads=8, seq_len=256), 32, 5000, 100, 3),
-}
-TRAIN_PRESETS = tuple(PRESET_SIZES)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preset:
+    """A train-study's size and schedule. data "lookback" (training.data.lookback): the next token is a function
+    of the one before the current token, so the loss falls below the current-token loss only once attention
+    looks back; warm-up then cosine decay, so the runs' tail losses settle (a small seed spread)."""
+
+    model: GPTConfig
+    batch: int
+    steps: int
+    save_every: int
+    seeds: int
+    lr: float = 1e-2
+    warmup: int = 0
+    schedule: str = "cosine"
+    data: str = "lookback"
+
+
+# every preset's attention policy is bf16-mixed (fp32 softmax statistics and accumulator, what real kernels do)
+# unless --policy says otherwise; sizes and timings in docs/training-claim.md
+PRESETS = {
+    "tiny": Preset(model=GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32), batch=4, steps=12, save_every=4,
+                   seeds=1, warmup=2),
+    "quick": Preset(model=GPTConfig(vocab=64, seq_len=64, layers=2, heads=4, dim=64), batch=8, steps=160,
+                    save_every=10, seeds=5, warmup=16),
+    "paper": Preset(model=GPTConfig(vocab=64, seq_len=128, layers=3, heads=4, dim=64), batch=8, steps=200,
+                    save_every=10, seeds=5, warmup=20),
+    "full": Preset(model=GPTConfig(vocab=64, seq_len=256, layers=6, heads=8, dim=256), batch=32, steps=5000,
+                   save_every=100, seeds=5, warmup=250),
+}  # fmt: skip
+TRAIN_PRESETS = tuple(PRESETS)
 
 
 def train_preset(
@@ -82,13 +106,17 @@ def train_preset(
     seeds: int | None = None,
     lr: float | None = None,
     policy: str | None = None,
+    device: str | None = None,
+    data: str | None = None,
 ) -> TrainStudy:
-    """A preset, optionally with fewer/more steps, another save interval, seed count, learning rate or
-    attention policy (a study at other conditions). With steps and no save_every, saves about 8 times."""
-    if name not in PRESET_SIZES:
+    """A preset, optionally with fewer/more steps, another save interval, seed count, learning rate,
+    attention policy (a study at other conditions), device ("cuda": a GPU; ValueError without one) or data
+    ("lookback", "synthetic" or a UTF-8 text file, read at character level; checked here). With steps and no
+    save_every, saves about 8 times; the warm-up stays the preset's share of the steps."""
+    if name not in PRESETS:
         allowed = ", ".join([*TRAIN_PRESETS, "tied-max"])
         raise ValueError(f"unknown train-study preset {name!r}; expected one of {allowed}")
-    model, batch, n_steps, every, n_seeds = PRESET_SIZES[name]
+    pre = PRESETS[name]
     for flag, value in (("steps", steps), ("save_every", save_every), ("seeds", seeds)):
         if value is not None and (type(value) is not int or value < 1):
             raise ValueError(f"{flag}={value!r} is not allowed; it must be a positive integer")
@@ -98,19 +126,57 @@ def train_preset(
         from flashcheck.core.numerics import parse_policy
 
         parse_policy(policy)  # ValueError naming the allowed policies
+    if device is not None:
+        _check_device(device)
+    if data is not None:
+        _check_data(data, pre.model.seq_len)
+    every = pre.save_every
     if steps is not None and save_every is None:
         every = min(every, max(1, steps // 8))
+    n_steps = steps or pre.steps
     base = RunConfig(
         name="base",
-        steps=steps or n_steps,
+        steps=n_steps,
         save_every=save_every or every,
-        batch=batch,
-        lr=float(lr) if lr is not None else RunConfig.__dataclass_fields__["lr"].default,
-        model=model,
+        batch=pre.batch,
+        lr=float(lr) if lr is not None else pre.lr,
+        model=pre.model,
+        warmup=pre.warmup * n_steps // pre.steps,
+        schedule=pre.schedule,
+        device=device or "cpu",
+        data=data or pre.data,
     )
-    overrides = {k: v for k, v in dict(steps=steps, save_every=save_every, seeds=seeds, lr=lr, policy=policy).items()}
-    study = _groups(name, base, seeds or n_seeds, policy or "bf16-mixed", verdicts=name != "tiny")
+    overrides = dict(steps=steps, save_every=save_every, seeds=seeds, lr=lr, policy=policy, device=device, data=data)
+    study = _groups(name, base, seeds or pre.seeds, policy or "bf16-mixed", verdicts=name != "tiny")
     return dataclasses.replace(study, overrides={k: v for k, v in overrides.items() if v is not None})
+
+
+def _check_data(data: str, seq_len: int) -> None:
+    """ValueError unless data names a built-in language or a UTF-8 text file long enough for one window."""
+    from flashcheck.training.data import text_file
+
+    if data in ("lookback", "synthetic"):
+        return
+    if not data.strip():
+        raise ValueError("data='' is not allowed; give lookback, synthetic or a UTF-8 text file")
+    n = text_file(data).tokens.numel()  # ValueError: missing, or not UTF-8
+    if n < seq_len + 2:
+        raise ValueError(
+            f"text file {data!r} has {n} characters; windows of {seq_len} tokens need at least {seq_len + 2}"
+        )
+
+
+def _check_device(device: str) -> None:
+    """ValueError unless device is cpu, or cuda with a CUDA device present."""
+    from flashcheck.training.train import DEVICES
+
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is not allowed; expected one of {', '.join(DEVICES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' is not allowed here: torch sees no CUDA device (torch.cuda.is_available())")
 
 
 class StudyInterrupted(RuntimeError):
@@ -293,6 +359,18 @@ def analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str],
     """Deviation curves of each pair and seed, growth-phase slopes, the paper's ratios with intervals over
     seeds, findings (none for a smoke test); writes summary.json, report.md/html and the figures.
     on_progress(parts done, parts, note): a part is a pair of one seed, and the report last."""
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same bits on any machine; a pool of threads on a busy one is 4x slower
+    try:
+        return _analyse(study, out, on_progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str], None] | None) -> dict:
     from flashcheck.training.train_report import write_train_report
 
     parts = len(study.pairs) + 1
@@ -315,17 +393,35 @@ def analyse(study: TrainStudy, out: Path, on_progress: Callable[[int, int, str],
         "runs": [run.to_dict() for run in study.runs],
         "final_loss": {k: v[-1] for k, v in losses.items()},
     }
+    summary["cpu"] = _cpu(study, runs)
     summary["conclusion"] = conclusion(summary)
     gap = _loss_gap(study, losses)
     if gap is not None:
         summary["loss_gap"] = gap
         line = sentence(gap, study.runs[0].batch * study.runs[0].model.seq_len)
         summary["conclusion"].insert(len(summary["conclusion"]) - 1 if study.verdicts else 1, line)
+        summary["conclusion"].insert(0, plateau_sentence(gap))
     tell(parts - 1, parts, "report and figures")
     write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
     write_train_report(summary, losses, out)
     tell(parts, parts, "report written")
     return summary
+
+
+def _cpu(study: TrainStudy, runs: Path) -> dict:
+    """The training runs' CPU seconds as their completion markers recorded them (per step, so a resumed run
+    counts the steps its last call trained): {seconds: estimated for every step of every run, runs_timed}.
+    On an idle machine the training takes about seconds / workers."""
+    total, timed = 0.0, 0
+    for r in study.runs:
+        try:
+            m = read_json(runs / r.name / "complete.json", "a run's completion marker", follow=False)
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict) and m.get("steps_timed"):
+            total += m["cpu_seconds"] / m["steps_timed"] * r.steps
+            timed += 1
+    return {"seconds": total, "runs_timed": timed, "runs": len(study.runs)}
 
 
 def _loss_gap(study: TrainStudy, losses: dict) -> dict | None:

@@ -6,10 +6,12 @@ Per seed s, gap_s = level(variant-s) - level(base-s) (same initialisation, same 
 standard deviation over seeds of level(base-s): how much the loss moves when only the seed changes. Verdicts:
   slower        the mean gap over seeds exceeds the spread (or the variant's loss is not finite: it diverged)
   lossless      the mean gap is at most the spread (a negative gap, 8-bit below the base, is lossless too)
-  inconclusive  fewer than MIN_SEEDS seeds (no spread to judge against), or the base runs never leave the
-                plateau: their level is not below the loss of predicting each token from the one before it alone
-                (the data's bigram conditional entropy; a model reaches it without attention, so there the
+  inconclusive  fewer than MIN_SEEDS seeds (no spread to judge against), or the base runs do not leave the
+                plateau: some seed's level is not below the loss of predicting each token from the current one
+                alone (the data's bigram conditional entropy; a model reaches it without attention, so there the
                 attention's numerics cannot show in the loss) by more than the spread.
+Where the study has attention-free runs (NAME "noattn": each position sees only itself), their levels are the
+measured loss without attention, beside the computed plateau.
 The paper's claim (arXiv 2505.11594, abstract: "lossless performance in fine-tuning tasks but ... slower
 convergence in pretraining tasks") holds here when sage8ft is lossless and sage8 slower."""
 
@@ -62,15 +64,18 @@ def loss_gaps(
     plateau: float,
     variants: tuple[str, ...] = ("sage8", "sage8ft"),
     base: str = "base",
+    control: str = "noattn",
 ) -> dict:
-    """{tail_steps, seeds, base_level [per seed], spread, plateau, base_left_plateau, variants: {name: {level,
-    gaps (per seed), gap (mean), verdict, reason}}, claim: {claim, source, status, text}} from the runs' per-step
-    losses ({"NAME-sS": [...]}) and the plateau loss (context_free_loss). Undefined numbers are None."""
+    """{tail_steps, seeds, base_level [per seed], spread, plateau, base_left_plateau (every seed's level below
+    plateau - spread), attention_free (levels of the control runs per seed, or None without them), variants:
+    {name: {level, gaps (per seed), gap (mean), verdict, reason}}, claim: {claim, source, status, text}} from
+    the runs' per-step losses ({"NAME-sS": [...]}) and the plateau loss (context_free_loss). Undefined numbers
+    are None."""
     steps = len(losses[f"{base}-s{seeds[0]}"])
     base_lv = [level(losses[f"{base}-s{s}"]) for s in seeds]
     spread = statistics.stdev(base_lv) if len(seeds) >= 2 and all(map(math.isfinite, base_lv)) else math.nan
-    mean_base = sum(base_lv) / len(base_lv)
-    left = math.isfinite(spread) and mean_base < plateau - spread
+    left = math.isfinite(spread) and all(x < plateau - spread for x in base_lv)
+    free = [level(losses[f"{control}-s{s}"]) for s in seeds] if f"{control}-s{seeds[0]}" in losses else None
     out: dict = {
         "tail_steps": max(1, round(steps * TAIL)),
         "seeds": len(seeds),
@@ -78,13 +83,14 @@ def loss_gaps(
         "spread": _num(spread),
         "plateau": plateau,
         "base_left_plateau": left,
+        "attention_free": None if free is None else [_num(x) for x in free],
         "variants": {},
     }
     for name in variants:
         lv = [level(losses[f"{name}-s{s}"]) for s in seeds]
         gaps = [a - b for a, b in zip(lv, base_lv, strict=True)]
         gap = sum(gaps) / len(gaps)
-        verdict, reason = _verdict(gap, spread, len(seeds), left, mean_base, plateau)
+        verdict, reason = _verdict(gap, spread, len(seeds), left, max(base_lv), plateau)
         out["variants"][name] = {
             "label": LABELS.get(name, name),
             "level": [_num(x) for x in lv],
@@ -97,14 +103,15 @@ def loss_gaps(
     return out
 
 
-def _verdict(gap: float, spread: float, n: int, left: bool, mean_base: float, plateau: float) -> tuple[str, str]:
+def _verdict(gap: float, spread: float, n: int, left: bool, worst_base: float, plateau: float) -> tuple[str, str]:
     if not math.isfinite(gap):
         return "slower", "its loss is not finite (the run diverged)"
     if n < MIN_SEEDS:
         return "inconclusive", f"too few seeds ({n}; the seed spread needs at least {MIN_SEEDS})"
     if not left:
         return "inconclusive", (
-            f"the base runs never leave the plateau: their loss {mean_base:.4f} is not below {plateau:.4f} nats "
+            f"the base runs do not all leave the plateau: the highest seed's loss {worst_base:.4f} is not below "
+            f"{plateau:.4f} nats "
             f"(predicting from the current token alone, no attention needed) by more than the seed spread "
             f"{spread:.2g}"
         )
@@ -138,6 +145,29 @@ def sentence(gap: dict, tokens_per_step: int) -> str:
     return (
         f"8-bit attention (SageBwd-like) vs the base run's loss: {parts}. \"Lossless fine-tuning, slower "
         f'pretraining" ({CLAIM_SOURCE}) at {tokens_per_step} tokens per step: {status}.'
+    )
+
+
+def plateau_sentence(gap: dict) -> str:
+    """Does attention matter in these runs? The base runs' tail loss per seed against the current-token loss and
+    the measured loss of the attention-free runs."""
+    base = ", ".join(_fmt(x, sign=False) for x in gap["base_level"])
+    free = gap.get("attention_free")
+    measured = ""
+    if free:
+        finite = [x for x in free if x is not None]
+        mean = sum(finite) / len(finite) if finite else None
+        measured = f"; without attention (each position sees only itself) the runs reach {_fmt(mean, sign=False)}"
+    if gap["spread"] is None:
+        word = "one seed gives no spread to judge the distance against"
+    elif gap["base_left_plateau"]:
+        word = "below it by more than the seed spread in every seed"
+    else:
+        word = "not below it by more than the seed spread in every seed: attention has not yet mattered"
+    return (
+        f"Does attention matter here? The base runs' tail loss per seed ({base} nats) against the current-token loss "
+        f"{gap['plateau']:.4f} nats (the best any model without look-back can do{measured}): {word}"
+        + ("." if gap["spread"] is None else f" (seed spread {_fmt(gap['spread'], sign=False)}).")
     )
 
 

@@ -26,9 +26,12 @@ class GPTConfig:
 
 def make_attention(spec: str, block: int = 32) -> AttentionFn:
     """Causal attention from a spec: "flash:POLICY", "standard:POLICY" (simulators; e.g. flash:bf16-mixed),
-    "sagebwd" (SageBwd-like 8-bit attention, forward and backward: kernels.sim.sagebwd), or a backend name
+    "sagebwd" (SageBwd-like 8-bit attention, forward and backward: kernels.sim.sagebwd), "none" (each position
+    sees only itself: no look-back, the attention-free control), or a backend name
     (sdpa-math, sdpa-flash, eager, ...). Output in q's dtype."""
     kind, _, policy = spec.partition(":")
+    if spec == "none":  # each position attends to itself only: an attention-free control with the same weights
+        return lambda q, k, v: v
     if spec == "sagebwd":
         from flashcheck.kernels.sim.sagebwd import sagebwd_attention
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,20 +28,25 @@ from flashcheck.core.fileio import (
     write_atomic,
 )
 from flashcheck.core.jsonguard import read_json
-from flashcheck.training.data import TokenStream, synthetic, text_file
+from flashcheck.training.data import TokenStream, lookback, synthetic, text_file
 from flashcheck.training.model import GPT, GPTConfig, make_attention
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine")
+DEVICES = ("cpu", "cuda")  # cuda: written for users with a GPU, not run on this project's CPU-only machines
 MARKER = "complete.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """A run. `attention`: see make_attention; `precision`: autocast format of the model (fp32 = none);
-    `seed`: initialisation; `data_seed`: batch order; `data`: "synthetic" or a text file path.
+    `seed`: initialisation; `data_seed`: batch order; `data`: "synthetic" (order-2 Markov), "lookback" (the
+    skip-bigram language of data.lookback, which needs attention) or a text file path. `warmup`: steps of linear
+    learning-rate warm-up; `schedule`: "constant" or "cosine" (decay to 0 at the last step, after the warm-up).
     `then_attention` (optional): the attention from step `then_from` + 1 on (a switch mid-run, e.g. 8-bit
     attention for the second half: "fine-tuning"); left out of to_dict while unset, so the configuration
-    of a run without it reads as before it existed."""
+    of a run without it reads as before it existed (warmup, schedule and device likewise while at their defaults).
+    `device`: "cpu" or "cuda" (the model, batches and autocast there; weights are saved as CPU tensors)."""
 
     name: str
     attention: str = "standard:fp32"
@@ -55,10 +62,19 @@ class RunConfig:
     model: GPTConfig = dataclasses.field(default_factory=GPTConfig)
     then_attention: str = ""
     then_from: int = 0
+    warmup: int = 0
+    schedule: str = "constant"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}; expected one of {', '.join(PRECISIONS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r}; expected one of {', '.join(DEVICES)}")
+        if type(self.warmup) is not int or self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup!r} must be a non-negative integer")
         for name in ("steps", "save_every", "batch", "block"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -71,10 +87,26 @@ class RunConfig:
         d = dataclasses.asdict(self)
         if not self.then_attention:  # runs without a switch keep the configuration they had before it existed
             del d["then_attention"], d["then_from"]
+        if not self.warmup and self.schedule == "constant":
+            del d["warmup"], d["schedule"]
+        if self.device == "cpu":
+            del d["device"]
         return d
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step 1..steps: linear warm-up over `warmup` steps, then constant or a cosine
+        decay that reaches 0 after the last step."""
+        if step <= self.warmup:
+            return self.lr * step / self.warmup
+        if self.schedule == "constant":
+            return self.lr
+        done = (step - self.warmup - 1) / max(1, self.steps - self.warmup)
+        return self.lr * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def load_data(cfg: RunConfig) -> TokenStream:
+    if cfg.data == "lookback":
+        return lookback(vocab=cfg.model.vocab, seed=1234)
     return synthetic(vocab=cfg.model.vocab, seed=1234) if cfg.data == "synthetic" else text_file(cfg.data)
 
 
@@ -169,7 +201,8 @@ def train(
     """Train (or resume) the run in run_dir; returns {"losses": [...], "steps": n, "resumed_from": s}.
 
     Files: config.json, weights/step_NNNNNN.pt every save_every steps, state.pt (resume point), losses.json,
-    then complete.json last; each written atomically, so a run killed anywhere resumes bit-identically.
+    then complete.json last (with the CPU seconds of the steps this call trained, steps_timed); each written
+    atomically, so a run killed anywhere resumes bit-identically.
     on_progress(step, cfg.steps, cfg.name) after each step (and once with the step it starts from). Trains on one
     thread with deterministic algorithms, and gives the caller's thread count and flag back."""
     run_dir = Path(run_dir)
@@ -180,6 +213,8 @@ def train(
         threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         torch.set_num_threads(1)
+        if cfg.device == "cuda":  # cuBLAS is deterministic only with a fixed workspace (set before its first use)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         try:
             return _train(cfg, run_dir, data or load_data(cfg), on_progress)
@@ -189,11 +224,12 @@ def train(
 
 
 def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dict:
+    cpu0 = time.process_time()  # this process's CPU time: what the run costs on an idle core, whatever the load
     mcfg = dataclasses.replace(cfg.model, vocab=max(cfg.model.vocab, data.vocab))
     torch.manual_seed(cfg.seed)
-    model = GPT(mcfg, make_attention(cfg.attention, cfg.block))
+    model = GPT(mcfg, make_attention(cfg.attention, cfg.block)).to(cfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=cfg.precision == "fp16")
+    scaler = torch.amp.GradScaler(cfg.device, enabled=cfg.precision == "fp16")
     start, losses = _resume(run_dir, cfg.steps, model, opt, scaler)
     if read_json(run_dir / "config.json", "a run's configuration", follow=False) != _config_json(
         cfg
@@ -208,8 +244,11 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
             for blk in model.blocks:
                 blk.attention = later
             later = None
-        x, y = data.batch(step, cfg.batch, mcfg.seq_len, cfg.data_seed)
-        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        if cfg.warmup or cfg.schedule != "constant":  # set every step: a resumed run gets the same rate
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr_at(step)
+        x, y = (t.to(cfg.device) for t in data.batch(step, cfg.batch, mcfg.seq_len, cfg.data_seed))
+        with torch.autocast(cfg.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -217,21 +256,28 @@ def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dic
         scaler.update()
         losses.append(float(loss.detach()))
         if step % cfg.save_every == 0 or step == cfg.steps:
-            save_torch(model.state_dict(), weights_path(run_dir, step))
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()}
+            save_torch(_on_cpu(model.state_dict()), weights_path(run_dir, step))
+            state = {"model": _on_cpu(model.state_dict()), "opt": opt.state_dict(), "scaler": scaler.state_dict()}
             save_torch({**state, "step": step, "losses": losses}, run_dir / "state.pt")
         if on_progress is not None:
             on_progress(step, cfg.steps, cfg.name)
     write_atomic(run_dir / "losses.json", json.dumps(losses))
-    write_atomic(run_dir / MARKER, json.dumps({"config": _config_json(cfg), "final_loss": losses[-1]}, indent=2))
+    timed = {"cpu_seconds": time.process_time() - cpu0, "steps_timed": cfg.steps - start}
+    marker = {"config": _config_json(cfg), "final_loss": losses[-1], **timed}
+    write_atomic(run_dir / MARKER, json.dumps(marker, indent=2))
     return {"losses": losses, "steps": cfg.steps, "resumed_from": start}
+
+
+def _on_cpu(tensors: dict) -> dict:
+    """A state dict's tensors on the CPU (the same tensors when already there: files read alike on any machine)."""
+    return {k: v.cpu() for k, v in tensors.items()}
 
 
 def _resume(run_dir: Path, steps: int, model: GPT, opt, scaler) -> tuple[int, list[float]]:
     """Load the last saved state (step, losses so far); with none, save the step-0 weights and start at 0."""
     state_path = run_dir / "state.pt"
     if not state_path.exists() and not state_path.is_symlink():  # a link is refused by _load_state
-        save_torch(model.state_dict(), weights_path(run_dir, 0))
+        save_torch(_on_cpu(model.state_dict()), weights_path(run_dir, 0))
         return 0, []
     state = _load_state(state_path)
     if state["step"] > steps:

@@ -78,7 +78,8 @@ def _ratio_figure(by_step: dict, path: Path) -> None:
             rows = [r for r in rows if r["n"] and r["value"] > 0]
             if not rows:
                 continue
-            st = style(f"W1(Flash, base) / W1({name.rsplit('_', 1)[1]}, base)")
+            other = name.rsplit("_", 1)[1]
+            st = style(f"W1(Flash, base) / W1({'re-seeded' if other == 'seed' else other}, base)")
             xs = [r["step"] for r in rows]
             ax.plot(xs, [r["value"] for r in rows], ms=3, **st)
             lo = [r["low"] if math.isfinite(r["low"]) else r["value"] for r in rows]
@@ -87,9 +88,38 @@ def _ratio_figure(by_step: dict, path: Path) -> None:
         ax.axhline(1.0, color="black", lw=0.8, label="_one")
         ax.axhspan(*PAPER_BAND, color="#999999", alpha=0.2, lw=0, label="_band")
         ax.set_yscale("log")
-        label_axes(ax, x="training step", y="W1 ratio (Flash vs base) / (format vs base)", x_unit="steps")
+        label_axes(ax, x="training step", y="W1 ratio (Flash vs base) / (other pair)", x_unit="steps")
         ax.set_title("95% interval over seeds shaded; grey band: paper's 0.2-0.5; black: 1", fontsize=9)
         ax.legend(fontsize=7)
+
+
+def _layers_figure(pairs: dict, path: Path) -> None:
+    """The paper's picture: W1 over training steps of every pair (mean over seeds, log axis), one panel for the
+    whole model and one per layer; the whole model's panel marks each pair's growth-phase window (seed 0)."""
+    first = next(iter(pairs.values()))["seeds"]
+    layers = list(next(iter(first.values()))["per_layer"])
+    panels = ["whole model", *layers]
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    with figure(path, ncols=cols, nrows=rows, size=(3.6, 2.9)) as (fig, axes):
+        axes = axes if isinstance(axes, list) else [axes]
+        for ax, panel in zip(axes, panels, strict=False):
+            style = Styler()
+            for pname, entry in pairs.items():
+                seeds = list(entry["seeds"].values())
+                ys = [c["wasserstein"] if panel == "whole model" else c["per_layer"][panel] for c in seeds]
+                ax.plot(seeds[0]["steps"], _positive(_mean(ys)), ms=2, **style(pname))
+                if panel == "whole model":
+                    ax.axvline(
+                        seeds[0]["fit"]["window"][1], color=style(pname)["color"], lw=0.7, ls=":", label="_window"
+                    )
+            ax.set_yscale("log")
+            label_axes(ax, x="training step", y="W1(variant, base)", x_unit="steps")
+            ax.set_title(panel + (" (dotted: growth-phase ends)" if panel == "whole model" else ""), fontsize=8)
+            ax.legend(fontsize=5)
+        for ax in axes[len(panels) :]:
+            ax.set_axis_off()
+        fig.suptitle(f"W1 of the weights over training, mean of {len(first)} seed(s), per layer", fontsize=9)
 
 
 def _heatmap_figure(pairs: dict, path: Path) -> None:
@@ -141,12 +171,13 @@ def figures(summary: dict, losses: dict, folder: Path) -> list[str]:
     pairs = summary["pairs"]
     _deviation_figure(pairs, "wasserstein", folder / "wasserstein.png")
     _deviation_figure(pairs, "max_abs", folder / "max_abs.png")
+    _layers_figure(pairs, folder / "w1_by_layer.png")
     _heatmap_figure(pairs, folder / "layers.png")
     _loss_figure(losses, folder / "loss.png")
-    names = ["wasserstein", "max_abs", "layers", "loss"]
+    names = ["w1_by_layer", "wasserstein", "max_abs", "layers", "loss"]
     if any(r["n"] for rows in summary["ratio_by_step"].values() for r in rows):
         _ratio_figure(summary["ratio_by_step"], folder / "ratio.png")
-        names.insert(1, "ratio")
+        names.insert(2, "ratio")
     return [f"figures/{n}.png" for n in names]
 
 
@@ -191,11 +222,16 @@ def verdict_bullets(findings: list[dict]) -> Bullets:
                 f["id"],
                 {"holds": True, "does not hold": False}.get(f["status"], f["status"]),
                 f"{f['claim']}. Measured: {f['measured']} (paper: {f['paper']}). Rule: {f['verdict']['rule']}; "
-                f"{f['verdict']['reason']}.",
+                f"{f['verdict']['reason']}." + (f" Power: {f['power']['text']}." if _wants_power(f) else ""),
             )
             for f in findings
         ]
     )
+
+
+def _wants_power(f: dict) -> bool:
+    """An inconclusive verdict says how many seeds would decide it (tied-max's findings have no power)."""
+    return f["status"] == "inconclusive" and "power" in f
 
 
 def _method_text(c: dict) -> str:
@@ -266,6 +302,13 @@ def write_train_report(summary: dict, losses: dict, out: Path) -> None:
     ]
     page.add(Heading("What the slopes mean"), Bullets(notes, with_verdict=False))
     page.add(Text("Final losses: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["final_loss"].items())))
+    cpu = summary.get("cpu")
+    if cpu and cpu["runs_timed"]:
+        page.add(Text(
+            f"Training CPU time: {cpu['seconds']:.0f} s over {cpu['runs_timed']} of {cpu['runs']} runs (each run's "
+            "process CPU time per step it trained, times its steps): on an idle machine the training takes about "
+            "that divided by the number of workers, whatever the load when it was measured."
+        ))  # fmt: skip
     names = figures(summary, losses, out / "figures")
     page.add(*(Figure(out / f, Path(f).stem) for f in names))
     write_report(out, page)
