@@ -19,6 +19,7 @@ from flashcheck.reporting import (
     matplotlib_available,
     write_report,
 )
+from flashcheck.reporting.figures import legend_below
 from flashcheck.training.ratios import PAPER_BAND
 
 BASE = "base run (standard attention, fp32)"
@@ -161,7 +162,7 @@ def _loss_figure(losses: dict, path: Path) -> None:
             if name.endswith("-s0"):
                 ax.plot(range(1, len(ls) + 1), ls, lw=1, color=style(name)["color"], label=name)
         label_axes(ax, x="training step", y="training loss (seed 0's runs)", x_unit="steps", y_unit="nats/token")
-        ax.legend(fontsize=8)
+        legend_below(ax, ncol=4, fontsize=7)  # the loss curves fill the axes: a legend inside covers them
 
 
 def figures(summary: dict, losses: dict, folder: Path) -> list[str]:
