@@ -194,3 +194,23 @@ def test_kv_cache_combines_with_a_sim_kernel(llama: Path, tmp_path: Path) -> Non
     assert rows["bf16 + sim:fa4-fp8"]["kl_mean"] > rows["bf16 + sim:fp32"]["kl_mean"]
     bad = runner.invoke(app, [*args[:4], "--impls", "sim:nope", "--out", str(tmp_path / "kv2")])
     assert bad.exit_code == 2 and "unknown simulated kernel 'sim:nope'" in bad.output
+
+
+def test_the_verdict_says_per_call_or_only_end_to_end() -> None:
+    """A kernel whose every isolated error is within its bound but whose propagated error is not 'passes per call
+    but fails end to end' (naming the first such layer); one over its bound in isolation fails per call."""
+    from flashcheck.validate.result import Check, Comparison, LayerDeviation
+    from flashcheck.validate.sim_report import verdict_words
+
+    def cmp(isolated: tuple[float, float]) -> Comparison:
+        layers = (LayerDeviation(0, 0.1, 0.1, 0.2, 0.0), LayerDeviation(1, 0.1, 0.1, 0.2, isolated[0]),
+                  LayerDeviation(2, 0.3, 0.1, 0.2, isolated[1]))  # fmt: skip
+        return Comparison("sim:x:bf16", "eager:fp32", "sim:x", "bf16", 2.0, checks=(Check("h", 0.3, 0.2),),
+                          layers=layers)  # fmt: skip
+
+    hidden = cmp((0.05, 0.15))
+    assert hidden.per_call()["passes_per_call"] and hidden.per_call()["first_layer_failing_only_end_to_end"] == 2
+    assert verdict_words(hidden).startswith("FAIL: passes per call at every layer but fails end to end, first at layer")
+    assert hidden.per_call()["last_layer_growth"] == 2.0
+    early = cmp((0.05, 0.25))
+    assert verdict_words(early).startswith("FAIL: fails per call already, first at layer 2")

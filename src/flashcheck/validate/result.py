@@ -131,6 +131,7 @@ class Comparison:
             "passes_per_call": all(d.isolated_max_abs <= d.bound for d in iso),
             "passes_end_to_end": all(d.passed for d in self.layers),
             "first_layer_failing_only_end_to_end": hidden,
+            "first_layer_failing_per_call": next((d.layer for d in iso if d.isolated_max_abs > d.bound), None),
             "last_layer_growth": iso[-1].growth,
             "predicted_within_2x": sum(0.5 <= r <= 2.0 for r in ratios),
             "predicted_layers": len(ratios),

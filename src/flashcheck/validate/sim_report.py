@@ -54,13 +54,17 @@ def growth_words(c: Comparison) -> str:
 
 
 def verdict_words(c: Comparison) -> str:
-    pc = c.per_call() or {}
+    """PASS, or FAIL saying whether the kernel fails per call already or only end to end, and where first."""
     if c.passed:
         return "PASS against the tolerance"
-    bad = pc.get("first_layer_failing_only_end_to_end")
-    if bad is not None:
-        return f"FAIL: passes per call at {layer_name(bad)} but fails end to end from there ({c.failures()[0]})"
-    return f"FAIL ({c.failures()[0]})" if c.failures() else "FAIL"
+    first = f" ({c.failures()[0]})" if c.failures() else ""
+    pc = c.per_call()
+    if pc and pc["passes_per_call"] and not pc["passes_end_to_end"]:
+        at = layer_name(c.first_bad_layer)
+        return f"FAIL: passes per call at every layer but fails end to end, first at {at}{first}"
+    if pc and pc["first_layer_failing_per_call"] is not None:
+        return f"FAIL: fails per call already, first at {layer_name(pc['first_layer_failing_per_call'])}{first}"
+    return "FAIL" + first
 
 
 def answer_lines(result: ValidationResult) -> list[str]:
