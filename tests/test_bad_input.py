@@ -269,6 +269,8 @@ TRAIN_STUDY = [
     r("train-study-tied-max-steps-zero", "train-study --preset tied-max --steps 0", "--steps 0"),
     r("train-study-tied-max-seeds-zero", "train-study --preset tied-max --seeds 0", "--seeds 0"),
     r("train-study-steps-huge", "train-study --preset tiny --steps 99999999999", "--steps 99999999999"),
+    r("train-study-save-every-past-steps", "train-study --preset tiny --steps 3 --save-every 5", "--save-every 5",
+      "(3)"),
     r("train-study-seeds-huge", "train-study --preset tiny --seeds 1000", "--seeds 1000"),
     r("train-study-tied-max-out-missing-parent", "train-study --preset tied-max --out {missing}/a", "{missing}"),
     r("train-study-workers-zero", "train-study --preset tiny --workers 0", "--workers", "0"),

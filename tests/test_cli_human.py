@@ -646,7 +646,8 @@ def test_help_and_version_never_import_torch(args, tmp_path):
         (["validate", "--out", "v"], "validate: the bundled all-MiniLM-L6-v2 under eager,sdpa,flash_attention_2"),
         (["validate", "m", "--kv-cache", "fp8", "--out", "v"], "validate: m's generation with KV caches fp8"),
         (["hunt", "sdpa-math", "--budget", "5s", "--out", "h"], "hunt: searching the inputs that break sdpa-math"),
-        (["consistency", "sim-fa3"], "consistency: certifying sim-fa3 (determinism,batch,prefill-decode,chunked)"),
+        (["consistency", "sim-fa3"],
+         "consistency: certifying sim-fa3 (determinism,batch,batch-prefill,prefill-decode,chunked)"),
     ],
 )  # fmt: skip
 def test_a_long_command_says_what_it_does_before_torch_loads(args, first, tmp_path):

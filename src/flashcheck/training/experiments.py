@@ -134,6 +134,8 @@ def train_preset(
     if steps is not None and save_every is None:
         every = min(every, max(1, steps // 8))
     n_steps = steps or pre.steps
+    if save_every is not None and save_every > n_steps:  # one save at step 0 and the last: no curve, no slope
+        raise ValueError(f"save_every={save_every} is not allowed; it must be at most the run's steps ({n_steps})")
     base = RunConfig(
         name="base",
         steps=n_steps,

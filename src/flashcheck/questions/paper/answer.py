@@ -58,7 +58,12 @@ def answer(found: list[dict], points: list[Point], config: StudyConfig | None = 
     sentence saying that it is one, before those."""
     smoke = smoke_sentence(config)
     first = first_sentence(found, points)
-    return ([first] if first else []) + ([smoke] if smoke else []) + _answer(found, points)
+    rest = _answer(found, points)
+    asks = config is not None and any(sw.question == "seq_len" for sw in config.sweeps)
+    if asks and rest and rest[0].startswith("This study did not measure"):  # asked, not stored yet: a partial study
+        rest[0] = ("Flash against standard attention over the sequence length (the seq_len question) is not measured "
+                   "yet; rerun the same command to finish.")  # fmt: skip
+    return ([first] if first else []) + ([smoke] if smoke else []) + rest
 
 
 FIRST_WORDS = 30  # the first sentence's most words: a reader asked "is Flash Attention stable?" reads one line
