@@ -162,7 +162,12 @@ def _prepare(words: list[str], cwd: Path, tiny_study: Callable[[], Path]) -> Non
             _checkpoints(cwd / run.rstrip("/"), seed)
     if words[1] == "judge":  # the file the README's numpy-only lines write, from a framework's arrays
         _dump_as_the_readme_says(cwd)
-    if "--kv-cache" in words:  # the decoder folder the line names: a tiny Llama built from a config
+    decoder = words[1] == "validate" and len(words) > 2 and "llama" in words[2]  # models.md's sim: decoder line
+    if decoder and "--kv-cache" not in words:  # as models.md makes it: benchmarks/make_tiny_decoder.py (a tokenizer)
+        import runpy
+
+        runpy.run_path(str(README.parent / "benchmarks" / "make_tiny_decoder.py"))["make"](cwd / words[2])
+    elif "--kv-cache" in words:  # the decoder folder the line names: a tiny Llama built from a config
         _tiny_llama(cwd / words[2])
     if "--check-pin" in words:  # the pin an earlier `validate --pin` wrote, of this environment
         from flashcheck.core.environment import environment_fingerprint, write_pin
