@@ -270,9 +270,12 @@ def _run_tiles(
         return
     workers = min(len(tiles), threads, free_cores())
 
+    inference = torch.is_inference_mode_enabled()  # thread-local: the pool's threads take the caller's mode
+
     def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
-        put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+        with torch.inference_mode(inference):  # out made under inference mode is written in place by the workers
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
 
     try:
         if workers <= 1:
