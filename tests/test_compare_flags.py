@@ -303,7 +303,7 @@ def test_a_preset_that_fails_says_why_and_prints_every_metric():
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     for metric in ("max_abs", "mean_abs", "rmse", "rel_l2"):
         assert re.search(rf"│ {metric}\s+│ \d\.\d{{3}}e-\d\d", res.output), res.output
-    assert "vs rounded inputs" in res.output
+    assert "vs FP64 of rounded inputs" in res.output
     why = [ln for ln in res.output.splitlines() if "FAIL (peers rule)" in ln]
     assert len(why) == 1 and "eager:fp16's error" in why[0] and "preset sage2" in why[0], res.output
     assert "--baseline-numerics" in why[0], res.output

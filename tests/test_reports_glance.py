@@ -112,11 +112,11 @@ def test_explain_names_the_dominant_stage_with_its_own_share_first(tmp_path):
 def test_compare_says_why_the_rounded_inputs_column_equals_the_candidate(tmp_path):
     res = runner.invoke(app, ["compare", "--preset", "fa4-fp8", "--seq-len", "128", "--heads", "1"])
     assert res.exit_code in (0, 1), res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("vs rounded inputs equals the candidate")]
+    (line,) = [x for x in res.output.splitlines() if x.startswith("vs FP64 of rounded inputs equals the candidate")]
     assert "quantises its fp8-e4m3 inputs inside the kernel" in line
     res = runner.invoke(app, ["compare", "--numerics", "bf16-mixed", "--seq-len", "128", "--heads", "1"])
     assert res.exit_code in (0, 1), res.output
-    assert "vs rounded inputs equals" not in res.output  # bf16 inputs: the column differs, nothing to explain
+    assert "rounded inputs equals" not in res.output  # bf16 inputs: the column differs, nothing to explain
 
 
 def test_the_conclusion_names_only_the_kernels_it_measured():

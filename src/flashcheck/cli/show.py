@@ -110,9 +110,12 @@ def _preset_inside(r: dict) -> str | None:
     return quantised_inside(pol["policy"])
 
 
+ROUNDED_COLUMN = "vs FP64 of rounded inputs"  # the column predicts_line names
+
+
 def _print_metrics(console, r: dict) -> None:
     """One result's metrics: candidate, baseline, ratio and the candidate vs FP64 of its rounded inputs."""
-    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", "vs rounded inputs")
+    cols = ("metric (vs FP64)", "candidate", "baseline", "ratio", ROUNDED_COLUMN)
     rounded = r["vs_rounded_inputs"]["candidate"]
     rows = [
         [m, f"{v:.3e}", f"{r['baseline'][m]:.3e}", f"{r['ratio'][m]:.3f}", f"{rounded[m]:.3e}"]
@@ -120,7 +123,8 @@ def _print_metrics(console, r: dict) -> None:
     ]
     print_whole(console, cols, rows)
     if all(rounded.get(m) == v for m, v in r["candidate"].items()):
-        console.print(f"vs rounded inputs equals the candidate: {_why_not_rounded(r)}", markup=False, soft_wrap=True)
+        why = _why_not_rounded(r)
+        console.print(f"{ROUNDED_COLUMN} equals the candidate: {why}", markup=False, soft_wrap=True)
         if r["config"]["numerics"].startswith("fp8"):  # the kernel's own quantisation is in both columns
             console.print(PREDICTS_INSIDE, soft_wrap=True)
             return

@@ -24,8 +24,9 @@ def progress(
     """Report progress of `total` steps; yields `advance(n=1, note="")`, called after each step.
 
     On a terminal (`stream.isatty()`, stream defaults to stderr) a rich bar; otherwise one line
-    `"{label} {done}/{total}, {seconds} s[, note]"` at most every `interval` seconds and one at the end
-    (normal exit only). `done` counts steps finished before (a resumed run). `quiet`: report nothing.
+    `"{label} {done}/{total}, {seconds} s[, note]"` at the start (a log shows the work began: a study's first
+    case can take half a minute), at most every `interval` seconds after, and one at the end (normal exit only).
+    `done` counts steps finished before (a resumed run). `quiet`: report nothing.
     """
     if total < 0 or done < 0:
         raise ValueError(f"progress total={total}, done={done}: both must be >= 0")
@@ -64,6 +65,8 @@ def _plain_lines(total: int, label: str, done: int, out: TextIO, interval: float
             last = now
             line()
 
+    if total > done:
+        line()
     yield advance
     if state["shown"] != state["done"]:
         line()

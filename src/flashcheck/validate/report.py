@@ -86,7 +86,7 @@ def comparison_table(result: ValidationResult) -> Table:
         "top-k overlap",
         "Kendall tau",
         "NaN/Inf",
-        "first bad layer",
+        "hidden states first over bound",  # per call, attention may leave its budget earlier (the where: line)
         "verdict",
     ]
     rows = []
