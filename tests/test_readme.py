@@ -14,7 +14,7 @@ are made small by explicit rewrites (`small`): `--preset tiny` where a study or 
 preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ..., `--seq-len-k 256` and `--heads 1`; the
 docs' TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
-`validate` gets `--samples 8 --max-length 32`, and `--check-pin` a pin of this environment; the `validate` lines
+`validate` gets `--samples 4 --max-length 16`, and `--check-pin` a pin of this environment; the `validate` lines
 that run a model share one folder, in order, as a reader's would."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def small(words: list[str]) -> list[str]:
         args = [a for i, a in enumerate(args) if a != "--size" and (i == 0 or args[i - 1] != "--size")]
         args += ["--size", "tiny"]
     if cmd == "validate" and "--check-pin" not in args:
-        for flag, value in (("--samples", "8"), ("--max-length", "32")):
+        for flag, value in (("--samples", "4"), ("--max-length", "16")):
             if flag in args:
                 args[args.index(flag) + 1] = value
             else:

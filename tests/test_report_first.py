@@ -212,36 +212,42 @@ def test_enough_values_whose_interval_contains_one_say_no_measurable_difference(
     assert ans._real([], {"flash_vs_baseline_bf16_mixed": {"status": "inconclusive"}}).startswith("Too few")
 
 
-def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured_yet(tmp_path):
+@pytest.mark.xdist_group("quick_report")  # the finished study is the module fixture's (one report build saved)
+def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured_yet(quick_report, tmp_path):
     """`flashcheck report` on a study stopped early (a quarter of its cases, half its guide tasks): the first
     line of report.md, report.html, summary.json's `partial` and the command's output says "partial: K of N
     cases, G of T guide tasks; rerun the same command to finish"; no "None." for the problems, no "n=0" verdict
     or "L = ," condition: each missing part says "not measured yet". The finished study says nothing of it."""
+    import shutil
+
     from typer.testing import CliRunner
 
     from flashcheck.cli import app
     from flashcheck.questions.guide.tasks import GUIDE_FILE
     from flashcheck.questions.presets import quick
 
-    write_quick_shaped(tmp_path)
-    whole = build_report(tmp_path)
+    finished, whole, _, _ = quick_report
     assert whole["complete"] is True and whole["partial"] is None
-    assert (tmp_path / "report.md").read_text().startswith("# flashcheck study quick")
-    cases = (tmp_path / "records.jsonl").read_text().splitlines(keepends=True)
-    tasks = (tmp_path / GUIDE_FILE).read_text().splitlines(keepends=True)
-    (tmp_path / "records.jsonl").write_text("".join(cases[: len(cases) // 4]))
-    (tmp_path / GUIDE_FILE).write_text("".join(tasks[: len(tasks) // 2]))
+    assert (finished / "report.md").read_text().startswith("# flashcheck study quick")
+    folder = tmp_path / "stopped"
+    shutil.copytree(finished, folder)
+    cases = (folder / "records.jsonl").read_text().splitlines(keepends=True)
+    tasks = (folder / GUIDE_FILE).read_text().splitlines(keepends=True)
+    (folder / "records.jsonl").write_text("".join(cases[: len(cases) // 4]))
+    (folder / GUIDE_FILE).write_text("".join(tasks[: len(tasks) // 2]))
     from flashcheck.questions.guide.tasks import tasks as planned_tasks
 
-    summary = build_report(tmp_path)
+    out = CliRunner().invoke(app, ["report", str(folder)])  # the one report build of the stopped study
+    summary = json.loads((folder / "summary.json").read_text())
     n_tasks = len(planned_tasks(quick().settings["guide"]))  # the GPU tasks too, where a GPU is
     first = (
         f"partial: {len(cases) // 4} of {len(cases)} cases, {len(tasks) // 2} of {n_tasks} guide tasks; rerun the "
         "same command to finish"
     )
+    assert out.exit_code == 0 and out.stdout.splitlines()[0] == first, out.output
     assert summary["complete"] is False and summary["partial"] == first
-    md = (tmp_path / "report.md").read_text()
-    page = (tmp_path / "report.html").read_text()
+    md = (folder / "report.md").read_text()
+    page = (folder / "report.html").read_text()
     assert md.splitlines()[0] == f"**{first}**"
     assert page.split("<body>", 1)[1].startswith(f"<p class='partial'>{first}</p>") and f"<title>{first}" in page
     assert "None." not in md and "None so far" in md
@@ -249,8 +255,6 @@ def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured
         ln for ln in md.splitlines() if "n=0" in ln or "L = ," in ln or "nan (" in ln
     ]
     assert md.count("not measured yet") >= 10
-    out = CliRunner().invoke(app, ["report", str(tmp_path)])
-    assert out.exit_code == 0 and out.stdout.splitlines()[0] == first, out.output
 
 
 @pytest.mark.xdist_group("quick_report")
