@@ -77,7 +77,6 @@ def test_progress_off_a_terminal_prints_plain_lines_and_a_last_one():
         for n in (64, 128, 256):
             advance(note=f"L={n}")
     assert every.getvalue().splitlines() == [
-        "seq_len 0/3, 0 s",  # at once: a log shows the work began
         "seq_len 1/3, 0 s, L=64",
         "seq_len 2/3, 0 s, L=128",
         "seq_len 3/3, 0 s, L=256",
@@ -86,7 +85,11 @@ def test_progress_off_a_terminal_prints_plain_lines_and_a_last_one():
     with progress(40, "cases", done=10, stream=rare, interval=3600) as advance:
         for _ in range(30):
             advance()
-    assert rare.getvalue() == "cases 10/40, 0 s\ncases 40/40, 0 s\n"  # throttled: the first line and the last
+    assert rare.getvalue() == "cases 40/40, 0 s\n"  # throttled: only the line at the end
+    opened = io.StringIO()
+    with progress(40, "cases", done=10, stream=opened, interval=3600, opening=True) as advance:
+        advance(30)
+    assert opened.getvalue() == "cases 10/40, 0 s\ncases 40/40, 0 s\n"  # a line at once (a study's), then the end
 
 
 def test_progress_on_a_terminal_is_a_rich_bar_and_quiet_is_silent():
@@ -106,7 +109,7 @@ def test_progress_prints_no_last_line_when_the_work_fails():
     with pytest.raises(RuntimeError), progress(3, "x", stream=out, interval=3600) as advance:
         advance()
         raise RuntimeError("boom")
-    assert out.getvalue() == "x 0/3, 0 s\n"  # the opening line only: no "3/3" after a failure
+    assert out.getvalue() == ""
     with pytest.raises(ValueError, match="total=-1"), progress(-1, "x"):
         pass
 

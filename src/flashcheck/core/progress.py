@@ -20,13 +20,15 @@ def progress(
     stream: TextIO | None = None,
     interval: float = 2.0,
     quiet: bool = False,
+    opening: bool = False,
 ) -> Iterator[Advance]:
     """Report progress of `total` steps; yields `advance(n=1, note="")`, called after each step.
 
     On a terminal (`stream.isatty()`, stream defaults to stderr) a rich bar; otherwise one line
-    `"{label} {done}/{total}, {seconds} s[, note]"` at the start (a log shows the work began: a study's first
-    case can take half a minute), at most every `interval` seconds after, and one at the end (normal exit only).
-    `done` counts steps finished before (a resumed run). `quiet`: report nothing.
+    `"{label} {done}/{total}, {seconds} s[, note]"` at most every `interval` seconds and one at the end (normal
+    exit only); with `opening`, one at the start too (a log shows the work began: a study's first case can take
+    half a minute; not where an error found later must stay the one line a script reads). `done` counts steps
+    finished before (a resumed run). `quiet`: report nothing.
     """
     if total < 0 or done < 0:
         raise ValueError(f"progress total={total}, done={done}: both must be >= 0")
@@ -37,7 +39,7 @@ def progress(
         with _rich_bar(total, label, done, out) as advance:
             yield advance
     else:
-        with _plain_lines(total, label, done, out, interval) as advance:
+        with _plain_lines(total, label, done, out, interval, opening) as advance:
             yield advance
 
 
@@ -46,7 +48,7 @@ def _ignore(n: int = 1, note: str = "") -> None:
 
 
 @contextmanager
-def _plain_lines(total: int, label: str, done: int, out: TextIO, interval: float) -> Iterator[Advance]:
+def _plain_lines(total: int, label: str, done: int, out: TextIO, interval: float, opening: bool) -> Iterator[Advance]:
     start = last = time.monotonic()
     state = {"done": done, "note": "", "shown": -1}
 
@@ -65,7 +67,7 @@ def _plain_lines(total: int, label: str, done: int, out: TextIO, interval: float
             last = now
             line()
 
-    if total > done:
+    if opening and total > done:
         line()
     yield advance
     if state["shown"] != state["done"]:

@@ -189,7 +189,7 @@ def _run_locked(
 
     done = len(cases) - len(runnable) - len(skips)  # all but what this run will record
     try:
-        with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet) as advance:
+        with progress(len(cases), "cases", done=done, interval=PROGRESS_EVERY_S, quiet=quiet, opening=True) as advance:
             for rec in skips:
                 on_record(rec)
             if not groups:
