@@ -178,7 +178,6 @@ def test_training_is_deterministic_and_resumes(tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-
 @pytest.mark.parametrize("attention", ["standard:bf16-mixed", "flash:bf16-mixed", "sagebwd"])
 def test_training_without_the_nan_fill_of_fresh_memory_moves_no_bit(tmp_path, monkeypatch, attention):
     """train() turns torch's NaN fill of fresh tensors off while it trains (a speed-up) and gives the caller's flag
@@ -202,6 +201,7 @@ def test_training_without_the_nan_fill_of_fresh_memory_moves_no_bit(tmp_path, mo
     assert set(during) == {True} and fast["losses"] == filled["losses"]
     a, b = (torch.load(tmp_path / n / "weights" / "step_000003.pt") for n in ("fast", "filled"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 
 def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
     """sage8ft's shape: the base attention to step then_from, then SageBwd-like; the first steps are the base
