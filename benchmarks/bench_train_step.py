@@ -33,11 +33,11 @@ from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, train
 kind, steps, warm = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 model = GPTConfig(vocab=64, seq_len=128, layers=3, heads=4, dim=64)
-cfg = dict(name="b", attention="standard:bf16-mixed", data="lookback", batch=8, model=model, lr=5e-3)
+cfg = dict(name="b", attention="standard:bf16-mixed", data="lookback", batch=8, model=model, lr=5e-3) | kind
 with tempfile.TemporaryDirectory() as tmp:
-    train(RunConfig(**cfg, steps=warm, save_every=warm, **kind), tmp + "/warm")  # imports, first-call costs
+    train(RunConfig(**cfg, steps=warm, save_every=warm), tmp + "/warm")  # imports, first-call costs
     t0 = time.process_time()
-    train(RunConfig(**cfg, steps=steps, save_every=steps, **kind), tmp + "/run")
+    train(RunConfig(**cfg, steps=steps, save_every=steps), tmp + "/run")
     print(json.dumps((time.process_time() - t0) / steps))
 """
 
@@ -51,8 +51,9 @@ def measure(tree: str | None, kind: dict, steps: int, warm: int) -> float:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if res.returncode:
+        sys.exit(f"the measurement of {kind or 'base'} failed:\n{res.stderr}")
     return float(res.stdout.strip().splitlines()[-1])
 
 
