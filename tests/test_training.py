@@ -178,6 +178,31 @@ def test_training_is_deterministic_and_resumes(tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("attention", ["standard:bf16-mixed", "flash:bf16-mixed", "sagebwd"])
+def test_training_without_the_nan_fill_of_fresh_memory_moves_no_bit(tmp_path, monkeypatch, attention):
+    """train() turns torch's NaN fill of fresh tensors off while it trains (a speed-up) and gives the caller's flag
+    back; the oracle, the same run with the fill on, has the very same losses and weights."""
+    import torch.utils.deterministic as deterministic
+
+    from flashcheck.training import train as train_mod
+
+    cfg = RunConfig(name="t", attention=attention, steps=3, save_every=3, batch=2, model=TINY, data="lookback")
+    during: list[bool] = []
+
+    def note(*_) -> None:
+        during.append(deterministic.fill_uninitialized_memory)
+
+    monkeypatch.setattr(deterministic, "fill_uninitialized_memory", True)
+    fast = train(cfg, tmp_path / "fast", on_progress=note)
+    assert set(during) == {False} and deterministic.fill_uninitialized_memory is True
+    monkeypatch.setattr(train_mod, "_fill_flag", lambda value=None: True)  # the fill stays on
+    during.clear()
+    filled = train(cfg, tmp_path / "filled", on_progress=note)
+    assert set(during) == {True} and fast["losses"] == filled["losses"]
+    a, b = (torch.load(tmp_path / n / "weights" / "step_000003.pt") for n in ("fast", "filled"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_attention_switch_mid_run_is_exact_and_resumes(tmp_path):
     """sage8ft's shape: the base attention to step then_from, then SageBwd-like; the first steps are the base
     run's bits, the rest differ, and a run stopped before and after the switch resumes to the same bits."""

@@ -79,7 +79,9 @@ def train_study(
     steps: int = typer.Option(None, help="Training steps instead of the preset's (saves about 8 times)."),
     save_every: int = typer.Option(None, help="Save the weights every N steps instead of the preset's."),
     seeds: int = typer.Option(None, help="Seed groups instead of the preset's 5 (verdicts need 3 or more)."),
-    lr: float = typer.Option(None, help="Peak learning rate instead of the preset's 1e-2 (warm-up, then cosine)."),
+    lr: float = typer.Option(
+        None, help="Peak learning rate instead of the preset's (1e-2; paper 5e-3): warm-up, then cosine decay."
+    ),
     policy: str = typer.Option(
         None, help="Attention numerics policy of every run but sage8's 8-bit one (default bf16-mixed)."
     ),

@@ -211,16 +211,32 @@ def train(
             losses = read_json(run_dir / "losses.json", "a run's losses", follow=False)
             return {"losses": losses, "steps": cfg.steps, "resumed_from": cfg.steps}
         threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        warn_only, fill = torch.is_deterministic_algorithms_warn_only_enabled(), _fill_flag()
         torch.set_num_threads(1)
         if cfg.device == "cuda":  # cuBLAS is deterministic only with a fixed workspace (set before its first use)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+        _fill_flag(False)  # see _fill_flag: the same bits, 5-17% less CPU per step
         try:
             return _train(cfg, run_dir, data or load_data(cfg), on_progress)
         finally:  # the caller's process gets its own settings back
             torch.set_num_threads(threads)
             torch.use_deterministic_algorithms(det, warn_only=warn_only)
+            _fill_flag(fill)
+
+
+def _fill_flag(value: bool | None = None) -> bool:
+    """torch.utils.deterministic.fill_uninitialized_memory (set to value when given; returns the old value).
+    With deterministic algorithms on, torch fills every fresh tensor with NaN so that a kernel reading memory it
+    never wrote shows it; each op of a training step writes all of its output before reading it, so the fill
+    moves no bit (benchmarks/train_bit_identity.py compares every run kind) and cost 5-17% of a step's CPU time
+    in its profile (the simulator's score-sized temporaries, forward and backward)."""
+    import torch.utils.deterministic as deterministic
+
+    old = bool(deterministic.fill_uninitialized_memory)
+    if value is not None:
+        deterministic.fill_uninitialized_memory = value
+    return old
 
 
 def _train(cfg: RunConfig, run_dir: Path, data: TokenStream, on_progress) -> dict:
