@@ -37,6 +37,7 @@ from flashcheck.kernels.sim.ops import (
     rnd_,
     rnd_fresh,
     safe_max,
+    scores_are_finite,
     settle_exp,
 )
 from flashcheck.kernels.sim.quantized import quantize_p, uses_quantized_inputs
@@ -214,8 +215,11 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     tiles = row_chunks(lq, tile_rows)
     if ops is None:  # the tensor-core models' operands, or None
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
-    fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
-    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l))
+    sc = _score_scale(cfg, q.shape[-1])
+    fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
+    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C
+    finite = not fold and _plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc)
+    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
         m = torch.where(torch.isneginf(m), sk, m)
@@ -246,7 +250,17 @@ def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol
 
 
 def _run_tiles(
-    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops, out
+    q,
+    k,
+    v,
+    tiles: list[tuple[int, int]],
+    steps: list[_Tiles],
+    cfg: FlashConfig,
+    pol: Policy,
+    fold: bool,
+    ops,
+    out,
+    finite: bool = False,
 ) -> None:
     """_query_tile of every tile, each written into its rows of out = (o, m, l) by the thread that ran it. On the
     CPU, tiles run side by side on up to torch's intra-op thread count (no more than the cores free now, see
@@ -266,7 +280,7 @@ def _run_tiles(
     threads = torch.get_num_threads()
     if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
         for rows in tiles:
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite))
         return
     workers = min(len(tiles), threads, free_cores())
 
@@ -275,7 +289,7 @@ def _run_tiles(
     def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
         with torch.inference_mode(inference):  # out made under inference mode is written in place by the workers
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite))
 
     try:
         if workers <= 1:
@@ -341,12 +355,22 @@ class _Scratch:
 
 
 def _query_tile(
-    q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False, ops=None
+    q,
+    k,
+    v,
+    rows: tuple[int, int],
+    steps: list[_Tiles],
+    cfg: FlashConfig,
+    pol: Policy,
+    fold: bool = False,
+    ops=None,
+    finite: bool = False,
 ):
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
-    pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None)."""
+    pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None).
+    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite)."""
     r0, r1 = rows
     b, h, _, dv = v.shape
     sc = _score_scale(cfg, q.shape[-1])
@@ -357,15 +381,20 @@ def _query_tile(
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
-    if step is _fa2_step and fold and cfg.mask is None:  # fold: finite inputs, no overflow (ops.prescale_is_exact)
+    if step is _fa2_step and (fold or finite) and cfg.mask is None:  # finite inputs, no overflow (see _forward_tiles)
         extra["nan_free"] = True
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
-    if step is _fa2_step and extra.get("nan_free") and _plain_tile(q_t, cfg, pol, ops, lq):
+    plan = _tile_plan(steps, rows, lq) if step is _fa2_step and extra.get("nan_free") else None
+    if plan is not None and _plain_config(q.dtype, cfg, pol, ops):
         p_dtype = _p_dtype(pol, q.dtype)  # the whole tile in one C call where it applies: _fused_step's bits
-        spans = [(t.c0, t.c1) for t in steps]
-        if p_dtype is not None and tile_forward(q_t, k, v, spans, o, m, l, p_dtype):
+        causal = (r0, lk - lq) if cfg.causal else None
+        if not plan[0]:  # no key block reaches these rows (causal, Lq > Lk): nothing to run
+            return o, m, l
+        if p_dtype is not None and tile_forward(
+            q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=sc_s, causal=causal
+        ):
             return o, m, l
     width = max((t.c1 - t.c0 for t in steps), default=0)
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
@@ -397,24 +426,40 @@ def _query_tile(
     return o, m, l
 
 
-def _plain_tile(q_t: torch.Tensor, cfg: FlashConfig, pol: Policy, ops, lq: int) -> bool:
+def _plain_config(work: torch.dtype, cfg: FlashConfig, pol: Policy, ops) -> bool:
     """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
-    update in C and nothing else on the rows: no causal rows or mask, torch's float32 product for the scores
-    (no MMA model, no narrow accumulator) in the working dtype, the score scale folded into Q (nan_free), the
-    stats and accumulator stages the working dtype, natural exp, every step on all the tile's rows at their
-    own product shape (mm_rows pads none)."""
-    work = q_t.dtype
+    update in C and nothing else on the rows: no user mask (causal is fine), torch's float32 product for the
+    scores (no MMA model, no narrow accumulator) in the working dtype, the stats and accumulator stages the working
+    dtype, natural exp, no tie_beta, no stage knobs or probe."""
     return (
         work == torch.float32
-        and not cfg.causal
+        and cfg.algorithm == "fa2"
         and cfg.mask is None
         and not cfg.exp2
         and cfg.tie_beta is None
+        and cfg.p_probe is None
+        and not step_knobs(pol)
         and (ops is None or ops.model_qk is None)
         and not (pol.qk_acc_bits and pol.score != Format.FP64)
         and all(info(pol.stage(st)).dtype == work for st in ("score", "stats", "accum"))
-        and q_t.shape[-2] >= min(MIN_ROWS, lq)
     )
+
+
+def _tile_plan(steps: list[_Tiles], rows: tuple[int, int], lq: int) -> tuple[list, list[int]] | None:
+    """The key blocks (c0, c1) a query tile's rows r0:r1 run through, and each one's first row in the tile (a
+    causal step starts at its first row that sees the block, as _query_tile's loop); None where a step's product
+    would be padded (mm_rows: fewer rows than min(MIN_ROWS, its rows unchunked)), which tile_forward does not do."""
+    r0, r1 = rows
+    spans, starts = [], []
+    for t in steps:
+        a = max(r0, t.r0)
+        if a >= r1:
+            continue
+        if r1 - a < min(MIN_ROWS, lq - t.r0):
+            return None
+        spans.append((t.c0, t.c1))
+        starts.append(a - r0)
+    return spans, starts
 
 
 def _p_dtype(pol: Policy, work: torch.dtype) -> torch.dtype | None:
