@@ -21,6 +21,7 @@ import torch
 
 from flashcheck.core.numerics import Format, Policy, info, parse_policy
 from flashcheck.kernels.formats.fastmath import column_mask, exp2_fa4, mm_accumulate, rcp_approx
+from flashcheck.kernels.native import backward as native_bwd
 from flashcheck.kernels.native.presets import ex2_columns
 from flashcheck.kernels.native.rounding import max_sub_
 from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
@@ -644,9 +645,19 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     fix = RowSumFix(q) if pol.ds_correction else None
+    p_dtype = _native_backward((q, k, v, do, dq, dk, dv), cfg, pol, sc) if fix is None else None
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
+        if p_dtype is not None:  # the same products; the passes between them in C (kernels.native.backward)
+            s = mm(q_r, k_j.transpose(-1, -2), pol)
+            causal = (t.r0, t.c0, lk - lq) if cfg.causal else None
+            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal)  # s holds P
+            dv[..., t.c0 : t.c1, :] = mm(p_g.transpose(-1, -2), do_r, pol)
+            ds = native_bwd.ds(mm(do_r, v_j.transpose(-1, -2), pol), s, delta[..., t.r0 :, :], p_dtype)
+            native_bwd.scale_add(dq[..., t.r0 :, :], mm(ds, k_j, pol), s_nat, True)
+            native_bwd.scale_add(dk[..., t.c0 : t.c1, :], mm(ds.transpose(-1, -2), q_r, pol), s_nat, False)
+            continue
         p = exp(_scores(q_r, k_j, t, lq, lk, cfg, pol, sc).sub_(lse_safe[..., t.r0 :, :]))
         dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum")
         dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
@@ -659,6 +670,26 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     if fix is not None:
         dq, dk = _remove_ds_row_sums(fix, q, dq, dk, cfg, pol, s_nat)
     return tuple(rnd(g, pol, "grad_output") for g in (dq, dk, dv))
+
+
+def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
+    """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
+    (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO and the gradients,
+    contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32 itself, and inputs
+    whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more than one answer)."""
+    q, k, v, do = tensors[:4]
+    if (
+        cfg.mask is not None
+        or cfg.exp2
+        or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum"))
+    ):
+        return None
+    p_dtype = {Format.FP32: torch.float32, **_NATIVE_P}.get(pol.stage("grad_p"))
+    if p_dtype is None or not native_bwd.usable(p_dtype):
+        return None
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        return None
+    return p_dtype if scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) else None
 
 
 def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) -> torch.Tensor:
