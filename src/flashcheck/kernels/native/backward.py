@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -27,7 +28,7 @@ import flashcheck.kernels.native.cbuild as cbuild
 from flashcheck.kernels.native import step
 
 _P_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_POOL: dict = {}
+_POOL: dict = {}  # "pid", "size", "pool": the threads _split runs on (this process's)
 
 
 @functools.cache
@@ -63,8 +64,8 @@ def _split(heads: int, run) -> None:
     if parts == 1:
         run(0, heads)
         return
-    if _POOL.get("size", 0) < parts - 1:
-        _POOL.update(size=parts - 1, pool=ThreadPoolExecutor(parts - 1, "flashcheck-bwd"))
+    if _POOL.get("pid") != os.getpid() or _POOL.get("size", 0) < parts - 1:  # made again after a fork, or to grow
+        _POOL.update(pid=os.getpid(), size=parts - 1, pool=ThreadPoolExecutor(parts - 1, "flashcheck-bwd"))
     futures = [_POOL["pool"].submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     run(bounds[0], bounds[1])
     for f in futures:
