@@ -116,26 +116,3 @@ def test_on_where_it_can_be():
     self-test turns it off) rather than only skipping the tests above."""
     assert native_bwd.status()["available"], native_bwd.status()["reason"]
 
-
-def _small_grads() -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(1, 4, 64, 32, generator=g).requires_grad_(True) for _ in range(3))
-    flash_attention(q, k, v, policy="bf16-mixed", causal=True).sum().backward()
-    return [t.grad for t in (q, k, v)]
-
-
-@needs_bwd
-def test_runs_in_a_forked_child():
-    """The passes' thread pool is made again in a forked child (a study's process pool), which would otherwise wait
-    forever on the parent's threads; the child's gradients are the parent's."""
-    import multiprocessing
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        want = _small_grads()  # the parent's pool exists now
-        with multiprocessing.get_context("fork").Pool(1) as pool:
-            got = pool.apply_async(_small_grads).get(timeout=120)
-    finally:
-        torch.set_num_threads(old)
-    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(want, got, strict=True))
