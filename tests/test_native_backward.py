@@ -115,4 +115,3 @@ def test_on_where_it_can_be():
     """With a compiler and torch's MKL exp the passes are on: a C routine that differs from torch fails here (its
     self-test turns it off) rather than only skipping the tests above."""
     assert native_bwd.status()["available"], native_bwd.status()["reason"]
-
