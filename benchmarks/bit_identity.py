@@ -49,6 +49,9 @@ def _cases():
         yield f"{pol}/causal-gqa-d128-tiles", (1100, 1100, 8, 2, 128), {"policy": pol, "causal": True}
         yield f"{pol}/gqa-d64-tiles", (1100, 900, 8, 4, 64), {"policy": pol}
         yield f"{pol}/causal-d32-tiles", (1300, 1300, 8, 8, 32), {"policy": pol, "causal": True, "block_k": 96}
+        # float32 inputs: a forward keeps grouped heads unrepeated (the C tiles read each group)
+        yield f"{pol}/causal-gqa-d128-tiles-float32-inputs", (1100, 1100, 8, 2, 128), {"policy": pol, "causal": True}
+        yield f"{pol}/causal-gqa-d96-wide-float32-inputs", (260, 390, 4, 2, 96), {"policy": pol, "causal": True}
     mask = torch.rand(1, 1, 200, 260, generator=torch.Generator().manual_seed(3)) > 0.3
     yield "bf16-mixed/mask", (200, 260, 2, 2, 16), {"policy": "bf16-mixed", "mask": mask}
     for name in KERNEL_PRESETS:

@@ -243,3 +243,34 @@ def test_doctor_reports_the_step():
 
     line = doctor._native_step()
     assert set(line) >= {"available", "reason", "capability", "tile_loop", "tile_reason"}
+
+
+@needs_tile
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_heads_run_without_a_repeated_copy(threads, monkeypatch):
+    """A forward (no autograd) of grouped K / V heads: the C tiles read each group for its query heads (K and V are
+    never repeated), and the output and LSE are the bits of the forward that repeats them (autograd on, and the
+    step loop with torch's ops), over several query tiles, causal, D = 128."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 8, 1100, 128, generator=g)
+    k, v = (torch.randn(1, 2, 1100, 128, generator=g) for _ in range(2))
+    kw = {"policy": "bf16-mixed", "causal": True, "return_lse": True}
+    real, repeats = flash.expand_kv_heads, []
+    monkeypatch.setattr(flash, "expand_kv_heads", lambda *a: repeats.append(1) or real(*a))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            fast = flash_attention(q, k, v, **kw)
+        assert not repeats
+        want = flash_attention(*(t.clone().requires_grad_(True) for t in (q, k, v)), **kw)
+        assert repeats
+        monkeypatch.setattr(flash, "softmax_step", lambda *a, **kw: None)
+        monkeypatch.setattr(flash, "tile_forward", lambda *a, **kw: False)
+        with torch.no_grad():
+            loop = flash_attention(q, k, v, **kw)  # grouped heads too: the loop repeats them where it runs
+    finally:
+        torch.set_num_threads(old)
+    for a, b, c in zip(fast, want, loop, strict=True):
+        assert torch.equal(a.view(torch.int32), b.detach().view(torch.int32))
+        assert torch.equal(a.view(torch.int32), c.view(torch.int32))

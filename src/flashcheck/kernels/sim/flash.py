@@ -25,7 +25,7 @@ from flashcheck.kernels.native import backward as native_bwd
 from flashcheck.kernels.native.presets import ex2_columns
 from flashcheck.kernels.native.rounding import max_sub_
 from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
-from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.fp8 import casts_only, round_inputs
 from flashcheck.kernels.sim.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.sim.masks import first_row_needing, tile_bias
 from flashcheck.kernels.sim.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
@@ -220,7 +220,8 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
     # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C
     finite = not fold and _plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc)
-    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite)
+    kv = _GroupedKV(q, k, v) if k.shape[1] != h else None  # grouped heads: repeated only where a tile needs it
+    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite, kv=kv)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
         m = torch.where(torch.isneginf(m), sk, m)
@@ -262,6 +263,7 @@ def _run_tiles(
     ops,
     out,
     finite: bool = False,
+    kv: _GroupedKV | None = None,
 ) -> None:
     """_query_tile of every tile, each written into its rows of out = (o, m, l) by the thread that ran it. On the
     CPU, tiles run side by side on up to torch's intra-op thread count (no more than the cores free now, see
@@ -281,7 +283,7 @@ def _run_tiles(
     threads = torch.get_num_threads()
     if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
         for rows in tiles:
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite, kv))
         return
     workers = min(len(tiles), threads, free_cores())
 
@@ -290,7 +292,7 @@ def _run_tiles(
     def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
         with torch.inference_mode(inference):  # out made under inference mode is written in place by the workers
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite, kv))
 
     try:
         if workers <= 1:
@@ -366,14 +368,17 @@ def _query_tile(
     fold: bool = False,
     ops=None,
     finite: bool = False,
+    kv: _GroupedKV | None = None,
 ):
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
     pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None).
-    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite)."""
+    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite). `kv`: k and v hold
+    grouped K / V heads (fewer than q's), which the whole-tile C reads as they are; the step loop takes them
+    repeated to q's heads from kv."""
     r0, r1 = rows
-    b, h, _, dv = v.shape
+    (b, h), dv = q.shape[:2], v.shape[-1]
     sc = _score_scale(cfg, q.shape[-1])
     q_t = q[..., r0:r1, :] * sc if fold else q[..., r0:r1, :]
     exp = torch.exp2 if cfg.exp2 else torch.exp
@@ -397,6 +402,8 @@ def _query_tile(
             q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=sc_s, causal=causal
         ):
             return o, m, l
+    if kv is not None:
+        k, v = kv.repeated()
     width = max((t.c1 - t.c0 for t in steps), default=0)
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
@@ -425,6 +432,22 @@ def _query_tile(
         else:
             m[..., i:, :], l[..., i:, :] = m_new, l_new
     return o, m, l
+
+
+class _GroupedKV:
+    """Grouped K / V heads [B, Hkv, Lk, D] of a forward of H query heads, repeated to H heads (expand_kv_heads)
+    once, by the first query tile that needs them (thread-safe: the tile pool's workers share it)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.q, self.k, self.v = q, k, v
+        self.full: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.lock = threading.Lock()
+
+    def repeated(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.lock:
+            if self.full is None:
+                self.full = expand_kv_heads(self.q, self.k, self.v)
+            return self.full
 
 
 def _plain_config(work: torch.dtype, cfg: FlashConfig, pol: Policy, ops) -> bool:
@@ -752,6 +775,16 @@ class _FlashFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+def _grouped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: FlashConfig) -> bool:
+    """Whether a forward (no autograd) may keep grouped K / V heads as they are (no repeated copy): its inputs are
+    only cast, element by element (so rounding the groups and repeating them is the same), and its query tiles
+    may run in C (_plain_config), which reads each group for its query heads; the step loop repeats them itself."""
+    pol = cfg.policy
+    if k.shape[1] == q.shape[1] or cfg.sink is not None or pol.qk_mma or pol.pv_mma or not casts_only(q, k, v, pol):
+        return False
+    return _plain_config(pol.work_dtype, cfg, pol, None) and cfg.keys is None
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -802,7 +835,8 @@ def flash_attention(
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
-    k, v = expand_kv_heads(q, k, v)
+    if grads or not _grouped_forward(q, k, v, cfg):
+        k, v = expand_kv_heads(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out, lse = _FlashFunction.apply(q, k, v, cfg)
     if return_lse:
