@@ -99,7 +99,7 @@ def test_off_where_a_value_could_be_nan():
     q, k, v = (torch.randn(1, 2, 40, 64) for _ in range(3))
     do = torch.randn(1, 2, 40, 64)
     do[0, 0, 3, 5] = math.inf
-    grads = tuple(torch.zeros_like(t) for t in (q, k, v))
+    grads = (*(torch.zeros_like(t) for t in (q, k, v)), torch.zeros(1, 2, 40, 1), torch.zeros(1, 2, 40, 1))
     cfg = flash.FlashConfig(policy=parse_policy("bf16-mixed"), causal=True)
     assert flash._native_backward((q, k, v, do, *grads), cfg, cfg.policy, 0.125) is None
     do[0, 0, 3, 5] = 1.0

@@ -668,7 +668,7 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     fix = RowSumFix(q) if pol.ds_correction else None
-    p_dtype = _native_backward((q, k, v, do, dq, dk, dv), cfg, pol, sc) if fix is None else None
+    p_dtype = _native_backward((q, k, v, do, dq, dk, dv, lse_safe, delta), cfg, pol, sc) if fix is None else None
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
@@ -697,9 +697,10 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
 
 def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
     """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
-    (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO and the gradients,
-    contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32 itself, and inputs
-    whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more than one answer)."""
+    (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO, the gradients, the
+    LSE and delta, contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32
+    itself, and inputs whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more
+    than one answer)."""
     q, k, v, do = tensors[:4]
     if (
         cfg.mask is not None
