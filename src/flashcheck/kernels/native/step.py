@@ -214,12 +214,21 @@ def tile_forward(
     if torch.get_float32_matmul_precision() != "highest":  # bmm may then run oneDNN's reduced-precision product
         return False
     lib, vexp, width, _ = _library()
-    b, h, rows, d = q.shape
-    dv, width_k = v.shape[-1], max(c1 - c0 for c0, c1 in spans)
-    starts = [0] * len(spans) if starts is None else list(starts)
     if p_dtype == torch.float16 and not lib.fc_has_fp16():
         return False
-    tensors = (k, v, o, m, l)
+    starts = [0] * len(spans) if starts is None else list(starts)
+    if not _tile_shapes_ok(q, (k, v, o, m, l), spans, starts):
+        return False
+    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, (starts, scale, causal))
+    return True
+
+
+def _tile_shapes_ok(q: torch.Tensor, tensors, spans: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether tile_forward's other operands (k, v, o, m, l) fit q [B, H, R, D] and every step's products are
+    sgemm's as torch's bmm forms them."""
+    k, v, o, m, l = tensors
+    b, h, rows, d = q.shape
+    dv, width_k = v.shape[-1], max(c1 - c0 for c0, c1 in spans)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.requires_grad for t in tensors):
         return False
     if k.dim() != 4 or v.dim() != 4 or k.shape[0] != b or v.shape[:2] != k.shape[:2] or k.shape[-1] != d:
@@ -235,7 +244,6 @@ def tile_forward(
     for (c0, c1), i0 in zip(spans, starts, strict=True):
         if not 0 <= i0 <= rows - 2 or c1 - c0 < 2 or min(d, dv) * (rows - i0) * (c1 - c0) < _BMM_SMALL:
             return False  # products torch's bmm does not hand to sgemm (a step's bits would move)
-    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, (starts, scale, causal))
     return True
 
 

@@ -358,18 +358,9 @@ class _Scratch:
 
 
 def _query_tile(
-    q,
-    k,
-    v,
-    rows: tuple[int, int],
-    steps: list[_Tiles],
-    cfg: FlashConfig,
-    pol: Policy,
-    fold: bool = False,
-    ops=None,
-    finite: bool = False,
-    kv: _GroupedKV | None = None,
-):
+    q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False, ops=None,
+    finite: bool = False, kv: _GroupedKV | None = None,
+):  # fmt: skip
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
@@ -392,18 +383,10 @@ def _query_tile(
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
-    plan = _tile_plan(steps, rows, lq) if step is _fa2_step and extra.get("nan_free") else None
-    if plan is not None and _plain_config(q.dtype, cfg, pol, ops):
-        p_dtype = _p_dtype(pol, q.dtype)  # the whole tile in one C call where it applies: _fused_step's bits
-        causal = (r0, lk - lq) if cfg.causal else None
-        if not plan[0]:  # no key block reaches these rows (causal, Lq > Lk): nothing to run
-            return o, m, l
-        if p_dtype is not None and tile_forward(
-            q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=sc_s, causal=causal
-        ):
-            return o, m, l
-    if kv is not None:
-        k, v = kv.repeated()
+    whole = step is _fa2_step and extra.get("nan_free")  # the whole tile in one C call where it applies
+    if whole and _whole_tile(q_t, (k, v, lq), rows, steps, cfg, pol, ops, sc_s, (o, m, l)):
+        return o, m, l
+    k, v = kv.repeated() if kv is not None else (k, v)
     width = max((t.c1 - t.c0 for t in steps), default=0)
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
@@ -432,6 +415,26 @@ def _query_tile(
         else:
             m[..., i:, :], l[..., i:, :] = m_new, l_new
     return o, m, l
+
+
+def _whole_tile(
+    q_t, kvl, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, ops, scale: float, oml
+) -> bool:
+    """True when the nan_free FA2 query tile of `rows` (q_t: its rows of Q; kvl: K, V and Lq) ran in one C call
+    (kernels.native.step.tile_forward: _fused_step's bits, the scores times `scale` unless 1) into oml = (o, m, l),
+    or had no step to run; False (nothing touched): the step loop runs it."""
+    k, v, lq = kvl
+    plan = _tile_plan(steps, rows, lq)
+    if plan is None or not _plain_config(q_t.dtype, cfg, pol, ops):
+        return False
+    if not plan[0]:  # no key block reaches these rows (causal, Lq > Lk): nothing to run
+        return True
+    p_dtype = _p_dtype(pol, q_t.dtype)
+    causal = (rows[0], k.shape[-2] - lq) if cfg.causal else None
+    o, m, l = oml
+    return p_dtype is not None and tile_forward(
+        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal
+    )
 
 
 class _GroupedKV:
