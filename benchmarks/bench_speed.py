@@ -7,6 +7,11 @@ with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
     python benchmarks/bench_speed.py                           # L = 2k..32k, 1 and 2 threads (< 10 min idle)
     python benchmarks/bench_speed.py --lengths 2048,8192 --threads 2 --policies bf16-mixed
     python benchmarks/bench_speed.py --lengths 0               # the presets and the decoding step only
+    python benchmarks/bench_speed.py --lengths 0 --preset-length 0 --decode-keys 0 --user-rows all  # issue 48's rows
+The user rows (issue 48: what users run, `--user-rows`): causal attention at head dim 128 (and 64), grouped K/V
+heads, the forward and forward+backward (the simulator's bf16-mixed FA2 backward against SDPA flash's backward), B=1,
+H=8 (the GQA row: 32 query heads over 4 K/V heads, SDPA's enable_gqa); each thread count in a process of its own.
+`--user-max-length N` runs each row at min(L, N) (a quicker look).
 Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
 The simulator runs its query tiles on the cores free at each call (kernels.sim.tiles.free_cores: the load average less
 its own share), SDPA on every thread it is given: on a busy machine a 2-thread row can compare one thread against
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -117,6 +124,85 @@ def decode_table(keys: int, threads: int) -> None:
         print(f"{name:>16} {seconds:8.3f} s  load {before}-{_load()}", flush=True)
 
 
+# (name, H, Hkv, D, L, backward): issue 48's rows, all causal
+USER_ROWS = (
+    ("causal D=128", 8, 8, 128, 2048, False),
+    ("causal D=128", 8, 8, 128, 8192, False),
+    ("causal GQA 32:4 D=128", 32, 4, 128, 4096, False),
+    ("causal fwd+bwd D=64", 8, 8, 64, 2048, True),
+    ("causal fwd+bwd D=128", 8, 8, 128, 4096, True),
+)
+
+
+def _user_inputs(h: int, hkv: int, d: int, length: int, grad: bool):
+    g = torch.Generator().manual_seed(length + d)
+    q = torch.randn(1, h, length, d, generator=g)
+    k, v = (torch.randn(1, hkv, length, d, generator=g) for _ in range(2))
+    dout = torch.randn(1, h, length, d, generator=g)
+    return [t.requires_grad_(grad) for t in (q, k, v)], dout
+
+
+def _user_run(fn, qkv, dout, backward: bool) -> None:
+    if not backward:
+        with torch.no_grad():
+            fn(*qkv)
+        return
+    for t in qkv:
+        t.grad = None
+    fn(*qkv).backward(dout)
+
+
+def _sim_causal(q, k, v):
+    return flash_attention(q, k, v, policy="bf16-mixed", causal=True)
+
+
+def _sdpa_causal(q, k, v):
+    gqa = k.shape[1] != q.shape[1]
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def user_table(rows: list[int], threads: int, repeats: int, max_length: int) -> None:
+    """Issue 48's rows (USER_ROWS[i] for i in rows) at `threads` intra-op threads, in this process."""
+    torch.set_num_threads(threads)
+    print(f"{'threads':>7} {'row':>22} {'L':>6} {'sim s':>8} {'sdpa s':>8} {'ratio':>6}  load before-after")
+    for i in rows:
+        name, h, hkv, d, length, backward = USER_ROWS[i]
+        length = min(length, max_length) if max_length else length
+        qkv, dout = _user_inputs(h, hkv, d, length, backward)
+        before = _load()
+        sim, ref = paired(
+            lambda qkv=qkv, dout=dout, bw=backward: _user_run(_sim_causal, qkv, dout, bw),
+            lambda qkv=qkv, dout=dout, bw=backward: _user_run(_sdpa_causal, qkv, dout, bw),
+            _repeats(length, repeats),
+        )
+        print(
+            f"{threads:>7} {name:>22} {length:>6} {sim:8.3f} {ref:8.3f} {sim / ref:6.2f}  {before}-{_load()}",
+            flush=True,
+        )
+
+
+def user_tables(rows: str, threads: list[int], repeats: int, max_length: int) -> None:
+    """user_table for each thread count, each in a fresh process of its own (this script again)."""
+    for n in threads:
+        cmd = [sys.executable, __file__, "--lengths", "0", "--preset-length", "0", "--decode-keys", "0"]
+        cmd += ["--threads", str(n), "--repeats", str(repeats), "--user-rows", rows, "--user-in-process"]
+        cmd += ["--user-max-length", str(max_length)]
+        subprocess.run(cmd, check=True)
+
+
+def _rows(text: str) -> str:
+    """An argparse type: "all", "none" or comma-separated indices into USER_ROWS."""
+    if text in ("all", "none"):
+        return text
+    items = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() and int(x) < len(USER_ROWS) for x in items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed; expected all, none or comma-separated row numbers 0-{len(USER_ROWS) - 1}"
+        )
+    return text
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip() and int(x) > 0]
 
@@ -172,9 +258,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=_count(False), default=5, help="pairs per row (16k: at most 3, 32k: 1)")
     parser.add_argument("--preset-length", type=_count(True), default=2048, help="the presets' shape; 0: skip them")
     parser.add_argument("--decode-keys", type=_count(True), default=131072, help="a decoding step's keys; 0: skip it")
+    parser.add_argument("--user-rows", type=_rows, default="none", help="issue 48's rows: all, none or 0,2,...")
+    parser.add_argument("--user-max-length", type=_count(True), default=0, help="cap each user row's L; 0: none")
+    parser.add_argument("--user-in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))
+    if args.user_rows != "none":
+        rows = list(range(len(USER_ROWS))) if args.user_rows == "all" else [int(x) for x in args.user_rows.split(",")]
+        if args.user_in_process:
+            user_table(rows, _ints(args.threads)[0], max(1, args.repeats), args.user_max_length)
+            return
+        user_tables(args.user_rows, _ints(args.threads), max(1, args.repeats), args.user_max_length)
+    if _ints(args.lengths):
+        speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))
     if args.preset_length > 0:
         preset_table(args.preset_length, max(_ints(args.threads) or [1]), 3)
     if args.decode_keys > 0:

@@ -5,8 +5,10 @@ saved for a bit-for-bit before/after comparison of two source trees (a speed cha
     PYTHONPATH=src python benchmarks/bit_identity.py save /tmp/after.pt
     python benchmarks/bit_identity.py compare /tmp/before.pt /tmp/after.pt    # exit 1 on any difference
 
-Shapes are small but span two query tiles (so the tile thread pool runs) at 2 threads. Inputs are float64,
-except the float32-inputs cases (the float32 tensors a model passes).
+Shapes are small but span two query tiles (so the tile thread pool runs) at 2 threads; `--threads 1` runs every
+query tile in one thread (a single tile too: kernels.native.step's whole-tile C then runs on it). The fast paths
+against torch's ops in the same tree: save once as is and once with FLASHCHECK_NATIVE=0, then compare. Inputs are
+float64, except the float32-inputs cases (the float32 tensors a model passes).
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ def _cases():
         yield f"{pol}/fa1", (200, 260, 2, 2, 16), {"policy": pol, "algorithm": "fa1"}
         yield f"{pol}/exp2-causal-ragged", (150, 400, 2, 2, 16), {"policy": pol, "exp2": True, "causal": True}
         yield f"{pol}/float32-inputs", (520, 300, 2, 2, 64), {"policy": pol, "causal": True}
+    for pol in ("bf16-mixed", "fp32", "fp16-mixed"):  # the C tile's shapes: scales that are no power of two,
+        # causal both ways of Lq != Lk, grouped K / V heads, head dims 32-256, several query tiles (H=8)
+        yield f"{pol}/causal-d128", (300, 300, 2, 2, 128), {"policy": pol, "causal": True}
+        yield f"{pol}/causal-gqa-d96-wide", (260, 390, 4, 2, 96), {"policy": pol, "causal": True, "block_k": 64}
+        yield f"{pol}/causal-gqa-d256-tall", (390, 260, 2, 1, 256), {"policy": pol, "causal": True}
+        yield f"{pol}/causal-gqa-d128-tiles", (1100, 1100, 8, 2, 128), {"policy": pol, "causal": True}
+        yield f"{pol}/gqa-d64-tiles", (1100, 900, 8, 4, 64), {"policy": pol}
+        yield f"{pol}/causal-d32-tiles", (1300, 1300, 8, 8, 32), {"policy": pol, "causal": True, "block_k": 96}
+        # float32 inputs: a forward keeps grouped heads unrepeated (the C tiles read each group)
+        yield f"{pol}/causal-gqa-d128-tiles-float32-inputs", (1100, 1100, 8, 2, 128), {"policy": pol, "causal": True}
+        yield f"{pol}/causal-gqa-d96-wide-float32-inputs", (260, 390, 4, 2, 96), {"policy": pol, "causal": True}
     mask = torch.rand(1, 1, 200, 260, generator=torch.Generator().manual_seed(3)) > 0.3
     yield "bf16-mixed/mask", (200, 260, 2, 2, 16), {"policy": "bf16-mixed", "mask": mask}
     for name in KERNEL_PRESETS:
@@ -51,10 +64,10 @@ def _cases():
         yield f"preset/{name}", shape, kw
 
 
-def save(path: str) -> None:
+def save(path: str, threads: int = 2) -> None:
     from flashcheck.kernels import flash_attention
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     out: dict[str, torch.Tensor] = {}
     for i, (name, (lq, lk, h, hkv, d), kw) in enumerate(_cases()):
         q, k, v = _inputs(lq, lk, h, hkv, d, i)
@@ -99,13 +112,15 @@ def compare(a: str, b: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("save").add_argument("path")
+    sv = sub.add_parser("save")
+    sv.add_argument("path")
+    sv.add_argument("--threads", type=int, choices=(1, 2), default=2, help="intra-op threads (1: every tile in C)")
     cmp = sub.add_parser("compare")
     cmp.add_argument("before")
     cmp.add_argument("after")
     args = parser.parse_args()
     if args.cmd == "save":
-        save(args.path)
+        save(args.path, args.threads)
     else:
         sys.exit(compare(args.before, args.after))
 

@@ -176,7 +176,7 @@ def test_the_fused_max_step_moves_no_bit(causal, monkeypatch):
     used = []
     real = flash_mod.max_sub_
     monkeypatch.setattr(flash_mod, "softmax_step", lambda *a: None)  # kernels.native.step's fused step: its own tests
-    monkeypatch.setattr(flash_mod, "tile_forward", lambda *a: False)  # and its whole tiles in C
+    monkeypatch.setattr(flash_mod, "tile_forward", lambda *a, **kw: False)  # and its whole tiles in C
     monkeypatch.setattr(flash_mod, "max_sub_", lambda s, m: used.append(1) or real(s, m))
     fast = flash_attention(q, k, v, policy="bf16-mixed", causal=causal, block_k=64, return_lse=True)
     assert used  # D = 64: the scale folds, so the scores are NaN-free and the fused step ran

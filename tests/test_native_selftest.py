@@ -20,7 +20,7 @@ LIBRARIES = sorted(p.stem for p in cbuild.SOURCE_DIR.glob("*.c"))
 def test_every_library_has_a_header_of_its_entry_points():
     """Each .c has a .h whose fc_* prototypes type every entry point (ctypes reads them; the C compiler checks the
     definitions against them), and the rooms' wrappers load each library by that name."""
-    assert LIBRARIES == ["fp8", "mma", "presets", "rounding", "step"]
+    assert LIBRARIES == ["bwd", "fp8", "mma", "presets", "rounding", "step"]
     for name in LIBRARIES:
         texts = cbuild.sources(name)
         assert f"{name}.h" in texts, f"{name}.c does not include its header"
@@ -124,12 +124,12 @@ def test_a_wrong_fp8_split_is_refused(planted):
 def test_the_shipped_libraries_prove_every_entry_point():
     """Today's sources: every library loads and passes its self-test over every entry point of its header (or is
     off for a reason of this machine's, never a failed self-test)."""
-    from flashcheck.kernels.native import presets, step
+    from flashcheck.kernels.native import backward, presets, step
     from flashcheck.kernels.tensorcore import mma
 
     statuses = {
         "rounding": rounding.status(), "step": step.status(), "fp8": native_fp8.native_status(),
-        "presets": presets.native_status(), "mma": mma.native_status(),
+        "presets": presets.native_status(), "mma": mma.native_status(), "bwd": backward.status(),
     }  # fmt: skip
     for name, st in statuses.items():
         assert st["available"] or not any(w in st["reason"] for w in ("differs", "did not check")), (name, st)

@@ -80,13 +80,21 @@ CASES = [
     ((1, 2, 300, 300, 64), {"policy": "fp16-mixed", "causal": True}),
     ((1, 2, 300, 260, 64), {"policy": "bf16", "block_k": 37}),
     ((1, 2, 129, 300, 64), {"policy": "fp32", "block_k": 1}),
+    # head dims whose scale is no power of two, causal over several query tiles, bottom-right alignment both ways,
+    # grouped K / V heads (the 6th entry: Hkv)
+    ((1, 8, 1100, 1100, 128), {"policy": "bf16-mixed", "causal": True}),
+    ((1, 4, 260, 390, 96), {"policy": "bf16-mixed", "causal": True, "block_k": 64}),
+    ((1, 2, 390, 260, 32), {"policy": "fp32", "causal": True}),
+    ((1, 8, 700, 700, 128, 2), {"policy": "bf16-mixed", "causal": True}),
+    ((2, 4, 300, 300, 256, 1), {"policy": "fp16-mixed"}),
 ]
 
 
 def _run(shape, kw, seed=0):
-    b, h, lq, lk, d = shape
+    b, h, lq, lk, d = shape[:5]
+    hkv = shape[5] if len(shape) > 5 else h
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, n, d, generator=g) * 2 for n in (lq, lk, lk))
+    q, k, v = (torch.randn(b, n_h, n, d, generator=g) * 2 for n_h, n in ((h, lq), (hkv, lk), (hkv, lk)))
     return flash_attention(q, k, v, return_lse=True, **kw)
 
 
@@ -107,8 +115,8 @@ def test_simulator_bits_unchanged(threads, tiles, monkeypatch):
         calls.append(out is not None)
         return out
 
-    def counting_tile(*a):
-        out = real_tile(*a)
+    def counting_tile(*a, **kw):
+        out = real_tile(*a, **kw)
         calls.append(out)
         return out
 
@@ -117,10 +125,10 @@ def test_simulator_bits_unchanged(threads, tiles, monkeypatch):
     try:
         for shape, kw in CASES:
             monkeypatch.setattr(flash, "softmax_step", counting)
-            monkeypatch.setattr(flash, "tile_forward", counting_tile if tiles else lambda *a: False)
+            monkeypatch.setattr(flash, "tile_forward", counting_tile if tiles else lambda *a, **kw: False)
             got = _run(shape, kw)
-            monkeypatch.setattr(flash, "softmax_step", lambda *a: None)
-            monkeypatch.setattr(flash, "tile_forward", lambda *a: False)
+            monkeypatch.setattr(flash, "softmax_step", lambda *a, **kw: None)
+            monkeypatch.setattr(flash, "tile_forward", lambda *a, **kw: False)
             want = _run(shape, kw)
             for a, b in zip(got, want, strict=True):
                 assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (shape, kw)
@@ -139,16 +147,18 @@ needs_tile = pytest.mark.skipif(
 @pytest.mark.parametrize("p_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_tile_forward_gives_the_step_loops_bits(case, p_dtype, one_thread):
     """A whole tile in C against the step loop with torch's bmm: ragged key blocks, unaligned head offsets,
-    several heads and batches, every output."""
+    several heads and batches, causal steps (top and bottom alignment) on part of the rows, a scale that is no
+    power of two, grouped K / V heads, head dims 16 to 256, every output."""
     if p_dtype == torch.float16 and not native_step._library()[0].fc_has_fp16():
         pytest.skip("no _Float16 in this compiler")
-    shape, spans = native_step._TILE_CASES[case]
-    q, k, v = native_step._tile_case(shape)
-    want = native_step._torch_tile(q, k, v, spans, p_dtype)
+    shape, spans, how = native_step._TILE_CASES[case]
+    q, k, v = native_step._tile_case(shape, sliced=how is not None)
+    want = native_step._torch_tile(q, k, v, spans, p_dtype, how)
     b, h, rows, _ = q.shape
     o = torch.zeros(b, h, rows, v.shape[-1])
     m, l = torch.full((b, h, rows, 1), -float("inf")), torch.zeros(b, h, rows, 1)
-    assert native_step.tile_forward(q, k, v, spans, o, m, l, p_dtype)
+    starts, scale, causal = how if how is not None else (None, 1.0, None)
+    assert native_step.tile_forward(q, k, v, spans, o, m, l, p_dtype, starts=starts, scale=scale, causal=causal)
     for a, got in zip(want, (o, m, l), strict=True):
         assert torch.equal(_bits(a), _bits(got)), (shape, p_dtype)
 
@@ -174,7 +184,7 @@ def test_tile_forward_off_where_torch_would_run_threaded():
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        q, k, v = native_step._tile_case((1, 2, 9, 70, 16, 16))
+        q, k, v = native_step._tile_case((1, 2, 2, 9, 70, 16, 16))
         o, m, l = torch.zeros(1, 2, 9, 16), torch.full((1, 2, 9, 1), -float("inf")), torch.zeros(1, 2, 9, 1)
         assert not native_step.tile_forward(q, k, v, [(0, 70)], o, m, l, torch.float32)
         assert torch.equal(o, torch.zeros_like(o))
@@ -189,8 +199,8 @@ from flashcheck.kernels.native import step as native_step
 from tests.test_native_step import CASES, _run
 torch.set_num_threads(1)
 outs = [_run(s, kw) for s, kw in CASES]
-flash.softmax_step = lambda *a: None
-flash.tile_forward = lambda *a: False
+flash.softmax_step = lambda *a, **kw: None
+flash.tile_forward = lambda *a, **kw: False
 same = all(torch.equal(a, b) for (s, kw), got in zip(CASES, outs) for a, b in zip(got, _run(s, kw)))
 print(json.dumps({"status": native_step.status(), "same": same}))
 """
@@ -233,3 +243,34 @@ def test_doctor_reports_the_step():
 
     line = doctor._native_step()
     assert set(line) >= {"available", "reason", "capability", "tile_loop", "tile_reason"}
+
+
+@needs_tile
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_heads_run_without_a_repeated_copy(threads, monkeypatch):
+    """A forward (no autograd) of grouped K / V heads: the C tiles read each group for its query heads (K and V are
+    never repeated), and the output and LSE are the bits of the forward that repeats them (autograd on, and the
+    step loop with torch's ops), over several query tiles, causal, D = 128."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 8, 1100, 128, generator=g)
+    k, v = (torch.randn(1, 2, 1100, 128, generator=g) for _ in range(2))
+    kw = {"policy": "bf16-mixed", "causal": True, "return_lse": True}
+    real, repeats = flash.expand_kv_heads, []
+    monkeypatch.setattr(flash, "expand_kv_heads", lambda *a: repeats.append(1) or real(*a))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            fast = flash_attention(q, k, v, **kw)
+        assert not repeats
+        want = flash_attention(*(t.clone().requires_grad_(True) for t in (q, k, v)), **kw)
+        assert repeats
+        monkeypatch.setattr(flash, "softmax_step", lambda *a, **kw: None)
+        monkeypatch.setattr(flash, "tile_forward", lambda *a, **kw: False)
+        with torch.no_grad():
+            loop = flash_attention(q, k, v, **kw)  # grouped heads too: the loop repeats them where it runs
+    finally:
+        torch.set_num_threads(old)
+    for a, b, c in zip(fast, want, loop, strict=True):
+        assert torch.equal(a.view(torch.int32), b.detach().view(torch.int32))
+        assert torch.equal(a.view(torch.int32), c.view(torch.int32))

@@ -477,7 +477,7 @@ def _fresh_fa1(s, v_j, o, m, l, pol, exp, untiled):
     return rnd(num / torch.where(l_new == 0, torch.ones_like(l_new), l_new), pol, "accum"), m_new, l_new
 
 
-def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False, _ops=None):  # scales the products itself; no MMA
+def _fresh_tile(q, k, v, rows, steps, cfg, pol, _fold=False, _ops=None, _finite=False, _kv=None):  # no MMA, no groups
     from flashcheck.kernels.sim.masks import tile_bias
     from flashcheck.kernels.sim.ops import resolve_scale, rnd
     from flashcheck.kernels.sim.tiles import mm_rows

@@ -118,6 +118,7 @@ def diagnose(
         "simulator_rounding": _native_rounding(),
         "simulator_mma": _native_mma(),
         "simulator_step": _native_step(),
+        "simulator_backward": _native_backward(),
         "simulator_fp8": _native_fp8(),
         "simulator_preset_steps": _native_preset(),
     }
@@ -136,6 +137,14 @@ def _native_step() -> dict:
     from flashcheck.kernels.native import step as native_step
 
     return native_step.status()
+
+
+def _native_backward() -> dict:
+    """kernels.native.backward's status: whether the FA2 backward's passes between its products run in C, or why
+    they run torch's ops (same bits either way)."""
+    from flashcheck.kernels.native import backward as native_bwd
+
+    return native_bwd.status()
 
 
 def _native_fp8() -> dict:

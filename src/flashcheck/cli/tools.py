@@ -299,6 +299,9 @@ def _print_simulator(c, report: dict) -> None:
     c.print(f"simulator's FA2 step (softmax, P, accumulator): {how}")
     how = "one C call per tile (torch's MKL sgemm)" if step.get("tile_loop") else escape(step.get("tile_reason", ""))
     c.print(f"simulator's plain FA2 query tiles: {how}")
+    bwd = report.get("simulator_backward", {"available": False, "reason": "not reported"})
+    how = "C routines (torch's products)" if bwd["available"] else escape(bwd["reason"])
+    c.print(f"simulator's FA2 backward passes (P, dS, dQ / dK updates): {how}")
     fp8 = report["simulator_fp8"]
     c.print(f"simulator's FP8 / integer quantisation: {'C routine' if fp8['available'] else escape(fp8['reason'])}")
     pre = report["simulator_preset_steps"]

@@ -99,11 +99,11 @@ def _tile_ok() -> str:
 def _tile_test(lib, vexp: int, width: int) -> str:
     """'' when fc_tile_forward gives the torch step loop's bits on _TILE_CASES, else which case differs."""
     with _threads(1):
-        for shape, spans in _TILE_CASES:
+        for shape, spans, how in _TILE_CASES:
             for p_dtype in (torch.float32, torch.bfloat16):
-                q, k, v = _tile_case(shape)
-                want = _torch_tile(q, k, v, spans, p_dtype)
-                got = _tile_run(lib, vexp, width, q, k, v, spans, p_dtype)
+                q, k, v = _tile_case(shape, sliced=how is not None)
+                want = _torch_tile(q, k, v, spans, p_dtype, how)
+                got = _tile_run(lib, vexp, width, q, k, v, spans, p_dtype, how)
                 if not all(_same(a, b) for a, b in zip(want, got, strict=True)):
                     return f"the tile loop differs from torch's steps ({shape}, P in {p_dtype})"
     return ""
@@ -184,29 +184,56 @@ def tile_forward(
     m: torch.Tensor,
     l: torch.Tensor,
     p_dtype: torch.dtype,
+    *,
+    starts: list[int] | None = None,
+    scale: float = 1.0,
+    causal: tuple[int, int] | None = None,
 ) -> bool:
-    """A whole query tile of the plain FA2 forward in one C call (the GIL released throughout): for q [B, H, R, D]
-    contiguous (the tile's rows, scale folded in), k [B, H, Lk, D], v [B, H, Lk, Dv] (columns contiguous) and
-    each key block (c0, c1) of `spans` in turn, the step kernels.sim.flash._fused_step runs with torch's bmm, on every
-    row at once: scores S = Q K_j^T, the softmax of softmax_step (P rounded to p_dtype), P V_j and acc_update,
-    into o [B, H, R, Dv], m, l [B, H, R, 1] (contiguous; zeros, -inf, zeros at the start). Bit for bit the step
-    loop's: rows are independent, the products are MKL's sgemm on the very operands and leading dimensions of
-    bmm's, its outputs at the same alignment (see fc_tile_forward), checked at load (_tile_ok). False (nothing
-    touched) where it does not apply: a product torch's bmm forms otherwise (under _BMM_SMALL multiply-adds per
-    matrix: its own loops; a single key column: measured to differ from sgemm's)."""
-    if not spans or p_dtype not in _P_FORMATS or not _usable(q) or _tile_ok():
+    """A whole query tile of the FA2 forward in one C call (the GIL released throughout): for q [B, H, R, D] (the
+    tile's rows, each head's contiguous: a row slice of the whole Q), k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
+    (columns contiguous; Hkv divides H, query head h reads K / V head h // (H / Hkv): grouped heads without a
+    copy) and each key block (c0, c1) of `spans` in turn, on the tile's rows from starts[t] on (None: all), the
+    step kernels.sim.flash._query_tile runs with torch's bmm: scores S = Q K_j^T, times `scale` unless 1 (torch's
+    float32 mul_), plus the causal bias where the step's block has a masked entry (causal = (row0, offset): the
+    tile's first row in the sequence and Lk - Lq; row i sees key j iff j <= i + offset), the softmax of
+    softmax_step (P rounded to p_dtype), P V_j and acc_update, into o [B, H, R, Dv], m, l [B, H, R, 1]
+    (contiguous; zeros, -inf, zeros at the start). Bit for bit the step loop's: rows are independent, the products
+    are MKL's sgemm on the very operands and leading dimensions of bmm's, its outputs at the same alignment (see
+    fc_tile_forward), checked at load (_tile_ok). The scores must be NaN-free (finite inputs, no overflow: the
+    caller's guarantee). False (nothing touched) where it does not apply: a product torch's bmm forms otherwise
+    (under _BMM_SMALL multiply-adds per matrix: its own loops; a single key column or query row: measured to
+    differ from sgemm's)."""
+    if not spans or p_dtype not in _P_FORMATS or torch.get_num_threads() != 1:
         return False
+    if q.dtype != torch.float32 or q.device.type != "cpu" or q.requires_grad:
+        return False
+    if _tile_ok() or q.dim() != 4 or q.stride(-1) != 1 or q.stride(-2) != q.shape[-1]:
+        return False
+    if q.shape[0] > 1 and q.shape[1] > 1 and q.stride(0) != q.shape[1] * q.stride(1):
+        return False  # heads the C does not step through at one stride (bmm would copy them)
     if torch.get_float32_matmul_precision() != "highest":  # bmm may then run oneDNN's reduced-precision product
         return False
     lib, vexp, width, _ = _library()
-    b, h, rows, d = q.shape
-    dv, width_k = v.shape[-1], max(c1 - c0 for c0, c1 in spans)
     if p_dtype == torch.float16 and not lib.fc_has_fp16():
         return False
-    tensors = (k, v, o, m, l)
+    starts = [0] * len(spans) if starts is None else list(starts)
+    if not _tile_shapes_ok(q, (k, v, o, m, l), spans, starts):
+        return False
+    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, (starts, scale, causal))
+    return True
+
+
+def _tile_shapes_ok(q: torch.Tensor, tensors, spans: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether tile_forward's other operands (k, v, o, m, l) fit q [B, H, R, D] and every step's products are
+    sgemm's as torch's bmm forms them."""
+    k, v, o, m, l = tensors
+    b, h, rows, d = q.shape
+    dv, width_k = v.shape[-1], max(c1 - c0 for c0, c1 in spans)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.requires_grad for t in tensors):
         return False
-    if k.dim() != 4 or v.dim() != 4 or k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[-1] != d:
+    if k.dim() != 4 or v.dim() != 4 or k.shape[0] != b or v.shape[:2] != k.shape[:2] or k.shape[-1] != d:
+        return False
+    if k.shape[1] < 1 or h % k.shape[1] or len(starts) != len(spans):
         return False
     if k.stride(-1) != 1 or v.stride(-1) != 1 or not all(t.is_contiguous() for t in (o, m, l)):
         return False
@@ -214,71 +241,101 @@ def tile_forward(
         return False
     if max(rows, d, dv, width_k, k.stride(-2), v.stride(-2), b * h * rows * max(width_k, dv)) >= 2**31:
         return False  # sgemm_'s 32-bit sizes
-    if not all(c1 - c0 >= 2 and min(d, dv) * rows * (c1 - c0) >= _BMM_SMALL for c0, c1 in spans):
-        return False  # products torch's bmm does not hand to sgemm (a step's bits would move)
-    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype)
+    for (c0, c1), i0 in zip(spans, starts, strict=True):
+        if not 0 <= i0 <= rows - 2 or c1 - c0 < 2 or min(d, dv) * (rows - i0) * (c1 - c0) < _BMM_SMALL:
+            return False  # products torch's bmm does not hand to sgemm (a step's bits would move)
     return True
 
 
-def _tile_call(lib, vexp: int, width: int, qkv, spans, oml, p_dtype: torch.dtype) -> None:
+def _tile_call(lib, vexp: int, width: int, qkv, spans, oml, p_dtype: torch.dtype, how=None) -> None:
+    """fc_tile_forward on the tensors; how = (starts, scale, causal) as tile_forward takes them (None: all rows,
+    no scale, not causal)."""
     (q, k, v), (o, m, l) = qkv, oml
+    starts, scale, causal = how if how is not None else ([0] * len(spans), 1.0, None)
     b, h, rows, d = q.shape
     width_k = max(c1 - c0 for c0, c1 in spans)
     bufs = [torch.empty(rows * n + 16, dtype=torch.float32) for n in (width_k, v.shape[-1])]  # 64-byte aligned
-    flat = torch.tensor([c for span in spans for c in span], dtype=torch.int64)
+    flat = torch.tensor([c for (c0, c1), i0 in zip(spans, starts, strict=True) for c in (c0, c1, i0)],
+                        dtype=torch.int64)  # fmt: skip
     tmp = torch.empty(2 * rows, dtype=torch.float32)
+    row0, off = causal if causal is not None else (0, 0)
     lib.fc_tile_forward(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), b * h, h, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
-        v.stride(1), v.stride(2), rows, d, v.shape[-1], flat.data_ptr(), len(spans), o.data_ptr(), m.data_ptr(),
-        l.data_ptr(), bufs[0].data_ptr(), bufs[1].data_ptr(), tmp.data_ptr(), width, _P_FORMATS[p_dtype], vexp,
-        VML_MODE, _mkl_local(), _sgemm(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), b * h, h, h // k.shape[1], q.stride(1) if h > 1 else q.stride(0),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), rows, d, v.shape[-1], flat.data_ptr(), len(spans), scale,
+        causal is not None, row0, off, o.data_ptr(), m.data_ptr(), l.data_ptr(), bufs[0].data_ptr(),
+        bufs[1].data_ptr(), tmp.data_ptr(), width, _P_FORMATS[p_dtype], vexp, VML_MODE, _mkl_local(), _sgemm(),
     )  # fmt: skip
 
 
 _BMM_SMALL = 400  # aten's bmm forms a product of fewer multiply-adds (contraction * rows * columns) in plain loops
+_SCALE = 1 / math.sqrt(96)  # a score scale that is no power of two (head dims 32, 96, 128, 256 have such scales)
+# (shape (B, H, Hkv, rows, Lk, D, Dv), spans, how): how = (starts, scale, causal (row0, offset)) or None
 _TILE_CASES = [
-    ((1, 2, 37, 300, 64, 64), [(0, 128), (128, 256), (256, 300)]),
-    ((2, 3, 64, 200, 32, 48), [(100, 200), (0, 100)]),
-    ((1, 4, 160, 256, 64, 64), [(0, 128), (128, 256)]),
-    ((1, 2, 9, 70, 16, 16), [(0, 33), (33, 66), (66, 70)]),
-    ((1, 3, 13, 90, 24, 40), [(45, 90), (0, 45)]),
-    ((1, 2, 8, 6, 64, 32), [(0, 2), (2, 4), (4, 6)]),
+    ((1, 2, 2, 37, 300, 64, 64), [(0, 128), (128, 256), (256, 300)], None),
+    ((2, 3, 3, 64, 200, 32, 48), [(100, 200), (0, 100)], None),
+    ((1, 4, 4, 160, 256, 64, 64), [(0, 128), (128, 256)], None),
+    ((1, 2, 2, 9, 70, 16, 16), [(0, 33), (33, 66), (66, 70)], None),
+    ((1, 3, 3, 13, 90, 24, 40), [(45, 90), (0, 45)], None),
+    ((1, 2, 2, 8, 6, 64, 32), [(0, 2), (2, 4), (4, 6)], None),
+    ((1, 2, 2, 100, 300, 128, 128), [(0, 128), (128, 256), (256, 300)], ([0, 0, 0], _SCALE, None)),
+    # causal: a tile of rows 128..256 of Lq = Lk = 300, blocks of 64 (the last ones start inside the tile)
+    ((1, 2, 2, 128, 300, 96, 96), [(0, 64), (64, 128), (128, 192), (192, 256)], ([0, 0, 0, 64], _SCALE, (128, 0))),
+    # bottom-right causal, Lq = 200 < Lk = 330 (offset 130), grouped heads 4:2, batch 2, odd row starts
+    ((2, 4, 2, 200, 330, 32, 32), [(0, 100), (100, 200), (200, 300), (300, 330)], ([0, 0, 70, 170], 0.125, (0, 130))),
+    # causal with Lq = 260 > Lk = 200 (offset -60): a tile of rows 100..260; grouped heads 6:1; head dim 256
+    ((1, 6, 1, 160, 200, 256, 256), [(0, 100), (100, 200)], ([0, 60], 1 / 16, (100, -60))),
 ]  # fmt: skip
 
 
-def _tile_case(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    b, h, rows, lk, d, dv = shape
-    g = torch.Generator().manual_seed(rows * 31 + lk)
-    q = torch.randn(b, h, rows, d, generator=g) * 0.25
-    k = torch.randn(b, h, lk, d, generator=g) * 2
-    v = torch.randn(b, h, lk, dv, generator=g)
+def _tile_case(shape: tuple[int, ...], sliced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of a _TILE_CASES shape; sliced: q rows 5:5 + rows of a longer Q (a query tile's view)."""
+    b, h, hkv, rows, lk, d, dv = shape
+    g = torch.Generator().manual_seed(rows * 31 + lk + d)
+    q = (torch.randn(b, h, rows + 12, d, generator=g) * 0.25)[..., 5 : 5 + rows, :] if sliced else None
+    q = torch.randn(b, h, rows, d, generator=g) * 0.25 if q is None else q
+    k = torch.randn(b, hkv, lk, d, generator=g) * 2
+    v = torch.randn(b, hkv, lk, dv, generator=g)
     return q, k, v
 
 
-def _torch_tile(q, k, v, spans, p_dtype):
-    """The step loop with torch's ops (bmm into flat buffers as kernels.sim.flash lays them out): (o, m, l)."""
+def _torch_tile(q, k, v, spans, p_dtype, how=None):
+    """The step loop with torch's ops as kernels.sim.flash._query_tile runs it (bmm into flat buffers laid out as
+    its scratch, grouped K / V heads repeated, a step on its rows from starts[t], the scale's mul_, the causal
+    bias's add_): (o, m, l)."""
     b, h, rows, _ = q.shape
+    starts, scale, causal = how if how is not None else ([0] * len(spans), 1.0, None)
+    k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
     dv = v.shape[-1]
     o = torch.zeros(b, h, rows, dv)
     m, l = torch.full((b, h, rows, 1), -math.inf), torch.zeros(b, h, rows, 1)
     width = max(c1 - c0 for c0, c1 in spans)
     s_buf, pv_buf = torch.empty(b * h * rows * width), torch.empty(b * h * rows * dv)
-    for c0, c1 in spans:
-        s = s_buf[: b * h * rows * (c1 - c0)].view(b, h, rows, c1 - c0)
-        torch.matmul(q, k[..., c0:c1, :].transpose(-1, -2), out=s)
-        p, m, l, alpha = _torch_step(s, m, l, p_dtype)
-        pv = pv_buf[: b * h * rows * dv].view(b, h, rows, dv)
+    for (c0, c1), i0 in zip(spans, starts, strict=True):
+        nr = rows - i0
+        s = s_buf[: b * h * nr * (c1 - c0)].view(b, h, nr, c1 - c0)
+        torch.matmul(q[..., i0:, :], k[..., c0:c1, :].transpose(-1, -2), out=s)
+        if scale != 1.0:
+            s.mul_(scale)
+        if causal is not None:
+            i = torch.arange(causal[0] + i0, causal[0] + rows).unsqueeze(-1)
+            keep = torch.arange(c0, c1).unsqueeze(0) <= i + causal[1]
+            if not bool(keep.all()):
+                s.add_(torch.zeros(keep.shape).masked_fill(~keep, -math.inf))
+        p, m_new, l_new, alpha = _torch_step(s, m[..., i0:, :], l[..., i0:, :], p_dtype)
+        m[..., i0:, :], l[..., i0:, :] = m_new, l_new
+        pv = pv_buf[: b * h * nr * dv].view(b, h, nr, dv)
         torch.matmul(p, v[..., c0:c1, :], out=pv)
-        o.mul_(alpha).add_(pv)
+        o[..., i0:, :].mul_(alpha).add_(pv)
     return o, m, l
 
 
-def _tile_run(lib, vexp, width, q, k, v, spans, p_dtype):
+def _tile_run(lib, vexp, width, q, k, v, spans, p_dtype, how=None):
     b, h, rows, _ = q.shape
     dv = v.shape[-1]
     o = torch.zeros(b, h, rows, dv)
     m, l = torch.full((b, h, rows, 1), -math.inf), torch.zeros(b, h, rows, 1)
-    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype)
+    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, how)
     return o, m, l
 
 

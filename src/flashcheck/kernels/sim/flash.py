@@ -21,10 +21,11 @@ import torch
 
 from flashcheck.core.numerics import Format, Policy, info, parse_policy
 from flashcheck.kernels.formats.fastmath import column_mask, exp2_fa4, mm_accumulate, rcp_approx
+from flashcheck.kernels.native import backward as native_bwd
 from flashcheck.kernels.native.presets import ex2_columns
 from flashcheck.kernels.native.rounding import max_sub_
 from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
-from flashcheck.kernels.sim.fp8 import round_inputs
+from flashcheck.kernels.sim.fp8 import casts_only, round_inputs
 from flashcheck.kernels.sim.gradfix import RowSumFix, delta_operand, visible
 from flashcheck.kernels.sim.masks import first_row_needing, tile_bias
 from flashcheck.kernels.sim.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
@@ -37,6 +38,7 @@ from flashcheck.kernels.sim.ops import (
     rnd_,
     rnd_fresh,
     safe_max,
+    scores_are_finite,
     settle_exp,
 )
 from flashcheck.kernels.sim.quantized import quantize_p, uses_quantized_inputs
@@ -214,8 +216,12 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     tiles = row_chunks(lq, tile_rows)
     if ops is None:  # the tensor-core models' operands, or None
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
-    fold = prescale_is_exact(q, k, _score_scale(cfg, q.shape[-1])) and (ops is None or ops.model_qk is None)
-    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l))
+    sc = _score_scale(cfg, q.shape[-1])
+    fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
+    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C
+    finite = not fold and _plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc)
+    kv = _GroupedKV(q, k, v) if k.shape[1] != h else None  # grouped heads: repeated only where a tile needs it
+    _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite, kv=kv)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
         sk = cfg.sink.to(l.dtype).view(1, -1, 1, 1) * (LOG2E if cfg.exp2 else 1.0)
         m = torch.where(torch.isneginf(m), sk, m)
@@ -246,7 +252,18 @@ def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol
 
 
 def _run_tiles(
-    q, k, v, tiles: list[tuple[int, int]], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool, ops, out
+    q,
+    k,
+    v,
+    tiles: list[tuple[int, int]],
+    steps: list[_Tiles],
+    cfg: FlashConfig,
+    pol: Policy,
+    fold: bool,
+    ops,
+    out,
+    finite: bool = False,
+    kv: _GroupedKV | None = None,
 ) -> None:
     """_query_tile of every tile, each written into its rows of out = (o, m, l) by the thread that ran it. On the
     CPU, tiles run side by side on up to torch's intra-op thread count (no more than the cores free now, see
@@ -266,7 +283,7 @@ def _run_tiles(
     threads = torch.get_num_threads()
     if q.device.type != "cpu" or threads == 1 or len(tiles) == 1:
         for rows in tiles:
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite, kv))
         return
     workers = min(len(tiles), threads, free_cores())
 
@@ -275,7 +292,7 @@ def _run_tiles(
     def one(rows: tuple[int, int]) -> None:
         torch.set_num_threads(1)
         with torch.inference_mode(inference):  # out made under inference mode is written in place by the workers
-            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops))
+            put(rows, _query_tile(q, k, v, rows, steps, cfg, pol, fold, ops, finite, kv))
 
     try:
         if workers <= 1:
@@ -341,14 +358,18 @@ class _Scratch:
 
 
 def _query_tile(
-    q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False, ops=None
-):
+    q, k, v, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, fold: bool = False, ops=None,
+    finite: bool = False, kv: _GroupedKV | None = None,
+):  # fmt: skip
     """(o, m, l) [B, H, r1 - r0, Dv or 1] of query rows r0:r1 after every key block: the online softmax of
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
-    pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None)."""
+    pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None).
+    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite). `kv`: k and v hold
+    grouped K / V heads (fewer than q's), which the whole-tile C reads as they are; the step loop takes them
+    repeated to q's heads from kv."""
     r0, r1 = rows
-    b, h, _, dv = v.shape
+    (b, h), dv = q.shape[:2], v.shape[-1]
     sc = _score_scale(cfg, q.shape[-1])
     q_t = q[..., r0:r1, :] * sc if fold else q[..., r0:r1, :]
     exp = torch.exp2 if cfg.exp2 else torch.exp
@@ -357,16 +378,15 @@ def _query_tile(
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
-    if step is _fa2_step and fold and cfg.mask is None:  # fold: finite inputs, no overflow (ops.prescale_is_exact)
+    if step is _fa2_step and (fold or finite) and cfg.mask is None:  # finite inputs, no overflow (see _forward_tiles)
         extra["nan_free"] = True
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
     lq, lk, sc_s = q.shape[-2], k.shape[-2], 1.0 if fold else sc
-    if step is _fa2_step and extra.get("nan_free") and _plain_tile(q_t, cfg, pol, ops, lq):
-        p_dtype = _p_dtype(pol, q.dtype)  # the whole tile in one C call where it applies: _fused_step's bits
-        spans = [(t.c0, t.c1) for t in steps]
-        if p_dtype is not None and tile_forward(q_t, k, v, spans, o, m, l, p_dtype):
-            return o, m, l
+    whole = step is _fa2_step and extra.get("nan_free")  # the whole tile in one C call where it applies
+    if whole and _whole_tile(q_t, (k, v, lq), rows, steps, cfg, pol, ops, sc_s, (o, m, l)):
+        return o, m, l
+    k, v = kv.repeated() if kv is not None else (k, v)
     width = max((t.c1 - t.c0 for t in steps), default=0)
     scratch = _Scratch.make(b * h * (r1 - r0), width, dv, q.dtype, pol, q.device)
     pv_full = _Scratch.view(scratch.pv, (b, h, r1 - r0, dv))
@@ -397,24 +417,76 @@ def _query_tile(
     return o, m, l
 
 
-def _plain_tile(q_t: torch.Tensor, cfg: FlashConfig, pol: Policy, ops, lq: int) -> bool:
+def _whole_tile(
+    q_t, kvl, rows: tuple[int, int], steps: list[_Tiles], cfg: FlashConfig, pol: Policy, ops, scale: float, oml
+) -> bool:
+    """True when the nan_free FA2 query tile of `rows` (q_t: its rows of Q; kvl: K, V and Lq) ran in one C call
+    (kernels.native.step.tile_forward: _fused_step's bits, the scores times `scale` unless 1) into oml = (o, m, l),
+    or had no step to run; False (nothing touched): the step loop runs it."""
+    k, v, lq = kvl
+    plan = _tile_plan(steps, rows, lq)
+    if plan is None or not _plain_config(q_t.dtype, cfg, pol, ops):
+        return False
+    if not plan[0]:  # no key block reaches these rows (causal, Lq > Lk): nothing to run
+        return True
+    p_dtype = _p_dtype(pol, q_t.dtype)
+    causal = (rows[0], k.shape[-2] - lq) if cfg.causal else None
+    o, m, l = oml
+    return p_dtype is not None and tile_forward(
+        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal
+    )
+
+
+class _GroupedKV:
+    """Grouped K / V heads [B, Hkv, Lk, D] of a forward of H query heads, repeated to H heads (expand_kv_heads)
+    once, by the first query tile that needs them (thread-safe: the tile pool's workers share it)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.q, self.k, self.v = q, k, v
+        self.full: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.lock = threading.Lock()
+
+    def repeated(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.lock:
+            if self.full is None:
+                self.full = expand_kv_heads(self.q, self.k, self.v)
+            return self.full
+
+
+def _plain_config(work: torch.dtype, cfg: FlashConfig, pol: Policy, ops) -> bool:
     """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
-    update in C and nothing else on the rows: no causal rows or mask, torch's float32 product for the scores
-    (no MMA model, no narrow accumulator) in the working dtype, the score scale folded into Q (nan_free), the
-    stats and accumulator stages the working dtype, natural exp, every step on all the tile's rows at their
-    own product shape (mm_rows pads none)."""
-    work = q_t.dtype
+    update in C and nothing else on the rows: no user mask (causal is fine), torch's float32 product for the
+    scores (no MMA model, no narrow accumulator) in the working dtype, the stats and accumulator stages the working
+    dtype, natural exp, no tie_beta, no stage knobs or probe."""
     return (
         work == torch.float32
-        and not cfg.causal
+        and cfg.algorithm == "fa2"
         and cfg.mask is None
         and not cfg.exp2
         and cfg.tie_beta is None
+        and cfg.p_probe is None
+        and not step_knobs(pol)
         and (ops is None or ops.model_qk is None)
         and not (pol.qk_acc_bits and pol.score != Format.FP64)
         and all(info(pol.stage(st)).dtype == work for st in ("score", "stats", "accum"))
-        and q_t.shape[-2] >= min(MIN_ROWS, lq)
     )
+
+
+def _tile_plan(steps: list[_Tiles], rows: tuple[int, int], lq: int) -> tuple[list, list[int]] | None:
+    """The key blocks (c0, c1) a query tile's rows r0:r1 run through, and each one's first row in the tile (a
+    causal step starts at its first row that sees the block, as _query_tile's loop); None where a step's product
+    would be padded (mm_rows: fewer rows than min(MIN_ROWS, its rows unchunked)), which tile_forward does not do."""
+    r0, r1 = rows
+    spans, starts = [], []
+    for t in steps:
+        a = max(r0, t.r0)
+        if a >= r1:
+            continue
+        if r1 - a < min(MIN_ROWS, lq - t.r0):
+            return None
+        spans.append((t.c0, t.c1))
+        starts.append(a - r0)
+    return spans, starts
 
 
 def _p_dtype(pol: Policy, work: torch.dtype) -> torch.dtype | None:
@@ -599,9 +671,19 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     fix = RowSumFix(q) if pol.ds_correction else None
+    p_dtype = _native_backward((q, k, v, do, dq, dk, dv, lse_safe, delta), cfg, pol, sc) if fix is None else None
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
+        if p_dtype is not None:  # the same products; the passes between them in C (kernels.native.backward)
+            s = mm(q_r, k_j.transpose(-1, -2), pol)
+            causal = (t.r0, t.c0, lk - lq) if cfg.causal else None
+            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal)  # s holds P
+            dv[..., t.c0 : t.c1, :] = mm(p_g.transpose(-1, -2), do_r, pol)
+            ds = native_bwd.ds(mm(do_r, v_j.transpose(-1, -2), pol), s, delta[..., t.r0 :, :], p_dtype)
+            native_bwd.scale_add(dq[..., t.r0 :, :], mm(ds, k_j, pol), s_nat, True)
+            native_bwd.scale_add(dk[..., t.c0 : t.c1, :], mm(ds.transpose(-1, -2), q_r, pol), s_nat, False)
+            continue
         p = exp(_scores(q_r, k_j, t, lq, lk, cfg, pol, sc).sub_(lse_safe[..., t.r0 :, :]))
         dv[..., t.c0 : t.c1, :] = rnd(mm(rnd(p, pol, "grad_p").transpose(-1, -2), do_r, pol), pol, "grad_accum")
         dp = rnd(mm(do_r, v_j.transpose(-1, -2), pol), pol, "grad_score")
@@ -614,6 +696,27 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     if fix is not None:
         dq, dk = _remove_ds_row_sums(fix, q, dq, dk, cfg, pol, s_nat)
     return tuple(rnd(g, pol, "grad_output") for g in (dq, dk, dv))
+
+
+def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
+    """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
+    (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO, the gradients, the
+    LSE and delta, contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32
+    itself, and inputs whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more
+    than one answer)."""
+    q, k, v, do = tensors[:4]
+    if (
+        cfg.mask is not None
+        or cfg.exp2
+        or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum"))
+    ):
+        return None
+    p_dtype = {Format.FP32: torch.float32, **_NATIVE_P}.get(pol.stage("grad_p"))
+    if p_dtype is None or not native_bwd.usable(p_dtype):
+        return None
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        return None
+    return p_dtype if scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) else None
 
 
 def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) -> torch.Tensor:
@@ -676,6 +779,16 @@ class _FlashFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+def _grouped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: FlashConfig) -> bool:
+    """Whether a forward (no autograd) may keep grouped K / V heads as they are (no repeated copy): its inputs are
+    only cast, element by element (so rounding the groups and repeating them is the same), and its query tiles
+    may run in C (_plain_config), which reads each group for its query heads; the step loop repeats them itself."""
+    pol = cfg.policy
+    if k.shape[1] == q.shape[1] or cfg.sink is not None or pol.qk_mma or pol.pv_mma or not casts_only(q, k, v, pol):
+        return False
+    return _plain_config(pol.work_dtype, cfg, pol, None) and cfg.keys is None
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -726,7 +839,8 @@ def flash_attention(
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
-    k, v = expand_kv_heads(q, k, v)
+    if grads or not _grouped_forward(q, k, v, cfg):
+        k, v = expand_kv_heads(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out, lse = _FlashFunction.apply(q, k, v, cfg)
     if return_lse:

@@ -79,6 +79,12 @@ def round_inputs(
     return qr, kr, vr, rot
 
 
+def casts_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
+    """True when round_inputs only casts each element of float32 q, k, v (so rounding grouped K / V heads and then
+    repeating them gives the repeated heads' rounding)."""
+    return _plain_float32(q, k, v, policy)
+
+
 def _plain_float32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Policy) -> bool:
     """float32 inputs that the policy only casts (to a float format of at most float32's width, in float32)."""
     plain = policy.work_dtype == torch.float32 and not policy.hadamard and not policy.exact_inputs

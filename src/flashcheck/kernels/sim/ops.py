@@ -107,6 +107,20 @@ def prescale_is_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     return quantum >= 2.0**-126 and min(tiny) * min(scale, 1.0) >= 2.0**-102  # scaled operands stay normal
 
 
+def scores_are_finite(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """True when every partial sum of q @ k^T (float32 or wider) and its product with `scale` are finite, so the
+    scores are NaN-free: finite inputs and D * max|q| * max|k| * max(scale, 1) below 2^126 (a bound on every
+    partial sum, with room for its roundings)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return True
+    his = []
+    for t in (q.detach(), k.detach()):
+        stats = native_abs_stats(t)  # one C pass where it applies (max |t|: NaN where t has a NaN)
+        his.append(stats[1] if stats is not None else float(t.abs().amax()))
+    big = his[0] * his[1] * q.shape[-1] * max(scale, 1.0)
+    return math.isfinite(big) and big < 2.0**126
+
+
 def _least_nonzero(a: torch.Tensor) -> float:
     """The least nonzero entry of a (inf when every entry is zero)."""
     return float(torch.where(a == 0, torch.full_like(a, math.inf), a).amin())

@@ -231,39 +231,53 @@ typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int
                          const float *a, const int *lda, const float *b, const int *ldb, const float *beta, float *c,
                          const int *ldc);
 
-/* A whole query tile of the plain FA2 forward, head by head, each head's rows through every key block in the
-   given order (a row's steps in the same order as the step-by-step loop; the head's scores, P, P.V and O stay in
-   cache). Per step, as torch's step runs it: S = Q K_j^T (torch's own MKL sgemm, on the very pointers and leading
-   dimensions bmm hands it: head h's S and P.V blocks at the offsets of a [heads, rows, n] block), the softmax of
-   fc_softmax_step, PV = P V_j, then O = O * alpha + PV (fc_acc_update). q [heads, rows, d] contiguous; head h of
-   k / v at k + (h / hn) * ksb + (h % hn) * ksh (rows of kr / vr floats apart, columns contiguous); spans: nsteps
-   (c0, c1) pairs; o [heads, rows, dv], m, l [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start);
-   s: rows * (widest span) + 16 floats, pv: rows * dv + 16 floats (both 64-byte aligned), tmp: 2 * rows floats. */
-void fc_tile_forward(const float *q, const float *k, const float *v, int64_t heads, int64_t hn, int64_t ksb,
-                     int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr, int64_t rows, int64_t d, int64_t dv,
-                     const int64_t *spans, int64_t nsteps, float *o, float *m, float *l, float *s, float *pv,
-                     float *tmp, int w, int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr, void *sgemm_ptr) {
+/* A whole query tile of the FA2 forward (plain or causal), head by head, each head's rows through every key block
+   in the given order (a row's steps in the same order as the step-by-step loop; the head's scores, P, P.V and O stay
+   in cache). Step t covers key columns c0..c1 and the tile's rows i0..rows (steps[3 t ..]: c0, c1, i0), as
+   kernels.sim.flash._query_tile runs it with torch's ops: S = Q_i K_j^T (torch's own MKL sgemm, on the very pointers
+   and leading dimensions bmm hands it: head h's S and P.V blocks at the offsets of a [heads, rows - i0, n] block),
+   times sc unless sc is 1 (one float rounding), plus the causal bias where the step's block has a masked entry
+   (causal: tile row r sees key j iff j <= row0 + r + off; every entry then gets + 0 or -inf, as torch's add_ of
+   the bias), the softmax of fc_softmax_step, PV = P V_j, then O = O * alpha + PV (fc_acc_update). q [heads,
+   rows, d] (rows contiguous, head h at q + h * qsh); head h = (b, g) (b = h / hn) reads K / V head g / groups:
+   k + b * ksb + (g / groups) * ksh (rows of kr / vr floats apart, columns contiguous); o [heads, rows, dv], m, l
+   [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start); s: rows * (widest span) + 16 floats, pv: rows * dv + 16 floats (both 64-byte
+   aligned), tmp: 2 * rows floats. */
+void fc_tile_forward(const float *q, const float *k, const float *v, int64_t heads, int64_t hn, int64_t groups,
+                     int64_t qsh, int64_t ksb, int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr,
+                     int64_t rows, int64_t d, int64_t dv, const int64_t *steps, int64_t nsteps, float sc, int causal,
+                     int64_t row0, int64_t off, float *o, float *m, float *l, float *s, float *pv, float *tmp, int w,
+                     int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr, void *sgemm_ptr) {
     sgemm_fn sgemm = (sgemm_fn)sgemm_ptr;
     int (*set_local)(int) = (int (*)(int))local_ptr;
     int prev = set_local ? set_local(1) : 0;
     const float one = 1.0f, zero = 0.0f;
-    const int ir = (int)rows, id = (int)d, idv = (int)dv, ikr = (int)kr, ivr = (int)vr;
+    const int id = (int)d, idv = (int)dv, ikr = (int)kr, ivr = (int)vr;
     float *l_new = tmp, *alpha = tmp + rows;
     for (int64_t h = 0; h < heads; h++) {
-        const float *qh = q + h * rows * d;
-        const float *kh = k + (h / hn) * ksb + (h % hn) * ksh, *vh = v + (h / hn) * vsb + (h % hn) * vsh;
+        const int64_t kvh = (h % hn) / groups, b = h / hn;
+        const float *qh = q + h * qsh;
+        const float *kh = k + b * ksb + kvh * ksh, *vh = v + b * vsb + kvh * vsh;
         float *oh = o + h * rows * dv, *mh = m + h * rows, *lh = l + h * rows;
         for (int64_t t = 0; t < nsteps; t++) {
-            const int64_t c0 = spans[2 * t], n = spans[2 * t + 1] - c0;
-            const int in = (int)n;
-            /* bmm's head h blocks sit at h * rows * n and h * rows * dv floats: here at the same offsets modulo 16
+            const int64_t c0 = steps[3 * t], n = steps[3 * t + 1] - c0, i0 = steps[3 * t + 2], nr = rows - i0;
+            const int in = (int)n, inr = (int)nr;
+            /* bmm's head h blocks sit at h * nr * n and h * nr * dv floats: here at the same offsets modulo 16
                floats (64 bytes, the allocators' alignment), in one block reused by every head (it stays in cache) */
-            float *sh = s + ((h * rows * n) & 15), *pvh = pv + ((h * rows * dv) & 15);
-            sgemm("T", "N", &in, &ir, &id, &one, kh + c0 * kr, &ikr, qh, &id, &zero, sh, &in);
-            fc_softmax_step(sh, rows, n, mh, lh, mh, l_new, alpha, w, p_fmt, vexp_ptr, mode, 0);
-            memcpy(lh, l_new, sizeof(float) * rows);
-            sgemm("N", "N", &idv, &ir, &in, &one, vh + c0 * vr, &ivr, sh, &in, &zero, pvh, &idv);
-            fc_acc_update(oh, 1, rows, dv, rows * dv, alpha, pvh);
+            float *sh = s + ((h * nr * n) & 15), *pvh = pv + ((h * nr * dv) & 15);
+            sgemm("T", "N", &in, &inr, &id, &one, kh + c0 * kr, &ikr, qh + i0 * d, &id, &zero, sh, &in);
+            if (sc != 1.0f)
+                for (int64_t x = 0; x < nr * n; x++) sh[x] = sh[x] * sc;
+            if (causal && c0 + n - 1 > row0 + i0 + off) /* the block has a masked entry: the bias is added */
+                for (int64_t r = 0; r < nr; r++) {
+                    float *row = sh + r * n;
+                    const int64_t last = row0 + i0 + r + off - c0; /* the last column row r sees */
+                    for (int64_t j = 0; j < n; j++) row[j] = j <= last ? row[j] + 0.0f : -__builtin_inff();
+                }
+            fc_softmax_step(sh, nr, n, mh + i0, lh + i0, mh + i0, l_new, alpha, w, p_fmt, vexp_ptr, mode, 0);
+            memcpy(lh + i0, l_new, sizeof(float) * (size_t)nr);
+            sgemm("N", "N", &idv, &inr, &in, &one, vh + c0 * vr, &ivr, sh, &in, &zero, pvh, &idv);
+            fc_acc_update(oh + i0 * dv, 1, nr, dv, nr * dv, alpha, pvh);
         }
     }
     if (set_local) set_local(prev);
