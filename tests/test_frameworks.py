@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
+from flashcheck.core.extras import install_hint
 
 pytest.importorskip("jax", reason="JAX is an optional extra (flashcheck[jax])")
 pytest.importorskip("onnxruntime", reason="onnxruntime is an optional extra (flashcheck[onnx])")
@@ -65,10 +66,10 @@ def test_backends_and_doctor_list_versions_and_why_one_cannot_run(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     res = CliRunner().invoke(app, ["backends"])
     line = next(x for x in res.output.splitlines() if x.startswith("│ onnxruntime"))
-    assert "│ no " in line and "onnxruntime is not installed" in line and "flashcheck[onnx]" in res.output
+    assert "│ no " in line and "onnxruntime is not installed" in line and "[onnx]'" in res.output
     doc = json.loads(CliRunner().invoke(app, ["doctor", "--json", "--seq-len", "64"]).output)
     ort = next(b for b in doc["backends"] if b["name"] == "onnxruntime")
-    assert not ort["available"] and "flashcheck[onnx]" in ort["reason"] and ort["version"] is None
+    assert not ort["available"] and install_hint("onnx") in ort["reason"] and ort["version"] is None
     jx = next(b for b in doc["backends"] if b["name"] == "jax-xla")
     assert jx["available"] and md.version("jax") in jx["version"]
 

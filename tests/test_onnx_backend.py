@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from flashcheck.backends import get_backend
 from flashcheck.cli import app
+from flashcheck.core.extras import install_hint
 from flashcheck.core.inputs import InputSpec, make_qkv
 from flashcheck.kernels import reference_attention
 
@@ -48,10 +49,10 @@ def test_onnxruntime_fp16_passes_the_budget_and_bf16_is_refused_with_the_reason(
 def test_without_onnxruntime_the_backend_is_skipped_and_the_cli_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     a = get_backend("onnxruntime").available(torch.float16, "cpu")
-    assert not a.ok and "flashcheck[onnx]" in a.reason
+    assert not a.ok and install_hint("onnx") in a.reason
     res = CliRunner().invoke(app, ["compare", "--backend", "onnxruntime", "--numerics", "fp16", "--seq-len", "64"])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
-    assert len(res.output.strip().splitlines()) == 1 and "pip install 'flashcheck[onnx]'" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and install_hint("onnx") in res.output
 
 
 def test_the_onnx_operator_where_the_runtime_has_it_else_the_contrib_one(monkeypatch):

@@ -29,7 +29,9 @@ def missing_jax() -> str | None:
         importlib.import_module("jax")
     except Exception as exc:  # None in sys.modules (ImportError), or an installed but broken jaxlib
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"JAX is not installed or fails to import ({why}); install the extra: pip install 'flashcheck[{EXTRA}]'"
+        from flashcheck.core.extras import install_hint
+
+        return f"JAX is not installed or fails to import ({why}); install the extra: {install_hint(EXTRA)}"
     return None
 
 

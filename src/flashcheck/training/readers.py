@@ -38,8 +38,10 @@ def _safe_open():
     try:
         from safetensors import safe_open
     except ImportError:
+        from flashcheck.core.extras import install_hint
+
         raise CheckpointError(
-            "reading .safetensors files needs the safetensors package (>= 0.8): pip install 'flashcheck[drift]'"
+            f"reading .safetensors files needs the safetensors package (>= 0.8): {install_hint('drift')}"
         ) from None
     return safe_open
 

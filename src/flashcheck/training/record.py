@@ -73,7 +73,9 @@ def hf_callback(out: str | Path, *, every: int = 100, fmt: str = "safetensors"):
     try:
         from transformers import TrainerCallback
     except ImportError as exc:
-        raise ImportError("hf_callback needs transformers: pip install 'flashcheck[hf]'") from exc
+        from flashcheck.core.extras import install_hint
+
+        raise ImportError(f"hf_callback needs transformers: {install_hint('hf')}") from exc
 
     class FlashcheckRecorder(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -92,7 +94,9 @@ def lightning_callback(out: str | Path, *, every: int = 100, fmt: str = "safeten
         try:
             from pytorch_lightning import Callback
         except ImportError as exc:
-            raise ImportError("lightning_callback needs lightning: pip install 'flashcheck[lightning]'") from exc
+            from flashcheck.core.extras import install_hint
+
+            raise ImportError(f"lightning_callback needs lightning: {install_hint('lightning')}") from exc
 
     class FlashcheckRecorder(Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
