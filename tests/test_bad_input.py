@@ -52,6 +52,8 @@ COMPARE = [
     r("compare-numerics-empty", "compare --numerics ''", "--numerics"),
     r("compare-numerics-blank", "compare --numerics ' '", "--numerics"),
     r("compare-numerics-unknown", "compare --numerics bf17", "bf17"),
+    r("compare-standard-tiles", "compare --kernel standard --block-k 16 --algorithm fa1", "--block-k and --algorithm"),
+    r("compare-preset-fp8-scaling", "compare --preset sage2 --fp8-scaling block", "--fp8-scaling"),
     r("compare-numerics-bad-term", "compare --numerics bf16-mixed,p=fp99", "fp99"),
     r("compare-numerics-bad-key", "compare --numerics bf16-mixed,zz=fp32", "zz"),
     r("compare-baseline-empty", "compare --baseline-numerics ''", "--baseline-numerics"),

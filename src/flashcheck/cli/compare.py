@@ -77,6 +77,7 @@ def _positive_or_none(name: str):
 
 @app.command()
 def compare(
+    ctx: typer.Context,
     kernel: Kernel = typer.Option(Kernel.flash, help="Candidate kernel (simulator mode, without --backend)."),
     numerics: str = typer.Option(None, help=NUMERICS_HELP),
     baseline_numerics: str = typer.Option(None, help=BASELINE_HELP),
@@ -120,13 +121,14 @@ def compare(
         opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
         dev, lengths = _checked(opt, heads, kv_heads, head_dim)
         if simulators:
+            _tile_flags_fit(ctx, kernel.value)
             extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
             cfgs = _sim_configs(
                 kernel.value, numerics, lengths, (extra, knobs), (shape, opts | {"device": device or "cpu"})
             )
             records = _run_sims(cfgs, as_json)
         else:
-            _simulators_only(knobs)
+            _simulators_only(knobs | {"--fp8-scaling": fp8_scaling, "--hadamard": hadamard or None})
             steps = {"preset": preset, "determinism": runs if determinism else 0}
             cases = _backend_cases(backend or "sim-flash", numerics, lengths, (shape, opts | steps))
             results = _run_all(cases, dev, as_json)
@@ -272,6 +274,19 @@ def _sim_knobs(kernel: str, knobs: dict, backward: bool) -> list[int] | None:
     if kernel == "standard":
         raise ValueError("--splits compares the splitkv kernel with flash; drop --kernel standard")
     return list(dict.fromkeys(splits))
+
+
+def _tile_flags_fit(ctx: typer.Context, kernel: str) -> None:
+    """ValueError for tile settings given to standard attention, which has no tiles (it ran, said nothing and
+    printed them in its heading)."""
+    if kernel != "standard":
+        return
+    source = ctx.get_parameter_source
+    given = [f"--{n.replace('_', '-')}" for n in ("block_q", "block_k", "algorithm")
+             if getattr(source(n), "name", "") == "COMMANDLINE"]  # fmt: skip
+    if given:
+        raise ValueError(f"{_are(given)} settings of the flash kernel's tiles; standard attention has none: drop "
+                         f"{' and '.join(given)} or --kernel standard")  # fmt: skip
 
 
 def _simulators_only(knobs: dict) -> None:
