@@ -255,6 +255,7 @@ def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured
         ln for ln in md.splitlines() if "n=0" in ln or "L = ," in ln or "nan (" in ln
     ]
     assert md.count("not measured yet") >= 10
+    assert "not measured by this study" not in out.stdout and "not measured yet (" in out.stdout  # resuming does
 
 
 @pytest.mark.xdist_group("quick_report")

@@ -281,7 +281,8 @@ def _print_findings(summary: dict, stats: dict | None, out: str, quiet: bool = F
             mark = STATUS_STYLE.get(status, f"[dim]{escape(status)}[/]")
             console.print(f"{escape(f['id'])}: {mark} — {escape(verdict_text(f))}")
         if unmeasured:
-            console.print(f"[dim]not measured by this study ({len(unmeasured)}): {escape(', '.join(unmeasured))}[/]")
+            why = "not measured yet" if summary.get("complete") is False else "not measured by this study"  # partial
+            console.print(f"[dim]{why} ({len(unmeasured)}): {escape(', '.join(unmeasured))}[/]")
         if summary.get("guide"):
             console.print("[bold]The production guide's claims[/] (conditions in report.md)")
             _print_claims(summary["guide"]["findings"], console)
