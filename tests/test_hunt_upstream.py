@@ -74,6 +74,8 @@ def test_the_default_scale_is_drawn_and_a_padded_head_dim_default_is_found(tmp_p
         ("sdpa-flash", "crash", "hang", HuntCase(), "hang"),
         ("sdpa-math-lowp", "nan", "out", HuntCase(dtype="bf16"), "private-only"),
         ("hunt_bugs:correct", "output", "out", HuntCase(), "target-error"),
+        ("fa3-fp8", "budget", "out", HuntCase(dtype="bf16"), "simulated"),  # a preset: nobody's code
+        ("fa3-fp8", "crash", "SIGSEGV", HuntCase(dtype="bf16"), "crash"),
     ],
 )
 def test_each_finding_is_classified(name, kind, tensor, case, want):

@@ -27,6 +27,8 @@ KIND_WORDS = {
 CATEGORY_WORDS = {
     "kernel-bug": "the FP64 reference is finite and the same-format reference (plain attention in the dtype) is "
     "within the budget: the kernel's own doing",
+    "simulated": "a kernel preset (flashcheck's simulation of an algorithm in its formats) leaves the budget: what "
+    "the algorithm does at that precision, not a defect found in anyone's code",
     "format-overflow": "the logits exceed the format's range where the same-format reference, or the operator's "
     "specification, computes them in that format (cited)",
     "convention": "only rows with no visible key differ (fully masked rows, Lk = 0, causal with Lq > Lk)",

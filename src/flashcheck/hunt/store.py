@@ -21,7 +21,16 @@ KINDS = (*VERDICT_KINDS, "failed")  # failed: the target raised on every case
 # a finding's tensor: out / dq / dk / dv, a signal ('SIGSEGV', 'exit code 3'), 'hang' or 'all' (failed): it names a
 # file of findings/, so it is one short plain word group, never a path
 TENSOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,39}$")
-CATEGORIES = ("kernel-bug", "format-overflow", "convention", "private-only", "crash", "hang", "target-error")
+CATEGORIES = (
+    "kernel-bug",
+    "simulated",
+    "format-overflow",
+    "convention",
+    "private-only",
+    "crash",
+    "hang",
+    "target-error",
+)
 
 
 @dataclass
