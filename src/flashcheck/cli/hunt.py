@@ -151,7 +151,7 @@ def _run(tgt, folder, times: tuple, seeded: tuple, rule: str, backward: bool, as
     quiet = as_json and not sys.stderr.isatty()
     table = _semantics(tgt, folder, case_s, quiet)
     total = max(1, round(seconds))
-    with progress(total, f"hunt {tgt.name}", quiet=quiet) as advance:
+    with progress(total, f"hunt {tgt.name}, budget seconds", quiet=quiet) as advance:  # not a case count
         shown = {"s": 0, "t": time.monotonic()}
 
         def step(state, note: str) -> None:
