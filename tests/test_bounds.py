@@ -159,10 +159,11 @@ def test_the_fork_server_ignores_ctrl_c_from_its_start_and_the_parent_keeps_its_
     """Ctrl-C while the server imported torch printed its 30-line traceback: it now starts with SIGINT ignored
     (inherited across exec), so the parent alone answers a Ctrl-C."""
     (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(20)\n")  # as torch takes seconds
-    code = (
+    code = (  # the parent's handler after as before (default_int_handler; SIG_IGN where started in the background)
         "import signal; from multiprocessing import forkserver; from flashcheck.core.pool import fresh_context;"
+        "before = signal.getsignal(signal.SIGINT);"
         "fresh_context(['slow_preload']); print(forkserver._forkserver._forkserver_pid, flush=True);"
-        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)"
+        "print(signal.getsignal(signal.SIGINT) is before, flush=True)"
     )
     env = {**os.environ, "PYTHONPATH": f"{SRC}:{tmp_path}"}
     p = subprocess.Popen([sys.executable, "-c", code + "; import time; time.sleep(30)"], stdout=subprocess.PIPE,
