@@ -274,7 +274,7 @@ TRAIN_STUDY = [
     r("train-study-save-every-past-steps", "train-study --preset tiny --steps 3 --save-every 5", "--save-every 5",
       "(3)"),
     r("train-study-seeds-huge", "train-study --preset tiny --seeds 1000", "--seeds 1000"),
-    r("train-study-preset-unknown", "train-study --preset huge", "'huge'", "quick, paper, full, tied-max"),
+    r("train-study-preset-unknown-listed", "train-study --preset huge", "'huge'", "quick, paper, full, tied-max"),
     r("train-study-tied-max-out-missing-parent", "train-study --preset tied-max --out {missing}/a", "{missing}"),
     r("train-study-workers-zero", "train-study --preset tiny --workers 0", "--workers", "0"),
     r("train-study-workers-huge", f"train-study --preset tiny --workers {HUGE}", "--workers", HUGE),

@@ -115,14 +115,12 @@ def compare(
     opts = dict(causal=causal, block_q=block_q, block_k=block_k, algorithm=algorithm.value)
     opts |= {"baseline_numerics": baseline_numerics, "backward": backward}
     knobs = {"--splits": splits, "--delta-source": delta_source, "--ds-correction": ds_correction or None}
-    simulators = backend is None and preset is None
     try:
         opt = {"--numerics": numerics, "--baseline-numerics": baseline_numerics, "--backend": backend}
         opt |= {"--preset": preset, "--seq-len": seq_len, "--device": device} | knobs
         dev, lengths = _checked(opt, heads, kv_heads, head_dim)
-        if simulators:
-            _tile_flags_fit(ctx, kernel.value)
-            extra = (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
+        if simulators := backend is None and preset is None:
+            extra = _sim_extra(ctx, kernel.value, fp8_scaling, hadamard, determinism)
             cfgs = _sim_configs(
                 kernel.value, numerics, lengths, (extra, knobs), (shape, opts | {"device": device or "cpu"})
             )
@@ -274,6 +272,12 @@ def _sim_knobs(kernel: str, knobs: dict, backward: bool) -> list[int] | None:
     if kernel == "standard":
         raise ValueError("--splits compares the splitkv kernel with flash; drop --kernel standard")
     return list(dict.fromkeys(splits))
+
+
+def _sim_extra(ctx: typer.Context, kernel: str, fp8_scaling, hadamard: bool | None, determinism: bool) -> tuple:
+    """(FP8 scaling, Hadamard, --determinism) of a simulator comparison, its tile flags checked (_tile_flags_fit)."""
+    _tile_flags_fit(ctx, kernel)
+    return (fp8_scaling.value if fp8_scaling else None, hadamard, determinism)
 
 
 def _tile_flags_fit(ctx: typer.Context, kernel: str) -> None:

@@ -119,17 +119,18 @@ def train_study(
         else:
             summary = _train_preset(preset, out, workers, quiet, overrides)
     except ValueError as exc:
-        _fail_usage(
-            str(exc)
-            .replace("save_every=", "--save-every ")
-            .replace("lr=", "--lr ")
-            .replace("device=", "--device ")
-            .replace("data=", "--data ")
-        )
+        _fail_usage(_as_flags(str(exc)))
     except (StudyInterrupted, NonFiniteWeights) as exc:
         _fail_check(str(exc))
     if not quiet:
         _print_train_study(summary, out)
+
+
+def _as_flags(text: str) -> str:
+    """A preset's ValueError in the command line's words (save_every= -> --save-every ...)."""
+    for field in ("save_every", "lr", "device", "data"):
+        text = text.replace(f"{field}=", f"--{field.replace('_', '-')} ")
+    return text
 
 
 def _train_preset(preset: str, out: str, workers: int | None, quiet: bool, overrides: dict) -> dict:
