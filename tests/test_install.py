@@ -54,7 +54,7 @@ def test_the_first_install_line_gives_every_command() -> None:
         for extra in group.split(","):
             given |= {_name(r) for r in project["optional-dependencies"][extra]}
     cli = "\n".join(p.read_text() for p in (ROOT / "src" / "flashcheck" / "cli").glob("*.py"))
-    named = set(re.findall(r"flashcheck\[(\w+)\]", cli))
+    named = set(re.findall(r"flashcheck\[(\w+)\]", cli)) | set(re.findall(r"install_hint\(['\"](\w+)['\"]\)", cli))
     assert "plots" in named and "validate" in named, named  # the check reads what the commands say
     for extra in named:
         assert {_name(r) for r in project["optional-dependencies"][extra]} <= given, (extra, first)

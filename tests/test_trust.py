@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.core import fileio
+from flashcheck.core.extras import install_hint
 from flashcheck.core.lock import folder_lock
 from flashcheck.study import runner as study_runner
 from flashcheck.study import store as store_mod
@@ -452,15 +453,15 @@ def test_log_stats_gives_latencies_a_unit(caplog):
 
 
 @pytest.mark.parametrize(("name", "extra", "modules"), [
-    ("lightning_callback", "flashcheck[lightning]", ("lightning", "lightning.pytorch", "pytorch_lightning")),
-    ("hf_callback", "flashcheck[hf]", ("transformers",)),
+    ("lightning_callback", "lightning", ("lightning", "lightning.pytorch", "pytorch_lightning")),
+    ("hf_callback", "hf", ("transformers",)),
 ])  # fmt: skip
 def test_recorders_without_their_framework_name_the_extra(tmp_path, monkeypatch, name, extra, modules):
     from flashcheck.training import record
 
     for m in modules:
         monkeypatch.setitem(sys.modules, m, None)  # `import m` raises ImportError
-    with pytest.raises(ImportError, match=re.escape(f"pip install '{extra}'")):
+    with pytest.raises(ImportError, match=re.escape(install_hint(extra))):  # the command this install needs
         getattr(record, name)(tmp_path)
 
 

@@ -451,7 +451,7 @@ def test_validate_without_transformers_is_a_one_line_usage_error(monkeypatch, tm
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     result = CliRunner().invoke(app, ["validate", "--impls", "eager", "--samples", "4", "--out", str(tmp_path / "v")])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "flashcheck[validate]" in result.output and len(result.output.strip().splitlines()) == 1
+    assert install_hint("validate") in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_an_unknown_implementation_is_named_with_the_known_ones_in_words():
