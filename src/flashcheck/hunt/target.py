@@ -149,7 +149,9 @@ def _backend_target(text: str, device: str) -> Target:
 
 
 # torch's SDPA backends hunted through the call users make: F.scaled_dot_product_attention under sdpa_kernel([B]),
-# a process-wide switch that harms no one in the hunt's worker (in-process, the hunt is single-threaded)
+# a process-wide switch: backend targets run in the hunt's worker process (isolate.isolates; the CLI always
+# isolates them), where no one else's thread sees it; a caller of hunt.search with isolate=False lets its own
+# threads see the pinned backend for the duration of each call
 PUBLIC_SDPA = {
     "sdpa-math": "MATH",
     "sdpa-flash": "FLASH_ATTENTION",
