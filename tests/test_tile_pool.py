@@ -9,6 +9,7 @@ import threading
 import torch
 
 import flashcheck.kernels.sim.flash as flash_mod
+from flashcheck.core.numerics import parse_policy
 from flashcheck.kernels import flash_attention
 from flashcheck.kernels.sim.tiles import free_cores
 
@@ -120,3 +121,28 @@ def test_the_pool_is_kept_and_made_again_after_a_fork(monkeypatch):
     third = _run(monkeypatch, free=2, threads=2)  # are the parent's, so a new pool is made
     assert flash_mod._POOL["pool"] is not pool and flash_mod._POOL["pid"] == real_pid + 1
     assert torch.equal(first[0], third[0])
+
+
+def test_the_pool_takes_the_costliest_tiles_first():
+    """Under the causal mask later query rows see more keys: the pool hands tiles out by their score elements, most
+    first (greedy largest-first), so two workers end together; without a mask every tile costs the same and the
+    row order stays."""
+    lq = 2048
+    cfg = flash_mod.FlashConfig(policy=parse_policy("bf16-mixed"), block_k=128, causal=True)
+    steps = flash_mod._steps(cfg, lq, lq)
+    tiles = [(r, r + 512) for r in range(0, lq, 512)]
+    order = flash_mod._costliest_first(tiles, steps)
+    assert order == tiles[::-1]
+
+    def work(rows):  # the score elements of a tile, counted row by row from the causal rule (j <= i)
+        return sum(min(-(-(i + 1) // 128) * 128, lq) for i in range(*rows))
+
+    ends = [0, 0]
+    for rows in order:  # each tile to the worker free first, as _pool's workers take the next tile
+        ends[ends.index(min(ends))] += work(rows)
+    in_rows = [0, 0]
+    for rows in tiles:
+        in_rows[in_rows.index(min(in_rows))] += work(rows)
+    assert max(ends) < max(in_rows) and max(ends) <= sum(ends) / 2 * 1.05
+    plain = flash_mod._steps(flash_mod.FlashConfig(policy=parse_policy("bf16-mixed"), block_k=128), lq, lq)
+    assert flash_mod._costliest_first(tiles, plain) == tiles
