@@ -11,7 +11,8 @@ with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
 The user rows (issue 48: what users run, `--user-rows`): causal attention at head dim 128 (and 64), grouped K/V
 heads, the forward and forward+backward (the simulator's bf16-mixed FA2 backward against SDPA flash's backward), B=1,
 H=8 (the GQA row: 32 query heads over 4 K/V heads, SDPA's enable_gqa); each thread count in a process of its own.
-`--user-max-length N` runs each row at min(L, N) (a quicker look).
+`--user-max-length N` runs each row at min(L, N) (a quicker look); `--user-length N` at N (e.g. 16384: the top of
+issue 48's 2k-16k range).
 Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
 The simulator runs its query tiles on the cores free at each call (kernels.sim.tiles.free_cores: the load average less
 its own share), SDPA on every thread it is given: on a busy machine a 2-thread row can compare one thread against
@@ -162,13 +163,14 @@ def _sdpa_causal(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
-def user_table(rows: list[int], threads: int, repeats: int, max_length: int) -> None:
-    """Issue 48's rows (USER_ROWS[i] for i in rows) at `threads` intra-op threads, in this process."""
+def user_table(rows: list[int], threads: int, repeats: int, max_length: int, length_now: int = 0) -> None:
+    """Issue 48's rows (USER_ROWS[i] for i in rows) at `threads` intra-op threads, in this process; each at
+    length_now where given, else at its own L capped at max_length (0: no cap)."""
     torch.set_num_threads(threads)
     print(f"{'threads':>7} {'row':>22} {'L':>6} {'sim s':>8} {'sdpa s':>8} {'ratio':>6}  load before-after")
     for i in rows:
         name, h, hkv, d, length, backward = USER_ROWS[i]
-        length = min(length, max_length) if max_length else length
+        length = length_now or (min(length, max_length) if max_length else length)
         qkv, dout = _user_inputs(h, hkv, d, length, backward)
         before = _load()
         sim, ref = paired(
@@ -182,12 +184,12 @@ def user_table(rows: list[int], threads: int, repeats: int, max_length: int) -> 
         )
 
 
-def user_tables(rows: str, threads: list[int], repeats: int, max_length: int) -> None:
+def user_tables(rows: str, threads: list[int], repeats: int, max_length: int, length_now: int = 0) -> None:
     """user_table for each thread count, each in a fresh process of its own (this script again)."""
     for n in threads:
         cmd = [sys.executable, __file__, "--lengths", "0", "--preset-length", "0", "--decode-keys", "0"]
         cmd += ["--threads", str(n), "--repeats", str(repeats), "--user-rows", rows, "--user-in-process"]
-        cmd += ["--user-max-length", str(max_length)]
+        cmd += ["--user-max-length", str(max_length), "--user-length", str(length_now)]
         subprocess.run(cmd, check=True)
 
 
@@ -260,15 +262,16 @@ def main() -> None:
     parser.add_argument("--decode-keys", type=_count(True), default=131072, help="a decoding step's keys; 0: skip it")
     parser.add_argument("--user-rows", type=_rows, default="none", help="issue 48's rows: all, none or 0,2,...")
     parser.add_argument("--user-max-length", type=_count(True), default=0, help="cap each user row's L; 0: none")
+    parser.add_argument("--user-length", type=_count(True), default=0, help="run each user row at this L; 0: its own")
     parser.add_argument("--user-in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     t0 = time.perf_counter()
     if args.user_rows != "none":
         rows = list(range(len(USER_ROWS))) if args.user_rows == "all" else [int(x) for x in args.user_rows.split(",")]
         if args.user_in_process:
-            user_table(rows, _ints(args.threads)[0], max(1, args.repeats), args.user_max_length)
+            user_table(rows, _ints(args.threads)[0], max(1, args.repeats), args.user_max_length, args.user_length)
             return
-        user_tables(args.user_rows, _ints(args.threads), max(1, args.repeats), args.user_max_length)
+        user_tables(args.user_rows, _ints(args.threads), max(1, args.repeats), args.user_max_length, args.user_length)
     if _ints(args.lengths):
         speed_table(_ints(args.lengths), _ints(args.threads), args.policies.split(","), max(1, args.repeats))
     if args.preset_length > 0:
