@@ -334,7 +334,8 @@ def test_progress_off_a_terminal_is_plain_lines_on_stderr(tmp_path, monkeypatch)
     monkeypatch.setattr(study_runner, "PROGRESS_EVERY_S", 0.0)
     res = runner.invoke(app, ["study", "--config", _write(tmp_path, ONE), "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
-    assert re.fullmatch(r"cases 0/2, 0 s\ncases 1/2, \d+ s\ncases 2/2, \d+ s\n", res.stderr), res.stderr
+    report = "report: drawing the figures, writing report.html and report.md\n"  # then the report is built
+    assert re.fullmatch(rf"cases 0/2, 0 s\ncases 1/2, \d+ s\ncases 2/2, \d+ s\n{report}", res.stderr), res.stderr
     assert "cases computed" in res.stdout
 
 

@@ -77,10 +77,10 @@ def study(
         if owner is not None and owner.own_report is not None:  # a preset with a report of its own (the guide's)
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_study(cfg, out, workers=workers, quiet=quiet), _room(owner.own_report, out)
+            return run_study(cfg, out, workers=workers, quiet=quiet), _report(owner.own_report, out, quiet)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
-        return stats, _room(build_report, out)
+        return stats, _report(build_report, out, quiet)
 
     from flashcheck.study.runner import StudyInterrupted
 
@@ -166,6 +166,13 @@ def report(
         return
     summary = _guarded(lambda: _room(build_report, folder))
     _print_findings(summary, None, folder)
+
+
+def _report(build: Callable[[str], dict], folder: str, quiet: bool) -> dict:
+    """_room(build, folder), said first on stderr (the figures take seconds after the last case's progress line)."""
+    if not quiet:
+        typer.echo("report: drawing the figures, writing report.html and report.md", err=True)
+    return _room(build, folder)
 
 
 def _room(build: Callable[[str], dict], folder: str) -> dict:
