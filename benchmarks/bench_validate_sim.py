@@ -87,6 +87,8 @@ def _run(impls: tuple[str, ...], args, clock: Clock) -> dict:
         "load_avg_1min_at_end": round(os.getloadavg()[0], 2),
         "texts": result.settings["texts"],
         "runs_s": {c.a: round(c.seconds, 1) for c in result.comparisons},
+        "errors": {c.a: c.error for c in result.comparisons if c.error},  # a run that failed is no timing
+        "impls_run": sorted({c.impl for c in result.comparisons if not c.error}),
         "phases": phases,
     }
 
@@ -111,9 +113,13 @@ def main() -> None:
         "eager": eager,
         "with " + args.impl: sim,
         "target": f"with {args.impl}: < 300 s on 2 cores",
-        "met (wall)": sim["wall_s"] < 300,
-        "met (cpu)": sim["cpu_s"] < 300 * 2,
     }
+    # a run whose simulated kernel failed (an error row, no timing of the kernel) has met nothing
+    whole = not sim["errors"] and args.impl in sim["impls_run"]
+    report["met (wall)"] = whole and sim["wall_s"] < 300
+    report["met (cpu)"] = whole and sim["cpu_s"] < 300 * 2
+    if not whole:
+        report["not met because"] = f"{args.impl} did not run to the end: {sim['errors'] or 'no row of its own'}"
     print(json.dumps(report, indent=2))
 
 
