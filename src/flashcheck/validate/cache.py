@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from flashcheck.core.fileio import LinkRefused, make_folder, open_own, refuse_link, write_atomic
-from flashcheck.validate.run import RunOutput
+from flashcheck.validate.run import Plan, RunOutput
 
 CACHE_VERSION = 4  # 4: generations carry teacher-forced logprobs (KL per position)
 WHAT = "validate's cache folder"
@@ -46,3 +46,39 @@ def save_run(path: Path, run: RunOutput) -> None:
     buf = io.BytesIO()
     torch.save(run.to_state(), buf)
     write_atomic(path, buf.getvalue())
+
+
+def run_fits(run: RunOutput, plan: Plan, impl: str, dtype: str, probe_only: bool) -> str:
+    """'' when a cached run has the layout the plan's own run would have, else what differs: the cache key covers
+    every input, so only a damaged or hand-made file differs (its values cannot be checked; its shapes can)."""
+    batches = plan.probe_batches if probe_only else plan.batches
+    ids = sorted(t for b in batches for t in b.texts)
+    probe = set(plan.probe)
+
+    def tensor(x, dims: int, what: str) -> str:
+        ok = isinstance(x, torch.Tensor) and x.dim() == dims and x.device.type == "cpu"
+        return "" if ok else f"{what} is not a {dims}-D tensor"
+
+    why = [
+        "" if (run.impl, run.dtype, run.probe_only) == (impl, dtype, probe_only) else "another run's file",
+        tensor(run.emb_ids, 1, "emb_ids") or ("" if run.emb_ids.tolist() == ids else "emb_ids are not the plan's"),
+        tensor(run.emb, 2, "emb") or ("" if run.emb.shape[0] == len(ids) else "emb has another row count"),
+        tensor(run.norms, 1, "norms") or ("" if run.norms.shape[0] == len(ids) else "norms has another length"),
+        tensor(run.probe_ids, 1, "probe_ids") or ("" if set(run.probe_ids.tolist()) <= probe else "foreign probe ids"),
+    ]
+    layers = run.probe if isinstance(run.probe, list) else None
+    if not layers or any(tensor(h, 2, "a probe layer") for h in layers):
+        why.append("probe is not a list of 2-D tensors")
+    elif isinstance(run.probe_ids, torch.Tensor) and {tuple(h.shape) for h in layers} != {
+        (run.probe_ids.shape[0], layers[0].shape[1])
+    }:
+        why.append("the probe layers' shapes differ from probe_ids'")
+    for name, dims in (("argmax", 1), ("last_logits", 2)):
+        value = getattr(run, name)
+        if value is not None and tensor(value, dims, name):
+            why.append(tensor(value, dims, name))
+    if run.generation is not None and not (
+        isinstance(run.generation, list) and len(run.generation) == len(plan.prompts)
+    ):
+        why.append("generation is not one entry per prompt")
+    return "; ".join(w for w in why if w)

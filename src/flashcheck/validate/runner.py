@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -201,6 +202,10 @@ def _eager(sess: _Session, dtype: str, get_model: Callable) -> RunOutput:
     """The eager run in dtype: from the cache in --out when there, else computed (and cached)."""
     path = run_cache.cache_file(sess.out, "eager", dtype, sess.key) if sess.out else None
     cached = run_cache.load_run(path) if path else None
+    why = run_cache.run_fits(cached, sess.plan, "eager", dtype, dtype == "fp64") if cached is not None else ""
+    if why:  # a damaged or hand-made file: computed again (and the file replaced)
+        warnings.warn(f"ignoring the cache file {str(path)!r}: {why}", stacklevel=2)
+        cached = None
     if cached is not None:
         sess.advance(sess.steps(dtype), f"eager:{dtype} (cached)")
         return cached
