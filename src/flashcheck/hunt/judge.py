@@ -32,6 +32,10 @@ TENSORS = ("out", "dq", "dk", "dv")
 KINDS = ("nan", "inf", "overflow", "budget", "semantics", "crash", "output")
 
 
+# a failed check as a finding's message says it: the error's statistic and its unit (the tensor's own)
+CHECK_WORDS = {"max": "max |error|", "mean": "mean |error|", "nonfinite": "non-finite entries"}
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """One tensor's judgment. rows: the first and last token (query row for out/dq, key for dk/dv) over the
@@ -245,7 +249,7 @@ def judge_tensor(name: str, o, r, b, case: HuntCase, rule: str, floor: float = 0
     rows, head, count, bad_rows = _locate(o, r, res, only)
     if name in ("out", "dq") and bool(bad_rows.any()) and bool((bad_rows <= keyless_rows(case)).all()):
         kind = "semantics"
-    failed = "; ".join(f"{c.name} {c.value:.3g} > {c.bound:.3g}" for c in res.failed())
+    failed = "; ".join(f"{CHECK_WORDS.get(c.name, c.name)} {c.value:.3g} > budget {c.bound:.3g}" for c in res.failed())
     limits = {c.name: c.bound for c in res.checks}
     bounds = (limits.get("max", math.nan), limits.get("mean", math.nan))
     return Verdict(
