@@ -710,6 +710,42 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     return tuple(rnd(g, pol, "grad_output") for g in (dq, dk, dv))
 
 
+def _backward_heads(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
+    """_backward on the CPU's free cores: the B * H heads in as many parts as workers, side by side on the tile
+    pool (_pool), each part's ops single-threaded; busy (fewer cores free than threads), one part on one thread.
+    A head's gradients depend on that head alone (no op of _backward mixes heads; Policy.ds_correction's row-sum
+    fix and a user mask with its own batch or head entries stay whole), and the products of one thread give the
+    bits of two (each matrix of a batched product is summed alike: tests/test_backward_heads.py, bit_identity), so
+    no bit moves. Before, the backward's ops each ran on every intra-op thread: on a busy machine each of its
+    ~100 parallel regions waited on a descheduled thread (2 threads at load 4-6: 2-3x SDPA's time)."""
+    n, threads = q.shape[0] * q.shape[1], torch.get_num_threads()
+    mask = cfg.mask
+    whole = pol.ds_correction or (mask is not None and any(s != 1 for s in mask.shape[:-2]))
+    if q.device.type != "cpu" or threads == 1 or n == 1 or whole:
+        return _backward(q, k, v, out_hi, lse, dout, cfg, pol)
+    workers = min(n, threads, free_cores())
+    if workers == 1:
+        with _one_thread():
+            return _backward(q, k, v, out_hi, lse, dout, cfg, pol)
+    flat = [t.reshape(n, 1, *t.shape[2:]) for t in (q, k, v, out_hi, lse, dout)]
+    parts = [(n * i // workers, n * (i + 1) // workers) for i in range(workers)]
+    grads: dict = {}
+
+    def one(part: tuple[int, int]) -> None:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            grads[part] = _backward(*(t[part[0] : part[1]] for t in flat), cfg, pol)
+
+    try:
+        _pool(workers, parts, one)
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(
+        torch.cat([grads[p][i] for p in parts]).reshape(*t.shape[:2], *grads[parts[0]][i].shape[2:])
+        for i, t in enumerate((q, k, v))
+    )
+
+
 def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
     """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
     (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO, the gradients, the
@@ -783,7 +819,7 @@ class _FlashFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         qr, kr, vr, out_hi, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(qr, kr, vr, out_hi, lse, dout, ctx.cfg, ctx.cfg.policy)
+        dq, dk, dv = _backward_heads(qr, kr, vr, out_hi, lse, dout, ctx.cfg, ctx.cfg.policy)
         if ctx.rot is not None:  # Q' = Q M, K' = K M, so dQ = dQ' M^T (straight through the rounding)
             rot_t = ctx.rot.T.to(dq.dtype)
             dq, dk = dq @ rot_t, dk @ rot_t
