@@ -27,7 +27,7 @@ from flashcheck.kernels.native.rounding import max_sub_
 from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
 from flashcheck.kernels.sim.fp8 import casts_only, round_inputs
 from flashcheck.kernels.sim.gradfix import RowSumFix, delta_operand, visible
-from flashcheck.kernels.sim.masks import first_row_needing, tile_bias
+from flashcheck.kernels.sim.masks import bias_is_bounded, first_row_needing, tile_bias
 from flashcheck.kernels.sim.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.sim.ops import (
     cast_scratch,
@@ -218,8 +218,10 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
     sc = _score_scale(cfg, q.shape[-1])
     fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
-    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C
-    finite = not fold and _plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc)
+    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C; a
+    # user mask too where its bias cannot make a NaN (bool, or a float mask of no NaN, +inf or huge entry)
+    finite = fold or (_plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc))
+    finite = finite and bias_is_bounded(cfg.mask)
     kv = _GroupedKV(q, k, v) if k.shape[1] != h else None  # grouped heads: repeated only where a tile needs it
     _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite, kv=kv)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
@@ -365,7 +367,8 @@ def _query_tile(
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
     pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None).
-    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite). `kv`: k and v hold
+    `finite`: the scores, the mask's bias added, are NaN-free (fold, or ops.scores_are_finite, and
+    masks.bias_is_bounded: see _forward_tiles). `kv`: k and v hold
     grouped K / V heads (fewer than q's), which the whole-tile C reads as they are; the step loop takes them
     repeated to q's heads from kv."""
     r0, r1 = rows
@@ -378,7 +381,7 @@ def _query_tile(
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
-    if step is _fa2_step and (fold or finite) and cfg.mask is None:  # finite inputs, no overflow (see _forward_tiles)
+    if step is _fa2_step and finite:  # finite inputs, no overflow, a bounded mask (see _forward_tiles)
         extra["nan_free"] = True
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
@@ -432,9 +435,18 @@ def _whole_tile(
     p_dtype = _p_dtype(pol, q_t.dtype)
     causal = (rows[0], k.shape[-2] - lq) if cfg.causal else None
     o, m, l = oml
+    mask = None if cfg.mask is None else _rows_mask(cfg.mask, rows)
     return p_dtype is not None and tile_forward(
-        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal
+        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal, mask=mask
     )
+
+
+def _rows_mask(mask: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+    """The user mask (2 to 4 dims, broadcastable to [B, H, Lq, Lk]) of query rows r0:r1 as 4 dims, bool, or
+    float32 (a float mask's m.to(float32), as masks.tile_bias takes it: the same values): a view where it can be."""
+    m = mask[(None,) * (4 - mask.dim())]
+    m = m[..., rows[0] : rows[1], :] if m.shape[-2] != 1 else m
+    return m if m.dtype == torch.bool else m.to(torch.float32)
 
 
 class _GroupedKV:
@@ -455,13 +467,12 @@ class _GroupedKV:
 
 def _plain_config(work: torch.dtype, cfg: FlashConfig, pol: Policy, ops) -> bool:
     """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
-    update in C and nothing else on the rows: no user mask (causal is fine), torch's float32 product for the
-    scores (no MMA model, no narrow accumulator) in the working dtype, the stats and accumulator stages the working
-    dtype, natural exp, no tie_beta, no stage knobs or probe."""
+    update in C and nothing else on the rows but the masks' bias (causal, and a user mask: tile_forward adds it),
+    torch's float32 product for the scores (no MMA model, no narrow accumulator) in the working dtype, the stats
+    and accumulator stages the working dtype, natural exp, no tie_beta, no stage knobs or probe."""
     return (
         work == torch.float32
         and cfg.algorithm == "fa2"
-        and cfg.mask is None
         and not cfg.exp2
         and cfg.tie_beta is None
         and cfg.p_probe is None
