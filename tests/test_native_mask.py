@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flashcheck.kernels import flash_attention
+from flashcheck.kernels.native import backward as native_bwd
 from flashcheck.kernels.native import cbuild
 from flashcheck.kernels.native import step as native_step
 from flashcheck.kernels.sim import flash
@@ -152,3 +153,50 @@ def test_bias_is_bounded():
             assert not bias_is_bounded(torch.cat([m, torch.tensor([[bad, 0, 0, 0]], dtype=dtype)])), (dtype, bad)
     assert bias_is_bounded(torch.tensor([MASK_BOUND / 2])) and not bias_is_bounded(torch.tensor([MASK_BOUND]))
     assert bias_is_bounded(torch.tensor([-1e300], dtype=torch.float64))  # -inf in float32: still no NaN
+
+
+needs_bwd = pytest.mark.skipif(
+    cbuild.compiler() is None or not native_bwd.status()["available"], reason="the backward's C passes are off here"
+)
+BWD_CASES = ["pad-right", "pad-left-causal", "bool-gqa-causal-wide", "bool-2d-causal-tall", "alibi-float64-causal",
+             "alibi-bf16", "keys-fp16"]  # fmt: skip
+
+
+@needs_bwd
+@pytest.mark.parametrize("name", BWD_CASES)
+def test_masked_backward_gives_torchs_bits(name, threads, monkeypatch):
+    """dQ, dK, dV of a masked forward + backward with the C passes (P from the scores and the mask's bias in C)
+    against torch's ops throughout, bit for bit; fully masked rows give zero gradients in both."""
+    shape, kw = CASES[name]
+    q, k, v = _inputs(shape)
+    dout = torch.randn(shape[0], shape[1], shape[3], shape[5], generator=torch.Generator().manual_seed(9))
+    real, used = flash._native_backward, []
+    monkeypatch.setattr(flash, "_native_backward", lambda *a: used.append(real(*a)) or used[-1])
+
+    def grads():
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        flash_attention(qq, kk, vv, **kw).backward(dout)
+        return qq.grad, kk.grad, vv.grad
+
+    fast = grads()
+    assert used and used[0] is not None  # the C passes ran with the mask
+    _torch_loop(monkeypatch)
+    used.clear()
+    slow = grads()
+    assert used == [None]
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(_bits(a), _bits(b)), name
+
+
+def test_the_backward_keeps_torchs_ops_for_a_mask_that_could_make_a_nan():
+    from flashcheck.core.numerics import parse_policy
+
+    q, k, v, do = (torch.randn(1, 2, 40, 64) for _ in range(4))
+    grads = (*(torch.zeros_like(t) for t in (q, k, v)), torch.zeros(1, 2, 40, 1), torch.zeros(1, 2, 40, 1))
+    mask = torch.zeros(1, 1, 40, 40)
+    mask[0, 0, 3, 5] = math.inf
+    cfg = flash.FlashConfig(policy=parse_policy("fp32"), mask=mask)
+    assert flash._native_backward((q, k, v, do, *grads), cfg, cfg.policy, 0.125) is None
+    mask[0, 0, 3, 5] = -math.inf
+    expect = torch.float32 if native_bwd.usable(torch.float32) else None
+    assert flash._native_backward((q, k, v, do, *grads), cfg, cfg.policy, 0.125) == expect

@@ -683,13 +683,14 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     fix = RowSumFix(q) if pol.ds_correction else None
     p_dtype = _native_backward((q, k, v, do, dq, dk, dv, lse_safe, delta), cfg, pol, sc) if fix is None else None
+    mask = None if p_dtype is None or cfg.mask is None else _rows_mask(cfg.mask, (0, lq))  # float32 once
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
         if p_dtype is not None:  # the same products; the passes between them in C (kernels.native.backward)
             s = mm(q_r, k_j.transpose(-1, -2), pol)
             causal = (t.r0, t.c0, lk - lq) if cfg.causal else None
-            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal)  # s holds P
+            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal, _block_mask(mask, t))  # s: P
             dv[..., t.c0 : t.c1, :] = mm(p_g.transpose(-1, -2), do_r, pol)
             ds = native_bwd.ds(mm(do_r, v_j.transpose(-1, -2), pol), s, delta[..., t.r0 :, :], p_dtype)
             native_bwd.scale_add(dq[..., t.r0 :, :], mm(ds, k_j, pol), s_nat, True)
@@ -712,22 +713,27 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
 def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
     """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
     (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO, the gradients, the
-    LSE and delta, contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32
-    itself, and inputs whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more
-    than one answer)."""
+    LSE and delta, contiguous), natural exp, the score, grad_score and grad_accum stages float32 itself, and inputs
+    whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more than one answer), a
+    user mask's bias included (masks.bias_is_bounded)."""
     q, k, v, do = tensors[:4]
-    if (
-        cfg.mask is not None
-        or cfg.exp2
-        or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum"))
-    ):
+    if cfg.exp2 or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum")):
         return None
     p_dtype = {Format.FP32: torch.float32, **_NATIVE_P}.get(pol.stage("grad_p"))
     if p_dtype is None or not native_bwd.usable(p_dtype):
         return None
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return None
-    return p_dtype if scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) else None
+    finite = scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) and bias_is_bounded(cfg.mask)
+    return p_dtype if finite else None
+
+
+def _block_mask(mask: torch.Tensor | None, t: _Tiles) -> torch.Tensor | None:
+    """The backward step's block of the user mask (4-D, _rows_mask's of every row): rows t.r0.., keys t.c0:t.c1."""
+    if mask is None:
+        return None
+    mask = mask[..., t.r0 :, :] if mask.shape[-2] != 1 else mask
+    return mask[..., t.c0 : t.c1] if mask.shape[-1] != 1 else mask
 
 
 def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) -> torch.Tensor:
