@@ -125,8 +125,8 @@ def test_masked_forward_gives_torchs_bits(name, threads, monkeypatch):
 @pytest.mark.parametrize("bad", [math.inf, math.nan, 2.0**126, 1e300])
 def test_a_float_mask_that_could_make_a_nan_keeps_torchs_loop(bad, threads, monkeypatch):
     """NaN, +inf or an entry too large for score + bias to stay finite: no C tile, and the bits (NaN's positions
-    too) are torch's step loop's."""
-    q, k, v = _inputs((1, 2, 2, 200, 260, 64))
+    too) are torch's step loop's (grouped K / V heads: the loop repeats them)."""
+    q, k, v = _inputs((1, 2, 1, 200, 260, 64))
     mask = _alibi(2, 200, 260, torch.float64)
     mask[0, 1, 7, 30] = bad
     assert not bias_is_bounded(mask)
