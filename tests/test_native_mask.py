@@ -200,3 +200,16 @@ def test_the_backward_keeps_torchs_ops_for_a_mask_that_could_make_a_nan():
     mask[0, 0, 3, 5] = -math.inf
     expect = torch.float32 if native_bwd.usable(torch.float32) else None
     assert flash._native_backward((q, k, v, do, *grads), cfg, cfg.policy, 0.125) == expect
+
+
+def test_a_mask_on_scores_that_may_overflow_keeps_torchs_loop():
+    """Scores rounded to fp16 may be +inf (plus a -inf bias: NaN): a mask there keeps torch's loop; a score format
+    that holds 2^126 (float32, bf16) takes the NaN-free path."""
+    from flashcheck.core.numerics import parse_policy
+
+    keep = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    for name, want in (("fp16", False), ("bf16-mixed", True), ("bf16", True), ("fp32", True)):
+        pol = parse_policy(name)
+        cfg = flash.FlashConfig(policy=pol, mask=keep)
+        assert flash._mask_keeps_nan_free(cfg, pol) is want, name
+        assert flash._mask_keeps_nan_free(flash.FlashConfig(policy=pol), pol)

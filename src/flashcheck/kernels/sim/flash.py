@@ -219,9 +219,9 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     sc = _score_scale(cfg, q.shape[-1])
     fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
     # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C; a
-    # user mask too where its bias cannot make a NaN (bool, or a float mask of no NaN, +inf or huge entry)
+    # user mask too where its bias cannot make a NaN (_mask_keeps_nan_free)
     finite = fold or (_plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc))
-    finite = finite and bias_is_bounded(cfg.mask)
+    finite = finite and _mask_keeps_nan_free(cfg, pol)
     kv = _GroupedKV(q, k, v) if k.shape[1] != h else None  # grouped heads: repeated only where a tile needs it
     _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite, kv=kv)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
@@ -240,6 +240,15 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
     return o, rnd_fresh(o, pol, "output"), lse
+
+
+def _mask_keeps_nan_free(cfg: FlashConfig, pol: Policy) -> bool:
+    """Whether the user mask's bias (if any) keeps NaN-free scores below 2^126 NaN-free: a bool mask or a bounded
+    float one (masks.bias_is_bounded), added to scores rounded to a format that holds 2^126 (an fp16 score of
+    +inf, plus a -inf bias, would be NaN)."""
+    if cfg.mask is None:
+        return True
+    return info(pol.stage("score")).max >= 2.0**126 and bias_is_bounded(cfg.mask)
 
 
 def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol: Policy) -> torch.Tensor:
