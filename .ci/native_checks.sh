@@ -43,7 +43,8 @@ mkdir "$cache/reports"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:log_path=$cache/reports/asan
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$cache/reports/ubsan
 tests=(tests/test_native.py tests/test_native_step.py tests/test_native_backward.py tests/test_native_selftest.py
-       tests/test_mma_native.py tests/test_mma_finalise.py tests/test_preset_native.py tests/test_fp8_native.py tests/test_mma.py)
+       tests/test_native_mask.py tests/test_mma_native.py tests/test_mma_finalise.py tests/test_preset_native.py
+       tests/test_fp8_native.py tests/test_mma.py)
 rc=0
 FLASHCHECK_NATIVE_SANITIZE=1 FLASHCHECK_CACHE="$cache" LD_PRELOAD="$asan" \
   "$py" -m pytest -q -p no:cacheprovider -n 0 "${tests[@]}" "$@" || rc=$?

@@ -10,7 +10,9 @@ with each preset that models the tensor core's accumulator. B=1, H=8, D=64.
     python benchmarks/bench_speed.py --lengths 0 --preset-length 0 --decode-keys 0 --user-rows all  # issue 48's rows
 The user rows (issue 48: what users run, `--user-rows`): causal attention at head dim 128 (and 64), grouped K/V
 heads, the forward and forward+backward (the simulator's bf16-mixed FA2 backward against SDPA flash's backward), B=1,
-H=8 (the GQA row: 32 query heads over 4 K/V heads, SDPA's enable_gqa); each thread count in a process of its own.
+H=8 (the GQA row: 32 query heads over 4 K/V heads, SDPA's enable_gqa), and a causal row with a user mask (key
+padding of one sequence of 3L/4 tokens: the simulator's bool [1, 1, 1, L] with causal=True, SDPA flash's the same
+folded into one bool [1, 1, L, L] attn_mask); each thread count in a process of its own.
 `--user-max-length N` runs each row at min(L, N) (a quicker look); `--user-length N` at N (e.g. 16384: the top of
 issue 48's 2k-16k range).
 Bar (issue 35): every ratio <= 1.5; each preset within 3x of the plain simulator; a decoding step in seconds.
@@ -132,7 +134,9 @@ USER_ROWS = (
     ("causal GQA 32:4 D=128", 32, 4, 128, 4096, False),
     ("causal fwd+bwd D=64", 8, 8, 64, 2048, True),
     ("causal fwd+bwd D=128", 8, 8, 128, 4096, True),
+    ("causal+key padding D=128", 8, 8, 128, 4096, False),  # PADDED: a user mask (see _user_mask)
 )
+PADDED = "causal+key padding D=128"
 
 
 def _user_inputs(h: int, hkv: int, d: int, length: int, grad: bool):
@@ -153,14 +157,27 @@ def _user_run(fn, qkv, dout, backward: bool) -> None:
     fn(*qkv).backward(dout)
 
 
-def _sim_causal(q, k, v):
-    return flash_attention(q, k, v, policy="bf16-mixed", causal=True)
+def _sim_causal(q, k, v, pad=None):
+    return flash_attention(q, k, v, policy="bf16-mixed", causal=True, mask=pad)
 
 
-def _sdpa_causal(q, k, v):
+def _sdpa_causal(q, k, v, mask=None):
     gqa = k.shape[1] != q.shape[1]
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        if mask is not None:  # the causal and padding masks in one (SDPA takes either is_causal or a mask)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def _user_mask(name: str, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The PADDED row's masks: the key padding [1, 1, 1, L] of one sequence of 3L/4 real tokens (padding on the
+    right, so every row sees a key) for the simulator, and the same with the causal mask folded in [1, 1, L, L]
+    (bool) for SDPA; (None, None) for the other rows."""
+    if name != PADDED:
+        return None, None
+    keep = torch.arange(length) < 3 * length // 4
+    pad = keep.view(1, 1, 1, length)
+    return pad, torch.ones(length, length, dtype=torch.bool).tril() & pad
 
 
 def user_table(rows: list[int], threads: int, repeats: int, max_length: int, length_now: int = 0) -> None:
@@ -172,10 +189,11 @@ def user_table(rows: list[int], threads: int, repeats: int, max_length: int, len
         name, h, hkv, d, length, backward = USER_ROWS[i]
         length = length_now or (min(length, max_length) if max_length else length)
         qkv, dout = _user_inputs(h, hkv, d, length, backward)
+        pad, full = _user_mask(name, length)
         before = _load()
         sim, ref = paired(
-            lambda qkv=qkv, dout=dout, bw=backward: _user_run(_sim_causal, qkv, dout, bw),
-            lambda qkv=qkv, dout=dout, bw=backward: _user_run(_sdpa_causal, qkv, dout, bw),
+            lambda qkv=qkv, dout=dout, bw=backward, m=pad: _user_run(lambda *t: _sim_causal(*t, m), qkv, dout, bw),
+            lambda qkv=qkv, dout=dout, bw=backward, m=full: _user_run(lambda *t: _sdpa_causal(*t, m), qkv, dout, bw),
             _repeats(length, repeats),
         )
         print(

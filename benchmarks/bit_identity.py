@@ -54,6 +54,7 @@ def _cases():
         yield f"{pol}/causal-gqa-d96-wide-float32-inputs", (260, 390, 4, 2, 96), {"policy": pol, "causal": True}
     mask = torch.rand(1, 1, 200, 260, generator=torch.Generator().manual_seed(3)) > 0.3
     yield "bf16-mixed/mask", (200, 260, 2, 2, 16), {"policy": "bf16-mixed", "mask": mask}
+    yield from _mask_cases()
     for name in KERNEL_PRESETS:
         shape = (256, 256, 2, 2, 64)
         try:
@@ -62,6 +63,44 @@ def _cases():
             print(f"skip preset {name}: {err}", file=sys.stderr)
             continue
         yield f"preset/{name}", shape, kw
+
+
+def _alibi(h: int, lq: int, lk: int, dtype: torch.dtype) -> torch.Tensor:
+    """An ALiBi-like float bias [1, H, Lq, Lk]: -2^-(h+1) |i - j|, -inf more than 150 keys back, -0.0 on the
+    diagonal's right neighbour (a signed zero added to every score there)."""
+    i, j = torch.arange(lq).unsqueeze(-1), torch.arange(lk)
+    slope = torch.tensor([2.0 ** -(n + 1) for n in range(h)]).view(1, h, 1, 1)
+    bias = (-slope * (i - j).abs()).masked_fill(j < i - 150, -float("inf"))
+    return bias.masked_fill(j == i + 1, -0.0).to(dtype)
+
+
+def _mask_cases():
+    """User masks (bool, float of each dtype, broadcast shapes) in the C tiles' and C backward's shapes: key
+    padding (left under causal: rows of no key), random bool per head, ALiBi-like float biases with -inf, a float
+    mask with +inf and NaN (torch's ops: no C), exp2."""
+    from flashcheck.kernels.sim.masks import key_padding_mask
+
+    g = torch.Generator().manual_seed(5)
+    for pol in ("bf16-mixed", "fp32", "fp16-mixed"):
+        pad = key_padding_mask([900], 1100, side="left")  # causal: rows 0-199 see only padding
+        yield f"{pol}/mask-pad-left-causal-gqa-d128-tiles", (1100, 1100, 8, 2, 128), {
+            "policy": pol, "causal": True, "mask": pad}  # fmt: skip
+        keep = torch.rand(1, 4, 260, 390, generator=g) > 0.3
+        keep[..., 7, :] = False
+        yield f"{pol}/mask-bool-causal-gqa-d96-wide", (260, 390, 4, 2, 96), {
+            "policy": pol, "causal": True, "block_k": 64, "mask": keep}  # fmt: skip
+        yield f"{pol}/mask-alibi64-causal-gqa-tall", (390, 260, 2, 1, 64), {
+            "policy": pol, "causal": True, "mask": _alibi(2, 390, 260, torch.float64)}  # fmt: skip
+        yield f"{pol}/mask-alibi-bf16-2d", (300, 300, 2, 2, 32), {
+            "policy": pol, "mask": _alibi(1, 300, 300, torch.bfloat16)[0, 0]}  # fmt: skip
+        keys = (torch.randn(1, 1, 1, 700, generator=g) * 3).masked_fill(~key_padding_mask([600], 700), -float("inf"))
+        yield f"{pol}/mask-keys-fp16-d256-float32-inputs", (500, 700, 4, 4, 256), {
+            "policy": pol, "mask": keys.half()}  # fmt: skip
+    bad = _alibi(2, 200, 260, torch.float32)
+    bad[0, 0, 5, 9], bad[0, 1, 40, 100] = float("inf"), float("nan")
+    yield "bf16-mixed/mask-inf-nan", (200, 260, 2, 2, 64), {"policy": "bf16-mixed", "mask": bad}
+    yield "bf16-mixed/mask-exp2-causal", (300, 300, 2, 2, 64), {
+        "policy": "bf16-mixed", "exp2": True, "causal": True, "mask": _alibi(2, 300, 300, torch.float32)}  # fmt: skip
 
 
 def save(path: str, threads: int = 2) -> None:

@@ -35,15 +35,17 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", range(len(native_bwd._CASES)))
 @pytest.mark.parametrize("p_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_passes_give_torchs_bits(case, p_dtype, threads):
-    """P (scale, causal bias of either alignment, LSE, exp, rounding), dS and the dQ / dK updates against torch's
-    ops, on rows of no key, ragged widths and strided row operands."""
+    """P (scale, causal bias of either alignment, a user mask's bias (bool, float, broadcast, strided), LSE, exp,
+    rounding), dS and the dQ / dK updates against torch's ops, on rows of no key, ragged widths and strided row
+    operands."""
     if not native_bwd.usable(p_dtype):
         pytest.skip(f"no {p_dtype} rounding in this build")
-    shape, causal, scale = native_bwd._CASES[case]
+    shape, causal, scale, spec = native_bwd._CASES[case]
     s, lse, dp, delta, x, acc = native_bwd._case(shape, case + 100)
-    p, p_r = native_bwd._torch_probs(s.clone(), scale, lse, p_dtype, causal)
+    mask = native_bwd._mask(spec, shape, case)
+    p, p_r = native_bwd._torch_probs(s.clone(), scale, lse, p_dtype, causal, mask)
     got = s.clone()
-    got_r = native_bwd.probs(got, scale, lse, p_dtype, causal)
+    got_r = native_bwd.probs(got, scale, lse, p_dtype, causal, mask)
     assert torch.equal(_bits(p), _bits(got)) and torch.equal(_bits(p_r), _bits(got_r))
     assert (p == 0).any() and (p > 0).any()  # masked / underflowing entries and live ones
     want = (p * (dp - delta)).to(p_dtype).float()

@@ -148,17 +148,20 @@ needs_tile = pytest.mark.skipif(
 def test_tile_forward_gives_the_step_loops_bits(case, p_dtype, one_thread):
     """A whole tile in C against the step loop with torch's bmm: ragged key blocks, unaligned head offsets,
     several heads and batches, causal steps (top and bottom alignment) on part of the rows, a scale that is no
-    power of two, grouped K / V heads, head dims 16 to 256, every output."""
+    power of two, grouped K / V heads, head dims 16 to 256, user masks (bool, float, broadcast), every output."""
     if p_dtype == torch.float16 and not native_step._library()[0].fc_has_fp16():
         pytest.skip("no _Float16 in this compiler")
     shape, spans, how = native_step._TILE_CASES[case]
     q, k, v = native_step._tile_case(shape, sliced=how is not None)
+    how = native_step._tile_how(shape, how)  # a user mask where the case names one
     want = native_step._torch_tile(q, k, v, spans, p_dtype, how)
     b, h, rows, _ = q.shape
     o = torch.zeros(b, h, rows, v.shape[-1])
     m, l = torch.full((b, h, rows, 1), -float("inf")), torch.zeros(b, h, rows, 1)
-    starts, scale, causal = how if how is not None else (None, 1.0, None)
-    assert native_step.tile_forward(q, k, v, spans, o, m, l, p_dtype, starts=starts, scale=scale, causal=causal)
+    starts, scale, causal, mask = (*how, None)[:4] if how is not None else (None, 1.0, None, None)
+    assert native_step.tile_forward(
+        q, k, v, spans, o, m, l, p_dtype, starts=starts, scale=scale, causal=causal, mask=mask
+    )
     for a, got in zip(want, (o, m, l), strict=True):
         assert torch.equal(_bits(a), _bits(got)), (shape, p_dtype)
 

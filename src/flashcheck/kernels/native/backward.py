@@ -94,12 +94,16 @@ def probs(
     lse: torch.Tensor,
     p_dtype: torch.dtype,
     causal: tuple[int, int, int] | None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """For the raw scores s [B, H, R, n] (contiguous, float32): P = exp(s * scale (+ causal bias) - lse) in place,
-    lse [B, H, R, 1] (a view; -inf already +inf); causal = (the rows' first row, the block's first key, Lk - Lq) or
-    None. Returns P rounded to p_dtype (a new block; P itself where p_dtype is float32)."""
+    """For the raw scores s [B, H, R, n] (contiguous, float32): P = exp(s * scale (+ bias) - lse) in place, lse
+    [B, H, R, 1] (a view; -inf already +inf); causal = (the rows' first row, the block's first key, Lk - Lq) or
+    None; mask: the block's user mask (bool or float32 [B|1, H|1, R|1, n|1], any strides: bool adds 0 / -inf, float
+    its value, the causal bias summed into it first where it applies, as kernels.sim.masks.tile_bias) or None; the
+    scores plus the bias must be NaN-free (the caller's guarantee). Returns P rounded to p_dtype (a new block; P
+    itself where p_dtype is float32)."""
     lib, vexp, _ = _library()
-    return _probs(lib, vexp, s, scale, lse, p_dtype, causal)
+    return _probs(lib, vexp, s, scale, lse, p_dtype, causal, mask)
 
 
 def ds(dp: torch.Tensor, p: torch.Tensor, delta: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
@@ -114,22 +118,36 @@ def scale_add(dst: torch.Tensor, x: torch.Tensor, scale: float, add: bool) -> No
     _scale_add(_library()[0], dst, x, scale, add)
 
 
-def _probs(lib, vexp: int, s, scale: float, lse, p_dtype: torch.dtype, causal) -> torch.Tensor:
+def _probs(lib, vexp: int, s, scale: float, lse, p_dtype: torch.dtype, causal, mask=None) -> torch.Tensor:
     heads, rows, n = _flat(s, "scores")
     lse_ptr, lse_h = _rows_ptr(lse, heads, rows)
     pr = s if p_dtype == torch.float32 else torch.empty_like(s)
     row0, c0, off = causal if causal is not None else (0, 0, 0)
     fmt, local = _P_FORMATS[p_dtype], step._mkl_local()
+    kind, mst = _mask_args(mask, s.shape)
 
     def run(h0: int, h1: int) -> None:
         at = h0 * rows * n * 4
         lib.fc_bwd_probs(
             s.data_ptr() + at, 0 if pr is s else pr.data_ptr() + at, h1 - h0, rows, n, scale, lse_ptr + h0 * lse_h * 4,
-            lse_h, causal is not None, row0, c0, off, fmt, vexp, step.VML_MODE, local,
+            lse_h, causal is not None, row0, c0, off, None if mask is None else mask.data_ptr(), kind, mst.data_ptr(),
+            s.shape[1], h0, fmt, vexp, step.VML_MODE, local,
         )  # fmt: skip
 
     _split(heads, run)
     return pr
+
+
+def _mask_args(mask: torch.Tensor | None, shape: torch.Size) -> tuple[int, torch.Tensor]:
+    """(fc_bwd_probs' mask kind, the mask's element strides over the block `shape` [B, H, R, n] (0: broadcast))."""
+    if mask is None:
+        return 0, torch.zeros(4, dtype=torch.int64)
+    if mask.dtype not in (torch.bool, torch.float32) or mask.device.type != "cpu" or mask.dim() != 4:
+        raise ValueError("a block's mask must be a 4-D bool or float32 CPU tensor")
+    if any(m not in (1, w) for m, w in zip(mask.shape, shape, strict=True)):
+        raise ValueError(f"a block's mask of shape {tuple(mask.shape)} does not broadcast to {tuple(shape)}")
+    kind = 1 if mask.dtype == torch.bool else 2
+    return kind, torch.tensor(mask.expand(shape).stride(), dtype=torch.int64)
 
 
 def _ds(lib, dp, p, delta, p_dtype: torch.dtype) -> torch.Tensor:
@@ -159,24 +177,61 @@ def _scale_add(lib, dst, x, scale: float, add: bool) -> None:
     _split(heads, run)
 
 
-def _torch_probs(s, scale, lse, p_dtype, causal):
-    """_backward's torch ops for P: (P, P rounded to p_dtype)."""
+def _torch_probs(s, scale, lse, p_dtype, causal, mask=None):
+    """_backward's torch ops for P (the scores plus kernels.sim.masks.tile_bias's bias): (P, P rounded to
+    p_dtype)."""
     s = s.mul_(scale)
+    bias = None
     if causal is not None:
         row0, c0, off = causal
         i = torch.arange(row0, row0 + s.shape[-2]).unsqueeze(-1)
         keep = torch.arange(c0, c0 + s.shape[-1]).unsqueeze(0) <= i + off
         if not bool(keep.all()):
-            s = s + torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+            bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    if mask is not None:
+        mb = torch.zeros(mask.shape).masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else mask.float()
+        bias = mb if bias is None else bias + mb
+    if bias is not None:
+        s = s + bias
     p = torch.exp(s.sub_(lse))
     return p, p.to(p_dtype).to(torch.float32)
 
 
-# (B, H, rows, n), causal (row0, c0, offset) or None, scale: masked blocks of both alignments, ragged widths
+# (B, H, rows, n), causal (row0, c0, offset) or None, scale, a user mask (_mask) or None: masked blocks of both
+# alignments, ragged widths, bool and float masks of several broadcast shapes with and without causal
 _CASES = [
-    ((1, 2, 37, 64), None, 0.125), ((2, 3, 100, 33), (50, 0, 0), 0.1), ((1, 4, 70, 128), (130, 200, 40), 0.09),
-    ((1, 2, 9, 5), (0, 0, 0), 1.0), ((1, 1, 300, 1000), None, 0.3), ((2, 2, 40, 64), (100, 64, -60), 0.07),
+    ((1, 2, 37, 64), None, 0.125, None), ((2, 3, 100, 33), (50, 0, 0), 0.1, None),
+    ((1, 4, 70, 128), (130, 200, 40), 0.09, None), ((1, 2, 9, 5), (0, 0, 0), 1.0, None),
+    ((1, 1, 300, 1000), None, 0.3, None), ((2, 2, 40, 64), (100, 64, -60), 0.07, None),
+    ((2, 3, 100, 33), (50, 0, 0), 0.1, "bool"), ((2, 2, 40, 64), None, 0.07, "bool"),
+    ((1, 4, 70, 128), (130, 200, 40), 0.09, "float"), ((2, 3, 37, 64), None, 0.125, "float"),
+    ((2, 2, 40, 64), (100, 64, -60), 0.07, "keys"), ((1, 2, 9, 5), (0, 0, 0), 1.0, "rows"),
 ]  # fmt: skip
+
+
+def _mask(spec: str | None, shape: tuple[int, ...], seed: int) -> torch.Tensor | None:
+    """A block's user mask: bool ([B, 1, R, n], about 30% masked, row 2 wholly), float ([1, H, R, n]: random,
+    -inf at about 20%, -0.0 at about 10%, row 1 all -inf), keys (float [B, 1, 1, n] over a strided view, -inf at
+    every third key) or rows (bool [1, 1, R, 1], every third row masked); None: none."""
+    if spec is None:
+        return None
+    g = torch.Generator().manual_seed(seed + 100)
+    b, h, rows, n = shape
+    if spec == "bool":
+        keep = torch.rand(b, 1, rows, n, generator=g) > 0.3
+        keep[:, :, 2] = False
+        return keep
+    if spec == "float":
+        bias = torch.randn(1, h, rows, n, generator=g) * 3
+        bias = bias.masked_fill(torch.rand(bias.shape, generator=g) < 0.2, -math.inf)
+        bias = bias.masked_fill(torch.rand(bias.shape, generator=g) < 0.1, -0.0)
+        bias[:, :, 1] = -math.inf
+        return bias
+    if spec == "keys":
+        bias = torch.randn(b, 1, 1, 2 * n, generator=g)[..., ::2]
+        bias[..., ::3] = -math.inf
+        return bias
+    return (torch.arange(rows) % 3 != 0).view(1, 1, rows, 1)
 
 
 def _case(shape, seed: int):
@@ -203,14 +258,15 @@ def _self_test(lib, vexp: int) -> str:
     try:
         for n_threads in (1, 2):
             torch.set_num_threads(n_threads)
-            for i, (shape, causal, scale) in enumerate(_CASES):
+            for i, (shape, causal, scale, spec) in enumerate(_CASES):
                 s, lse, dp, delta, x, acc = _case(shape, i)
+                mask = _mask(spec, shape, i)
                 for p_dtype in (torch.float32, torch.bfloat16, *fp16):
-                    p, pr = _torch_probs(s.clone(), scale, lse, p_dtype, causal)
+                    p, pr = _torch_probs(s.clone(), scale, lse, p_dtype, causal, mask)
                     got = s.clone()
-                    got_r = _probs(lib, vexp, got, scale, lse, p_dtype, causal)
+                    got_r = _probs(lib, vexp, got, scale, lse, p_dtype, causal, mask)
                     if not (_same(p, got) and _same(pr, got_r)):
-                        return f"fc_bwd_probs differs from torch here ({shape}, {causal}, P in {p_dtype})"
+                        return f"fc_bwd_probs differs from torch here ({shape}, {causal}, {spec}, P in {p_dtype})"
                     want = (p * (dp - delta)).to(p_dtype).to(torch.float32)
                     if not _same(want, _ds(lib, dp.clone(), p, delta, p_dtype)):
                         return f"fc_bwd_ds differs from torch here ({shape}, P in {p_dtype})"

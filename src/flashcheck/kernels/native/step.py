@@ -99,7 +99,8 @@ def _tile_ok() -> str:
 def _tile_test(lib, vexp: int, width: int) -> str:
     """'' when fc_tile_forward gives the torch step loop's bits on _TILE_CASES, else which case differs."""
     with _threads(1):
-        for shape, spans, how in _TILE_CASES:
+        for shape, spans, spec in _TILE_CASES:
+            how = _tile_how(shape, spec)
             for p_dtype in (torch.float32, torch.bfloat16):
                 q, k, v = _tile_case(shape, sliced=how is not None)
                 want = _torch_tile(q, k, v, spans, p_dtype, how)
@@ -188,6 +189,7 @@ def tile_forward(
     starts: list[int] | None = None,
     scale: float = 1.0,
     causal: tuple[int, int] | None = None,
+    mask: torch.Tensor | None = None,
 ) -> bool:
     """A whole query tile of the FA2 forward in one C call (the GIL released throughout): for q [B, H, R, D] (the
     tile's rows, each head's contiguous: a row slice of the whole Q), k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
@@ -195,13 +197,16 @@ def tile_forward(
     copy) and each key block (c0, c1) of `spans` in turn, on the tile's rows from starts[t] on (None: all), the
     step kernels.sim.flash._query_tile runs with torch's bmm: scores S = Q K_j^T, times `scale` unless 1 (torch's
     float32 mul_), plus the causal bias where the step's block has a masked entry (causal = (row0, offset): the
-    tile's first row in the sequence and Lk - Lq; row i sees key j iff j <= i + offset), the softmax of
-    softmax_step (P rounded to p_dtype), P V_j and acc_update, into o [B, H, R, Dv], m, l [B, H, R, 1]
-    (contiguous; zeros, -inf, zeros at the start). Bit for bit the step loop's: rows are independent, the products
-    are MKL's sgemm on the very operands and leading dimensions of bmm's, its outputs at the same alignment (see
-    fc_tile_forward), checked at load (_tile_ok). The scores must be NaN-free (finite inputs, no overflow: the
-    caller's guarantee). False (nothing touched) where it does not apply: a product torch's bmm forms otherwise
-    (under _BMM_SMALL multiply-adds per matrix: its own loops; a single key column or query row: measured to
+    tile's first row in the sequence and Lk - Lq; row i sees key j iff j <= i + offset), the user mask's bias on
+    every step where `mask` is given (bool or float32 [B|1, H|1, R|1, Lk|1], the tile's rows, strides as they are:
+    bool adds 0 / -inf, float its value, the causal bias summed into it first where that applies, as
+    kernels.sim.masks.tile_bias), the softmax of softmax_step (P rounded to p_dtype), P V_j and acc_update, into o
+    [B, H, R, Dv], m, l [B, H, R, 1] (contiguous; zeros, -inf, zeros at the start). Bit for bit the step loop's:
+    rows are independent, the products are MKL's sgemm on the very operands and leading dimensions of bmm's, its
+    outputs at the same alignment (see fc_tile_forward), checked at load (_tile_ok). The scores, the mask's bias
+    added, must be NaN-free (finite inputs, no overflow, no NaN or +inf in the mask: the caller's guarantee). False
+    (nothing touched) where it does not apply: a product torch's bmm forms otherwise (under _BMM_SMALL
+    multiply-adds per matrix: its own loops; a single key column or query row: measured to
     differ from sgemm's)."""
     if not spans or p_dtype not in _P_FORMATS or torch.get_num_threads() != 1:
         return False
@@ -217,10 +222,21 @@ def tile_forward(
     if p_dtype == torch.float16 and not lib.fc_has_fp16():
         return False
     starts = [0] * len(spans) if starts is None else list(starts)
-    if not _tile_shapes_ok(q, (k, v, o, m, l), spans, starts):
+    if not _tile_shapes_ok(q, (k, v, o, m, l), spans, starts) or not _mask_ok(mask, q, k):
         return False
-    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, (starts, scale, causal))
+    _tile_call(lib, vexp, width, (q, k, v), spans, (o, m, l), p_dtype, (starts, scale, causal, mask))
     return True
+
+
+def _mask_ok(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether tile_forward takes `mask` (None: no mask): bool or float32 on the CPU, 4-D, broadcastable to
+    [B, H, R, Lk] (q [B, H, R, D], k [B, Hkv, Lk, D])."""
+    if mask is None:
+        return True
+    if mask.dtype not in (torch.bool, torch.float32) or mask.device.type != "cpu" or mask.dim() != 4:
+        return False
+    want = (*q.shape[:3], k.shape[-2])
+    return all(n in (1, w) for n, w in zip(mask.shape, want, strict=True))
 
 
 def _tile_shapes_ok(q: torch.Tensor, tensors, spans: list[tuple[int, int]], starts: list[int]) -> bool:
@@ -248,10 +264,10 @@ def _tile_shapes_ok(q: torch.Tensor, tensors, spans: list[tuple[int, int]], star
 
 
 def _tile_call(lib, vexp: int, width: int, qkv, spans, oml, p_dtype: torch.dtype, how=None) -> None:
-    """fc_tile_forward on the tensors; how = (starts, scale, causal) as tile_forward takes them (None: all rows,
-    no scale, not causal)."""
+    """fc_tile_forward on the tensors; how = (starts, scale, causal[, mask]) as tile_forward takes them (None: all
+    rows, no scale, not causal, no mask)."""
     (q, k, v), (o, m, l) = qkv, oml
-    starts, scale, causal = how if how is not None else ([0] * len(spans), 1.0, None)
+    starts, scale, causal, mask = (*how, None)[:4] if how is not None else ([0] * len(spans), 1.0, None, None)
     b, h, rows, d = q.shape
     width_k = max(c1 - c0 for c0, c1 in spans)
     bufs = [torch.empty(rows * n + 16, dtype=torch.float32) for n in (width_k, v.shape[-1])]  # 64-byte aligned
@@ -259,11 +275,15 @@ def _tile_call(lib, vexp: int, width: int, qkv, spans, oml, p_dtype: torch.dtype
                         dtype=torch.int64)  # fmt: skip
     tmp = torch.empty(2 * rows, dtype=torch.float32)
     row0, off = causal if causal is not None else (0, 0)
+    strides = mask.expand(b, h, rows, k.shape[-2]).stride() if mask is not None else (0, 0, 0, 0)
+    mst = torch.tensor(strides, dtype=torch.int64)  # the mask's element strides (0: broadcast)
+    kind = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
     lib.fc_tile_forward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), b * h, h, h // k.shape[1], q.stride(1) if h > 1 else q.stride(0),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), rows, d, v.shape[-1], flat.data_ptr(), len(spans), scale,
-        causal is not None, row0, off, o.data_ptr(), m.data_ptr(), l.data_ptr(), bufs[0].data_ptr(),
+        causal is not None, row0, off, mask.data_ptr() if mask is not None else None, kind, mst.data_ptr(),
+        o.data_ptr(), m.data_ptr(), l.data_ptr(), bufs[0].data_ptr(),
         bufs[1].data_ptr(), tmp.data_ptr(), width, _P_FORMATS[p_dtype], vexp, VML_MODE, _mkl_local(), _sgemm(),
     )  # fmt: skip
 
@@ -285,7 +305,52 @@ _TILE_CASES = [
     ((2, 4, 2, 200, 330, 32, 32), [(0, 100), (100, 200), (200, 300), (300, 330)], ([0, 0, 70, 170], 0.125, (0, 130))),
     # causal with Lq = 260 > Lk = 200 (offset -60): a tile of rows 100..260; grouped heads 6:1; head dim 256
     ((1, 6, 1, 160, 200, 256, 256), [(0, 100), (100, 200)], ([0, 60], 1 / 16, (100, -60))),
+    # user masks (_tile_mask): bool with a fully masked row, bottom-right causal, grouped heads, batch 2
+    ((2, 4, 2, 200, 330, 32, 32), [(0, 100), (100, 200), (200, 300), (300, 330)],
+     ([0, 0, 70, 170], 0.125, (0, 130), "bool-rows")),
+    ((2, 3, 3, 64, 200, 32, 48), [(100, 200), (0, 100)], ([0, 0], 1.0, None, "bool-rows")),
+    # float (ALiBi-like, -inf and -0.0 entries, a row all -inf) per head, plain and causal
+    ((1, 2, 2, 100, 300, 128, 128), [(0, 128), (128, 256), (256, 300)], ([0, 0, 0], _SCALE, None, "float")),
+    ((1, 2, 2, 128, 300, 96, 96), [(0, 64), (64, 128), (128, 192), (192, 256)],
+     ([0, 0, 0, 64], _SCALE, (128, 0), "float")),
+    # left key padding [B, 1, 1, Lk] under causal (the tile's first rows see no key); a float bias per row
+    # [1, 1, R, 1] (broadcast over keys; -inf rows) with grouped heads 6:1
+    ((2, 2, 2, 128, 300, 64, 64), [(0, 64), (64, 128), (128, 192), (192, 256)],
+     ([0, 0, 0, 64], 0.125, (128, 0), "pad-left")),
+    ((1, 6, 1, 160, 200, 64, 64), [(0, 100), (100, 200)], ([0, 60], 1 / 16, (100, -60), "float-rows")),
 ]  # fmt: skip
+
+
+def _tile_how(shape: tuple[int, ...], how):
+    """how with its mask spec (a _TILE_CASES entry's 4th item) made a mask of the tile (_tile_mask)."""
+    if how is None or len(how) < 4 or how[3] is None:
+        return how
+    return (*how[:3], _tile_mask(how[3], shape))
+
+
+def _tile_mask(spec: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A user mask of a _TILE_CASES shape's tile: bool-rows (bool [B, 1, R, Lk], about 30% masked, row 3 wholly),
+    pad-left (bool [B, 1, 1, Lk]: batch b keeps its last Lk - 150 - 10 b keys), float ([1, H, R, Lk]: -0.1 (h + 1)
+    |i - j| with -inf at about 20%, -0.0 at about 10% and row 1 all -inf) or float-rows (float32 [1, 1, R, 1]:
+    a random bias, -inf at every fifth row)."""
+    b, h, _, rows, lk = shape[:5]
+    g = torch.Generator().manual_seed(rows + lk)
+    if spec == "bool-rows":
+        keep = torch.rand(b, 1, rows, lk, generator=g) > 0.3
+        keep[:, :, 3] = False
+        return keep
+    if spec == "pad-left":
+        return torch.stack([torch.arange(lk) >= 150 + 10 * i for i in range(b)])[:, None, None, :]
+    if spec == "float":
+        i, j = torch.arange(rows).unsqueeze(-1), torch.arange(lk)
+        bias = -0.1 * torch.arange(1, h + 1).view(1, h, 1, 1) * (i - j).abs()
+        bias = bias.masked_fill(torch.rand(bias.shape, generator=g) < 0.2, -math.inf)
+        bias = bias.masked_fill(torch.rand(bias.shape, generator=g) < 0.1, -0.0)
+        bias[:, :, 1] = -math.inf
+        return bias
+    bias = torch.randn(1, 1, rows, 1, generator=g) * 4
+    bias[:, :, ::5] = -math.inf
+    return bias
 
 
 def _tile_case(shape: tuple[int, ...], sliced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -302,9 +367,9 @@ def _tile_case(shape: tuple[int, ...], sliced: bool = False) -> tuple[torch.Tens
 def _torch_tile(q, k, v, spans, p_dtype, how=None):
     """The step loop with torch's ops as kernels.sim.flash._query_tile runs it (bmm into flat buffers laid out as
     its scratch, grouped K / V heads repeated, a step on its rows from starts[t], the scale's mul_, the causal
-    bias's add_): (o, m, l)."""
+    and mask bias's add_; how = (starts, scale, causal[, mask])): (o, m, l)."""
     b, h, rows, _ = q.shape
-    starts, scale, causal = how if how is not None else ([0] * len(spans), 1.0, None)
+    starts, scale, causal, mask = (*how, None)[:4] if how is not None else ([0] * len(spans), 1.0, None, None)
     k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
     dv = v.shape[-1]
     o = torch.zeros(b, h, rows, dv)
@@ -317,11 +382,19 @@ def _torch_tile(q, k, v, spans, p_dtype, how=None):
         torch.matmul(q[..., i0:, :], k[..., c0:c1, :].transpose(-1, -2), out=s)
         if scale != 1.0:
             s.mul_(scale)
+        bias = None
         if causal is not None:
             i = torch.arange(causal[0] + i0, causal[0] + rows).unsqueeze(-1)
             keep = torch.arange(c0, c1).unsqueeze(0) <= i + causal[1]
             if not bool(keep.all()):
-                s.add_(torch.zeros(keep.shape).masked_fill(~keep, -math.inf))
+                bias = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+        if mask is not None:  # as kernels.sim.masks.tile_bias
+            mk = mask[..., i0:, :] if mask.shape[-2] != 1 else mask
+            mk = mk[..., c0:c1] if mk.shape[-1] != 1 else mk
+            mk = torch.zeros(mk.shape).masked_fill(~mk, -math.inf) if mk.dtype == torch.bool else mk.float()
+            bias = mk if bias is None else bias + mk
+        if bias is not None:
+            s.add_(bias)
         p, m_new, l_new, alpha = _torch_step(s, m[..., i0:, :], l[..., i0:, :], p_dtype)
         m[..., i0:, :], l[..., i0:, :] = m_new, l_new
         pv = pv_buf[: b * h * nr * dv].view(b, h, nr, dv)

@@ -27,7 +27,7 @@ from flashcheck.kernels.native.rounding import max_sub_
 from flashcheck.kernels.native.step import acc_update, softmax_step, tile_forward
 from flashcheck.kernels.sim.fp8 import casts_only, round_inputs
 from flashcheck.kernels.sim.gradfix import RowSumFix, delta_operand, visible
-from flashcheck.kernels.sim.masks import first_row_needing, tile_bias
+from flashcheck.kernels.sim.masks import bias_is_bounded, first_row_needing, tile_bias
 from flashcheck.kernels.sim.mma_ops import MMAOperands, held_v_scale, p_operand, pv_accumulate, qk_scores
 from flashcheck.kernels.sim.ops import (
     cast_scratch,
@@ -218,8 +218,10 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
         ops = MMAOperands.make(q, k, v, pol, cfg.block_q, cfg.block_k, parts)
     sc = _score_scale(cfg, q.shape[-1])
     fold = prescale_is_exact(q, k, sc) and (ops is None or ops.model_qk is None)
-    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C
-    finite = not fold and _plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc)
+    # a scale that is no power of two (head dims 32, 96, 128, 256): NaN-free scores still take the tile in C; a
+    # user mask too where its bias cannot make a NaN (_mask_keeps_nan_free)
+    finite = fold or (_plain_config(q.dtype, cfg, pol, ops) and scores_are_finite(q, k, sc))
+    finite = finite and _mask_keeps_nan_free(cfg, pol)
     kv = _GroupedKV(q, k, v) if k.shape[1] != h else None  # grouped heads: repeated only where a tile needs it
     _run_tiles(q, k, v, tiles, steps, cfg, pol, fold, ops, out=(o, m, l), finite=finite, kv=kv)
     if cfg.sink is not None:  # FA4 finalize: l += exp(sink - m), m the row max without the sink (or the sink)
@@ -238,6 +240,15 @@ def _forward_tiles(q, k, v, cfg: FlashConfig, pol: Policy, tile_rows: int, parts
     log = torch.log2 if cfg.exp2 else torch.log
     lse = torch.where(dead, torch.full_like(l, -math.inf), rnd(m + log(l), pol, "stats"))
     return o, rnd_fresh(o, pol, "output"), lse
+
+
+def _mask_keeps_nan_free(cfg: FlashConfig, pol: Policy) -> bool:
+    """Whether the user mask's bias (if any) keeps NaN-free scores below 2^126 NaN-free: a bool mask or a bounded
+    float one (masks.bias_is_bounded), added to scores rounded to a format that holds 2^126 (an fp16 score of
+    +inf, plus a -inf bias, would be NaN)."""
+    if cfg.mask is None:
+        return True
+    return info(pol.stage("score")).max >= 2.0**126 and bias_is_bounded(cfg.mask)
 
 
 def _held_factor(l: torch.Tensor, dead: torch.Tensor, v_scale: torch.Tensor, pol: Policy) -> torch.Tensor:
@@ -377,7 +388,8 @@ def _query_tile(
     those rows alone, each step on the rows its key block reaches (from max(r0, t.r0)), in place. `fold`:
     the score scale is a power of two that ops.prescale_is_exact allows into the tile's Q (same bits, one
     pass over each score block fewer). `ops`: the MMAOperands of the policy's tensor-core models (or None).
-    `finite`: the scores are NaN-free though the scale is not folded (ops.scores_are_finite). `kv`: k and v hold
+    `finite`: the scores, the mask's bias added, are NaN-free (fold, or ops.scores_are_finite, and
+    masks.bias_is_bounded: see _forward_tiles). `kv`: k and v hold
     grouped K / V heads (fewer than q's), which the whole-tile C reads as they are; the step loop takes them
     repeated to q's heads from kv."""
     r0, r1 = rows
@@ -390,7 +402,7 @@ def _query_tile(
     l = torch.zeros(b, h, r1 - r0, 1, dtype=q.dtype, device=q.device)
     step = _fa1_step if cfg.algorithm == "fa1" else _fa2_step
     extra = {"tie_beta": cfg.tie_beta} if cfg.tie_beta is not None else {}
-    if step is _fa2_step and (fold or finite) and cfg.mask is None:  # finite inputs, no overflow (see _forward_tiles)
+    if step is _fa2_step and finite:  # finite inputs, no overflow, a bounded mask (see _forward_tiles)
         extra["nan_free"] = True
     if step_knobs(pol) or cfg.p_probe is not None:
         step, extra = _knob_step, {"log2": cfg.exp2, "probe": cfg.p_probe, "block_k": cfg.block_k}
@@ -444,9 +456,18 @@ def _whole_tile(
     p_dtype = _p_dtype(pol, q_t.dtype)
     causal = (rows[0], k.shape[-2] - lq) if cfg.causal else None
     o, m, l = oml
+    mask = None if cfg.mask is None else _rows_mask(cfg.mask, rows)
     return p_dtype is not None and tile_forward(
-        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal
+        q_t, k, v, plan[0], o, m, l, p_dtype, starts=plan[1], scale=scale, causal=causal, mask=mask
     )
+
+
+def _rows_mask(mask: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+    """The user mask (2 to 4 dims, broadcastable to [B, H, Lq, Lk]) of query rows r0:r1 as 4 dims, bool, or
+    float32 (a float mask's m.to(float32), as masks.tile_bias takes it: the same values): a view where it can be."""
+    m = mask[(None,) * (4 - mask.dim())]
+    m = m[..., rows[0] : rows[1], :] if m.shape[-2] != 1 else m
+    return m if m.dtype == torch.bool else m.to(torch.float32)
 
 
 class _GroupedKV:
@@ -467,13 +488,12 @@ class _GroupedKV:
 
 def _plain_config(work: torch.dtype, cfg: FlashConfig, pol: Policy, ops) -> bool:
     """Whether every step of a nan_free FA2 query tile takes _fused_step's path with the whole accumulator
-    update in C and nothing else on the rows: no user mask (causal is fine), torch's float32 product for the
-    scores (no MMA model, no narrow accumulator) in the working dtype, the stats and accumulator stages the working
-    dtype, natural exp, no tie_beta, no stage knobs or probe."""
+    update in C and nothing else on the rows but the masks' bias (causal, and a user mask: tile_forward adds it),
+    torch's float32 product for the scores (no MMA model, no narrow accumulator) in the working dtype, the stats
+    and accumulator stages the working dtype, natural exp, no tie_beta, no stage knobs or probe."""
     return (
         work == torch.float32
         and cfg.algorithm == "fa2"
-        and cfg.mask is None
         and not cfg.exp2
         and cfg.tie_beta is None
         and cfg.p_probe is None
@@ -684,13 +704,14 @@ def _backward(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     fix = RowSumFix(q) if pol.ds_correction else None
     p_dtype = _native_backward((q, k, v, do, dq, dk, dv, lse_safe, delta), cfg, pol, sc) if fix is None else None
+    mask = None if p_dtype is None or cfg.mask is None else _rows_mask(cfg.mask, (0, lq))  # float32 once
     for t in _steps(cfg, lq, lk):
         q_r, do_r = q[..., t.r0 :, :], do[..., t.r0 :, :]
         k_j, v_j = k[..., t.c0 : t.c1, :], v[..., t.c0 : t.c1, :]
         if p_dtype is not None:  # the same products; the passes between them in C (kernels.native.backward)
             s = mm(q_r, k_j.transpose(-1, -2), pol)
             causal = (t.r0, t.c0, lk - lq) if cfg.causal else None
-            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal)  # s holds P
+            p_g = native_bwd.probs(s, sc, lse_safe[..., t.r0 :, :], p_dtype, causal, _block_mask(mask, t))  # s: P
             dv[..., t.c0 : t.c1, :] = mm(p_g.transpose(-1, -2), do_r, pol)
             ds = native_bwd.ds(mm(do_r, v_j.transpose(-1, -2), pol), s, delta[..., t.r0 :, :], p_dtype)
             native_bwd.scale_add(dq[..., t.r0 :, :], mm(ds, k_j, pol), s_nat, True)
@@ -749,22 +770,27 @@ def _backward_heads(q, k, v, out_hi, lse, dout, cfg: FlashConfig, pol: Policy):
 def _native_backward(tensors, cfg: FlashConfig, pol: Policy, sc: float) -> torch.dtype | None:
     """The dtype of the grad_p stage (float32: none) where _backward's passes between its products may run in C
     (kernels.native.backward) with torch's bits, else None: float32 CPU tensors (q, k, v, dO, the gradients, the
-    LSE and delta, contiguous), no user mask, natural exp, the score, grad_score and grad_accum stages float32
-    itself, and inputs whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more
-    than one answer)."""
+    LSE and delta, contiguous), natural exp, the score, grad_score and grad_accum stages float32 itself, and inputs
+    whose scores, dP and delta are finite (so nothing is NaN: a NaN's rounding to bf16 has more than one answer), a
+    user mask's bias included (masks.bias_is_bounded)."""
     q, k, v, do = tensors[:4]
-    if (
-        cfg.mask is not None
-        or cfg.exp2
-        or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum"))
-    ):
+    if cfg.exp2 or any(pol.stage(st) != Format.FP32 for st in ("score", "grad_score", "grad_accum")):
         return None
     p_dtype = {Format.FP32: torch.float32, **_NATIVE_P}.get(pol.stage("grad_p"))
     if p_dtype is None or not native_bwd.usable(p_dtype):
         return None
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return None
-    return p_dtype if scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) else None
+    finite = scores_are_finite(q, k, sc) and scores_are_finite(do, v, 1.0) and bias_is_bounded(cfg.mask)
+    return p_dtype if finite else None
+
+
+def _block_mask(mask: torch.Tensor | None, t: _Tiles) -> torch.Tensor | None:
+    """The backward step's block of the user mask (4-D, _rows_mask's of every row): rows t.r0.., keys t.c0:t.c1."""
+    if mask is None:
+        return None
+    mask = mask[..., t.r0 :, :] if mask.shape[-2] != 1 else mask
+    return mask[..., t.c0 : t.c1] if mask.shape[-1] != 1 else mask
 
 
 def _visible(t: _Tiles, lq: int, lk: int, cfg: FlashConfig, dtype: torch.dtype) -> torch.Tensor:

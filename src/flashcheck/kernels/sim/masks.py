@@ -46,6 +46,20 @@ def tile_bias(
     return bias
 
 
+# a float mask's entries below this (and -inf) keep a NaN-free score block NaN-free: the scores are below 2^126
+# (ops.scores_are_finite), so score + bias (times log2(e) under exp2) stays below float32's overflow threshold
+MASK_BOUND = 2.0**125
+
+
+def bias_is_bounded(mask: torch.Tensor | None) -> bool:
+    """True when adding the mask's bias (tile_bias) to NaN-free scores below 2^126 cannot make a NaN or +inf:
+    no mask, a bool mask (0 / -inf), or a float mask whose every entry is -inf or finite below MASK_BOUND (no
+    NaN, no +inf: -inf + inf would be NaN, and a score of +inf gives inf - inf in the softmax). One pass."""
+    if mask is None or mask.dtype == torch.bool or mask.numel() == 0:
+        return True
+    return float(mask.detach().max()) < MASK_BOUND  # NaN: False
+
+
 PADDING_SIDES = ("right", "left")
 
 

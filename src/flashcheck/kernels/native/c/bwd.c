@@ -31,14 +31,26 @@ int fc_bwd_has_fp16(void) {
 #endif
 }
 
+/* The user mask's bias of entry j of a row (the row's mask entries at mr, mst[3] apart): kind 1, bool bytes: 0
+   where kept, else -inf; kind 2: its float32 value. */
+static inline float mask_bias(const void *mr, int kind, int64_t j, int64_t step) {
+    if (kind == 1) return ((const uint8_t *)mr)[j * step] ? 0.0f : -__builtin_inff();
+    return ((const float *)mr)[j * step];
+}
+
 /* P of a backward step from the raw scores s [heads, rows, n] (contiguous, in place), as kernels.sim.flash._backward
    forms it with torch's ops: x = s * sc, plus the causal bias where the block (rows row0.., keys c0..) has a masked
-   entry (row i sees key j iff j <= i + off: + 0 or -inf for every entry, as torch's add of the bias), minus the row's
-   LSE (lse[h * lse_h + r], -inf there already replaced by +inf), then exp (torch's exp: MKL's vmsExp, with
-   `mode`). pr (NULL: none): P rounded to p_fmt, a second [heads, rows, n] block. */
+   entry (row i sees key j iff j <= i + off: + 0 or -inf for every entry, as torch's add of the bias), or, with a
+   user mask (mask_kind 1: bool bytes, 2: float32), x + b, b that mask's bias (mask_bias) with the causal bias summed
+   into it first where the block has a masked entry (kernels.sim.masks.tile_bias's sum), minus the row's LSE
+   (lse[h * lse_h + r], -inf there already replaced by +inf), then exp (torch's exp: MKL's vmsExp, with `mode`).
+   The mask: element (b, g, r, j) of the block at mask + b * mst[0] + g * mst[1] + r * mst[2] + j * mst[3]
+   (elements; 0 where it broadcasts), block head h being (b, g) = divmod(hbase + h, hn). pr (NULL: none): P rounded
+   to p_fmt, a second [heads, rows, n] block. */
 void fc_bwd_probs(float *s, float *pr, int64_t heads, int64_t rows, int64_t n, float sc, const float *lse,
-                  int64_t lse_h, int causal, int64_t row0, int64_t c0, int64_t off, int p_fmt, void *vexp_ptr,
-                  int64_t mode, void *local_ptr) {
+                  int64_t lse_h, int causal, int64_t row0, int64_t c0, int64_t off, const void *mask, int mask_kind,
+                  const int64_t *mst, int64_t hn, int64_t hbase, int p_fmt, void *vexp_ptr, int64_t mode,
+                  void *local_ptr) {
     vexp_fn vexp = (vexp_fn)vexp_ptr;
     int (*set_local)(int) = (int (*)(int))local_ptr;
     int prev = set_local ? set_local(1) : 0;
@@ -51,8 +63,17 @@ void fc_bwd_probs(float *s, float *pr, int64_t heads, int64_t rows, int64_t n, f
             for (int64_t r = g0; r < g1; r++) {
                 float *row = s + (h * rows + r) * n;
                 const float m = lse[h * lse_h + r];
-                if (masked) {
-                    const int64_t last = row0 + r + off - c0; /* the last column row r sees */
+                const int64_t last = row0 + r + off - c0; /* the last column row r sees (causal) */
+                if (mask_kind) {
+                    const int64_t g = hbase + h, esz = mask_kind == 1 ? 1 : 4;
+                    const char *mr = (const char *)mask + esz * ((g / hn) * mst[0] + (g % hn) * mst[1] + r * mst[2]);
+                    for (int64_t j = 0; j < n; j++) {
+                        const float x = row[j] * sc;
+                        float b = mask_bias(mr, mask_kind, j, mst[3]);
+                        if (masked) b = (j <= last ? 0.0f : -__builtin_inff()) + b;
+                        row[j] = (x + b) - m;
+                    }
+                } else if (masked) {
                     for (int64_t j = 0; j < n; j++) {
                         const float x = row[j] * sc;
                         row[j] = (j <= last ? x + 0.0f : -__builtin_inff()) - m;

@@ -231,6 +231,38 @@ typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int
                          const float *a, const int *lda, const float *b, const int *ldb, const float *beta, float *c,
                          const int *ldc);
 
+/* The user mask's bias added to a step's scores sh [nr, n] (tile rows i0.., key columns c0..), as
+   kernels.sim.masks.tile_bias and flash._tile_scores add it with torch's ops: per entry the mask's bias b (kind 1,
+   bool as bytes: 0 where kept, -inf where not; kind 2: its float32 value), plus, where the block has a causally
+   masked entry (cmask), the causal bias first (c + b, c = 0 where key j <= last + r, else -inf: torch's sum of
+   the two biases), then s + b, rounded as torch's add_. mst: the mask's element strides (batch, head, row, column;
+   0 where it broadcasts), `mask` at the tile's first row. */
+static void add_mask(float *sh, int64_t nr, int64_t n, const void *mask, int kind, const int64_t *mst, int64_t b,
+                     int64_t hh, int64_t i0, int64_t c0, int cmask, int64_t last) {
+    const int64_t base = b * mst[0] + hh * mst[1] + c0 * mst[3], sc = mst[3];
+    const float ninf = -__builtin_inff();
+    for (int64_t r = 0; r < nr; r++) {
+        float *row = sh + r * n;
+        const int64_t at = base + (i0 + r) * mst[2];
+        const int64_t lr = last + r; /* the last column row r sees (causal) */
+        if (kind == 1) {
+            const uint8_t *mr = (const uint8_t *)mask + at;
+            for (int64_t j = 0; j < n; j++) {
+                float bias = mr[j * sc] ? 0.0f : ninf;
+                if (cmask) bias = (j <= lr ? 0.0f : ninf) + bias;
+                row[j] = row[j] + bias;
+            }
+        } else {
+            const float *mr = (const float *)mask + at;
+            for (int64_t j = 0; j < n; j++) {
+                float bias = mr[j * sc];
+                if (cmask) bias = (j <= lr ? 0.0f : ninf) + bias;
+                row[j] = row[j] + bias;
+            }
+        }
+    }
+}
+
 /* A whole query tile of the FA2 forward (plain or causal), head by head, each head's rows through every key block
    in the given order (a row's steps in the same order as the step-by-step loop; the head's scores, P, P.V and O stay
    in cache). Step t covers key columns c0..c1 and the tile's rows i0..rows (steps[3 t ..]: c0, c1, i0), as
@@ -238,16 +270,19 @@ typedef void (*sgemm_fn)(const char *ta, const char *tb, const int *m, const int
    and leading dimensions bmm hands it: head h's S and P.V blocks at the offsets of a [heads, rows - i0, n] block),
    times sc unless sc is 1 (one float rounding), plus the causal bias where the step's block has a masked entry
    (causal: tile row r sees key j iff j <= row0 + r + off; every entry then gets + 0 or -inf, as torch's add_ of
-   the bias), the softmax of fc_softmax_step, PV = P V_j, then O = O * alpha + PV (fc_acc_update). q [heads,
+   the bias), or, with a user mask (mask_kind 1: bool bytes, 2: float32; strides mst, see add_mask), that mask's
+   bias on every block (and the causal one summed into it first where the block has a masked entry), the softmax
+   of fc_softmax_step, PV = P V_j, then O = O * alpha + PV (fc_acc_update). q [heads,
    rows, d] (rows contiguous, head h at q + h * qsh); head h = (b, g) (b = h / hn) reads K / V head g / groups:
    k + b * ksb + (g / groups) * ksh (rows of kr / vr floats apart, columns contiguous); o [heads, rows, dv], m, l
-   [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start); s: rows * (widest span) + 16 floats, pv: rows * dv + 16 floats (both 64-byte
-   aligned), tmp: 2 * rows floats. */
+   [heads * rows] contiguous (O = 0, m = -inf, l = 0 at the start); s: rows * (widest span) + 16 floats, pv:
+   rows * dv + 16 floats (both 64-byte aligned), tmp: 2 * rows floats. */
 void fc_tile_forward(const float *q, const float *k, const float *v, int64_t heads, int64_t hn, int64_t groups,
                      int64_t qsh, int64_t ksb, int64_t ksh, int64_t kr, int64_t vsb, int64_t vsh, int64_t vr,
                      int64_t rows, int64_t d, int64_t dv, const int64_t *steps, int64_t nsteps, float sc, int causal,
-                     int64_t row0, int64_t off, float *o, float *m, float *l, float *s, float *pv, float *tmp, int w,
-                     int p_fmt, void *vexp_ptr, int64_t mode, void *local_ptr, void *sgemm_ptr) {
+                     int64_t row0, int64_t off, const void *mask, int mask_kind, const int64_t *mst, float *o, float *m,
+                     float *l, float *s, float *pv, float *tmp, int w, int p_fmt, void *vexp_ptr, int64_t mode,
+                     void *local_ptr, void *sgemm_ptr) {
     sgemm_fn sgemm = (sgemm_fn)sgemm_ptr;
     int (*set_local)(int) = (int (*)(int))local_ptr;
     int prev = set_local ? set_local(1) : 0;
@@ -268,7 +303,10 @@ void fc_tile_forward(const float *q, const float *k, const float *v, int64_t hea
             sgemm("T", "N", &in, &inr, &id, &one, kh + c0 * kr, &ikr, qh + i0 * d, &id, &zero, sh, &in);
             if (sc != 1.0f)
                 for (int64_t x = 0; x < nr * n; x++) sh[x] = sh[x] * sc;
-            if (causal && c0 + n - 1 > row0 + i0 + off) /* the block has a masked entry: the bias is added */
+            const int cmask = causal && c0 + n - 1 > row0 + i0 + off; /* the block has a causally masked entry */
+            if (mask_kind)
+                add_mask(sh, nr, n, mask, mask_kind, mst, b, h % hn, i0, c0, cmask, row0 + i0 + off - c0);
+            else if (cmask) /* the causal bias is added */
                 for (int64_t r = 0; r < nr; r++) {
                     float *row = sh + r * n;
                     const int64_t last = row0 + i0 + r + off - c0; /* the last column row r sees */
