@@ -161,14 +161,28 @@ _TORCH_LAZY = {
 }
 
 
-def _attributes() -> dict[str, int]:
-    """id() of every attribute of torch's main namespaces and of the flashcheck modules loaded: a monkeypatch
-    not undone (setattr outside the monkeypatch fixture) changes one."""
-    out = {}
-    for name, mod in list(sys.modules.items()):
-        if mod is not None and (name in _NAMESPACES or name == "flashcheck" or name.startswith("flashcheck.")):
-            out.update({f"{name}.{k}": id(v) for k, v in list(vars(mod).items())})
-    return {k: v for k, v in out.items() if k not in _TORCH_LAZY}
+def _attributes() -> dict[str, dict[str, object]]:
+    """A copy of the namespace of torch's main namespaces and of each flashcheck module loaded: a monkeypatch not
+    undone (setattr outside the monkeypatch fixture) replaces an attribute (_replaced). Copies, compared by
+    identity at the end: per test, a tenth of the time that formatting each attribute's name took."""
+    return {
+        name: dict(vars(mod))
+        for name, mod in list(sys.modules.items())
+        if mod is not None and (name in _NAMESPACES or name == "flashcheck" or name.startswith("flashcheck."))
+    }
+
+
+def _replaced(before: dict[str, dict[str, object]], after: dict[str, dict[str, object]]) -> list[str]:
+    """'MODULE.NAME replaced' for each attribute in both snapshots that is another object now."""
+    out = []
+    for name, old in before.items():
+        new = after.get(name)
+        if new is None:
+            continue
+        for k, v in old.items():
+            if new.get(k, v) is not v and f"{name}.{k}" not in _TORCH_LAZY:
+                out.append(f"{name}.{k} replaced")
+    return out
 
 
 def _environment() -> dict[str, str]:
@@ -209,7 +223,7 @@ def _leaves_global_state_alone(request):
     yield
     changed = _put_back(before)
     now_attrs = _attributes()
-    changed += [f"{k} replaced" for k, i in attrs.items() if k in now_attrs and now_attrs[k] != i]
+    changed += _replaced(attrs, now_attrs)
     now_env = _environment()
     changed += [f"env {k}: {env.get(k)!r} -> {now_env.get(k)!r}" for k in sorted(env.keys() | now_env.keys())
                 if env.get(k) != now_env.get(k)]  # fmt: skip

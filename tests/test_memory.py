@@ -86,11 +86,12 @@ print(json.dumps([int(l.split()[1]) for l in open("/proc/self/status") if l.star
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kernel,policy,heads,length",
-    [("flash", "bf16-mixed", 4, 2048), ("flash", "fp64", 4, 1536), ("standard", "bf16-mixed", 8, 4096)],
+    [("flash", "bf16-mixed", 4, 2048), ("flash", "fp64", 4, 1536), ("standard", "bf16-mixed", 8, 2048)],
 )
 def test_estimate_is_an_upper_bound_of_the_measured_peak(kernel, policy, heads, length):
     """Peak RSS above the warmed-up process, in a fresh process; measured 0.61-0.83 of the estimate at
-    H=8, L=1024..4096 (see kernels/sim/memory.py). The bound must hold and not be loose by more than 2.5x."""
+    H=8, L=1024..4096 (see kernels/sim/memory.py). The bound must hold and not be loose by more than 2.5x.
+    Standard at H=8, L=2048 (0.81 here; its L x L scores still dominate the peak): 4.5 s, where L=4096 took 10."""
     out = subprocess.run(
         [sys.executable, "-c", _PEAK, kernel, policy, str(heads), str(length)],
         capture_output=True,

@@ -5,7 +5,8 @@ and lines.
 
 Each line runs in this process through the CLI's app (typer's CliRunner, in the line's folder; C-level
 stderr caught by capfd), not through the installed script: a fresh interpreter per line cost ~4 s of torch
-import each; `train-study` (FRESH) still runs in one. The installed script itself (its plain output, quiet
+import each; `train-study` too (its pool's workers fork from a fresh fork server, core.pool.fresh_context, never
+from this process, whatever threads earlier lines left here). The installed script itself (its plain output, quiet
 stderr) is test_cli_human's test_installed_script_output_is_plain_and_stderr_quiet.
 
 Lines come from the bash blocks of README.md and of every docs page (backslash continuations joined, `&&` chains
@@ -25,8 +26,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,10 +39,6 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MKDOCS = ROOT / "mkdocs.yml"
 STUDY_ARGS = ("--preset", "--config")
-FLASHCHECK = shutil.which("flashcheck", path=str(Path(sys.executable).parent)) or shutil.which("flashcheck")
-# run through the installed script: train-study's pool forks (the default start method), and a fork of a
-# process that earlier lines left with JAX's or XLA's threads can deadlock
-FRESH = {"train-study"}
 # a preset the docs show -> the preset its line runs in the test: the same questions at toy sizes
 SMALL_PRESETS = {
     **{("study", p): "tiny" for p in ("quick", "paper", "fa3", "full", "production", "modern")},
@@ -258,22 +253,17 @@ def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, ca
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(cwd)
     study = None
-    if words[1] in FRESH:
-        res = subprocess.run([FLASHCHECK, *words[1:]], capture_output=True, text=True, timeout=600)
-        crashed = ""
-    else:
-        # a copy of the session's tiny study: the line rebuilds the report the fixture rendered (and audited)
-        # from the same records; its figures are copied from the fixture's, not rasterised again, and must be
-        # the same figures
-        if _reads_tiny_study(words):
-            study = request.getfixturevalue("tiny_study_run")
-        capfd.readouterr()
-        with figures_from(study.folder / "figures") if study else contextlib.nullcontext([]) as saved:
-            run = CliRunner().invoke(app, words[1:])
-        low = capfd.readouterr()  # what C code (Kineto, XLA) wrote to the file descriptors themselves
-        crashed = "" if run.exception is None or isinstance(run.exception, SystemExit) else repr(run.exception)
-        err = run.stderr + low.out + low.err + crashed
-        res = SimpleNamespace(returncode=run.exit_code, stdout=run.stdout, stderr=err)
+    # a copy of the session's tiny study: the line rebuilds the report the fixture rendered (and audited) from
+    # the same records; its figures are copied from the fixture's, not rasterised again, and must be the same
+    if _reads_tiny_study(words):
+        study = request.getfixturevalue("tiny_study_run")
+    capfd.readouterr()
+    with figures_from(study.folder / "figures") if study else contextlib.nullcontext([]) as saved:
+        run = CliRunner().invoke(app, words[1:])
+    low = capfd.readouterr()  # what C code (Kineto, XLA) wrote to the file descriptors themselves
+    crashed = "" if run.exception is None or isinstance(run.exception, SystemExit) else repr(run.exception)
+    err = run.stderr + low.out + low.err + crashed
+    res = SimpleNamespace(returncode=run.exit_code, stdout=run.stdout, stderr=err)
     shown = f"{shlex.join(words)}\nexit {res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
     assert not crashed, shown
     if study is not None:

@@ -343,7 +343,7 @@ def test_module_path_outside_the_model_folder_is_refused(tiny_bert: Path, tmp_pa
 
 # --- the bundled all-MiniLM-L6-v2 (the guide's sentence-transformer) ---------------------------------
 
-MINILM = ("--samples", "16", "--max-length", "64", "--quiet")
+MINILM = ("--samples", "4", "--max-length", "16", "--quiet")
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +361,7 @@ def test_minilm_defaults_pass_and_the_reference_is_cached(minilm_out: Path, tmp_
     assert text.count("pass") >= 4 and "PASS: every implementation that ran (sdpa:fp32, sdpa:bf16)" in text
     assert "skipped flash_attention_2:fp32:" in text and "pin written to" in text
     summary = json.loads((minilm_out / "summary.json").read_text())
-    assert summary["pass"] and summary["settings"]["max_length"] == 64 and summary["settings"]["texts"] == 16
+    assert summary["pass"] and summary["settings"]["max_length"] == 16 and summary["settings"]["texts"] == 4
     assert {s["impl"] for s in summary["skipped"]} == {"flash_attention_2"}
     assert summary["settings"]["pooling"] == "mean" and summary["settings"]["normalize"]
     bf16 = next(c for c in summary["comparisons"] if c["a"] == "sdpa:bf16")
@@ -381,7 +381,8 @@ def test_minilm_defaults_pass_and_the_reference_is_cached(minilm_out: Path, tmp_
 @pytest.mark.slow
 @pytest.mark.xdist_group("minilm")  # one worker computes minilm_out once
 def test_minilm_broken_impl_fails_naming_the_first_layer(minilm_out: Path, registered) -> None:
-    res = _invoke("--impls", "eager,drop_key_block", "--dtypes", "fp32", "--out", str(minilm_out), *MINILM)
+    sizes = ("--samples", "8", "--max-length", "32", "--quiet")  # texts of 32 tokens: keys 16..31 to drop
+    res = _invoke("--impls", "eager,drop_key_block", "--dtypes", "fp32", "--out", str(minilm_out), *sizes)
     assert res.exit_code == 1, res.output
     text = " ".join(res.output.split())
     assert "FAIL: drop_key_block:fp32 deviates from eager:fp32 beyond its format's context, first at layer 1" in text
