@@ -3,8 +3,6 @@ on one thread, on two workers and on a busy machine (one part, one thread), and 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -70,15 +68,22 @@ def test_the_heads_apart_give_one_threads_bits(case, monkeypatch):
         assert torch.equal(a, b_) and torch.equal(a, c)
 
 
-def test_the_parts_run_on_two_threads_single_threaded(monkeypatch):
-    idents, counts = set(), set()
+def test_the_parts_go_to_the_pool_of_two_each_single_threaded(monkeypatch):
+    """Two workers of the tile pool take the two parts (which thread takes which is the pool's race: a part this
+    small may end before the pool's thread starts, so the caller takes both), each part's ops on one thread."""
+    counts, pooled = set(), []
+    real_pool = flash_mod._pool
 
     def spy(*a):
-        idents.add(threading.get_ident())
         counts.add(torch.get_num_threads())
         return REAL(*a)
 
+    def pool_spy(workers, parts, one):
+        pooled.append((workers, list(parts)))
+        return real_pool(workers, parts, one)
+
     monkeypatch.setattr(flash_mod, "_backward", spy)
+    monkeypatch.setattr(flash_mod, "_pool", pool_spy)
     monkeypatch.setattr(flash_mod, "free_cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -87,5 +92,5 @@ def test_the_parts_run_on_two_threads_single_threaded(monkeypatch):
         flash_attention(q, k, v, causal=True).sum().backward()  # dO expanded (stride 0): reshaped per part
     finally:
         torch.set_num_threads(before)
-    assert len(idents) == 2 and counts == {1}
+    assert pooled == [(2, [(0, 2), (2, 4)])] and counts == {1}
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
