@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -249,7 +250,8 @@ def test_production_prints_and_reports_its_verdicts_first(tmp_path):
     cfg.write_text(PRODUCTION_TOML)
     res = CliRunner().invoke(app, ["study", "--config", str(cfg), "--out", str(tmp_path / "o"), "--workers", "1"])
     assert res.exit_code == 0, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("cases ")]  # progress
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]  # stdout: progress and the report line on stderr
+    assert re.search(r"^report: drawing the figures", res.stderr, re.M), res.stderr
     assert "cases computed" in lines[0]
     verdict = next(i for i, ln in enumerate(lines) if ln.startswith("production_decoding_splitkv_more_error: "))
     assert lines[1] == "Answer" and verdict <= 4  # the answer (a sentence or two), then the verdicts come first

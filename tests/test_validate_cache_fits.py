@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from flashcheck.validate import validate_model
-from flashcheck.validate.cache import run_fits
+from flashcheck.validate.cache import model_layout, run_fits
 from flashcheck.validate.forward import Batch
 from flashcheck.validate.run import Plan, RunOutput
 
@@ -56,10 +56,19 @@ def test_a_run_of_the_plans_layout_fits():
         ({"argmax": torch.zeros(2, 2)}, "argmax is not a 1-D tensor"),
         ({"last_logits": torch.zeros(2)}, "last_logits is not a 2-D tensor"),
         ({"generation": [{}, {}]}, "generation is not one entry per prompt"),
+        ({"emb": torch.zeros(4, 10, dtype=torch.float64)}, "emb is 10 wide, its hidden states 8"),
+        ({"probe": [torch.zeros(5, 8)] * 2}, "2 hidden states 8 wide, the model's are 3 of 8"),
+        ({"probe": [torch.zeros(5, 6)] * 3, "emb": torch.zeros(4, 6, dtype=torch.float64)}, "the model's are 3 of 8"),
     ],
 )
 def test_a_run_of_another_layout_is_named(change, why):
-    assert why in run_fits(dataclasses.replace(_run(), **change), _plan(), "eager", "fp32", False)
+    assert why in run_fits(dataclasses.replace(_run(), **change), _plan(), "eager", "fp32", False, (3, 8))
+
+
+def test_the_models_layout_from_its_config():
+    assert model_layout({"num_hidden_layers": 6, "hidden_size": 384}) == (7, 384)
+    assert model_layout({"n_layer": 2, "n_embd": 64}) == (3, 64)
+    assert model_layout({"num_hidden_layers": 2}) is None and model_layout({}) is None
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +102,42 @@ def test_a_forged_cache_file_is_computed_again_with_the_same_result(tiny_bert: P
         warnings.simplefilter("error")  # no warning: the repaired file fits
         third = validate_model(str(tiny_bert), **kw)
     assert [c.to_dict()["max_abs"] for c in third.comparisons] == [c.to_dict()["max_abs"] for c in first.comparisons]
+
+
+def test_the_cli_names_a_cache_file_of_another_model_in_one_line(tiny_bert: Path, tmp_path: Path):
+    """The fp64 context file cut to 2 of the model's 3 hidden states (or its emb made wider): `warning: ignoring
+    the cache file ...` on stderr, one line, and the same table as before; no traceback, no `error:`."""
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    out = tmp_path / "out"
+    args = [
+        "validate",
+        str(tiny_bert),
+        "--impls",
+        "eager,sdpa",
+        "--dtypes",
+        "fp32",
+        "--samples",
+        "24",
+        "--out",
+        str(out),
+    ]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    (path,) = sorted((out / "cache").glob("eager-fp64-*.pt"))
+    for forge in ("layers", "width"):
+        state = torch.load(path, weights_only=True)
+        if forge == "layers":
+            state["probe"] = state["probe"][:2]
+        else:
+            state["emb"] = torch.zeros(state["emb"].shape[0], 10, dtype=state["emb"].dtype)
+        torch.save(state, path)
+        again = CliRunner().invoke(app, args)
+        assert again.exit_code == 0 and again.stdout == first.stdout, again.output
+        warned = [ln for ln in again.stderr.splitlines() if "ignoring the cache file" in ln]
+        assert len(warned) == 1 and warned[0].startswith(f"warning: ignoring the cache file {str(path)!r}: "), (
+            again.stderr
+        )
+        assert "Traceback" not in again.output and "UserWarning" not in again.stderr

@@ -3,9 +3,11 @@ deviation the format alone causes; `--pin` / `--check-pin` for the environment i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
+import os
 import re
 
 import typer
@@ -168,14 +170,34 @@ def validate(
         _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)
-        result = validate_model(
-            model, texts, impls=names, dtypes=_names(dtypes, "--dtypes"), samples=samples, max_length=max_length,
-            batch_size=batch_size, tolerance=_tolerance(tolerance), out=out,
-            progress=functools.partial(progress, quiet=quiet),
-        )  # fmt: skip
+        with _one_line_warnings():
+            result = validate_model(
+                model, texts, impls=names, dtypes=_names(dtypes, "--dtypes"), samples=samples, max_length=max_length,
+                batch_size=batch_size, tolerance=_tolerance(tolerance), out=out,
+                progress=functools.partial(progress, quiet=quiet),
+            )  # fmt: skip
     except ValueError as exc:
         _fail_usage(_as_flags(str(exc)))
     _finish(result, out, pin, as_json)
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """flashcheck's own warnings (a damaged cache file, ...) as one `warning: ...` line on stderr, not Python's
+    two lines of source path and code; other libraries' warnings as they print them."""
+    import warnings
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if f"{os.sep}flashcheck{os.sep}" in str(filename):
+                typer.echo(f"warning: {message}", err=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _checked_paths(model: str | None, out: str, pin: str | None) -> None:

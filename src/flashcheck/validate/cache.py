@@ -36,7 +36,8 @@ def load_run(path: Path) -> RunOutput | None:
     except LinkRefused:
         raise
     except Exception as e:  # any damage (truncated file, old layout) means: compute again
-        warnings.warn(f"ignoring the damaged cache file {str(path)!r}: {type(e).__name__}: {e}", stacklevel=2)
+        first = (str(e).strip().splitlines() or [""])[0]  # torch's messages run to many lines
+        warnings.warn(f"ignoring the damaged cache file {str(path)!r}: {type(e).__name__}: {first}", stacklevel=2)
         return None
 
 
@@ -48,9 +49,12 @@ def save_run(path: Path, run: RunOutput) -> None:
     write_atomic(path, buf.getvalue())
 
 
-def run_fits(run: RunOutput, plan: Plan, impl: str, dtype: str, probe_only: bool) -> str:
+def run_fits(
+    run: RunOutput, plan: Plan, impl: str, dtype: str, probe_only: bool, layout: tuple[int, int] | None = None
+) -> str:
     """'' when a cached run has the layout the plan's own run would have, else what differs: the cache key covers
-    every input, so only a damaged or hand-made file differs (its values cannot be checked; its shapes can)."""
+    every input, so only a damaged or hand-made file differs (its values cannot be checked; its shapes can).
+    layout: (hidden states, width) of the model (model_layout), or None where its config does not say."""
     batches = plan.probe_batches if probe_only else plan.batches
     ids = sorted(t for b in batches for t in b.texts)
     probe = set(plan.probe)
@@ -73,6 +77,12 @@ def run_fits(run: RunOutput, plan: Plan, impl: str, dtype: str, probe_only: bool
         (run.probe_ids.shape[0], layers[0].shape[1])
     }:
         why.append("the probe layers' shapes differ from probe_ids'")
+    else:
+        width = layers[0].shape[1]
+        if isinstance(run.emb, torch.Tensor) and run.emb.dim() == 2 and run.emb.shape[1] != width:
+            why.append(f"emb is {run.emb.shape[1]} wide, its hidden states {width}")  # emb pools the last one
+        if layout is not None and (len(layers), width) != layout:
+            why.append(f"{len(layers)} hidden states {width} wide, the model's are {layout[0]} of {layout[1]}")
     for name, dims in (("argmax", 1), ("last_logits", 2)):
         value = getattr(run, name)
         if value is not None and tensor(value, dims, name):
@@ -82,3 +92,11 @@ def run_fits(run: RunOutput, plan: Plan, impl: str, dtype: str, probe_only: bool
     ):
         why.append("generation is not one entry per prompt")
     return "; ".join(w for w in why if w)
+
+
+def model_layout(cfg: dict) -> tuple[int, int] | None:
+    """(hidden states a forward returns: the layers + the embeddings, their width) from a model's config.json, or
+    None where it names neither in the usual keys."""
+    layers = next((cfg[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(cfg.get(k), int)), None)
+    width = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(cfg.get(k), int)), None)
+    return (layers + 1, width) if layers and width else None

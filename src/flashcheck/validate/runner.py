@@ -198,11 +198,24 @@ def _error_row(impl: str, dtype: str, against: str, e: BaseException) -> Compari
     )
 
 
+def _model_config(source: ModelSource) -> dict:
+    """The model's config (its object's, else its folder's config.json); {} where it cannot be read."""
+    try:
+        if source.model is not None:
+            return source.model.config.to_dict()
+        from flashcheck.core.modelconfig import read_model_config
+
+        return read_model_config(source.info.path / "config.json")
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def _eager(sess: _Session, dtype: str, get_model: Callable) -> RunOutput:
     """The eager run in dtype: from the cache in --out when there, else computed (and cached)."""
     path = run_cache.cache_file(sess.out, "eager", dtype, sess.key) if sess.out else None
     cached = run_cache.load_run(path) if path else None
-    why = run_cache.run_fits(cached, sess.plan, "eager", dtype, dtype == "fp64") if cached is not None else ""
+    layout = run_cache.model_layout(_model_config(sess.source)) if cached is not None else None
+    why = run_cache.run_fits(cached, sess.plan, "eager", dtype, dtype == "fp64", layout) if cached is not None else ""
     if why:  # a damaged or hand-made file: computed again (and the file replaced)
         warnings.warn(f"ignoring the cache file {str(path)!r}: {why}", stacklevel=2)
         cached = None
