@@ -242,12 +242,12 @@ def _counts(zero_means_none: bool):
     return parse
 
 
-def _count(zero_allowed: bool):
-    """An argparse type: one integer, at least 1 (or 0 where zero_allowed: skip)."""
+def _count(zero_allowed: bool, zero_means: str = "skip"):
+    """An argparse type: one integer, at least 1 (or 0 where zero_allowed: `zero_means`)."""
 
     def parse(text: str) -> int:
         if not text.strip().isdigit() or int(text) < (0 if zero_allowed else 1):
-            low = "0 (skip) or more" if zero_allowed else "1 or more"
+            low = f"0 ({zero_means}) or more" if zero_allowed else "1 or more"
             raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer, {low}")
         return int(text)
 
@@ -279,8 +279,12 @@ def main() -> None:
     parser.add_argument("--preset-length", type=_count(True), default=2048, help="the presets' shape; 0: skip them")
     parser.add_argument("--decode-keys", type=_count(True), default=131072, help="a decoding step's keys; 0: skip it")
     parser.add_argument("--user-rows", type=_rows, default="none", help="issue 48's rows: all, none or 0,2,...")
-    parser.add_argument("--user-max-length", type=_count(True), default=0, help="cap each user row's L; 0: none")
-    parser.add_argument("--user-length", type=_count(True), default=0, help="run each user row at this L; 0: its own")
+    parser.add_argument(
+        "--user-max-length", type=_count(True, "no cap"), default=0, help="cap each user row's L; 0: none"
+    )
+    parser.add_argument(
+        "--user-length", type=_count(True, "each row's own"), default=0, help="run each user row at this L; 0: its own"
+    )
     parser.add_argument("--user-in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     t0 = time.perf_counter()

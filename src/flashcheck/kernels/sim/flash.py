@@ -889,8 +889,10 @@ def flash_attention(
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (Hkv divides H) -> out [B, H, Lq, Dv] in
     the policy's working dtype (and with `return_lse` the log-sum-exp [B, H, Lq], natural log unless
     exp2). Causal masks are bottom-right aligned (query i sees key j <= i + Lk - Lq); fully masked
-    rows, and every row when Lk = 0, give 0 (kernels.sim.validation has the input rule). Memory
-    O(Lq * block_k). See FlashConfig for the options."""
+    rows, and every row when Lk = 0, give 0 (kernels.sim.validation has the input rule). `mask`: bool
+    (True = keep) or floating (added to the scores), 2 to 4 dims broadcasting to [B, H, Lq, Lk] (a key padding
+    mask [B, 1, 1, Lk]: kernels.sim.masks.key_padding_mask), combined with `causal`; it gets no gradient (one
+    that requires grad is refused: pass mask.detach()). Memory O(Lq * block_k). See FlashConfig for the options."""
     settle_exp()  # see ops.settle_exp: the first exp of a process can be inaccurate
     pol = parse_policy(policy)
     # resolved before the inputs are rounded: SageAttention3's rounded Q and K carry 2 D columns (kernels.formats.sage3)
@@ -903,6 +905,11 @@ def flash_attention(
         p_probe=p_probe, sink=None if sink is None else sink_logits(sink, q.shape[1], q.device),
     )  # fmt: skip
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if torch.is_grad_enabled() and mask is not None and mask.requires_grad:  # a learned bias would not train
+        raise ValueError(
+            "mask requires grad, but the simulated kernel differentiates q, k and v only (the mask would get no "
+            "gradient and silently not train): pass mask.detach(), or use standard_attention for a learned bias"
+        )
     if sink is not None and (cfg.algorithm != "fa2" or grads):
         raise ValueError("sink logits run in the fa2 forward only (no autograd)")
     if grads and uses_quantized_inputs(pol):  # the backward would round dO to int8 / fp4 without scales

@@ -78,7 +78,10 @@ def check_mask(mask: object, b: int, h: int, lq: int, lk: int) -> None:
     target = (b, h, lq, lk)
     shape = tuple(mask.shape)
     if not 2 <= len(shape) <= 4 or any(m not in (1, t) for m, t in zip(shape[::-1], target[::-1], strict=False)):
-        raise ValueError(f"mask of shape {shape} does not broadcast to [B, H, Lq, Lk] = {list(target)}")
+        raise ValueError(
+            f"mask of shape {shape} does not broadcast to [B, H, Lq, Lk] = {list(target)}: a mask has 2 to 4 dims, "
+            "each 1 or the size it meets (a key padding mask: [B, 1, 1, Lk])"
+        )
 
 
 def check_attention_inputs(
