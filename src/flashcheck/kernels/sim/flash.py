@@ -863,6 +863,24 @@ def _grouped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Fla
     return _plain_config(pol.work_dtype, cfg, pol, None) and cfg.keys is None
 
 
+def _refuse_autograd(cfg: FlashConfig, grads: bool) -> None:
+    """ValueError for what the FA2 backward cannot differentiate: a mask that requires grad (it would get none and
+    silently not train), sink logits or a policy that quantizes its inputs under autograd."""
+    mask, pol = cfg.mask, cfg.policy
+    if torch.is_grad_enabled() and mask is not None and mask.requires_grad:
+        raise ValueError(
+            "mask requires grad, but the simulated kernel differentiates q, k and v only (the mask would get no "
+            "gradient and silently not train): pass mask.detach(), or use standard_attention for a learned bias"
+        )
+    if cfg.sink is not None and (cfg.algorithm != "fa2" or grads):
+        raise ValueError("sink logits run in the fa2 forward only (no autograd)")
+    if grads and uses_quantized_inputs(pol):  # the backward would round dO to int8 / fp4 without scales
+        raise ValueError(
+            f"policy {pol.name!r} quantizes its inputs (SageAttention / FP4 presets): forward only, no autograd; "
+            "the forward stage knobs of FA4 (exp2_emu, rescale_threshold, p_scale) run with the FA2 backward"
+        )
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -905,18 +923,7 @@ def flash_attention(
         p_probe=p_probe, sink=None if sink is None else sink_logits(sink, q.shape[1], q.device),
     )  # fmt: skip
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if torch.is_grad_enabled() and mask is not None and mask.requires_grad:  # a learned bias would not train
-        raise ValueError(
-            "mask requires grad, but the simulated kernel differentiates q, k and v only (the mask would get no "
-            "gradient and silently not train): pass mask.detach(), or use standard_attention for a learned bias"
-        )
-    if sink is not None and (cfg.algorithm != "fa2" or grads):
-        raise ValueError("sink logits run in the fa2 forward only (no autograd)")
-    if grads and uses_quantized_inputs(pol):  # the backward would round dO to int8 / fp4 without scales
-        raise ValueError(
-            f"policy {pol.name!r} quantizes its inputs (SageAttention / FP4 presets): forward only, no autograd; "
-            "the forward stage knobs of FA4 (exp2_emu, rescale_threshold, p_scale) run with the FA2 backward"
-        )
+    _refuse_autograd(cfg, grads)
     if is_empty(q, k, v):
         out, lse = empty_attention(q, k, v, dtype=pol.work_dtype)
         return (out, lse) if return_lse else out
