@@ -89,7 +89,7 @@ def test_simulator_gradients_unchanged(case, threads, monkeypatch):
         return qq.grad, kk.grad, vv.grad
 
     fast, slow = grads(True), grads(False)
-    assert used and used[0] is not None  # the C passes ran
+    assert used and all(u is not None for u in used)  # the C passes ran (each part of the heads)
     for a, want in zip(fast, slow, strict=True):
         assert torch.equal(_bits(a), _bits(want)), kw
 

@@ -179,11 +179,11 @@ def test_masked_backward_gives_torchs_bits(name, threads, monkeypatch):
         return qq.grad, kk.grad, vv.grad
 
     fast = grads()
-    assert used and used[0] is not None  # the C passes ran with the mask
+    assert used and all(u is not None for u in used)  # the C passes ran with the mask (each part of the heads)
     _torch_loop(monkeypatch)
     used.clear()
     slow = grads()
-    assert used == [None]
+    assert used and all(u is None for u in used)
     for a, b in zip(fast, slow, strict=True):
         assert torch.equal(_bits(a), _bits(b)), name
 
