@@ -208,6 +208,29 @@ def _put_back(before: dict[str, object]) -> list[str]:
 _SESSION = _switches()  # as this file leaves them: what every test starts from
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """torch's intra-op thread count set to 1, then 2, for the test (restored after)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT folder as test_validate builds it (model.safetensors, config and tokenizer files), one per module."""
+    pytest.importorskip("transformers")
+    from tests.test_validate import _save, _tokenizer
+    from transformers import BertConfig, BertModel
+
+    tok = _tokenizer(96)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=96, pad_token_id=0)  # fmt: skip
+    return _save(BertModel(cfg).eval(), tok, tmp_path_factory.mktemp("tiny_bert"))
+
+
 @pytest.fixture(autouse=True)
 def _leaves_global_state_alone(request):
     """Fails (at teardown) the test that changed torch's process-wide switches, an environment variable or a

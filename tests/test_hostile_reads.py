@@ -195,19 +195,6 @@ def test_drift_refuses_a_fifo_instead_of_waiting_on_it(tmp_path, where):
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    """A tiny BERT folder as test_validate builds it (model.safetensors, config and tokenizer files)."""
-    from tests.test_validate import _save, _tokenizer
-    from transformers import BertConfig, BertModel
-
-    tok = _tokenizer(96)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=96, pad_token_id=0)  # fmt: skip
-    return _save(BertModel(cfg).eval(), tok, tmp_path_factory.mktemp("tiny_bert"))
-
-
 def _copy_model(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
     dst.mkdir(parents=True)
     for p in src.iterdir():

@@ -79,14 +79,6 @@ def _inputs(shape: tuple[int, ...], seed: int = 0):
     return q, k, v
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
 def _torch_loop(monkeypatch) -> None:
     """The masked forward as it ran before masks reached C: torch's step loop, no NaN-free shortcut."""
     monkeypatch.setattr(flash, "bias_is_bounded", lambda mask: mask is None)

@@ -156,17 +156,6 @@ def _save(model, tok, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    from transformers import BertConfig, BertModel
-
-    tok = _tokenizer(96)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=96, pad_token_id=0)  # fmt: skip
-    return _save(BertModel(cfg).eval(), tok, tmp_path_factory.mktemp("tiny_bert"))
-
-
-@pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
     """Llama-style causal LM with grouped-query attention (4 query heads, 2 key/value heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -71,18 +71,6 @@ def test_the_models_layout_from_its_config():
     assert model_layout({"num_hidden_layers": 2}) is None and model_layout({}) is None
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    from tests.test_validate import _save, _tokenizer
-    from transformers import BertConfig, BertModel
-
-    tok = _tokenizer(96)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=96, pad_token_id=0)  # fmt: skip
-    return _save(BertModel(cfg).eval(), tok, tmp_path_factory.mktemp("tiny_bert"))
-
-
 def test_a_forged_cache_file_is_computed_again_with_the_same_result(tiny_bert: Path, tmp_path: Path):
     """The second run finds its reference's file cut to 3 rows: it warns naming the file, computes the run again
     (the same numbers as the first run) and replaces the file; a third run reuses the repaired file silently."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+import warnings
 from enum import StrEnum
 from pathlib import Path
 
@@ -198,6 +200,22 @@ class Fp8Scaling(StrEnum):
 def _fail_usage(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """Warnings raised in the block become `warning: ...` lines on stderr (each text once, not Python's two lines
+    of source path and code), printed when it ends, before any error it raises is reported."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            seen = set()
+            for w in caught:
+                if (text := str(w.message)) not in seen:
+                    seen.add(text)
+                    typer.echo(f"warning: {text}", err=True)
 
 
 def _starting(text: str, quiet: bool = False) -> None:

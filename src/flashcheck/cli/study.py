@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -19,6 +18,7 @@ from flashcheck.cli.app import (
     _starting,
     app,
     default_out,
+    warnings_as_lines,
 )
 
 LISTED_FAILURES = 20
@@ -223,24 +223,11 @@ def _print_claims(claims: list[dict], console) -> None:
 
 def _guarded(fn: Callable[[], Any]) -> Any:
     """Run fn; a ValueError exits 2 with its message; warnings become `warning: ...` lines on stderr."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            result = fn()
-        except ValueError as exc:
-            _print_warnings(caught)
-            _fail_usage(str(exc))
-    _print_warnings(caught)
-    return result
-
-
-def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
-    seen = set()
-    for w in caught:
-        text = str(w.message)
-        if text not in seen:
-            seen.add(text)
-            typer.echo(f"warning: {text}", err=True)
+    try:
+        with warnings_as_lines():
+            return fn()
+    except ValueError as exc:
+        _fail_usage(str(exc))
 
 
 STATUS_STYLE = {

@@ -3,16 +3,23 @@ deviation the format alone causes; `--pin` / `--check-pin` for the environment i
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import json
-import os
 import re
 
 import typer
 
-from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_file, _out_folder, _starting, app
+from flashcheck.cli.app import (
+    _console,
+    _fail_usage,
+    _not_others,
+    _out_file,
+    _out_folder,
+    _starting,
+    app,
+    warnings_as_lines,
+)
 from flashcheck.core.progress import progress  # light (no torch): the first line still comes first
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
@@ -170,7 +177,7 @@ def validate(
         _need_transformers()
         names = _names(impls, "--impls")
         _register_own(names)
-        with _one_line_warnings():
+        with warnings_as_lines():
             result = validate_model(
                 model, texts, impls=names, dtypes=_names(dtypes, "--dtypes"), samples=samples, max_length=max_length,
                 batch_size=batch_size, tolerance=_tolerance(tolerance), out=out,
@@ -179,25 +186,6 @@ def validate(
     except ValueError as exc:
         _fail_usage(_as_flags(str(exc)))
     _finish(result, out, pin, as_json)
-
-
-@contextlib.contextmanager
-def _one_line_warnings():
-    """flashcheck's own warnings (a damaged cache file, ...) as one `warning: ...` line on stderr, not Python's
-    two lines of source path and code; other libraries' warnings as they print them."""
-    import warnings
-
-    with warnings.catch_warnings():
-        shown = warnings.showwarning
-
-        def show(message, category, filename, lineno, file=None, line=None):
-            if f"{os.sep}flashcheck{os.sep}" in str(filename):
-                typer.echo(f"warning: {message}", err=True)
-            else:
-                shown(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
 
 
 def _checked_paths(model: str | None, out: str, pin: str | None) -> None:

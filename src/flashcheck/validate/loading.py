@@ -267,6 +267,13 @@ class ModelSource:
         """The in-memory model this source copies (None: it loads from the folder)."""
         return self._model
 
+    def config(self) -> dict:
+        """The model's configuration: its object's, else its folder's config.json (ValueError of one line naming the
+        file where that is unreadable or malformed)."""
+        if self._model is not None:
+            return self._model.config.to_dict()
+        return read_model_config(self.info.path / "config.json")
+
     def fp64_bytes(self) -> int:
         """Generous estimate of an fp64 copy's size: 8 bytes a parameter, or 4x the checkpoint files (which
         may hold 16-bit weights)."""

@@ -198,14 +198,10 @@ def _error_row(impl: str, dtype: str, against: str, e: BaseException) -> Compari
     )
 
 
-def _model_config(source: ModelSource) -> dict:
-    """The model's config (its object's, else its folder's config.json); {} where it cannot be read."""
+def _config_or_none(source: ModelSource) -> dict:
+    """source.config(), or {} where it cannot be read (a cached run is then checked without the model's layout)."""
     try:
-        if source.model is not None:
-            return source.model.config.to_dict()
-        from flashcheck.core.modelconfig import read_model_config
-
-        return read_model_config(source.info.path / "config.json")
+        return source.config()
     except (OSError, ValueError, AttributeError):
         return {}
 
@@ -214,7 +210,7 @@ def _eager(sess: _Session, dtype: str, get_model: Callable) -> RunOutput:
     """The eager run in dtype: from the cache in --out when there, else computed (and cached)."""
     path = run_cache.cache_file(sess.out, "eager", dtype, sess.key) if sess.out else None
     cached = run_cache.load_run(path) if path else None
-    layout = run_cache.model_layout(_model_config(sess.source)) if cached is not None else None
+    layout = run_cache.model_layout(_config_or_none(sess.source)) if cached is not None else None
     why = run_cache.run_fits(cached, sess.plan, "eager", dtype, dtype == "fp64", layout) if cached is not None else ""
     if why:  # a damaged or hand-made file: computed again (and the file replaced)
         warnings.warn(f"ignoring the cache file {str(path)!r}: {why}", stacklevel=2)

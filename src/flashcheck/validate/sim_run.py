@@ -16,13 +16,7 @@ def check_sims(source, impls, dtypes: list[torch.dtype]) -> None:
 
     if not any(is_sim(i) for i in impls):
         return
-    if source.model is not None:
-        cfg = source.model.config.to_dict()
-    else:
-        from flashcheck.core.modelconfig import read_model_config
-
-        cfg = read_model_config(source.info.path / "config.json")
-    check_config(impls, cfg, dtypes)
+    check_config(impls, source.config(), dtypes)
 
 
 def with_layer_errors(cmp: Comparison, plan: Plan, ref_model, dtype: torch.dtype, ref: RunOutput, advance,
