@@ -591,3 +591,33 @@ def test_fp16_claim_before_any_search_is_stored_is_not_measured_yet():
     s = GuideSettings(boundary_methods=("flash:fp16",), sum_methods=("flash:fp16",), sum_keys=(65519, 65520))
     [f] = boundary_claims({}, s)
     assert f["status"] == "inconclusive" and f["verdict"]["reason"] == "not measured yet"
+
+
+def test_the_cost_figure_has_readable_ticks_when_times_span_under_two_decades(tmp_path):
+    # CI, 2026-12-07: the tiny study's times (medians below, 1.2e-4 to 4.4e-3 s) drew matplotlib's minor labels
+    # 3x10^-4 and 4x10^-4 over one another (figure_problems caught it; 3x10^5 and 4x10^5 on the memory axis here);
+    # both axes are labelled at 1, 2, 5 x 10^k only (figures.log10_axis)
+    pytest.importorskip("matplotlib")
+    from tests.helpers import audited_figures
+
+    from flashcheck.questions.guide.presets import GuideSettings
+    from flashcheck.questions.guide.report import _draw_cost
+
+    medians = {  # (method, backward): seconds at L = 64, 128, 256
+        ("sdpa-math:bf16", False): (1.7e-4, 2.4e-4, 5.3e-4),
+        ("sdpa-math:bf16", True): (4.4e-4, 6.1e-4, 1.3e-3),
+        ("sdpa-flash:bf16", False): (1.2e-4, 1.7e-4, 3.6e-4),
+        ("sdpa-flash:bf16", True): (4.7e-4, 1.3e-3, 4.4e-3),
+        ("flash:bf16-mixed", False): (5.3e-4, 6.6e-4, 9.3e-4),
+        ("flash:bf16-mixed", True): (1.2e-3, 1.4e-3, 2.5e-3),
+    }
+    s = GuideSettings(cost_lengths=(64, 128, 256))
+    results = {}
+    for (m, bwd), ts in medians.items():
+        for L, t in zip(s.cost_lengths, ts, strict=True):
+            params = {"kind": "cost", "method": m, "backward": bwd, "seq_len": L}
+            result = {"times": [t * 0.97, t, t * 1.04], "peak_bytes": 16 * L * L * (2 + bwd)}
+            results[str(len(results))] = {"status": "ok", "params": params, "result": result}
+    with audited_figures(save=False) as seen:
+        assert _draw_cost(tmp_path / "cost.png", results, s)
+    assert [problems for _, problems, _ in seen] == [[]], seen
