@@ -266,3 +266,24 @@ def test_explains_figure_passes_figure_problems(args, tmp_path):
         res = CliRunner().invoke(app, ["explain", *args, "--seq-len", "64", "--heads", "1", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert len(seen) == 1 and seen[0][1] == [], seen
+
+
+@pytest.mark.parametrize("span", [(1.2e-4, 4.4e-3), (3.1e-4, 4.2e-4), (2e-3, 9e-1)])
+def test_a_plain_log_axis_of_measured_values_never_piles_its_labels(tmp_path, span):
+    # reporting.figures.figure() gives every base-10 log axis on matplotlib's default ticks spanning under three
+    # decades the 1, 2, 5 x 10^k labels of log10_axis: the minor labels 3x10^-4 and 4x10^-4 piled up on measured
+    # times (the guide's cost figure, CI 2026-12-07), and any figure of times or losses may meet such a span
+    from matplotlib.ticker import FuncFormatter
+
+    from flashcheck.reporting.figures import figure, label_axes
+
+    with audited_figures(save=False) as seen, figure(tmp_path / "f.png", ncols=2, size=(7.0, 3.0)) as (_, axes):
+        ax, custom = axes
+        for a in (ax, custom):
+            a.plot([64, 128, 256], [span[0], (span[0] * span[1]) ** 0.5, span[1]], marker="o", label="t")
+            a.set_yscale("log")
+            label_axes(a, x="sequence length", y="time", x_unit="tokens", y_unit="s")
+        custom.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))  # a figure's own choice is kept
+    assert [problems for _, problems, _ in seen] == [[]], seen
+    assert type(custom.yaxis.get_minor_formatter()) is FuncFormatter
+    assert ax.get_ylim()[0] <= span[0] and ax.get_ylim()[1] >= span[1]

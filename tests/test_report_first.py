@@ -308,7 +308,8 @@ def test_the_first_sentence_follows_other_numbers(tmp_path):
     said = first_sentence(found, pts)
     assert re.fullmatch(
         r"With fp32 statistics \(real kernels\), Flash's error matches standard attention's \(1(\.0)?x, within "
-        rf"±\d%\); with all stages in bf16 it is {est:.2g}x at 4k tokens\.", said
+        rf"±\d%\); with all stages in bf16 it is {est:.2g}x at 4k tokens\.",
+        said,
     ), said
     mixed_only = [p for p in pts if p.method == "flash:bf16-mixed"]
     assert first_sentence([], mixed_only) == said.split(";")[0] + "." and first_sentence([], []) is None

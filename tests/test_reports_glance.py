@@ -41,8 +41,11 @@ def test_the_modern_answer_calls_a_wide_interval_inconclusive_with_its_range():
     assert "fa4-fp8 shows no measurable difference" not in short
     clauses = _versus(by, ("flash:fa4-fp8", "flash:sage2-hopper"))
     assert any(c.startswith("FA4's FP8 path (fa4-fp8) is inconclusive: between 3% less and 57% more") for c in clauses)
-    assert any("on Hopper (H100, sm90: FP22 accumulator) (sage2-hopper) shows no measurable difference (within 10% "
-               "either way)" in c for c in clauses)  # the report says the GPU
+    assert any(
+        "on Hopper (H100, sm90: FP22 accumulator) (sage2-hopper) shows no measurable difference (within 10% "
+        "either way)" in c
+        for c in clauses
+    )  # the report says the GPU
 
 
 def _mixed_points(ratios_by_length: dict[int, list[float]]):

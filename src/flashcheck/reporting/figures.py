@@ -73,7 +73,8 @@ def figure(
     try:
         yield fig, flat[0] if len(flat) == 1 else flat
         for ax in fig.axes:
-            mark_empty(ax)
+            if not mark_empty(ax):
+                _readable_log_ticks(ax)
         fig.tight_layout()
         _place_below(fig)
         make_folder(Path(path).parent, "a report's figures folder")
@@ -146,6 +147,24 @@ def log10_axis(ax, which: str = "x") -> None:
         lo, hi = sorted(get())
         if lo > 0 and math.isfinite(hi):
             put(_tick125(lo, down=True), _tick125(hi, down=False))
+
+
+def _readable_log_ticks(ax) -> None:
+    """log10_axis on each base-10 log axis of `ax` still on matplotlib's default ticks that spans under three
+    decades: there matplotlib labels minor ticks, and measured data (times, losses) put 3x10^-4 over 4x10^-4
+    on one run and not the next (the tiny study's cost figure, CI 2026-12-07)."""
+    from matplotlib.ticker import LogFormatterSciNotation, LogLocator
+
+    for which, axis, lim in (("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim())):
+        lo, hi = sorted(lim)
+        if axis.get_scale() != "log" or getattr(axis.get_transform(), "base", 10) != 10 or not lo > 0:
+            continue
+        loc = axis.get_major_locator()
+        subs = getattr(loc, "_subs", None)  # LogLocator's own default: majors at 10^k only
+        default = type(loc) is LogLocator and not isinstance(subs, str) and [float(v) for v in subs] == [1.0]
+        default = default and type(axis.get_minor_formatter()) is LogFormatterSciNotation
+        if default and math.isfinite(hi) and math.log10(hi / lo) < 3:
+            log10_axis(ax, which)
 
 
 def _tick125(v: float, down: bool) -> float:
@@ -347,9 +366,12 @@ def _texts(ax) -> list:
 
 def _meet(a, b) -> bool:
     """Whether two display boxes overlap by more than a pixel each way (None: no box)."""
-    return a is not None and b is not None and min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(
-        a.y0, b.y0
-    ) > 1
+    return (
+        a is not None
+        and b is not None
+        and min(a.x1, b.x1) - max(a.x0, b.x0) > 1
+        and min(a.y1, b.y1) - max(a.y0, b.y0) > 1
+    )
 
 
 def _overlapping_ticks(ax, renderer, where: str) -> list[str]:

@@ -100,9 +100,7 @@ class TorchReader(Reader):
                     raise
                 obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
         except Exception as exc:  # torch raises many types for a corrupt or foreign file
-            raise CheckpointError(
-                f"{str(path)!r} is not a readable torch checkpoint: {load_refusal(exc)}"
-            ) from None
+            raise CheckpointError(f"{str(path)!r} is not a readable torch checkpoint: {load_refusal(exc)}") from None
         for key in ("state_dict", "model", "module"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):
                 obj = obj[key]

@@ -63,8 +63,6 @@ def _raw_header(path: Path) -> tuple[object, int]:
     return header, size - 8 - n
 
 
-
-
 def _header_problem(header: object, data_len: int) -> str | None:
     if not isinstance(header, dict):
         return f"the header is a JSON {type(header).__name__}, expected an object {{tensor name: entry}}"

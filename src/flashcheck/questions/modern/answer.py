@@ -276,8 +276,10 @@ def _collapse_sentence(coll: list[dict]) -> str:
     if by["holds"]:
         scores, nums = _join([f"{_score(f):g}" for f in by["holds"]]), ", ".join(map(_num, by["holds"]))
         parts.append(f"holds within 10% at scores {scores} (measured / closed form {nums})")
-    for status, words in (("does not hold", "misses by more than 10% at"),
-                          ("inconclusive", "cannot be told within 10% (the interval crosses the band's edge) at")):
+    for status, words in (
+        ("does not hold", "misses by more than 10% at"),
+        ("inconclusive", "cannot be told within 10% (the interval crosses the band's edge) at"),
+    ):
         if by[status]:
             parts.append(f"{words} {_join([f'{_score(f):g} ({_num(f)}{_refined(f)})' for f in by[status]])}")
     return "2606.06521's closed form of the fraction of P that collapses to zero " + "; it ".join(parts) + "."
