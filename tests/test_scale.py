@@ -229,7 +229,8 @@ def test_flash_default_tiles_by_bytes(monkeypatch):
         flash_mod, "_query_tile", lambda q, k, v, rows, *a: seen.append(rows) or real(q, k, v, rows, *a)
     )
     assert torch.equal(flash_attention(q, k, v, policy="bf16-mixed", block_k=32, causal=True), want)
-    assert seen[0] == (0, 24) and len(seen) == 9  # 200 rows: 8 tiles of 24, then 8 rows
+    # 200 rows: 8 tiles of 24, then 8 rows (the tile pool takes causal tiles costliest first on two threads)
+    assert sorted(seen) == [(i, min(i + 24, 200)) for i in range(0, 200, 24)]
 
 
 def test_tiled_flash_gradients_unchanged(monkeypatch):

@@ -112,8 +112,9 @@ def test_fa1897_batch_variance_with_variable_splits_none_with_fixed():
 def test_certificates_find_a_planted_batch_dependence_and_nondeterminism():
     sh = Shape(heads=2, kv_heads=2, head_dim=16, kv_len=32, prefill_len=8, dtype=torch.float32)
 
-    def batch_dependent(q, k, v, causal):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    def batch_dependent(q, k, v, causal):  # one batch entry at a time: SDPA on two threads is not batch-invariant
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        out = torch.cat([sdpa(q[i : i + 1], k[i : i + 1], v[i : i + 1]) for i in range(q.shape[0])])
         return out * (1 + 1e-3 * (q.shape[0] >= 5))
 
     cert = batch_invariance(batch_dependent, "planted", sh, max_batch=6)
