@@ -77,11 +77,15 @@ def figure(
                 _readable_log_ticks(ax)
         fig.tight_layout()
         _place_below(fig)
+        box = _tight_box(fig)
         make_folder(Path(path).parent, "a report's figures folder")
         with atomic_target(path) as tmp:  # never written through a link at `path` (LinkRefused)
             # legends placed outside the axes stay in; PNG level 3 costs 1% in size, a third of the encoding
             png = {"pil_kwargs": {"compress_level": 3}} if Path(path).suffix.lower() == ".png" else {}
-            fig.savefig(tmp, dpi=DPI, bbox_inches="tight", **png)
+            fig.set_layout_engine(
+                None
+            )  # laid out: tight_layout left a placeholder engine, for which savefig draws again
+            fig.savefig(tmp, dpi=DPI, bbox_inches=box, **png)
     finally:
         plt.close(fig)
 
@@ -97,12 +101,24 @@ def legend_below(ax, ncol: int = 2, fontsize: float = 7) -> None:
     setattr(legend, _BELOW, True)
 
 
-def _place_below(fig) -> None:
+def _tight_box(fig):
+    """The box savefig(bbox_inches="tight") would save, in inches, padded as it pads, from the layout at hand
+    (tight_layout's, and _place_below's draw where a legend goes under its axes): savefig, given it, does not
+    draw the figure once more to find it (same PNG bytes, tests/test_figures_save.py)."""
+    import matplotlib
+    from matplotlib.transforms import Bbox
+
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    pad = matplotlib.rcParams["savefig.pad_inches"]
+    return Bbox.from_extents(box.x0, box.y0, box.x1, box.y1).padded(pad)
+
+
+def _place_below(fig) -> bool:
     """Move each legend_below legend to just under its axes' x tick labels and x label (after tight_layout, so
-    the axes no longer move)."""
+    the axes no longer move). True where it drew the figure (without rendering) to find them."""
     legends = [(ax, ax.get_legend()) for ax in fig.axes if getattr(ax.get_legend(), _BELOW, False)]
     if not legends:
-        return
+        return False
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     for ax, legend in legends:
@@ -111,6 +127,7 @@ def _place_below(fig) -> None:
         low = min([*bottoms, ax.get_window_extent(renderer).y0])
         y = ax.transAxes.inverted().transform((0, low - 4))[1]  # 4 pixels under the lowest text
         legend.set_bbox_to_anchor((0, y), transform=ax.transAxes)
+    return True
 
 
 def mark_empty(ax) -> bool:
