@@ -4,6 +4,7 @@ one), no capability imports another, no import cycles, and no function over 60 l
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,14 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A source file parsed once per worker (the graph, its three checks and the line counts share it)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -58,6 +65,7 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = {_module(p): p for p in SRC.rglob("*.py")}
     graph = {}
@@ -138,7 +146,7 @@ def test_no_import_cycles() -> None:
 def test_functions_under_60_lines(path: Path) -> None:
     long = [
         f"{node.name} {node.end_lineno - node.lineno + 1} lines"
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(_tree(path))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
     ]
     assert not long, ", ".join(long)
