@@ -269,6 +269,7 @@ def pytest_configure(config) -> None:
     global _SESSION
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), before any worker starts
         _compile_sources()
+        _rewrite_tests(config)
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0) or 0)
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
@@ -288,6 +289,24 @@ def _compile_sources() -> None:
     for folder in (root / "src" / "flashcheck", root / "tests"):
         if folder.is_dir() and os.access(folder, os.W_OK):
             compileall.compile_dir(folder, quiet=2, workers=1)
+
+
+def _rewrite_tests(config) -> None:
+    """pytest's assertion rewriting of each test module done once, here, and cached as pytest caches it (its pyc
+    beside the module), not by every worker as it collects (~5 s of CPU each). pytest writes that cache only
+    where bytecode may be written (PYTHONDONTWRITEBYTECODE unset) but reads it always. Private pytest API (pytest is
+    pinned in constraints.txt): where it moved, the workers rewrite as before."""
+    try:
+        from _pytest.assertion import rewrite as rw
+
+        state = config.stash[rw.assertstate_key]
+        for fn in sorted(Path(__file__).parent.glob("test_*.py")):
+            pyc = rw.get_cache_dir(fn) / (fn.name[:-3] + rw.PYC_TAIL)
+            if rw._read_pyc(fn, pyc) is None and rw.try_makedirs(pyc.parent):
+                source_hash, code = rw._rewrite_test(fn, config)
+                rw._write_pyc(state, code, source_hash, pyc)
+    except (ImportError, AttributeError, KeyError, TypeError, OSError):
+        return
 
 
 @pytest.hookimpl(trylast=True)
