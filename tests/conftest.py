@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sys
 from dataclasses import dataclass
@@ -161,15 +162,21 @@ _TORCH_LAZY = {
 }
 
 
+_TRACKED: list = [0, []]  # len(sys.modules) when last listed, the (name, module) pairs _attributes copies
+
+
 def _attributes() -> dict[str, dict[str, object]]:
     """A copy of the namespace of torch's main namespaces and of each flashcheck module loaded: a monkeypatch not
     undone (setattr outside the monkeypatch fixture) replaces an attribute (_replaced). Copies, compared by
-    identity at the end: per test, a tenth of the time that formatting each attribute's name took."""
-    return {
-        name: dict(vars(mod))
-        for name, mod in list(sys.modules.items())
-        if mod is not None and (name in _NAMESPACES or name == "flashcheck" or name.startswith("flashcheck."))
-    }
+    identity at the end: per test, a tenth of the time that formatting each attribute's name took. The modules
+    are listed again only when sys.modules grew or shrank (listing its ~3000 entries twice per test cost more
+    than the copies)."""
+    if _TRACKED[0] != len(sys.modules):
+        _TRACKED[:] = [len(sys.modules), [
+            (name, mod) for name, mod in list(sys.modules.items())
+            if mod is not None and (name in _NAMESPACES or name == "flashcheck" or name.startswith("flashcheck."))
+        ]]  # fmt: skip
+    return {name: dict(vars(mod)) for name, mod in _TRACKED[1]}
 
 
 def _replaced(before: dict[str, dict[str, object]], after: dict[str, dict[str, object]]) -> list[str]:
@@ -177,8 +184,8 @@ def _replaced(before: dict[str, dict[str, object]], after: dict[str, dict[str, o
     out = []
     for name, old in before.items():
         new = after.get(name)
-        if new is None:
-            continue
+        if new is None or (len(new) == len(old) and all(map(operator.is_, old.values(), new.values()))):
+            continue  # the same keys in the same order (nothing added or removed), each the same object
         for k, v in old.items():
             if new.get(k, v) is not v and f"{name}.{k}" not in _TORCH_LAZY:
                 out.append(f"{name}.{k} replaced")
