@@ -174,7 +174,7 @@ def _invoke(*args: str):
     return res
 
 
-FAST = ("--samples", "24", "--quiet")
+FAST = ("--samples", "24", "--max-length", "32", "--quiet")
 
 
 def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> None:
