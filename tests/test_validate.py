@@ -203,7 +203,7 @@ def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> Non
 
 def test_tiny_llama_gqa_logits_and_generation(tiny_llama: Path) -> None:
     result = validate_model(tiny_llama, None, impls=["eager", "sdpa"], dtypes=["fp32", "bf16"], samples=16,
-                            prompts=2, new_tokens=8)  # fmt: skip
+                            max_length=32, prompts=2, new_tokens=8)  # fmt: skip
     assert result.settings["causal"]
     rows = {c.a: c for c in result.comparisons}
     sdpa = rows["sdpa:fp32"]
@@ -230,7 +230,8 @@ def test_library_call_returns_a_result(tiny_bert: Path) -> None:
         yield lambda n=1, note="": seen.__setitem__("done", seen["done"] + n)
 
     texts = list(builtin_corpus()[:40])
-    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, progress=progress)
+    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, max_length=32,
+                            progress=progress)  # fmt: skip
     assert seen["total"] > 0 and seen["done"] == seen["total"]  # every batch of every run reported
     assert result.passed and bool(result)
     assert [c.a for c in result.comparisons] == ["eager:fp32", "sdpa:fp32"]
