@@ -18,7 +18,8 @@ before it runs.
 `validate` gets `--samples 4 --max-length 16`, and `--check-pin` a pin of this environment; the `validate` lines
 that run a model share one folder, in order, as a reader's would; models.md's decoder is built narrower (its heads,
 width 128, 2 layers). `hunt` gets `--budget 1s`. `train-study` (the tiny preset) resumes a copy of the session's
-tiny train-study (conftest.tiny_train_study_run), whose runs it would train again, as `study` resumes the tiny study."""
+tiny train-study (conftest.tiny_train_study_run), whose runs it would train again, as `study` resumes the tiny study;
+an absolute --out (/tmp/...) is a folder of the test's own, under the same name."""
 
 from __future__ import annotations
 
@@ -147,7 +148,24 @@ def _session_run(words: list[str]) -> str | None:
     resumes them to the analysis and the report), or None."""
     if "DIR" in words or words[1:] == ["study", "--preset", "tiny"]:
         return "tiny_study_run"
-    return "tiny_train_study_run" if words[1:] == TINY_TRAIN_STUDY else None
+    return "tiny_train_study_run" if _train_study_out(words) else None
+
+
+def _train_study_out(words: list[str]) -> str | None:
+    """The folder of a tiny train-study line (`train-study`, `train-study --preset tiny --out FOLDER`), else None."""
+    if words[1:4] != TINY_TRAIN_STUDY or len(words) not in (4, 6) or (len(words) == 6 and words[4] != "--out"):
+        return None
+    return words[5] if len(words) == 6 else "flashcheck-train-study-tiny"
+
+
+def _in_cwd(words: list[str], cwd: Path) -> list[str]:
+    """The line with an absolute --out (the docs' /tmp/flashcheck-train-tiny) in `cwd`, under its own name: a
+    folder of this test, not one every session on the machine shares (a train-study resumes what it finds there,
+    and refuses a folder another holds)."""
+    if "--out" in words and Path(words[words.index("--out") + 1]).is_absolute():
+        i = words.index("--out") + 1
+        return [*words[:i], str(cwd / Path(words[i]).name), *words[i + 1 :]]
+    return words
 
 
 def _prepare(words: list[str], cwd: Path, session_folder: Callable[[], Path]) -> None:
@@ -157,8 +175,8 @@ def _prepare(words: list[str], cwd: Path, session_folder: Callable[[], Path]) ->
         shutil.copytree(session_folder(), cwd / "DIR")
     if words[1:] == ["study", "--preset", "tiny"]:  # the fixture computed this study: resume it
         shutil.copytree(session_folder(), cwd / "flashcheck-study-tiny")
-    if words[1:] == TINY_TRAIN_STUDY:  # the fixture trained these runs (--workers 2): resume them
-        shutil.copytree(session_folder(), cwd / "flashcheck-train-study-tiny")
+    if _train_study_out(words):  # the fixture trained these runs (--workers 2): resume them
+        shutil.copytree(session_folder(), cwd / _train_study_out(words))
     if "--config" in words:
         (cwd / words[words.index("--config") + 1]).write_text(_readme_sweep())
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
@@ -257,8 +275,8 @@ def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, ca
 
     from flashcheck.cli import app
 
-    words = small(shlex.split(line))
     cwd = request.getfixturevalue("validate_folder") if _shares_a_folder(line) else tmp_path
+    words = _in_cwd(small(shlex.split(line)), cwd)
     session = _session_run(words)
     _prepare(words, cwd, lambda: _finished(request.getfixturevalue(session)))
     for name in ("FORCE_COLOR", "KINETO_LOG_LEVEL"):
