@@ -16,7 +16,10 @@ preset is implied, `--size tiny` for `mutants`, `--seq-len` values 64, 128, ...,
 docs' TOML sweep gets `seq_lens = [64, 128]`. Folders a line reads (`DIR`, `RUN_A/ RUN_B/`) are made
 before it runs.
 `validate` gets `--samples 4 --max-length 16`, and `--check-pin` a pin of this environment; the `validate` lines
-that run a model share one folder, in order, as a reader's would."""
+that run a model share one folder, in order, as a reader's would; models.md's decoder is built narrower (its heads,
+width 128, 2 layers). `hunt` gets `--budget 1s`. `train-study` (the tiny preset) resumes a copy of the session's
+tiny train-study (conftest.tiny_train_study_run), whose runs it would train again, as `study` resumes the tiny study;
+an absolute --out (/tmp/...) is a folder of the test's own, under the same name."""
 
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def small(words: list[str]) -> list[str]:
                 args += [flag, value]
     if cmd == "hunt":
         args = [a for i, a in enumerate(args) if a != "--budget" and (i == 0 or args[i - 1] != "--budget")]
-        args += ["--budget", "2s"]
+        args += ["--budget", "1s"]
     if cmd in ("compare", "explain") and "--case" not in args:
         if "--seq-len" in args:
             i = args.index("--seq-len") + 1
@@ -129,27 +132,51 @@ def _checkpoints(folder: Path, seed: int) -> None:
         torch.save(state, folder / f"step_{step:08d}.pt")
 
 
-@pytest.fixture
-def tiny_study(tiny_study_run) -> Path:
-    """A finished tiny study (`flashcheck study --preset tiny`, once per session: conftest.tiny_study_run) for
-    the lines that read or resume one: `report DIR`, `study --out DIR`, `study` (whose default folder it is
-    copied to)."""
-    assert tiny_study_run.exit_code == 0, tiny_study_run.output
-    return tiny_study_run.folder
+def _finished(run) -> Path:
+    """The folder of a session run (conftest.tiny_study_run, tiny_train_study_run: once per session) that
+    finished, for the lines that read or resume it."""
+    assert run.exit_code == 0, run.output
+    return run.folder
 
 
-def _reads_tiny_study(words: list[str]) -> bool:
-    """The line works on a copy of the session's tiny study (`report DIR`, `study --out DIR`, `study`)."""
-    return "DIR" in words or words[1:] == ["study", "--preset", "tiny"]
+TINY_TRAIN_STUDY = ["train-study", "--preset", "tiny"]  # the line whose runs the session's tiny train-study trained
 
 
-def _prepare(words: list[str], cwd: Path, tiny_study: Callable[[], Path]) -> None:
-    """Make what the line reads in `cwd`; tiny_study() asked only by the lines that read it (the session's
-    tiny study: a worker that asks for it while another computes it waits)."""
+def _session_run(words: list[str]) -> str | None:
+    """The session fixture whose finished folder the line works on a copy of: the tiny study (`report DIR`,
+    `study --out DIR`, `study`), the tiny train-study (`train-study`: its runs are complete, so the line
+    resumes them to the analysis and the report), or None."""
+    if "DIR" in words or words[1:] == ["study", "--preset", "tiny"]:
+        return "tiny_study_run"
+    return "tiny_train_study_run" if _train_study_out(words) else None
+
+
+def _train_study_out(words: list[str]) -> str | None:
+    """The folder of a tiny train-study line (`train-study`, `train-study --preset tiny --out FOLDER`), else None."""
+    if words[1:4] != TINY_TRAIN_STUDY or len(words) not in (4, 6) or (len(words) == 6 and words[4] != "--out"):
+        return None
+    return words[5] if len(words) == 6 else "flashcheck-train-study-tiny"
+
+
+def _in_cwd(words: list[str], cwd: Path) -> list[str]:
+    """The line with an absolute --out (the docs' /tmp/flashcheck-train-tiny) in `cwd`, under its own name: a
+    folder of this test, not one every session on the machine shares (a train-study resumes what it finds there,
+    and refuses a folder another holds)."""
+    if "--out" in words and Path(words[words.index("--out") + 1]).is_absolute():
+        i = words.index("--out") + 1
+        return [*words[:i], str(cwd / Path(words[i]).name), *words[i + 1 :]]
+    return words
+
+
+def _prepare(words: list[str], cwd: Path, session_folder: Callable[[], Path]) -> None:
+    """Make what the line reads in `cwd`; session_folder() asked only by the lines that read it (the folder of
+    the session's run _session_run names: a worker that asks for it while another computes it waits)."""
     if "DIR" in words:
-        shutil.copytree(tiny_study(), cwd / "DIR")
+        shutil.copytree(session_folder(), cwd / "DIR")
     if words[1:] == ["study", "--preset", "tiny"]:  # the fixture computed this study: resume it
-        shutil.copytree(tiny_study(), cwd / "flashcheck-study-tiny")
+        shutil.copytree(session_folder(), cwd / "flashcheck-study-tiny")
+    if _train_study_out(words):  # the fixture trained these runs (--workers 2): resume them
+        shutil.copytree(session_folder(), cwd / _train_study_out(words))
     if "--config" in words:
         (cwd / words[words.index("--config") + 1]).write_text(_readme_sweep())
     for run, seed in (("RUN_A/", 0), ("RUN_B/", 1)):
@@ -161,7 +188,9 @@ def _prepare(words: list[str], cwd: Path, tiny_study: Callable[[], Path]) -> Non
     if decoder and "--kv-cache" not in words:  # as models.md makes it: benchmarks/make_tiny_decoder.py (a tokenizer)
         import runpy
 
-        runpy.run_path(str(README.parent / "benchmarks" / "make_tiny_decoder.py"))["make"](cwd / words[2])
+        # its heads (8 query, 2 key/value, dim 64: what the kernel sees), narrower: width 128, 2 layers
+        make = runpy.run_path(str(README.parent / "benchmarks" / "make_tiny_decoder.py"))["make"]
+        make(cwd / words[2], hidden=128, layers=2)
     elif "--kv-cache" in words:  # the decoder folder the line names: a tiny Llama built from a config
         _tiny_llama(cwd / words[2])
     if "--check-pin" in words:  # the pin an earlier `validate --pin` wrote, of this environment
@@ -246,17 +275,16 @@ def test_readme_command_runs(line: str, tmp_path: Path, request, monkeypatch, ca
 
     from flashcheck.cli import app
 
-    words = small(shlex.split(line))
     cwd = request.getfixturevalue("validate_folder") if _shares_a_folder(line) else tmp_path
-    _prepare(words, cwd, lambda: request.getfixturevalue("tiny_study"))
+    words = _in_cwd(small(shlex.split(line)), cwd)
+    session = _session_run(words)
+    _prepare(words, cwd, lambda: _finished(request.getfixturevalue(session)))
     for name in ("FORCE_COLOR", "KINETO_LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(cwd)
-    study = None
-    # a copy of the session's tiny study: the line rebuilds the report the fixture rendered (and audited) from
+    # a copy of a session run's folder: the line rebuilds the report the fixture rendered (and audited) from
     # the same records; its figures are copied from the fixture's, not rasterised again, and must be the same
-    if _reads_tiny_study(words):
-        study = request.getfixturevalue("tiny_study_run")
+    study = request.getfixturevalue(session) if session else None
     capfd.readouterr()
     with figures_from(study.folder / "figures") if study else contextlib.nullcontext([]) as saved:
         run = CliRunner().invoke(app, words[1:])

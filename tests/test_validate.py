@@ -174,7 +174,7 @@ def _invoke(*args: str):
     return res
 
 
-FAST = ("--samples", "24", "--quiet")
+FAST = ("--samples", "24", "--max-length", "32", "--quiet")
 
 
 def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> Non
 
 def test_tiny_llama_gqa_logits_and_generation(tiny_llama: Path) -> None:
     result = validate_model(tiny_llama, None, impls=["eager", "sdpa"], dtypes=["fp32", "bf16"], samples=16,
-                            prompts=2, new_tokens=8)  # fmt: skip
+                            max_length=32, prompts=2, new_tokens=8)  # fmt: skip
     assert result.settings["causal"]
     rows = {c.a: c for c in result.comparisons}
     sdpa = rows["sdpa:fp32"]
@@ -230,7 +230,8 @@ def test_library_call_returns_a_result(tiny_bert: Path) -> None:
         yield lambda n=1, note="": seen.__setitem__("done", seen["done"] + n)
 
     texts = list(builtin_corpus()[:40])
-    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, progress=progress)
+    result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, max_length=32,
+                            progress=progress)  # fmt: skip
     assert seen["total"] > 0 and seen["done"] == seen["total"]  # every batch of every run reported
     assert result.passed and bool(result)
     assert [c.a for c in result.comparisons] == ["eager:fp32", "sdpa:fp32"]
@@ -370,7 +371,7 @@ def test_minilm_defaults_pass_and_the_reference_is_cached(minilm_out: Path, tmp_
 @pytest.mark.slow
 @pytest.mark.xdist_group("minilm")  # one worker computes minilm_out once
 def test_minilm_broken_impl_fails_naming_the_first_layer(minilm_out: Path, registered) -> None:
-    sizes = ("--samples", "8", "--max-length", "32", "--quiet")  # texts of 32 tokens: keys 16..31 to drop
+    sizes = ("--samples", "4", "--max-length", "32", "--quiet")  # texts of 32 tokens: keys 16..31 to drop
     res = _invoke("--impls", "eager,drop_key_block", "--dtypes", "fp32", "--out", str(minilm_out), *sizes)
     assert res.exit_code == 1, res.output
     text = " ".join(res.output.split())

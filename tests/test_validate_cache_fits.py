@@ -75,7 +75,7 @@ def test_a_forged_cache_file_is_computed_again_with_the_same_result(tiny_bert: P
     """The second run finds its reference's file cut to 3 rows: it warns naming the file, computes the run again
     (the same numbers as the first run) and replaces the file; a third run reuses the repaired file silently."""
     out = tmp_path / "out"
-    kw = {"impls": ("eager", "sdpa"), "dtypes": ("fp32",), "samples": 24, "out": out}
+    kw = {"impls": ("eager", "sdpa"), "dtypes": ("fp32",), "samples": 24, "max_length": 32, "out": out}
     first = validate_model(str(tiny_bert), **kw)
     (path,) = sorted((out / "cache").glob("eager-fp32-*.pt"))
     state = torch.load(path, weights_only=True)
@@ -109,6 +109,8 @@ def test_the_cli_names_a_cache_file_of_another_model_in_one_line(tiny_bert: Path
         "fp32",
         "--samples",
         "24",
+        "--max-length",
+        "32",
         "--out",
         str(out),
     ]
