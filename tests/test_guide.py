@@ -341,12 +341,16 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     """`flashcheck report` on a tiny study (the same code path as the default quick study): the guide's claims
     table (claim / measured / verdict / conditions) under its own heading, a conclusion sentence linking to it,
     summary.json's guide findings with README's keys, and the claims printed in words."""
+    from tests.helpers import audited_figures
+
     from flashcheck.questions.guide.tasks import tasks
 
     out, stats = tiny_study
     assert stats["guide_tasks_computed"] == len(tasks(TINY)) and stats["guide_tasks_failed"] == 0
-    result = CliRunner().invoke(app, ["report", str(out)])
+    with audited_figures(save=False) as seen:  # the PNGs are the session's (checked there): audited, not drawn
+        result = CliRunner().invoke(app, ["report", str(out)])
     assert result.exit_code == 0, result.output
+    assert seen and all(problems == [] for _, problems, _ in seen), seen
     assert "The production guide's claims" in result.output
     assert "not measured here: Flash Attention needs an Ampere" in result.output  # as the table shows it
     assert "structural: FP16 produced NaN at very long sequences" in result.output
