@@ -173,7 +173,8 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     before = ResultStore(out).load()
     total = len(expand(load_config(cfg)))
     assert 3 <= len(before) < total
-    subprocess.run(cmd, check=True)
+    rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
+    assert rerun.exit_code == 0, rerun.output
     after = ResultStore(out).load()
     assert len(after) == total
     assert all(after[k].to_json() == rec.to_json() for k, rec in before.items())  # kept, not redone
@@ -284,19 +285,19 @@ def test_report_of_empty_folder_exits_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_gives_the_same_records_as_the_pool(tmp_path):
+@pytest.mark.xdist_group("study_small")  # the pool's records are small_run's (they do not depend on the workers)
+def test_ray_gives_the_same_records_as_the_pool(small_run, tmp_path):
     pytest.importorskip("ray")
     # Ray's socket paths must stay under 107 characters: a short temp folder, removed afterwards
     short = Path(tempfile.mkdtemp(prefix="fcray", dir="/tmp"))
     os.environ["FLASHCHECK_RAY_TMP"] = str(short)
     try:
-        run_study(SMALL, tmp_path / "pool", workers=2, quiet=True)
         stats = run_study(SMALL, tmp_path / "ray", workers=2, executor="ray", quiet=True)
     finally:
         os.environ.pop("FLASHCHECK_RAY_TMP")
         shutil.rmtree(short, ignore_errors=True)
     assert stats["executor"] == "ray" and stats["cases_computed"] == len(expand(SMALL))
-    assert errors_by_case(tmp_path / "pool") == errors_by_case(tmp_path / "ray")
+    assert errors_by_case(small_run[0]) == errors_by_case(tmp_path / "ray")
 
 
 def test_real_backends_in_a_sweep(tmp_path):
