@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -99,7 +100,8 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     assert stats["reference_computations"] < stats["cases_computed"]
     # report rebuilds from records without recomputing
     (out / "report.md").unlink()
-    res = runner.invoke(app, ["report", str(out)])
+    with audited_figures(save=False):  # the PNGs were checked above: laid out and audited, not rasterised again
+        res = runner.invoke(app, ["report", str(out)])
     assert res.exit_code == 0 and (out / "report.md").exists()
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
 
@@ -173,7 +175,8 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     before = ResultStore(out).load()
     total = len(expand(load_config(cfg)))
     assert 3 <= len(before) < total
-    rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
+    with audited_figures(save=False):  # its report's figures: laid out and audited, not rasterised
+        rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
     assert rerun.exit_code == 0, rerun.output
     after = ResultStore(out).load()
     assert len(after) == total
