@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -28,6 +29,15 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.runner import run_study
 
 FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
+
+
+@pytest.fixture(autouse=True)
+def _figures_laid_out_not_rasterised():
+    """No test here reads a PNG's pixels: each figure a report saves is laid out (tests.helpers.audited_figures
+    runs figure_problems, which draws it without rendering: an error of matplotlib's layout still fails) and
+    written empty instead of rasterised (a third of a report's time)."""
+    with audited_figures(save=False):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -341,8 +351,6 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
     """`flashcheck report` on a tiny study (the same code path as the default quick study): the guide's claims
     table (claim / measured / verdict / conditions) under its own heading, a conclusion sentence linking to it,
     summary.json's guide findings with README's keys, and the claims printed in words."""
-    from tests.helpers import audited_figures
-
     from flashcheck.questions.guide.tasks import tasks
 
     out, stats = tiny_study
