@@ -44,15 +44,6 @@ def _torch_globals():
     torch.use_deterministic_algorithms(det)
 
 
-@pytest.fixture(autouse=True)
-def _figures_laid_out_not_rasterised():
-    """No test here reads a PNG's pixels: each figure a report saves is laid out (tests.helpers.audited_figures
-    runs figure_problems, which draws it without rendering: an error of matplotlib's layout still fails) and
-    written empty instead of rasterised (a third of a report's time)."""
-    with audited_figures(save=False):
-        yield
-
-
 def _row(output: str, *cells: str) -> bool:
     """Whether a table row starts with these cells (rich's box characters between them)."""
     pattern = r"^[│|]\s*" + r"\s*[│|]\s*".join(map(re.escape, cells)) + r"\s*[│|]"
