@@ -14,12 +14,22 @@ import math
 from pathlib import Path
 
 import pytest
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
 
 GOLDEN = Path(__file__).parent / "golden"
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _figures_laid_out_not_rasterised():
+    """The goldens are numbers: each figure a command saves (explain's attribution) is laid out
+    (tests.helpers.audited_figures runs figure_problems, which draws it without rendering) and written empty
+    instead of rasterised."""
+    with audited_figures(save=False):
+        yield
 
 
 def _json(args: list[str]) -> dict | list:

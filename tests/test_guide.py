@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -28,6 +29,15 @@ from flashcheck.study.config import StudyConfig
 from flashcheck.study.runner import run_study
 
 FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
+
+
+@pytest.fixture(autouse=True)
+def _figures_laid_out_not_rasterised():
+    """No test here reads a PNG's pixels: each figure a report saves is laid out (tests.helpers.audited_figures
+    runs figure_problems, which draws it without rendering: an error of matplotlib's layout still fails) and
+    written empty instead of rasterised (a third of a report's time)."""
+    with audited_figures(save=False):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -345,8 +355,10 @@ def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
 
     out, stats = tiny_study
     assert stats["guide_tasks_computed"] == len(tasks(TINY)) and stats["guide_tasks_failed"] == 0
-    result = CliRunner().invoke(app, ["report", str(out)])
+    with audited_figures(save=False) as seen:  # the PNGs are the session's (checked there): audited, not drawn
+        result = CliRunner().invoke(app, ["report", str(out)])
     assert result.exit_code == 0, result.output
+    assert seen and all(problems == [] for _, problems, _ in seen), seen
     assert "The production guide's claims" in result.output
     assert "not measured here: Flash Attention needs an Ampere" in result.output  # as the table shows it
     assert "structural: FP16 produced NaN at very long sequences" in result.output

@@ -237,7 +237,9 @@ def test_an_unfinished_study_says_so_first_and_each_missing_part_is_not_measured
     (folder / GUIDE_FILE).write_text("".join(tasks[: len(tasks) // 2]))
     from flashcheck.questions.guide.tasks import tasks as planned_tasks
 
-    out = CliRunner().invoke(app, ["report", str(folder)])  # the one report build of the stopped study
+    with audited_figures(save=False) as seen:  # no test here looks at its PNGs: audited, not rendered
+        out = CliRunner().invoke(app, ["report", str(folder)])  # the one report build of the stopped study
+    assert seen and all(problems == [] for _, problems, _ in seen), seen
     summary = json.loads((folder / "summary.json").read_text())
     n_tasks = len(planned_tasks(quick().settings["guide"]))  # the GPU tasks too, where a GPU is
     first = (

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -99,7 +100,8 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     assert stats["reference_computations"] < stats["cases_computed"]
     # report rebuilds from records without recomputing
     (out / "report.md").unlink()
-    res = runner.invoke(app, ["report", str(out)])
+    with audited_figures(save=False):  # the PNGs were checked above: laid out and audited, not rasterised again
+        res = runner.invoke(app, ["report", str(out)])
     assert res.exit_code == 0 and (out / "report.md").exists()
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
 
@@ -173,7 +175,9 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     before = ResultStore(out).load()
     total = len(expand(load_config(cfg)))
     assert 3 <= len(before) < total
-    subprocess.run(cmd, check=True)
+    with audited_figures(save=False):  # its report's figures: laid out and audited, not rasterised
+        rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
+    assert rerun.exit_code == 0, rerun.output
     after = ResultStore(out).load()
     assert len(after) == total
     assert all(after[k].to_json() == rec.to_json() for k, rec in before.items())  # kept, not redone
@@ -202,7 +206,8 @@ def test_failed_case_is_recorded_and_sweep_goes_on(tmp_path):
     status = {r.case.policy: r.status for r in recs}
     assert status == {"fa3-fp8": "failed", "bf16": "ok"}
     assert "power-of-two" in next(r.error for r in recs if r.status == "failed")
-    assert build_report(tmp_path)["failed"] == 1
+    with audited_figures(save=False):  # laid out, not rasterised: no PNG is read
+        assert build_report(tmp_path)["failed"] == 1
 
 
 def test_reference_reuse_groups_cases_by_inputs():
@@ -284,19 +289,19 @@ def test_report_of_empty_folder_exits_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_gives_the_same_records_as_the_pool(tmp_path):
+@pytest.mark.xdist_group("study_small")  # the pool's records are small_run's (they do not depend on the workers)
+def test_ray_gives_the_same_records_as_the_pool(small_run, tmp_path):
     pytest.importorskip("ray")
     # Ray's socket paths must stay under 107 characters: a short temp folder, removed afterwards
     short = Path(tempfile.mkdtemp(prefix="fcray", dir="/tmp"))
     os.environ["FLASHCHECK_RAY_TMP"] = str(short)
     try:
-        run_study(SMALL, tmp_path / "pool", workers=2, quiet=True)
         stats = run_study(SMALL, tmp_path / "ray", workers=2, executor="ray", quiet=True)
     finally:
         os.environ.pop("FLASHCHECK_RAY_TMP")
         shutil.rmtree(short, ignore_errors=True)
     assert stats["executor"] == "ray" and stats["cases_computed"] == len(expand(SMALL))
-    assert errors_by_case(tmp_path / "pool") == errors_by_case(tmp_path / "ray")
+    assert errors_by_case(small_run[0]) == errors_by_case(tmp_path / "ray")
 
 
 def test_real_backends_in_a_sweep(tmp_path):
@@ -322,7 +327,8 @@ def test_real_backends_in_a_sweep(tmp_path):
     assert ratio == pytest.approx(recs["sdpa-flash"].errors["rel_l2"] / recs["eager"].errors["rel_l2"], rel=1e-12)
     if not torch.cuda.is_available():
         assert recs["flash-attn"].status == "skipped" and "GPU" in recs["flash-attn"].error
-        assert build_report(tmp_path)["skipped"][0]["method"] == "flash-attn:bf16"
+        with audited_figures(save=False):  # laid out, not rasterised: no PNG is read
+            assert build_report(tmp_path)["skipped"][0]["method"] == "flash-attn:bf16"
     with pytest.raises(ValueError, match="backend:FORMAT"):
         Sweep(question="x", methods=("sdpa-flsh:bf16",))
     with pytest.raises(ValueError, match="number format"):

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from flashcheck.cli import app
 from flashcheck.core.metrics import wasserstein1_weighted
+from flashcheck.core.pool import fresh_context
 from flashcheck.training.checkpoints import CheckpointError, open_checkpoint, save_safetensors, series
 from flashcheck.training.drift import compare_checkpoints, compare_series, layer_of, slope
 from flashcheck.training.model import GPTConfig
@@ -242,7 +243,7 @@ def killed_train_study(tmp_path_factory):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    with audited_figures() as seen:
+    with audited_figures(save=False) as seen:  # its figures audited, not rendered: no test reads these PNGs
         res = runner.invoke(app, [*cmd[3:], "--workers", "1", "--quiet"])
     return out, res, seen
 
@@ -344,7 +345,12 @@ def test_record_weights_under_torch_distributed(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_dist_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    # the ranks forked from flashcheck's fork server (torch imported once there), not spawned: each spawned rank
+    # imported torch afresh (about 2 s of CPU each); gloo and DCP see two processes either way
+    fresh_context(["torch"])  # starts the process's fork server with torch loaded, unless one is running
+    torch.multiprocessing.start_processes(
+        _dist_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="forkserver"
+    )
     pairs = compare_series(tmp_path / "dcp", tmp_path / "full")
     assert [p.step for p in pairs] == [0, 5] and all(p.max_abs == 0 for p in pairs)
 

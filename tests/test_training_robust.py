@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -142,19 +143,26 @@ def test_run_killed_at_every_write_resumes_bit_identically(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_train_study_resumes_after_a_kill_between_last_weights_and_losses(tmp_path, monkeypatch, tiny_train_study_run):
     """The issue's case through the CLI: run `base` has its last weights and state but no losses.json. The
-    uninterrupted reference is the session's (conftest.tiny_train_study_run: the same command, human output)."""
+    uninterrupted reference is the session's (conftest.tiny_train_study_run: the same command, human output);
+    its other runs, finished, are copied beside the killed one (a study killed in its last run), so the rerun
+    resumes `base` alone (test_training's killed_train_study computes every run twice)."""
     study = train_preset("tiny")
     base = next(r for r in study.runs if r.name == "base-s0")
-    out = tmp_path / "killed"
+    out, ref = tmp_path / "killed", tiny_train_study_run.folder
     _writes(monkeypatch, kill_at=6)  # losses.json: see the order above
     with pytest.raises(Killed):
         train(base, out / "runs" / "base-s0")
     monkeypatch.undo()
     assert (out / "runs" / "base-s0" / "weights" / f"step_{base.steps:06d}.pt").exists()
     assert not (out / "runs" / "base-s0" / "losses.json").exists()
-    res = runner.invoke(app, ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"])
+    for run in study.runs:
+        if run.name != base.name:
+            shutil.copytree(ref / "runs" / run.name, out / "runs" / run.name)
+    args = ["train-study", "--preset", "tiny", "--out", str(out), "--workers", "2", "--quiet"]
+    with audited_figures(save=False):  # no PNG of this study is read: audited, not rendered
+        res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    res, ref = tiny_train_study_run, tiny_train_study_run.folder
+    res = tiny_train_study_run
     assert res.exit_code == 0 and "Traceback" not in res.output and not res.crashed, res.output
     _check_train_study_human(res, ref)
     a, b = (json.loads((o / "summary.json").read_text()) for o in (out, ref))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import audited_figures
 from typer.testing import CliRunner
 
 from flashcheck.cli import app
@@ -39,6 +40,15 @@ ONE = StudyConfig(
               baseline=False),
     ),
 )  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _figures_laid_out_not_rasterised():
+    """No test here reads a PNG's pixels: each figure a command saves (explain's attribution, a study's report)
+    is laid out (tests.helpers.audited_figures runs figure_problems, which draws it without rendering: an error
+    of matplotlib's layout still fails) and written empty instead of rasterised."""
+    with audited_figures(save=False):
+        yield
 
 
 @pytest.fixture(scope="module")
