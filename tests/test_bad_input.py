@@ -633,6 +633,7 @@ def test_bad_input_in_process(row: Row, files, tmp_path, monkeypatch):
 # killed with its process group (None: a hang).
 _FORKER = f"""
 import json, os, runpy, signal, sys, time
+import torch  # imported once here, as said above: flashcheck.cli imports it lazily, so each row paid it again
 import flashcheck.cli
 for line in sys.stdin:
     argv, cwd, log = json.loads(line)
@@ -686,7 +687,7 @@ def real_process(tmp_path_factory) -> Iterator[Callable[[list[str]], tuple[int |
         forker.wait(timeout=60)
 
 
-@pytest.mark.parametrize("row", [row for row in ROWS if row.id in SUBPROCESS], ids=sorted(SUBPROCESS))
+@pytest.mark.parametrize("row", [row for row in ROWS if row.id in SUBPROCESS], ids=lambda row: row.id)
 def test_bad_input_in_a_real_process(row: Row, files, real_process):
     _skip_unless_registered(row)
     argv, fragments = expand(row, files)
