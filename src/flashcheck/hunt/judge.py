@@ -269,9 +269,9 @@ def representable(ref: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str,
 def _worse(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Of two baselines, the one with the larger max error against `ref` (a non-finite one: `a`)."""
     finite = torch.isfinite(ref)
-    if not bool(torch.isfinite(a[finite]).all()) or not bool(torch.isfinite(b[finite]).all()):
+    ea, eb = ((t - ref).abs()[finite] for t in (a, b))  # not finite where ref is: where t is not (one pass each)
+    if not bool(torch.isfinite(ea).all()) or not bool(torch.isfinite(eb).all()):
         return a
-    ea, eb = ((t - ref).abs()[finite] for t in (a, b))
     return b if ea.numel() and float(eb.max()) > float(ea.max()) else a
 
 
