@@ -4,7 +4,6 @@ test says so. The page names each reproducer, and its flashcheck line reruns its
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -27,41 +26,7 @@ def test_the_page_names_each_reproducer_and_nothing_else():
     assert named == {p.name for p in SCRIPTS} and len(SCRIPTS) >= 5, named
 
 
-# The torch reproducers, each as its own process forked from one fresh interpreter (-I: no PYTHONPATH, no user site,
-# no working folder on the path) that imported torch and numpy once, as each script does first: one JSON line
-# [script, output file] in, one JSON line [exit code or None] out. The child runs the script as `python -I script`
-# does (sys.argv, __main__, cwd /) and exits through the interpreter's own exit; one still running after TIMEOUT_S
-# is killed with its process group (None). Others (jax's, which aborts its process) run as `python -I script`.
 TIMEOUT_S = 600
-_FORKER = f"""
-import json, os, runpy, signal, sys, time
-import numpy, torch
-for line in sys.stdin:
-    script, log = json.loads(line)
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.setsid()
-        os.chdir("/")
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        sys.argv = [script]
-        runpy.run_path(script, run_name="__main__")
-        sys.exit(0)
-    deadline, code = time.monotonic() + {TIMEOUT_S}, None
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.02)
-    else:
-        os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    print(json.dumps([code]), flush=True)
-"""
 
 
 def _maintainers_env() -> dict[str, str]:
@@ -70,25 +35,14 @@ def _maintainers_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def torch_script(tmp_path_factory):
-    """run(script) -> (exit code or None, stdout + stderr) of a torch reproducer run as `python -I script`."""
+    """run(script) -> (exit code or None, stdout + stderr) of a torch reproducer run as `python -I script` from /:
+    forked from one fresh isolated interpreter (-I: no PYTHONPATH, no user site, no working folder on the path) that
+    imported torch and numpy once, as each script does first (helpers.forked_runs)."""
+    from helpers import forked_runs
+
     pytest.importorskip("torch")
-    forker = subprocess.Popen([sys.executable, "-I", "-c", _FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=_maintainers_env(), cwd="/")  # fmt: skip
-
-    def run(script: Path) -> tuple[int | None, str]:
-        log = tmp_path_factory.mktemp("reproducer") / "output.txt"
-        forker.stdin.write(json.dumps([str(script), str(log)]) + "\n")
-        forker.stdin.flush()
-        answer = forker.stdout.readline()
-        assert answer, "the forking interpreter died"
-        (code,) = json.loads(answer)
-        return code, log.read_text("utf-8", "replace") if log.exists() else ""
-
-    try:
-        yield run
-    finally:
-        forker.stdin.close()
-        forker.wait(timeout=60)
+    with forked_runs(["numpy", "torch"], TIMEOUT_S, isolated=True, env=_maintainers_env(), cwd="/") as forked:
+        yield lambda script: forked("path", str(script), [str(script)], "/", tmp_path_factory.mktemp("out") / "log")
 
 
 @pytest.mark.slow
