@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -97,3 +97,76 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# Runs scripts or modules as `python [-I] -m MODULE` / `python [-I] SCRIPT` would, each as its own process forked
+# from one interpreter that imported `preload` once (torch: seconds in every fresh interpreter): one JSON line
+# [how, what, argv, cwd, log] in, one JSON line [exit code or None] out. The child starts its own session, runs
+# the module or script as __main__ with its output in the file `log`, and exits through the interpreter's own exit
+# (an uncaught exception: a traceback and exit 1); one still running after the timeout is killed with its process
+# group (None: a hang).
+_FORKER = """
+import json, os, runpy, signal, sys, time
+for name in filter(None, sys.argv[1].split(",")):
+    __import__(name)
+timeout = float(sys.argv[2])
+for line in sys.stdin:
+    how, what, argv, cwd, log = json.loads(line)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.chdir(cwd)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.argv = argv
+        if how == "module":
+            runpy.run_module(what, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(what, run_name="__main__")
+        sys.exit(0)
+    deadline, code = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.02)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    print(json.dumps([code]), flush=True)
+"""
+
+
+@contextlib.contextmanager
+def forked_runs(
+    preload: list[str], timeout_s: float, *, isolated: bool = False, env: dict | None = None, cwd: str | None = None
+) -> Iterator[Callable[..., tuple[int | None, str]]]:
+    """run(how, what, argv, cwd, log) -> (exit code or None for a hang, the run's stdout + stderr): `how` "module"
+    (python -m what) or "path" (python what), with sys.argv = argv, in folder `cwd`, its output in the file `log`;
+    each forked from one interpreter (`isolated`: -I; `env`, `cwd`: its environment and folder) that imported
+    `preload` once (see _FORKER)."""
+    import json
+    import subprocess
+    import sys
+
+    flags = ["-I"] if isolated else []
+    forker = subprocess.Popen([sys.executable, *flags, "-c", _FORKER, ",".join(preload), str(timeout_s)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)  # fmt: skip
+
+    def run(how: str, what: str, argv: list[str], folder: str, log: Path) -> tuple[int | None, str]:
+        forker.stdin.write(json.dumps([how, what, argv, folder, str(log)]) + "\n")
+        forker.stdin.flush()
+        answer = forker.stdout.readline()
+        assert answer, "the forking interpreter died"
+        (code,) = json.loads(answer)
+        return code, (log.read_text("utf-8", "replace") if code is not None and log.exists() else "")
+
+    try:
+        yield run
+    finally:
+        forker.stdin.close()
+        forker.wait(timeout=60)

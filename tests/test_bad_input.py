@@ -626,67 +626,24 @@ def test_bad_input_in_process(row: Row, files, tmp_path, monkeypatch):
     assert not found, f"{row.id}: {found}\n{output[-1500:]}"
 
 
-# Runs `python -m flashcheck.cli` rows, each as its own process forked from this one after it imported the CLI
-# (and torch) once: one JSON line [argv, cwd, output file] in, one JSON line [exit code or None] out. Each row's
-# process starts its own session, runs flashcheck/cli/__main__.py as `-m` does and exits through the
-# interpreter's own exit (an uncaught exception: traceback and exit 1); one still running after ROW_TIMEOUT_S is
-# killed with its process group (None: a hang).
-_FORKER = f"""
-import json, os, runpy, signal, sys, time
-import flashcheck.cli
-for line in sys.stdin:
-    argv, cwd, log = json.loads(line)
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.setsid()
-        os.chdir(cwd)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        sys.argv = ["flashcheck", *argv]
-        runpy.run_module("flashcheck.cli", run_name="__main__", alter_sys=True)
-        sys.exit(0)
-    deadline, code = time.monotonic() + {ROW_TIMEOUT_S}, None
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.02)
-    else:
-        os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    print(json.dumps([code]), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def real_process(tmp_path_factory) -> Iterator[Callable[[list[str]], tuple[int | None, str]]]:
     """run(argv) -> (exit code, or None for a hang, and stdout + stderr) of `python -m flashcheck.cli argv` as a
-    real process (see _FORKER) in a fresh folder; one forking interpreter per module and worker."""
-    forker = subprocess.Popen([sys.executable, "-c", _FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    real process in a fresh folder, forked from one interpreter per module and worker that imported the CLI and
+    torch once (helpers.forked_runs: flashcheck.cli imports torch lazily, so each row paid it again)."""
+    from helpers import forked_runs
 
-    def run(argv: list[str]) -> tuple[int | None, str]:
-        cwd = tmp_path_factory.mktemp("real-process")
-        log = cwd.parent / f"{cwd.name}.log"
-        forker.stdin.write(json.dumps([argv, str(cwd), str(log)]) + "\n")
-        forker.stdin.flush()
-        answer = forker.stdout.readline()
-        assert answer, "the forking process died"
-        (code,) = json.loads(answer)
-        return code, log.read_text() if code is not None else ""
+    with forked_runs(["torch", "flashcheck.cli"], ROW_TIMEOUT_S, env={**os.environ, "COLUMNS": "200"}) as forked:
 
-    try:
+        def run(argv: list[str]) -> tuple[int | None, str]:
+            cwd = tmp_path_factory.mktemp("real-process")
+            log = cwd.parent / f"{cwd.name}.log"
+            return forked("module", "flashcheck.cli", ["flashcheck", *argv], str(cwd), log)
+
         yield run
-    finally:
-        forker.stdin.close()
-        forker.wait(timeout=60)
 
 
-@pytest.mark.parametrize("row", [row for row in ROWS if row.id in SUBPROCESS], ids=sorted(SUBPROCESS))
+@pytest.mark.parametrize("row", [row for row in ROWS if row.id in SUBPROCESS], ids=lambda row: row.id)
 def test_bad_input_in_a_real_process(row: Row, files, real_process):
     _skip_unless_registered(row)
     argv, fragments = expand(row, files)

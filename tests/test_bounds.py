@@ -45,31 +45,34 @@ def _npz_with_a_huge_zero_member(path: Path, name: str, shape: tuple[int, ...], 
                 left -= min(left, len(piece))
 
 
-def _judge_peak_kib(path: Path) -> tuple[int, str]:
-    """(peak resident KiB, stderr) of `flashcheck judge PATH` in a process of its own."""
+def _judge_peaks_kib(*paths: Path) -> list[tuple[int, str]]:
+    """[(peak resident KiB after it, its stderr line)] of `flashcheck judge PATH` for each path in turn, in one
+    process of their own (the peak only grows: each path's is the most of it and of those before)."""
     code = (
-        "import resource, sys\nfrom flashcheck.cli import main\nsys.argv = ['flashcheck', 'judge', sys.argv[1]]\n"
-        "try:\n    main()\nfinally:\n    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "    print('peak', peak, file=sys.stderr)"
+        "import resource, sys\nfrom flashcheck.cli import main\nfor path in sys.argv[1:]:\n"
+        "    sys.argv = ['flashcheck', 'judge', path]\n    try:\n        main()\n    except SystemExit as e:\n"
+        "        print('exit', e.code, file=sys.stderr)\n"
+        "    print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
     )
-    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300,
+    res = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    error, peak = res.stderr.strip().splitlines()
-    return int(peak.split()[1]), error
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 3 * len(paths) and all(x == "exit 2" for x in lines[1::3]), res.stderr
+    return [(int(peak.split()[1]), error) for error, peak in zip(lines[::3], lines[2::3], strict=True)]
 
 
 def test_a_small_npz_declaring_a_huge_output_is_refused_before_inflating(tmp_path):
     """The trial's 2 MB file inflated 2.39 GB in judge before it refused (the shapes disagree): the shapes are now
     checked once every header is read, before any data is. The judge's peak memory is that of the same refusal of
-    a file whose wrong output is small (main: about 580 MiB more, the member inflated)."""
+    a file whose wrong output is small, run first in the same process (main: about 580 MiB more, the member
+    inflated)."""
     small = {n: np.zeros((1, 1, 4, 8), np.float32) for n in ("q", "k", "v")}
     path = tmp_path / "bomb.npz"
     _npz_with_a_huge_zero_member(path, "out", (1, 1, 2**24, 8), small)  # 512 MiB inflated
     assert path.stat().st_size < 2**21
     np.savez(tmp_path / "plain.npz", **small, out=np.zeros((1, 1, 5, 8), np.float32))
-    baseline, _ = _judge_peak_kib(tmp_path / "plain.npz")
-    peak, error = _judge_peak_kib(path)
+    (baseline, _), (peak, error) = _judge_peaks_kib(tmp_path / "plain.npz", path)
     assert "tensor 'out' has shape" in error and "16777216" in error, error
     assert peak < baseline + 2**17, f"peak {peak} KiB against {baseline} KiB: the 512 MiB member was inflated"
 

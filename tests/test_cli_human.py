@@ -155,12 +155,18 @@ def test_atomic_target_replaces_on_success_and_cleans_up_on_failure(tmp_path, um
 
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory):
-    """A 4-case custom study run without --json under umask 022: (its folder, the command's result)."""
+    """A 4-case custom study run without --json under umask 022: (its folder, the command's result). Its figures
+    are not rasterised (helpers.audited_figures(save=False)): each PNG is still the file the report's atomic write
+    created, with the mode it gave, and no test reads their pixels."""
+    from helpers import audited_figures
+
     folder = tmp_path_factory.mktemp("study")
     (folder / "sweep.toml").write_text(SWEEP)
     old = os.umask(0o022)
     try:
-        res = human(["study", "--config", str(folder / "sweep.toml"), "--out", str(folder / "s"), "--workers", "1"])
+        with audited_figures(save=False) as seen:
+            res = human(["study", "--config", str(folder / "sweep.toml"), "--out", str(folder / "s"), "--workers", "1"])
+        assert seen and all(name.endswith(".png") for name, _, _ in seen), seen
     finally:
         os.umask(old)
     return folder / "s", res
@@ -389,8 +395,11 @@ def test_compare_backends_human_with_progress():
 @pytest.mark.xdist_group("cli_human_small_study")  # one worker computes the module fixture small_study once
 def test_study_and_report_human(small_study):
     out, res = small_study
+    from helpers import audited_figures
+
     one_line(res.output, "4 cases computed, 0 reused from the store")
-    rebuilt = human(["report", str(out)])
+    with audited_figures(save=False):  # its text is checked here, not its figures' pixels
+        rebuilt = human(["report", str(out)])
     findings = json.loads((out / "summary.json").read_text())["findings"]
     assert any(f["status"] != "not measured" for f in findings)
     summary = json.loads((out / "summary.json").read_text())
@@ -685,12 +694,11 @@ def test_compare_explain_and_predict_describe_a_preset_alike(preset, tmp_path):
     from flashcheck.kernels.sim.presets import alias_of
 
     small = ["--seq-len", "64", "--heads", "1", "--head-dim", "32"]
-    human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "x")])
+    explained = human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "x")]).output  # one run
     labels = json.loads((tmp_path / "x" / "summary.json").read_text())["substages"]
     inside = f"({labels['input:qk']['label']} and {labels['input:v']['label']})"
     compared = human(["compare", "--preset", preset, *small], codes=(0, 1)).output
     predicted = human(["predict", "--preset", preset, "--seq-len", "64", "--head-dim", "32"]).output
-    explained = human(["explain", "--preset", preset, *small, "--out", str(tmp_path / "y")]).output
     assert f"this preset quantises its inputs inside the kernel {inside}" in compared, compared
     assert f"this leaves out the kernel's own input quantisation {inside}" in predicted, predicted
     alias = alias_of(preset)

@@ -26,19 +26,41 @@ def test_the_page_names_each_reproducer_and_nothing_else():
     assert named == {p.name for p in SCRIPTS} and len(SCRIPTS) >= 5, named
 
 
+TIMEOUT_S = 600
+
+
+def _maintainers_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+
+
+@pytest.fixture(scope="module")
+def torch_script(tmp_path_factory):
+    """run(script) -> (exit code or None, stdout + stderr) of a torch reproducer run as `python -I script` from /:
+    forked from one fresh isolated interpreter (-I: no PYTHONPATH, no user site, no working folder on the path) that
+    imported torch and numpy once, as each script does first (helpers.forked_runs)."""
+    from helpers import forked_runs
+
+    pytest.importorskip("torch")
+    with forked_runs(["numpy", "torch"], TIMEOUT_S, isolated=True, env=_maintainers_env(), cwd="/") as forked:
+        yield lambda script: forked("path", str(script), [str(script)], "/", tmp_path_factory.mktemp("out") / "log")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_a_documented_finding_still_reproduces(script):
+def test_a_documented_finding_still_reproduces(script, request):
     text = script.read_text()
     library = "jax" if "import jax" in text else "onnxruntime" if "import onnxruntime" in text else "torch"
     pytest.importorskip(library)
     assert "import flashcheck" not in text and "from flashcheck" not in text
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    done = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, timeout=600, env=env, cwd="/")
-    said = (done.stdout + done.stderr).decode("utf-8", "replace")
-    if done.returncode == 0:
+    if library == "torch":
+        code, said = request.getfixturevalue("torch_script")(script)
+    else:
+        cmd = [sys.executable, "-I", str(script)]
+        done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, env=_maintainers_env(), cwd="/")
+        code, said = done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
+    if code == 0:
         pytest.fail(f"{script.name} no longer reproduces (fixed upstream?): update docs/findings.md\n{said}")
-    assert done.returncode == 1 and "PRESENT" in said and "versions: " in said, said
+    assert code == 1 and "PRESENT" in said and "versions: " in said, said
 
 
 def test_the_pages_flashcheck_line_reruns_its_finding():

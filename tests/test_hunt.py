@@ -68,8 +68,20 @@ def test_planted_bug_is_found_and_shrunk_to_its_trigger(bug, tmp_path):
     assert evaluate(parse_target("hunt_bugs:correct"), case).passed  # and only the bug fails it
 
 
-def test_correct_kernel_has_no_finding(tmp_path):
-    state = hunt(parse_target("hunt_bugs:correct"), tmp_path, **(BUDGET | {"backward": True, "rounds": 4}))
+@pytest.fixture(scope="module")
+def correct_hunt(tmp_path_factory):
+    """A 4-round hunt of a correct kernel (forward and backward), run from a folder of its own: (its state, its
+    --out, that folder). Two tests read it."""
+    here = tmp_path_factory.mktemp("cwd")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(here)
+        state = hunt(parse_target("hunt_bugs:correct"), here / "o", **(BUDGET | {"backward": True, "rounds": 4}))
+    return state, here / "o", here
+
+
+@pytest.mark.xdist_group("hunt_correct")  # one worker runs the module fixture correct_hunt once
+def test_correct_kernel_has_no_finding(correct_hunt):
+    state, _, _ = correct_hunt
     assert state.examples > 20 and not state.findings, [f.to_dict() for f in state.findings]
 
 
@@ -230,10 +242,10 @@ def test_hunt_refuses_a_link_in_out_before_the_run(name, tmp_path):
     assert len(res.output.strip().splitlines()) == 1 and not list(elsewhere.iterdir())
 
 
-def test_hunt_keeps_hypothesis_files_in_out(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    hunt(parse_target("hunt_bugs:correct"), tmp_path / "o", **(BUDGET | {"rounds": 1}))
-    assert (tmp_path / "o" / "hypothesis-db").is_dir() and not (tmp_path / ".hypothesis").exists()
+@pytest.mark.xdist_group("hunt_correct")
+def test_hunt_keeps_hypothesis_files_in_out(correct_hunt):
+    _, out, here = correct_hunt
+    assert (out / "hypothesis-db").is_dir() and not (here / ".hypothesis").exists()
 
 
 def test_preset_targets_take_only_the_formats_the_preset_runs():

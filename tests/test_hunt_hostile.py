@@ -98,12 +98,28 @@ def test_a_semantics_probe_that_hangs_is_a_hang_row_and_the_others_are_measured(
     assert rows["fully masked rows"].agrees is False and rows["Lk = 0"].agrees is True, rows
 
 
-def test_cli_hunt_of_a_target_hanging_in_the_probes_goes_on_with_progress(tmp_path):
-    res = CliRunner().invoke(
-        app, ["hunt", "hunt_bugs:hang_on_masked_rows", "--out", str(tmp_path / "h"), "--case-timeout", "2s", *QUICK]
-    )
+def test_cli_hunt_of_a_target_hanging_in_the_probes_goes_on_with_progress(tmp_path, monkeypatch):
+    """Two probes hang (2 s each), then the hunt finds the hang in its 6th case and shrinks it, each hanging step
+    2 s, until the budget ends: 5 s of budget (not QUICK's minute, whose shrinking waited through 12 hangs, 7 of
+    them the same case reached again by Hypothesis's shrinker). A case that hung is never run again."""
+    import flashcheck.hunt.search as search
+
+    hung: list[str] = []
+
+    def evaluate(target, case, *a):
+        outcome = search_evaluate(target, case, *a)
+        hung.extend(case.to_text() for v in outcome.failures if v.tensor == "hang")
+        return outcome
+
+    search_evaluate = search.evaluate
+    monkeypatch.setattr(search, "evaluate", evaluate)
+    args = ["hunt", "hunt_bugs:hang_on_masked_rows", "--out", str(tmp_path / "h"), "--case-timeout", "2s"]
+    res = CliRunner().invoke(app, [*args, *QUICK, "--budget", "5s"])
+    assert hung and len(set(hung)) == len(hung), hung
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     assert "semantics probes of hunt_bugs:hang_on_masked_rows" in res.output and "hang: no answer in 2 s" in res.output
+    assert "hunt hunt_bugs:hang_on_masked_rows, budget seconds" in res.output, res.output  # it went on
+    assert "crash: hung on" in res.output and "dead rows" in res.output, res.output  # and found the hang
 
 
 @pytest.mark.parametrize(
@@ -120,9 +136,10 @@ def test_a_target_that_dies_exits_or_fails_at_import_is_one_line_exit_2(how, say
 
     import flashcheck.hunt.isolate as isolate
 
-    monkeypatch.setattr(isolate, "CASE_TIMEOUT_S", 3.0)  # compare --case's limit
+    limit = 1.0 if how == "hang" else 3.0  # a hang waits it out twice (hunt, compare); the others die sooner
+    monkeypatch.setattr(isolate, "CASE_TIMEOUT_S", limit)  # compare --case's limit
     monkeypatch.setenv("FLASHCHECK_TEST_HOSTILE", how)
-    args = ["hunt", "hunt_hostile:attention", "--out", str(tmp_path / "h"), "--case-timeout", "3s", *QUICK]
+    args = ["hunt", "hunt_hostile:attention", "--out", str(tmp_path / "h"), "--case-timeout", f"{limit:g}s", *QUICK]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     line = res.output.strip()

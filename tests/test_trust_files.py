@@ -238,9 +238,19 @@ def test_a_deeply_nested_study_toml_is_one_line_exit_2(tmp_path):
     _one_line_exit_2(res, "deep.toml", "nests brackets")
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """RUN trained once for the module; tests take copies (a run folder holds no absolute path)."""
+    folder = tmp_path_factory.mktemp("trained") / "r"
+    train(RUN, folder)
+    return folder
+
+
 @pytest.mark.parametrize("name", ["config.json", "losses.json", "complete.json"])
-def test_a_deeply_nested_file_of_a_run_is_no_recursion_error(tmp_path, name):
-    train(RUN, tmp_path / "r")
+def test_a_deeply_nested_file_of_a_run_is_no_recursion_error(tmp_path, name, trained):
+    import shutil
+
+    shutil.copytree(trained, tmp_path / "r")  # a finished run, as train(RUN, tmp_path / "r") leaves it
     (tmp_path / "r" / name).write_text(DEEP)
     if name == "config.json":
         with pytest.raises(ValueError, match="nests brackets"):

@@ -8,6 +8,7 @@ import json
 import typer
 
 from flashcheck.cli.app import _console, _fail_usage, _not_others, _out_folder, _progress, app
+from flashcheck.core.fileio import refuse_link
 
 
 @app.command()
@@ -31,6 +32,8 @@ def mutants(
             raise ValueError(f"--threads {threads} is not allowed; give an integer from 1 to 1024")
         folder = _out_folder(out)
         _not_others(folder, "mutants", {"rules", "mutants", "catch_rate"})  # not a study's summary.json
+        for name in ("summary.json", "report.md", "report.html"):  # refused before the scoring, not after it
+            refuse_link(folder / name, f"{name} in --out")
         folder.mkdir(exist_ok=True)
     except ValueError as exc:
         _fail_usage(str(exc))

@@ -20,6 +20,7 @@ from flashcheck.cli.app import (
     app,
     warnings_as_lines,
 )
+from flashcheck.core.fileio import folder_problem
 from flashcheck.core.progress import progress  # light (no torch): the first line still comes first
 
 # flashcheck's own transformers attention implementations: name -> "module:function" that registers it
@@ -193,6 +194,8 @@ def _checked_paths(model: str | None, out: str, pin: str | None) -> None:
     _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
     if model is not None and not model.strip():
         raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
+    if model is not None and (why := folder_problem(model)):  # said before torch's and transformers' imports
+        raise ValueError(f"MODEL {model!r} {why}; give a Hugging Face or sentence-transformers folder")
     if pin is not None:
         _out_file(pin, "--pin")  # written after a pass: checked before the work
 

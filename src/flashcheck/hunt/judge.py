@@ -113,17 +113,17 @@ def _run(fn, inputs, dout, backward: bool) -> dict[str, torch.Tensor]:
         out = fn(*leaves)
         res = {"out": out.detach().double().cpu()}
         if backward:
-            grads = torch.autograd.grad(out, leaves, dout.to(out.dtype), allow_unused=True)
+            grads = torch.autograd.grad(out, leaves, dout.to(out.dtype, copy=True), allow_unused=True)
             for name, g, t in zip(TENSORS[1:], grads, leaves, strict=True):
                 res[name] = (torch.zeros_like(t) if g is None else g).detach().double().cpu()
     return res
 
 
-def reference(case: HuntCase) -> dict[str, torch.Tensor]:
-    """FP64 out (and dq, dk, dv) of the case's rounded inputs."""
+def reference(case: HuntCase, inputs: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
+    """FP64 out (and dq, dk, dv) of the case's rounded inputs (`inputs`: make_inputs(case), when already made)."""
     from flashcheck.kernels import reference_attention
 
-    q, k, v, dout = make_inputs(case)
+    q, k, v, dout = make_inputs(case) if inputs is None else inputs
     mask, sink = _rounded(case)
 
     def fn(a, b, c):
@@ -136,9 +136,10 @@ def reference(case: HuntCase) -> dict[str, torch.Tensor]:
     return _run(fn, (q, k, v), dout, case.backward)
 
 
-def outputs(target: Target, case: HuntCase) -> dict[str, torch.Tensor]:
-    """The target's out (and dq, dk, dv) on the case, float64 on the CPU; exceptions propagate."""
-    q, k, v, dout = make_inputs(case)
+def outputs(target: Target, case: HuntCase, inputs: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The target's out (and dq, dk, dv) on the case, float64 on the CPU; exceptions propagate. `inputs`:
+    make_inputs(case), when already made (the target gets copies)."""
+    q, k, v, dout = make_inputs(case) if inputs is None else inputs
     mask, sink = _rounded(case)
     kw = {"dtype": case.dtype, "causal": case.causal, "scale": case.call_scale, "mask": mask, "sink": sink}
     return _run(lambda a, b, c: target.call(a, b, c, **kw), (q, k, v), dout, case.backward)
@@ -202,16 +203,17 @@ def _locate(o, r, res: BudgetResult, only=None) -> tuple[tuple[int, int] | None,
     return (int(rows[0]), int(rows[-1])), int(heads[0]), int(rows.numel()), along
 
 
-def arithmetic_floors(case: HuntCase, ref: dict[str, torch.Tensor]) -> dict[str, float]:
+def arithmetic_floors(case: HuntCase, ref: dict[str, torch.Tensor], inputs: tuple | None = None) -> dict[str, float]:
     """The rounding error any correct kernel that works in fp32 (fp64 for fp64 inputs), unit roundoff u, makes:
     a score s is rounded by u |s|, which exp turns into a relative error of P, so every tensor T is off by up to
     u S max|T| (S the largest |score + shift|: scores of 1e4, or a shift of -200 on a tiny output, whose FP32
     floor is 0); and dS_ij = P_ij (dP_ij - D_i) with dP_ij = dO_i . V_j rounded by u sum_d |dO_id V_jd|, scaled
     by `scale` and the other operand: u |scale| max|K| max_ij sum_d |dO_id V_jd| in dQ (dK: with Q). First-order
-    bounds, each doubled; far above the peers' floor where the softmax is one-hot (dQ exactly 0 in FP64)."""
+    bounds, each doubled; far above the peers' floor where the softmax is one-hot (dQ exactly 0 in FP64). `inputs`:
+    make_inputs(case), when already made."""
     from flashcheck.kernels.sim.validation import expand_kv_heads
 
-    q, k, v, dout = make_inputs(case)
+    q, k, v, dout = make_inputs(case) if inputs is None else inputs
     k, v = expand_kv_heads(q, k, v)
     u = 2.0**-53 if case.dtype == "fp64" else 2.0**-24
     top = {n: float(t[torch.isfinite(t)].abs().max()) if bool(torch.isfinite(t).any()) else 0.0 for n, t in ref.items()}
@@ -267,9 +269,9 @@ def representable(ref: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str,
 def _worse(a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Of two baselines, the one with the larger max error against `ref` (a non-finite one: `a`)."""
     finite = torch.isfinite(ref)
-    if not bool(torch.isfinite(a[finite]).all()) or not bool(torch.isfinite(b[finite]).all()):
+    ea, eb = ((t - ref).abs()[finite] for t in (a, b))  # not finite where ref is: where t is not (one pass each)
+    if not bool(torch.isfinite(ea).all()) or not bool(torch.isfinite(eb).all()):
         return a
-    ea, eb = ((t - ref).abs()[finite] for t in (a, b))
     return b if ea.numel() and float(eb.max()) > float(ea.max()) else a
 
 
@@ -283,7 +285,8 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
     target is recorded as its error (a refusal), not raised. `run`: case -> the target's outputs, in place of
     outputs(target, case) (hunt.isolate: in a worker; its TargetCrashed is a crash verdict)."""
     try:
-        got = outputs(target, case) if run is None else run(case)
+        inputs = make_inputs(case)  # made once for the target, the reference, the baselines and the floors
+        got = outputs(target, case, inputs) if run is None else run(case)
     except TargetCrashed as exc:
         return Outcome(case, (crash_verdict(exc),))
     except BadOutput as exc:  # not a tensor, or the wrong shape: a finding on any case, never a refusal
@@ -293,14 +296,14 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)
         return Outcome(case, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
     fp8 = case.dtype in FP8
-    ref = representable(reference(case), torch.float16 if fp8 else case.torch_dtype)  # FP8 kernels: 16-bit out
-    base = outputs(baseline_target(dtype=case.dtype), case)
-    flipped = outputs(baseline_target(flip=True, dtype=case.dtype), case)
+    ref = representable(reference(case, inputs), torch.float16 if fp8 else case.torch_dtype)  # FP8: 16-bit out
+    base = outputs(baseline_target(dtype=case.dtype), case, inputs)
+    flipped = outputs(baseline_target(flip=True, dtype=case.dtype), case, inputs)
     base = {n: _worse(base[n], flipped[n], ref[n]) for n in base}
     if case.torch_dtype.itemsize < 4 and not fp8:  # the larger error of plain attention in the dtype and in fp32
         up = outputs(baseline_target(), dataclasses.replace(case, dtype="fp32"))
         base = {n: _worse(base[n], up[n].to(case.torch_dtype).double(), ref[n]) for n in base}
-    floors = arithmetic_floors(case, ref)
+    floors = arithmetic_floors(case, ref, inputs)
     verdicts = tuple(
         judge_tensor(n, got[n], ref[n], base[n], case, rule, floors.get(n, 0.0)) for n in TENSORS if n in ref
     )

@@ -10,8 +10,9 @@ killed hunt resumes with the budget it had left and without finding the same thi
 A target that may kill its process (hunt.isolate.isolates: backends, user callables) runs in a worker; a case
 that kills it is a `crash` finding, stored at once (before the progress line, before shrinking: marked
 provisional until its round ends with the shrunk case), and the next case gets a fresh worker. The property
-raises on a crash like on any failure, so Hypothesis shrinks it (each crashing step costs a worker restart),
-and its example database replays it on resume, where it is a crash again, recorded once.
+raises on a crash like on any failure, so Hypothesis shrinks it (each crashing step costs a worker restart, a
+hanging one its timeout; a case that crashed is not run again in the same hunt), and its example database
+replays it on resume, where it is a crash again, recorded once.
 
 A seeded hunt draws the same cases wherever it runs: Hypothesis's pool of integer, float and string literals mined
 from "local" source (every imported module outside site-packages and tests: flashcheck itself in an editable
@@ -126,9 +127,10 @@ def _hunt(target, out, state, budget_s, opts, shrink_s, rounds, on_step, worker)
     clock = time.monotonic() - state.elapsed_s
     shrink_s = max(10.0, budget_s / 5) if shrink_s is None else shrink_s
     step = on_step or (lambda s, note: None)
+    crashed: dict[str, Outcome] = {}  # case text -> its outcome, for the cases that crashed (killed or hung)
     while time.monotonic() - clock < budget_s and (rounds is None or state.rounds < rounds):
         run = None if worker is None else worker.outputs
-        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step, (run, out))
+        found = _round(target, state, db, clock, (budget_s, shrink_s), opts, step, (run, out, crashed))
         state.rounds += 1
         state.elapsed_s = time.monotonic() - clock
         if found is not None:
@@ -168,7 +170,7 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
 
     budget_s, shrink_s = times
     seed, rule, backward = opts
-    run, out = io
+    run, out, crashed = io
     known = {f.signature for f in state.findings if not f.provisional}
     lock: dict = {"sig": None, "best": None, "at": 0.0, "examples": 0}
 
@@ -189,9 +191,11 @@ def _round(target, state: HuntState, db, clock: float, times, opts, step, io) ->
         done = now - lock["at"] > shrink_s or now > budget_s  # shrinking is bounded by the budget too
         if lock["sig"] is not None and done and case != lock["best"].case:
             return  # done shrinking: only the smallest case so far still fails
-        outcome = evaluate(target, case, rule, run)
-        _count(state, outcome)
-        _store_crash(target, state, outcome, now, lambda: state.save(out, target))
+        outcome = crashed.get(case.to_text())  # a case that crashed is not rerun: a hang costs its whole timeout
+        if outcome is None:
+            outcome = evaluate(target, case, rule, run)
+            _count(state, outcome)
+            _store_crash(target, state, outcome, now, lambda: state.save(out, target), crashed)
         step(state, case.describe())
         if outcome.error is not None:
             reject()
@@ -258,11 +262,16 @@ def annotated(target: Target, f: Finding) -> Finding:
     return dataclasses.replace(f, api=target.api, category=cat, max_logit=logit, known=known, message=message)
 
 
-def _store_crash(target: Target, state: HuntState, outcome: Outcome, now: float, save: Callable[[], None]) -> None:
-    """A crash of a kind not stored yet: stored now (provisional, unshrunk), before anything else happens."""
+def _store_crash(
+    target: Target, state: HuntState, outcome: Outcome, now: float, save: Callable[[], None], crashed: dict
+) -> None:
+    """A crash of a kind not stored yet: stored now (provisional, unshrunk), before anything else happens. Every
+    crashing outcome is kept in `crashed` by its case's text: Hypothesis's shrinker reaches the same case again from
+    other choices (7 times in 12 steps shrinking a hang), and a rerun would cost a restart, a hang its timeout."""
     crash = next((v for v in outcome.failures if v.kind == "crash"), None)
     if crash is None:
         return
+    crashed[outcome.case.to_text()] = outcome
     state.crashes += 1
     if (crash.kind, crash.tensor) in {f.signature for f in state.findings}:
         return

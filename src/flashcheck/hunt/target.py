@@ -12,6 +12,7 @@ are judged forward only: FA3's and FA4's FP8 paths are forward (inference) kerne
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import re
@@ -269,6 +270,9 @@ def _callable_target(text: str, device: str, load: bool = True) -> Target:
         raise ValueError(f"target {text!r}: format {fmt!r} is not allowed; expected one of {', '.join(DTYPES)}")
     dtypes, fp8 = ((fmt,) if fmt else ("fp32", "bf16", "fp16", "fp64")), fmt in FP8
     if not load:  # named only: its module is imported in the hunt's worker (hunt.isolate), never here
+        top = mod.partition(".")[0]
+        if importlib.util.find_spec(top) is None:  # found without running it: a typo costs no worker's start
+            raise ValueError(f"target {text!r}: cannot import {attr} from {mod} (No module named {top!r})")
         return Target(text, "callable", _not_here, dtypes, device, backward=not fp8, notes=(FP8_NOTE,) * fp8)
     try:
         fn = getattr(importlib.import_module(mod), attr)
