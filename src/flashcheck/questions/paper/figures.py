@@ -43,6 +43,8 @@ def _draw(axes, points: list[Point], sw: Sweep) -> None:
         style = Styler()
         for m in methods:
             ps = sorted((p for p in points if p.method == m and p.head_dim == d), key=lambda p: p.seq_len)
+            if not ps:  # every case of it failed (or is not stored yet): no legend entry for a line not drawn
+                continue
             ys, err = yerr([p.estimate() for p in ps])
             ax.errorbar([p.seq_len for p in ps], ys, yerr=err, capsize=3, **style(m))
         set_x(ax, [p for p in points if p.head_dim == d], "seq_len")
