@@ -177,6 +177,7 @@ def validate(
 
         _need_transformers()
         names = _names(impls, "--impls")
+        _model_exists(model, names)
         _register_own(names)
         with warnings_as_lines():
             result = validate_model(
@@ -189,13 +190,25 @@ def validate(
     _finish(result, out, pin, as_json)
 
 
+def _model_exists(model: str | None, names: list[str]) -> None:
+    """A MODEL folder that does not exist, said before transformers' import (seconds on a loaded machine); an
+    unknown sim: kernel first, whatever MODEL is (the name to fix is listed with the valid ones)."""
+    if model is None:
+        return
+    from flashcheck.validate.sim_impl import is_sim, parse_sim
+
+    for name in names:
+        if is_sim(name):
+            parse_sim(name)
+    if why := folder_problem(model):
+        raise ValueError(f"MODEL {model!r} {why}; give a Hugging Face or sentence-transformers folder")
+
+
 def _checked_paths(model: str | None, out: str, pin: str | None) -> None:
     """MODEL, --out and --pin checked before the work: ValueError, one line."""
     _not_others(_out_folder(out), "validate", VALIDATE_KEYS)  # not a study's summary.json
     if model is not None and not model.strip():
         raise ValueError(f"MODEL {model!r} is not allowed; give a model folder or leave it out")
-    if model is not None and (why := folder_problem(model)):  # said before torch's and transformers' imports
-        raise ValueError(f"MODEL {model!r} {why}; give a Hugging Face or sentence-transformers folder")
     if pin is not None:
         _out_file(pin, "--pin")  # written after a pass: checked before the work
 
