@@ -291,11 +291,12 @@ def _compile_sources() -> None:
     spawned worker, a script run as users run it: ~150 of them) compiled each flashcheck module it imported again,
     ~0.4 s of CPU each. A folder that cannot be written is left as it is."""
     import compileall
+    import re
 
     root = Path(__file__).resolve().parents[1]
     for folder in (root / "src" / "flashcheck", root / "tests"):
-        if folder.is_dir() and os.access(folder, os.W_OK):
-            compileall.compile_dir(folder, quiet=2, workers=1)
+        if folder.is_dir() and os.access(folder, os.W_OK):  # test modules: pytest's own rewritten cache instead
+            compileall.compile_dir(folder, quiet=2, workers=1, rx=re.compile(r"[/\\]test_[^/\\]*\.py$"))
 
 
 def _rewrite_tests(config) -> None:

@@ -106,19 +106,16 @@ def _tight_box(fig):
     (tight_layout's, and _place_below's draw where a legend goes under its axes): savefig, given it, does not
     draw the figure once more to find it (same PNG bytes, tests/test_figures_save.py)."""
     import matplotlib
-    from matplotlib.transforms import Bbox
 
-    box = fig.get_tightbbox(fig.canvas.get_renderer())
-    pad = matplotlib.rcParams["savefig.pad_inches"]
-    return Bbox.from_extents(box.x0, box.y0, box.x1, box.y1).padded(pad)
+    return fig.get_tightbbox(fig.canvas.get_renderer()).padded(matplotlib.rcParams["savefig.pad_inches"])
 
 
-def _place_below(fig) -> bool:
+def _place_below(fig) -> None:
     """Move each legend_below legend to just under its axes' x tick labels and x label (after tight_layout, so
-    the axes no longer move). True where it drew the figure (without rendering) to find them."""
+    the axes no longer move)."""
     legends = [(ax, ax.get_legend()) for ax in fig.axes if getattr(ax.get_legend(), _BELOW, False)]
     if not legends:
-        return False
+        return
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     for ax, legend in legends:
@@ -127,7 +124,6 @@ def _place_below(fig) -> bool:
         low = min([*bottoms, ax.get_window_extent(renderer).y0])
         y = ax.transAxes.inverted().transform((0, low - 4))[1]  # 4 pixels under the lowest text
         legend.set_bbox_to_anchor((0, y), transform=ax.transAxes)
-    return True
 
 
 def mark_empty(ax) -> bool:
