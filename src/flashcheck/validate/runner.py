@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -258,6 +259,9 @@ def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
             why = f"{type(e).__name__}: {e}"
         if why:
             sess.notes.append(f"fp32's own deviation (vs fp64) not measured: {why}; its rounding floor alone is used")
+        kept = _watch(model)
+        del model
+        _release(kept)
         return
     try:
         eager = _eager(sess, dtype, get_model)
@@ -272,8 +276,28 @@ def _run_dtype(sess: _Session, dtype: str, impls: list[str]) -> None:
     ctx = _context(sess, dtype, eager)
     for impl in impls[1:]:
         _run_impl(sess, get_model(), impl, dtype, ctx)
+    kept = _watch(model)
     del model
-    gc.collect()
+    _release(kept)
+
+
+def _watch(model: object) -> Callable[[], object]:
+    """kept() -> `model` while anything still holds it, else None (a weak reference); for an object that takes
+    no weak reference, a stand-in that always says kept."""
+    if model is None:
+        return lambda: None
+    try:
+        return weakref.ref(model)
+    except TypeError:
+        return lambda: True
+
+
+def _release(kept: Callable[[], object]) -> None:
+    """Before the next dtype's copy of the model loads: a full collection only where a reference cycle still
+    keeps the last one (kept(), after the caller dropped its name) or CUDA memory is to be handed back; a
+    collection costs ~0.5 s in a process that imported transformers, and validate ran two."""
+    if kept() is not None or torch.cuda.is_available():
+        gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
