@@ -28,6 +28,16 @@ runner = CliRunner()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[EOS]"]
 
 
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch) -> None:
+    """validate's reports here without their figures (~0.6 s each), as where matplotlib is missing: no test of this
+    file looks at them; test_readme's validate lines draw every kind (per layer, cosines, retrieval, the simulated
+    kernels' by layer) as users get them, and test_validate_sim checks its figure is written."""
+    from flashcheck.validate import report
+
+    monkeypatch.setattr(report, "matplotlib_available", lambda: False)
+
+
 # --- the environment pin ----------------------------------------------------------------------------
 
 
