@@ -193,10 +193,26 @@ def _prepare(words: list[str], cwd: Path, session_folder: Callable[[], Path]) ->
         make(cwd / words[2], hidden=128, layers=2)
     elif "--kv-cache" in words:  # the decoder folder the line names: a tiny Llama built from a config
         _tiny_llama(cwd / words[2])
+    if _seeded_cache(words, cwd):  # the eager runs the first `validate` line cached, in this line's --out
+        shutil.copytree(cwd / "flashcheck-validate" / "cache", _seeded_cache(words, cwd))
     if "--check-pin" in words:  # the pin an earlier `validate --pin` wrote, of this environment
         from flashcheck.core.environment import environment_fingerprint, write_pin
 
         write_pin(cwd / words[words.index("--check-pin") + 1], environment_fingerprint())
+
+
+def _seeded_cache(words: list[str], cwd: Path) -> Path | None:
+    """The cache folder of a `validate` line of the bundled model with an --out of its own (`--out my-check`, the
+    sim: lines' `--out fc-models`) where the README's first `validate` line cached its eager runs in this folder
+    (flashcheck-validate/cache: every line of the bundled model at the test's --samples 4 --max-length 16 has the
+    same eager runs, the cache's key being the model, the texts and the settings); else None. Such a line starts
+    from a copy of that cache: its own implementations, judging and report run, the eager runs it would compute
+    again are read (computing them is the first line's, reading them `validate --pin`'s), ~2 s of CPU each."""
+    if words[1] != "validate" or words[2:3] == [] or not words[2].startswith("--") or "--out" not in words:
+        return None
+    out = cwd / words[words.index("--out") + 1]
+    has = (cwd / "flashcheck-validate" / "cache").is_dir() and out.name != "flashcheck-validate"
+    return out / "cache" if has and not (out / "cache").exists() else None
 
 
 def _tiny_llama(folder: Path) -> None:

@@ -28,6 +28,16 @@ runner = CliRunner()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[EOS]"]
 
 
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch) -> None:
+    """validate's reports here without their figures (~0.6 s each), as where matplotlib is missing: no test of this
+    file looks at them; test_readme's validate lines draw every kind (per layer, cosines, retrieval, the simulated
+    kernels' by layer) as users get them, and test_validate_sim checks its figure is written."""
+    from flashcheck.validate import report
+
+    monkeypatch.setattr(report, "matplotlib_available", lambda: False)
+
+
 # --- the environment pin ----------------------------------------------------------------------------
 
 
@@ -177,9 +187,29 @@ def _invoke(*args: str):
 FAST = ("--samples", "24", "--max-length", "32", "--quiet")
 
 
-def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path) -> None:
+def _loads_seen(monkeypatch) -> list[tuple[str, bool]]:
+    """(dtype, whether every model loaded before is freed by then) for each model validate loads."""
+    import weakref
+
+    from flashcheck.validate.loading import ModelSource
+
+    seen, loaded, load = [], [], ModelSource.load
+
+    def spy(self, dtype: str, impl: str, device: str):
+        seen.append((dtype, all(ref() is None for ref in loaded)))
+        model = load(self, dtype, impl, device)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(ModelSource, "load", spy)
+    return seen
+
+
+def test_tiny_bert_every_comparison_runs(tiny_bert: Path, tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "out"
+    loads = _loads_seen(monkeypatch)
     res = _invoke(str(tiny_bert), "--impls", "eager,sdpa", "--dtypes", "fp32,bf16", "--out", str(out), *FAST)
+    assert loads == [("fp64", True), ("fp32", True), ("bf16", True)]  # each dtype's model freed before the next
     summary = json.loads((out / "summary.json").read_text())
     rows = {c["a"]: c for c in summary["comparisons"]}
     assert set(rows) == {"eager:fp32", "sdpa:fp32", "eager:bf16", "sdpa:bf16"}
@@ -217,6 +247,28 @@ def test_tiny_llama_gqa_logits_and_generation(tiny_llama: Path) -> None:
     names = {c.name for c in bf16.checks}
     assert {"greedy generation: prompts not close", "logits at the last token: max abs"} <= names
     assert bf16.invariance["left_padding"] is not None and bf16.invariance["nonfinite"] is None
+
+
+def test_the_op_names_of_a_profile_are_key_averages_own(tiny_bert: Path) -> None:
+    """backends.profiling reads the op names from the profiler's raw events (validate's `kernels`, the proofs of
+    compare): the names key_averages() lists, on a model's forward under sdpa and under eager."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from flashcheck.backends.profiling import _op_names
+    from flashcheck.validate.loading import ModelSource, resolve_model, switch_impl
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as attention_ops sets it (conftest: not a test's leak)
+    model = ModelSource(resolve_model(tiny_bert)).load("fp32", "eager", "cpu")
+    ids = torch.tensor([[2, 7, 9, 3], [2, 8, 3, 0]])
+    for impl in ("sdpa", "eager"):
+        switch_impl(model, impl)
+        with profile(activities=[ProfilerActivity.CPU]) as prof, torch.no_grad():
+            model(input_ids=ids, attention_mask=(ids > 0).long()).last_hidden_state.sum().item()
+        names = _op_names(prof)
+        assert names == {e.key for e in prof.key_averages()} and len(names) > 10, impl
+        assert any("scaled_dot_product" in n for n in names) == (impl == "sdpa")
 
 
 def test_library_call_returns_a_result(tiny_bert: Path) -> None:

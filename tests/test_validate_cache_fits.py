@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.test_validate import _no_figures  # noqa: F401  (autouse: the reports here need no figures)
+
 from flashcheck.validate import validate_model
 from flashcheck.validate.cache import model_layout, run_fits
 from flashcheck.validate.forward import Batch
@@ -75,7 +77,7 @@ def test_a_forged_cache_file_is_computed_again_with_the_same_result(tiny_bert: P
     """The second run finds its reference's file cut to 3 rows: it warns naming the file, computes the run again
     (the same numbers as the first run) and replaces the file; a third run reuses the repaired file silently."""
     out = tmp_path / "out"
-    kw = {"impls": ("eager", "sdpa"), "dtypes": ("fp32",), "samples": 24, "max_length": 32, "out": out}
+    kw = {"impls": ("eager", "sdpa"), "dtypes": ("fp32",), "samples": 4, "max_length": 16, "out": out}
     first = validate_model(str(tiny_bert), **kw)
     (path,) = sorted((out / "cache").glob("eager-fp32-*.pt"))
     state = torch.load(path, weights_only=True)
@@ -108,9 +110,9 @@ def test_the_cli_names_a_cache_file_of_another_model_in_one_line(tiny_bert: Path
         "--dtypes",
         "fp32",
         "--samples",
-        "24",
+        "4",
         "--max-length",
-        "32",
+        "16",
         "--out",
         str(out),
     ]

@@ -19,7 +19,7 @@ from flashcheck.cli import app
 from flashcheck.validate import sim_impl
 
 runner = CliRunner()
-FAST = ("--samples", "24", "--max-length", "32", "--quiet")
+FAST = ("--samples", "4", "--max-length", "16", "--quiet")
 
 
 def _bert(folder: Path, hidden: int = 32, heads: int = 4) -> Path:

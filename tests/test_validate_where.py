@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from flashcheck.cli import app
 
 pytest.importorskip("transformers")
+from tests.test_validate import _no_figures  # noqa: F401  (autouse: no test here looks at the figures)
+
 BAD_LAYER, BAD_HEAD = 1, 2  # 0-based layer_idx of the module; reported as layer 2 (1-based block)
 
 
@@ -98,7 +100,7 @@ def test_validate_names_the_planted_bad_head_forward_and_backward(bad_head_model
     """One run, two wrong implementations: bad_head (an output scaled) and bad_grad (right forward, dQ NaN)."""
     out = tmp_path / "out"
     args = [str(bad_head_model), "--impls", "eager,bad_head,bad_grad", "--dtypes", "fp32", "--out", str(out)]
-    res = CliRunner().invoke(app, ["validate", *args, "--samples", "24", "--quiet"])
+    res = CliRunner().invoke(app, ["validate", *args, "--samples", "4", "--max-length", "32", "--quiet"])
     assert res.exit_code == 1, res.output
     rows = {c["a"]: c for c in json.loads((out / "summary.json").read_text())["comparisons"]}
     where = rows["bad_head:fp32"]["where"]
