@@ -296,7 +296,8 @@ def test_ray_gives_the_same_records_as_the_pool(small_run, tmp_path):
     short = Path(tempfile.mkdtemp(prefix="fcray", dir="/tmp"))
     os.environ["FLASHCHECK_RAY_TMP"] = str(short)
     try:
-        stats = run_study(SMALL, tmp_path / "ray", workers=2, executor="ray", quiet=True)
+        # one Ray CPU: one Ray worker process imports torch (each costs seconds); the records do not depend on it
+        stats = run_study(SMALL, tmp_path / "ray", workers=1, executor="ray", quiet=True)
     finally:
         os.environ.pop("FLASHCHECK_RAY_TMP")
         shutil.rmtree(short, ignore_errors=True)
