@@ -82,13 +82,27 @@ def _once_per_session(tmp_path_factory, request, name: str, args: list[str]) -> 
 
 
 @pytest.fixture(scope="session")
-def tiny_study_run(tmp_path_factory, request) -> TinyStudy:
+def fork_server() -> None:
+    """This test process's fork server (core.pool.fresh_context: one per process, its modules those of the first
+    pool that started it) started with every pool's preload: the study's, the training's (torch._dynamo: 1.0 s
+    of CPU in each training worker forked from a server without it) and the hunt's. For the tests that run pools
+    in this process (pytestmark of their modules) and the session's tiny studies."""
+    from flashcheck.core.pool import fresh_context
+    from flashcheck.hunt.isolate import PRELOAD as hunt
+    from flashcheck.study.executors import PRELOAD as study
+    from flashcheck.training.experiments import PRELOAD as training
+
+    fresh_context(list(dict.fromkeys([*study, *training, *hunt])))
+
+
+@pytest.fixture(scope="session")
+def tiny_study_run(tmp_path_factory, request, fork_server) -> TinyStudy:
     data = _once_per_session(tmp_path_factory, request, "tiny-study", ["study", "--preset", "tiny", "--workers", "2"])
     return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], data["figures"])
 
 
 @pytest.fixture(scope="session")
-def tiny_train_study_run(tmp_path_factory, request) -> TinyTrainStudy:
+def tiny_train_study_run(tmp_path_factory, request, fork_server) -> TinyTrainStudy:
     args = ["train-study", "--preset", "tiny", "--workers", "2"]
     data = _once_per_session(tmp_path_factory, request, "tiny-train-study", args)
     return TinyTrainStudy(

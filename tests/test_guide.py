@@ -28,6 +28,8 @@ from flashcheck.questions.guide.tasks import (
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.runner import run_study
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
 
 

@@ -289,6 +289,7 @@ def _count_running(cases) -> int:
     return evaluate_group(cases, emit)
 
 
+@pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
 @pytest.mark.parametrize("fit,expected", [(2.5, 2), (1.2, 1), (10.0, 3)])
 def test_the_local_pool_runs_only_as_many_groups_as_fit_in_memory(tmp_path, monkeypatch, fit, expected):
     """Each group's estimate (study.memory.estimate_case_bytes) against a fake available memory that holds

@@ -25,6 +25,8 @@ from flashcheck.study.report import build_report, sweep_points
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 FINDING_IDS = {
     "flash_vs_baseline_bf16",

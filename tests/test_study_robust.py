@@ -28,6 +28,8 @@ from flashcheck.study.report import build_report
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore, folder_lock
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 ONE = StudyConfig(
     name="one",

@@ -27,6 +27,8 @@ from flashcheck.training.record import record_weights
 from flashcheck.training.train import RunConfig, saved_steps, train
 from helpers import audited_figures
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 TINY = GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32)
 

@@ -32,6 +32,8 @@ from flashcheck.study.config import StudyConfig, Sweep
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore, append_line
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 ONE = StudyConfig(
     name="one",
