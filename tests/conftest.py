@@ -96,6 +96,18 @@ def fork_server() -> None:
 
 
 @pytest.fixture(scope="session")
+def forked_cli(tmp_path_factory):
+    """start(args, *, new_session=False, sigint_default=False) -> tests.helpers.ForkedCLI: `flashcheck ARGS` in a
+    process of its own, forked from one interpreter per test process that imported torch and the CLI's commands
+    (tests.helpers.cli_forker): for the tests that kill, interrupt or watch a running command, each of which
+    started a fresh interpreter (about 2 s of CPU for torch alone)."""
+    from tests.helpers import cli_forker
+
+    with cli_forker(tmp_path_factory.mktemp("forked-cli")) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
 def tiny_study_run(tmp_path_factory, request, fork_server) -> TinyStudy:
     data = _once_per_session(tmp_path_factory, request, "tiny-study", ["study", "--preset", "tiny", "--workers", "2"])
     return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], data["figures"])

@@ -6,8 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,27 +145,15 @@ def test_corrupt_last_line_is_dropped_and_recomputed(small_run, tmp_path):
     assert len(ResultStore(folder).load()) == len(lines)
 
 
-def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
+def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path, forked_cli):
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
         "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "flashcheck.cli",
-        "study",
-        "--config",
-        str(cfg),
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-        "--quiet",
-    ]
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    cmd = ["study", "--config", str(cfg), "--out", str(out), "--workers", "1", "--quiet"]
+    proc = forked_cli(cmd, new_session=True)  # `python -m flashcheck.cli ...` forked from a preloaded interpreter
     store = out / "records.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 3):
@@ -178,7 +164,7 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     total = len(expand(load_config(cfg)))
     assert 3 <= len(before) < total
     with audited_figures(save=False):  # its report's figures: laid out and audited, not rasterised
-        rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
+        rerun = runner.invoke(app, cmd)  # in this process: the kill is over (no second interpreter to start)
     assert rerun.exit_code == 0, rerun.output
     after = ResultStore(out).load()
     assert len(after) == total
@@ -353,11 +339,7 @@ def test_report_of_a_half_written_study_covers_the_records_so_far(tiny_study_run
     assert "not measured yet" in (folder / "report.md").read_text()
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job starts with SIGINT ignored
-
-
-def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path):
+def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path, forked_cli):
     """Ctrl-C (SIGINT to the process group) mid-sweep: exit 130, one line naming the cases stored and how to
     resume, no traceback, no lock file left behind (fixa2-2)."""
     cfg = tmp_path / "sweep.toml"
@@ -366,14 +348,8 @@ def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path):
         "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(
-        [*cmd, "--workers", "1", "--quiet"],
-        start_new_session=True,
-        preexec_fn=_sigint_default,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = ["study", "--config", str(cfg), "--out", str(out), "--workers", "1", "--quiet"]
+    proc = forked_cli(cmd, new_session=True, sigint_default=True)  # a background job starts with SIGINT ignored
     store = out / "records.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 2):
