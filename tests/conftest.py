@@ -113,6 +113,37 @@ def tiny_study_run(tmp_path_factory, request, fork_server) -> TinyStudy:
     return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], data["figures"])
 
 
+@dataclass(frozen=True)
+class TinyReport:
+    """`flashcheck report` on a copy of the session's tiny study without its report.md: the folder it wrote
+    (read-only for tests: copy it first), the CLI's exit code and output, the figures it saved (audited, not
+    rasterised: tests.helpers.audited_figures(save=False))."""
+
+    folder: Path
+    exit_code: int
+    output: str
+    figures: list[tuple[str, list[str], list[str]]]
+
+
+@pytest.fixture(scope="session")
+def tiny_report_run(tiny_study_run, tmp_path_factory) -> TinyReport:
+    """The session's one `flashcheck report` of the tiny study (test_study and test_guide each rebuilt it, a few
+    seconds of CPU each; their tests carry xdist_group("tiny_report"), so that one worker builds it once)."""
+    import shutil
+
+    from tests.helpers import audited_figures
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    folder = tmp_path_factory.mktemp("tiny-report") / "tiny"
+    shutil.copytree(tiny_study_run.folder, folder)
+    (folder / "report.md").unlink()
+    with audited_figures(save=False) as seen:  # the session's study rendered its PNGs (checked there)
+        res = CliRunner().invoke(app, ["report", str(folder)])
+    return TinyReport(folder, res.exit_code, res.output, seen)
+
+
 @pytest.fixture(scope="session")
 def tiny_train_study_run(tmp_path_factory, request, fork_server) -> TinyTrainStudy:
     args = ["train-study", "--preset", "tiny", "--workers", "2"]
