@@ -109,13 +109,70 @@ def _once_per_session(tmp_path_factory, request, name: str, args: list[str]) -> 
 
 
 @pytest.fixture(scope="session")
-def tiny_study_run(tmp_path_factory, request) -> TinyStudy:
+def fork_server() -> None:
+    """This test process's fork server (core.pool.fresh_context: one per process, its modules those of the first
+    pool that started it) started with every pool's preload: the study's, the training's (torch._dynamo: 1.0 s
+    of CPU in each training worker forked from a server without it) and the hunt's. For the tests that run pools
+    in this process (pytestmark of their modules) and the session's tiny studies."""
+    from flashcheck.core.pool import fresh_context
+    from flashcheck.hunt.isolate import PRELOAD as hunt
+    from flashcheck.study.executors import PRELOAD as study
+    from flashcheck.training.experiments import PRELOAD as training
+
+    fresh_context(list(dict.fromkeys([*study, *training, *hunt])))
+
+
+@pytest.fixture(scope="session")
+def forked_cli(tmp_path_factory):
+    """start(args, *, new_session=False, sigint_default=False) -> tests.helpers.ForkedCLI: `flashcheck ARGS` in a
+    process of its own, forked from one interpreter per test process that imported torch and the CLI's commands
+    (tests.helpers.cli_forker): for the tests that kill, interrupt or watch a running command, each of which
+    started a fresh interpreter (about 2 s of CPU for torch alone)."""
+    from tests.helpers import cli_forker
+
+    with cli_forker(tmp_path_factory.mktemp("forked-cli")) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
+def tiny_study_run(tmp_path_factory, request, fork_server) -> TinyStudy:
     data = _once_per_session(tmp_path_factory, request, "tiny-study", ["study", "--preset", "tiny", "--workers", "2"])
     return TinyStudy(Path(data["folder"]), data["exit_code"], data["output"], data["figures"])
 
 
+@dataclass(frozen=True)
+class TinyReport:
+    """`flashcheck report` on a copy of the session's tiny study without its report.md: the folder it wrote
+    (read-only for tests: copy it first), the CLI's exit code and output, the figures it saved (audited, not
+    rasterised: tests.helpers.audited_figures(save=False))."""
+
+    folder: Path
+    exit_code: int
+    output: str
+    figures: list[tuple[str, list[str], list[str]]]
+
+
 @pytest.fixture(scope="session")
-def tiny_train_study_run(tmp_path_factory, request) -> TinyTrainStudy:
+def tiny_report_run(tiny_study_run, tmp_path_factory) -> TinyReport:
+    """The session's one `flashcheck report` of the tiny study (test_study and test_guide each rebuilt it, a few
+    seconds of CPU each; their tests carry xdist_group("tiny_report"), so that one worker builds it once)."""
+    import shutil
+
+    from tests.helpers import audited_figures
+    from typer.testing import CliRunner
+
+    from flashcheck.cli import app
+
+    folder = tmp_path_factory.mktemp("tiny-report") / "tiny"
+    shutil.copytree(tiny_study_run.folder, folder)
+    (folder / "report.md").unlink()
+    with audited_figures(save=False) as seen:  # the session's study rendered its PNGs (checked there)
+        res = CliRunner().invoke(app, ["report", str(folder)])
+    return TinyReport(folder, res.exit_code, res.output, seen)
+
+
+@pytest.fixture(scope="session")
+def tiny_train_study_run(tmp_path_factory, request, fork_server) -> TinyTrainStudy:
     args = ["train-study", "--preset", "tiny", "--workers", "2"]
     data = _once_per_session(tmp_path_factory, request, "tiny-train-study", args)
     return TinyTrainStudy(

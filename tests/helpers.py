@@ -7,6 +7,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -167,6 +168,126 @@ def forked_runs(
 
     try:
         yield run
+    finally:
+        forker.stdin.close()
+        forker.wait(timeout=60)
+
+
+# `python -m flashcheck.cli ARGS` as a process of its own, forked from one interpreter that imported torch and the
+# CLI's commands once (a fresh interpreter spends seconds of CPU on torch alone), for the tests that kill, interrupt
+# or watch a running command (its pool's fork server and workers are its own, as for a fresh one). One JSON line in
+# per request, one out: ["start", argv, env, cwd, stdout file, stderr file, new session, SIGINT default] -> pid;
+# ["poll", pid] -> exit code or None (running); ["wait", pid, timeout] -> exit code or None (still running).
+# The child runs the module as __main__ and exits through the interpreter's own exit (sys.exit, or an uncaught
+# exception: a traceback and exit 1), its exit code as Popen gives it (-N: killed by signal N).
+_CLI_FORKER = """
+import json, os, runpy, signal, sys, time
+for name in filter(None, sys.argv[1].split(",")):
+    __import__(name)
+
+def status(pid, block_s):
+    deadline = time.monotonic() + block_s
+    while True:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(st)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+codes = {}
+for line in sys.stdin:
+    req = json.loads(line)
+    if req[0] == "start":
+        _, argv, env, cwd, out, err, session, sigint = req
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            if session:
+                os.setsid()
+            if sigint:  # as a fresh interpreter started with SIGINT's default action sets it
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(cwd)
+            for fd, path in ((0, os.devnull), (1, out), (2, err)):
+                f = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(f, fd)
+                os.close(f)
+            sys.argv = ["flashcheck", *argv]
+            runpy.run_module("flashcheck.cli", run_name="__main__", alter_sys=True)
+            sys.exit(0)
+        answer = pid
+    else:
+        pid = req[1]
+        if pid not in codes:
+            code = status(pid, req[2] if req[0] == "wait" else 0.0)
+            if code is not None:
+                codes[pid] = code
+        answer = codes.get(pid)
+    print(json.dumps(answer), flush=True)
+"""
+CLI_PRELOAD = ["torch", "flashcheck.cli", "flashcheck.cli.study", "flashcheck.cli.training", "flashcheck.study.runner",
+               "flashcheck.training.experiments"]  # fmt: skip
+
+
+class ForkedCLI:
+    """A running `flashcheck ARGS` (cli_forker), with the part of subprocess.Popen the tests use: pid, poll(),
+    wait(timeout), communicate(timeout) -> (stdout, stderr) as text, returncode."""
+
+    def __init__(self, ask: Callable[[list], Any], pid: int, out: Path, err: Path) -> None:
+        self._ask, self.pid, self._out, self._err = ask, pid, out, err
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._ask(["poll", self.pid])
+        return self.returncode
+
+    def wait(self, timeout: float = 300.0) -> int:
+        if self.returncode is None:
+            self.returncode = self._ask(["wait", self.pid, timeout])
+        if self.returncode is None:
+            raise TimeoutError(f"flashcheck (PID {self.pid}) still runs after {timeout:g} s")
+        return self.returncode
+
+    def communicate(self, timeout: float = 300.0) -> tuple[str, str]:
+        self.wait(timeout)
+        return self._out.read_text("utf-8", "replace"), self._err.read_text("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def cli_forker(folder: Path, preload: list[str] = CLI_PRELOAD) -> Iterator[Callable[..., ForkedCLI]]:
+    """start(args, *, new_session=False, sigint_default=False) -> ForkedCLI: `python -m flashcheck.cli *args`
+    in its own process (`new_session`: os.setsid, as Popen's start_new_session; `sigint_default`: SIGINT raises
+    KeyboardInterrupt, as in a fresh interpreter started with SIGINT's default action), with this process's
+    environment and folder at the call, its output in files under `folder`; each forked from one interpreter
+    that imported `preload` once (see _CLI_FORKER)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    forker = subprocess.Popen([sys.executable, "-c", _CLI_FORKER, ",".join(preload)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    count = [0]
+
+    def ask(request: list) -> Any:
+        forker.stdin.write(json.dumps(request) + "\n")
+        forker.stdin.flush()
+        answer = forker.stdout.readline()
+        assert answer, "the forking interpreter died"
+        return json.loads(answer)
+
+    def start(args: list[str], *, new_session: bool = False, sigint_default: bool = False) -> ForkedCLI:
+        count[0] += 1
+        out, err = folder / f"cli-{count[0]}.out", folder / f"cli-{count[0]}.err"
+        request = ["start", [str(a) for a in args], dict(os.environ), os.getcwd(), str(out), str(err), new_session,
+                   sigint_default]  # fmt: skip
+        return ForkedCLI(ask, ask(request), out, err)
+
+    try:
+        yield start
     finally:
         forker.stdin.close()
         forker.wait(timeout=60)

@@ -28,6 +28,8 @@ from flashcheck.questions.guide.tasks import (
 from flashcheck.study.config import StudyConfig
 from flashcheck.study.runner import run_study
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 FP16_INF_FROM = 65520.0  # fp16's largest finite value is 65504; from 65520 on, round-to-nearest gives inf
 
 
@@ -347,16 +349,17 @@ def tiny_study(tiny_study_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study):
+@pytest.mark.xdist_group("tiny_report")  # one worker builds conftest.tiny_report_run once
+def test_the_study_report_has_the_guide_claims_and_summary_its_keys(tiny_study, tiny_report_run):
     """`flashcheck report` on a tiny study (the same code path as the default quick study): the guide's claims
     table (claim / measured / verdict / conditions) under its own heading, a conclusion sentence linking to it,
     summary.json's guide findings with README's keys, and the claims printed in words."""
     from flashcheck.questions.guide.tasks import tasks
 
-    out, stats = tiny_study
+    _, stats = tiny_study
     assert stats["guide_tasks_computed"] == len(tasks(TINY)) and stats["guide_tasks_failed"] == 0
-    with audited_figures(save=False) as seen:  # the PNGs are the session's (checked there): audited, not drawn
-        result = CliRunner().invoke(app, ["report", str(out)])
+    out, seen = tiny_report_run.folder, tiny_report_run.figures  # `flashcheck report` on a copy, once per session
+    result = tiny_report_run
     assert result.exit_code == 0, result.output
     assert seen and all(problems == [] for _, problems, _ in seen), seen
     assert "The production guide's claims" in result.output

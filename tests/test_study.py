@@ -6,8 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +22,8 @@ from flashcheck.study.registry import presets
 from flashcheck.study.report import build_report, sweep_points
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore
+
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
 
 runner = CliRunner()
 FINDING_IDS = {
@@ -65,7 +65,8 @@ def errors_by_case(folder: Path) -> dict[str, dict]:
     return {k: r.errors for k, r in ResultStore(folder).load().items()}
 
 
-def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
+@pytest.mark.xdist_group("tiny_report")  # one worker builds conftest.tiny_report_run once
+def test_tiny_preset_end_to_end(tiny_study_run, tiny_report_run, tmp_path):
     # `study --preset tiny --workers 2` through the CLI, once per session (conftest.tiny_study_run), with every
     # figure's metadata audited (tests.helpers.audited_figures: labels, legend = drawn series, colours)
     seen = tiny_study_run.figures
@@ -98,12 +99,10 @@ def test_tiny_preset_end_to_end(tiny_study_run, tmp_path):
     assert "|  |" not in fa3 and "ratio to baseline" not in fa3 and "| 9.1e-03 |" in fa3
     stats = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
     assert stats["reference_computations"] < stats["cases_computed"]
-    # report rebuilds from records without recomputing
-    (out / "report.md").unlink()
-    with audited_figures(save=False):  # the PNGs were checked above: laid out and audited, not rasterised again
-        res = runner.invoke(app, ["report", str(out)])
-    assert res.exit_code == 0 and (out / "report.md").exists()
-    assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+    # report rebuilds from records without recomputing (conftest.tiny_report_run: a copy without report.md)
+    rebuilt = tiny_report_run.folder
+    assert tiny_report_run.exit_code == 0 and (rebuilt / "report.md").exists(), tiny_report_run.output
+    assert len((rebuilt / "runs.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -145,27 +144,15 @@ def test_corrupt_last_line_is_dropped_and_recomputed(small_run, tmp_path):
     assert len(ResultStore(folder).load()) == len(lines)
 
 
-def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
+def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path, forked_cli):
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16", "flash:fp16"]\n'
         "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "flashcheck.cli",
-        "study",
-        "--config",
-        str(cfg),
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-        "--quiet",
-    ]
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    cmd = ["study", "--config", str(cfg), "--out", str(out), "--workers", "1", "--quiet"]
+    proc = forked_cli(cmd, new_session=True)  # `python -m flashcheck.cli ...` forked from a preloaded interpreter
     store = out / "records.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 3):
@@ -176,7 +163,7 @@ def test_sigkill_mid_sweep_loses_and_redoes_nothing(tmp_path):
     total = len(expand(load_config(cfg)))
     assert 3 <= len(before) < total
     with audited_figures(save=False):  # its report's figures: laid out and audited, not rasterised
-        rerun = runner.invoke(app, cmd[3:])  # in this process: the kill is over (no second interpreter to start)
+        rerun = runner.invoke(app, cmd)  # in this process: the kill is over (no second interpreter to start)
     assert rerun.exit_code == 0, rerun.output
     after = ResultStore(out).load()
     assert len(after) == total
@@ -296,7 +283,8 @@ def test_ray_gives_the_same_records_as_the_pool(small_run, tmp_path):
     short = Path(tempfile.mkdtemp(prefix="fcray", dir="/tmp"))
     os.environ["FLASHCHECK_RAY_TMP"] = str(short)
     try:
-        stats = run_study(SMALL, tmp_path / "ray", workers=2, executor="ray", quiet=True)
+        # one Ray CPU: one Ray worker process imports torch (each costs seconds); the records do not depend on it
+        stats = run_study(SMALL, tmp_path / "ray", workers=1, executor="ray", quiet=True)
     finally:
         os.environ.pop("FLASHCHECK_RAY_TMP")
         shutil.rmtree(short, ignore_errors=True)
@@ -350,11 +338,7 @@ def test_report_of_a_half_written_study_covers_the_records_so_far(tiny_study_run
     assert "not measured yet" in (folder / "report.md").read_text()
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job starts with SIGINT ignored
-
-
-def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path):
+def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path, forked_cli):
     """Ctrl-C (SIGINT to the process group) mid-sweep: exit 130, one line naming the cases stored and how to
     resume, no traceback, no lock file left behind (fixa2-2)."""
     cfg = tmp_path / "sweep.toml"
@@ -363,14 +347,8 @@ def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path):
         "seq_lens = [128, 256]\nblocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2]\n"
     )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(
-        [*cmd, "--workers", "1", "--quiet"],
-        start_new_session=True,
-        preexec_fn=_sigint_default,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = ["study", "--config", str(cfg), "--out", str(out), "--workers", "1", "--quiet"]
+    proc = forked_cli(cmd, new_session=True, sigint_default=True)  # a background job starts with SIGINT ignored
     store = out / "records.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 2):

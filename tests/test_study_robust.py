@@ -28,6 +28,8 @@ from flashcheck.study.report import build_report
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore, folder_lock
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 ONE = StudyConfig(
     name="one",
@@ -225,15 +227,15 @@ def _pool_worker(pid: int) -> int | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc to find the pool's workers")
-def test_sigkill_of_one_worker_of_two(tmp_path):
+def test_sigkill_of_one_worker_of_two(tmp_path, forked_cli):
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(
         'name = "kill"\n[[sweeps]]\nquestion = "seq_len"\nmethods = ["flash:bf16"]\nseq_lens = [256]\n'
         "blocks = [[4, 4], [8, 8]]\nheads = 2\nseeds = [0, 1, 2, 3]\n"
     )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--config", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen([*cmd, "--workers", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = ["study", "--config", str(cfg), "--out", str(out)]
+    proc = forked_cli([*cmd, "--workers", "2", "--quiet"])  # `python -m flashcheck.cli ...`, forked (conftest)
     store, deadline, victim = out / "records.jsonl", time.time() + 300, None
     while time.time() < deadline and victim is None:
         if store.exists() and len(store.read_text().splitlines()) >= 2:
@@ -243,12 +245,12 @@ def test_sigkill_of_one_worker_of_two(tmp_path):
     os.kill(victim, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     total = len(expand(load_config(cfg)))
-    assert proc.returncode == 0, err.decode()
+    assert proc.returncode == 0, err
     _no_ok_superseded(store)
     records = ResultStore(out).load()
     assert len(records) == total and {r.status for r in records.values()} == {"ok"}
     assert len(_lines(store)) == total  # nothing recomputed that had been reported
-    rerun = runner.invoke(app, [*cmd[3:], "--quiet"])  # in this process: the kill is over
+    rerun = runner.invoke(app, [*cmd, "--quiet"])  # in this process: the kill is over
     assert rerun.exit_code == 0 and len(_lines(out / "runs.jsonl")) == 1, rerun.output  # nothing left to do
 
 

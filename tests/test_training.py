@@ -7,8 +7,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -26,6 +24,8 @@ from flashcheck.training.model import GPTConfig
 from flashcheck.training.record import record_weights
 from flashcheck.training.train import RunConfig, saved_steps, train
 from helpers import audited_figures
+
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
 
 runner = CliRunner()
 TINY = GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32)
@@ -229,22 +229,22 @@ def tiny_train_study(tiny_train_study_run):
 
 
 @pytest.fixture(scope="module")
-def killed_train_study(tmp_path_factory):
+def killed_train_study(tmp_path_factory, forked_cli):
     """The module's second computation of the tiny study: `train-study --preset tiny --workers 1` in a real
     process, killed (its whole process group) while its first run saves its state, then rerun to the end in
     this process (as tiny_train_study, at --workers 1: each training run is one worker's, whatever their
     number). (its folder, the rerun's result, the figures the rerun saved, audited). Both tests below compare
     it with tiny_train_study: one study computed twice must give the same numbers, killed or not."""
     out = tmp_path_factory.mktemp("train") / "k"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "train-study", "--preset", "tiny", "--out", str(out)]
-    proc = subprocess.Popen([*cmd, "--workers", "1", "--quiet"], start_new_session=True)
+    cmd = ["train-study", "--preset", "tiny", "--out", str(out)]
+    proc = forked_cli([*cmd, "--workers", "1", "--quiet"], new_session=True)  # a forked `flashcheck` (conftest)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "runs" / "base-s0" / "state.pt").exists():
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     with audited_figures(save=False) as seen:  # its figures audited, not rendered: no test reads these PNGs
-        res = runner.invoke(app, [*cmd[3:], "--workers", "1", "--quiet"])
+        res = runner.invoke(app, [*cmd, "--workers", "1", "--quiet"])
     return out, res, seen
 
 

@@ -30,6 +30,8 @@ from flashcheck.training.experiments import train_preset, train_runs
 from flashcheck.training.model import GPTConfig
 from flashcheck.training.train import RunConfig, run_complete, train
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
+
 runner = CliRunner()
 TINY = GPTConfig(vocab=32, seq_len=32, layers=1, heads=2, dim=32)
 CFG = RunConfig(name="r", attention="flash:bf16-mixed", steps=4, save_every=2, batch=2, model=TINY)

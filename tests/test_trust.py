@@ -11,7 +11,6 @@ import pickle
 import re
 import signal
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from flashcheck.study.cases import evaluate_group, expand, group_by_inputs
 from flashcheck.study.config import StudyConfig, Sweep
 from flashcheck.study.runner import run_study
 from flashcheck.study.store import ResultStore, append_line
+
+pytestmark = pytest.mark.usefixtures("fork_server")  # conftest: one fork server with every pool's modules
 
 runner = CliRunner()
 ONE = StudyConfig(
@@ -194,7 +195,7 @@ def _descendants(pid: int) -> set[int]:
     return kids.union(*(_descendants(k) for k in kids))
 
 
-def _kill_and_watch(proc: subprocess.Popen, ready, workers: int = 2) -> list[int]:
+def _kill_and_watch(proc, ready, workers: int = 2) -> list[int]:
     """Wait until `ready()` and `workers` descendants exist, SIGKILL the parent, return the descendants still
     alive 5 s later (killed then, so that a failing test leaves no orphan)."""
     deadline, kids = time.time() + 120, set()
@@ -203,7 +204,7 @@ def _kill_and_watch(proc: subprocess.Popen, ready, workers: int = 2) -> list[int
         if len(kids) >= workers and ready():
             break
         time.sleep(0.05)
-    assert proc.poll() is None and len(kids) >= workers, proc.communicate()[1].decode()[-2000:]
+    assert proc.poll() is None and len(kids) >= workers, proc.communicate()[1][-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     end = time.time() + 5
@@ -220,7 +221,7 @@ LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="ne
 
 @pytest.mark.slow
 @LINUX_PROC
-def test_study_workers_exit_when_the_study_is_killed(tmp_path):
+def test_study_workers_exit_when_the_study_is_killed(tmp_path, forked_cli):
     # per group a fast case first (its record shows that the workers run), then slower ones: killed
     # meanwhile, the old workers finished their group and then waited on the pool's queue for ever
     cfg = tmp_path / "slow.toml"
@@ -229,18 +230,17 @@ def test_study_workers_exit_when_the_study_is_killed(tmp_path):
         "seq_lens = [512]\nblocks = [[64, 64], [1, 1], [2, 2]]\nheads = 1\nseeds = [0, 1]\nbaseline = false\n"
     )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "study", "--config", str(cfg), "--out", str(out), "--workers", "2"]
-    proc = subprocess.Popen([*cmd, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = forked_cli(["study", "--config", cfg, "--out", out, "--workers", "2", "--quiet"])  # a forked `flashcheck`
     store = out / "records.jsonl"
     assert _kill_and_watch(proc, lambda: store.exists() and store.stat().st_size > 0) == []
 
 
 @pytest.mark.slow
 @LINUX_PROC
-def test_train_study_workers_exit_when_it_is_killed(tmp_path):
+def test_train_study_workers_exit_when_it_is_killed(tmp_path, forked_cli):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flashcheck.cli", "train-study", "--preset", "tiny", "--steps", "1000000"]
-    proc = subprocess.Popen([*cmd, "--out", str(out), "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = ["train-study", "--preset", "tiny", "--steps", "1000000"]
+    proc = forked_cli([*cmd, "--out", out, "--workers", "2"])  # `python -m flashcheck.cli ...`, forked (conftest)
     assert _kill_and_watch(proc, lambda: len(list(out.glob("runs/*/config.json"))) >= 2) == []
 
 

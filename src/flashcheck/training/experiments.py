@@ -35,7 +35,9 @@ class TrainStudy:
 
 PAIRS = ("flash_vs_baseline", "seed_vs_seed", "bf16_vs_fp32", "fp16_vs_fp32")
 RESEED = 1000  # the re-seeded run of seed group s initialises with seed s + RESEED
-PRELOAD = ["torch", "flashcheck.training.experiments"]  # imported once in the fork server workers start from
+# imported once in the fork server workers start from; torch._dynamo too: torch.optim imports it at a worker's
+# first optimizer (821 modules, 1.0 s of CPU in every worker otherwise)
+PRELOAD = ["torch", "torch._dynamo", "flashcheck.training.experiments"]
 EIGHT_BIT, SAGE8, SAGE8FT = "sagebwd", "sage8", "sage8ft"  # the 8-bit attention (make_attention) and its runs
 NOATTN = "noattn"  # the attention-free control of each seed group (make_attention's "none")
 

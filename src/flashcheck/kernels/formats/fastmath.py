@@ -129,7 +129,9 @@ def mm_accumulate(
     truncating (the FP22 accumulator of FP8 MMA on Ada/Hopper: bits 13). Returns the float32 total."""
     k, dtype = a.shape[-1], a.dtype
     a, b = a.to(torch.float64), b.to(torch.float64)
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    ba, bb = a.shape[:-2], b.shape[:-2]
+    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)  # (torch's first call imports sympy: 0.4 s)
+    shape = (*batch, a.shape[-2], b.shape[-1])
     acc = torch.zeros(shape, dtype=torch.float64, device=a.device)  # updated in place below (a fresh buffer)
     outer = torch.zeros_like(acc)
     if init is not None:  # two-level: the float32 O is the outer sum; one level: the MMA accumulates into O
