@@ -387,7 +387,7 @@ def test_a_hadamard_preset_is_hunted_at_power_of_two_head_dims_only():
     from flashcheck.hunt.space import cases
 
     odd = lambda c: c.head_dim & (c.head_dim - 1) != 0  # noqa: E731
-    few = settings(database=None, max_examples=300)
+    few = settings(database=None, max_examples=100)  # fa3-fp8 without the filter: an odd D in 400 of 400 finds
     with pytest.raises(NoSuchExample):
         find(cases(parse_target("fa3-fp8"), backward=False), odd, settings=few)
     assert odd(find(cases(parse_target("sdpa-math"), backward=False), odd, settings=few))
