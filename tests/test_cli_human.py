@@ -482,22 +482,10 @@ def test_forced_colour_never_styles_a_number(tmp_path):
         assert not re.search(r"[\d.]\x1b\[", out), repr(out)
 
 
-def test_the_profiler_writes_nothing_to_stderr():
-    """kineto prints `USDT: ... profiler_start` / `profiler_stop` on every profile unless its log level is 6."""
-    code = (
-        "import torch\n"
-        "from flashcheck.backends.profiling import attention_ops\n"
-        "q = torch.randn(1, 1, 8, 8)\n"
-        "for _ in range(2):\n"
-        "    print(attention_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0 and "scaled_dot_product" in res.stdout, res.stderr
-    assert res.stderr == ""
-
-
 def test_installed_script_output_is_plain_and_stderr_quiet(tmp_path):
+    """Also the profiler's silence: kineto prints `USDT: ... profiler_start` / `profiler_stop` on every profile
+    unless its log level is 6, which backends.profiling.attention_ops sets; this compare profiles twice (one per
+    backend) in a fresh interpreter without KINETO_LOG_LEVEL, and its stderr holds progress lines only."""
     exe = shutil.which("flashcheck", path=str(Path(sys.executable).parent)) or "flashcheck"
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KINETO_LOG_LEVEL")}
     res = subprocess.run(

@@ -49,15 +49,16 @@ PLANTED = {
 }
 
 
-# seed 0 finds and shrinks each bug in this round (a round is 40 cases; later rounds found nothing smaller)
-ROUNDS_TO_FIND = {"nan_low_lse": 5, "masked_rows_mean": 1, "sink_ignored_above": 1, "tile_off_by_one": 3}
+# a seed whose first round (40 cases) finds and shrinks each bug: round i of a hunt runs Hypothesis's seed + i, so
+# seed 4's round is seed 0's fifth, which found nan_low_lse (seed 2: its third, tile_off_by_one), the same shrunk
+# case, without the 4 (2) rounds before it that found nothing (229 and 117 cases, now 69 and 37)
+SEED_TO_FIND = {"nan_low_lse": 4, "masked_rows_mean": 0, "sink_ignored_above": 0, "tile_off_by_one": 2}
 
 
 @pytest.mark.parametrize("bug", list(PLANTED))
 def test_planted_bug_is_found_and_shrunk_to_its_trigger(bug, tmp_path):
     kind, tensor, trigger, minimal = PLANTED[bug]
-    rounds = ROUNDS_TO_FIND[bug]
-    state = hunt(parse_target(f"hunt_bugs:{bug}"), tmp_path, **(BUDGET | {"rounds": rounds}))
+    state = hunt(parse_target(f"hunt_bugs:{bug}"), tmp_path, **(BUDGET | {"rounds": 1, "seed": SEED_TO_FIND[bug]}))
     found = [
         f for f in state.findings if (f.kind, f.tensor) == (kind, tensor) or (f.kind, bug) == ("nan", "nan_low_lse")
     ]
@@ -386,7 +387,7 @@ def test_a_hadamard_preset_is_hunted_at_power_of_two_head_dims_only():
     from flashcheck.hunt.space import cases
 
     odd = lambda c: c.head_dim & (c.head_dim - 1) != 0  # noqa: E731
-    few = settings(database=None, max_examples=300)
+    few = settings(database=None, max_examples=100)  # fa3-fp8 without the filter: an odd D in 400 of 400 finds
     with pytest.raises(NoSuchExample):
         find(cases(parse_target("fa3-fp8"), backward=False), odd, settings=few)
     assert odd(find(cases(parse_target("sdpa-math"), backward=False), odd, settings=few))

@@ -106,22 +106,22 @@ def test_a_case_with_no_answer_in_time_is_a_hang_and_the_next_case_runs(tmp_path
     from flashcheck.hunt.report import crash_text
 
     target = parse_target("hunt_bugs:hang_at_tile")
-    with IsolatedTarget(target, tmp_path / "err", timeout_s=1.5) as w:
+    with IsolatedTarget(target, tmp_path / "err", timeout_s=1.0) as w:
         t0 = time.monotonic()
         hung = evaluate(target, HuntCase(lq=1, lk=64), run=w.outputs)
         assert time.monotonic() - t0 < 30 and w.restarts == 1
         (v,) = hung.verdicts
-        assert (v.kind, v.tensor) == ("crash", "hang") and "no answer in 1.5 s" in v.message, v
+        assert (v.kind, v.tensor) == ("crash", "hang") and "no answer in 1 s" in v.message, v
         assert evaluate(target, HuntCase(lq=3, lk=5), run=w.outputs).passed and w.restarts == 1
     text = crash_text({"tensor": "hang", "describe": "Lq=1 Lk=64", "message": v.message})
-    assert text.startswith("hung on Lq=1 Lk=64: no answer in 1.5 s")
+    assert text.startswith("hung on Lq=1 Lk=64: no answer in 1 s")
 
 
 def test_compare_case_on_a_hanging_target_says_it_hung(monkeypatch):
     import flashcheck.hunt.isolate as isolate
 
-    monkeypatch.setattr(isolate, "CASE_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(isolate, "CASE_TIMEOUT_S", 1.0)
     args = ["compare", "--backend", "hunt_bugs:hang_at_tile", "--case", HuntCase(lq=1, lk=64).to_text()]
     res = CliRunner().invoke(app, args)
-    assert res.exit_code == 1 and "FAIL: the target hung: no answer in 1.5 s" in res.output, res.output
+    assert res.exit_code == 1 and "FAIL: the target hung: no answer in 1 s" in res.output, res.output
     assert "Traceback" not in res.output

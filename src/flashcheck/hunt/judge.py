@@ -284,8 +284,10 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
     """Run the target, the reference and the baseline on `case` and judge every tensor; an exception from the
     target is recorded as its error (a refusal), not raised. `run`: case -> the target's outputs, in place of
     outputs(target, case) (hunt.isolate: in a worker; its TargetCrashed is a crash verdict)."""
+    inputs = None  # made once for the target, the reference, the baselines and the floors; a worker makes its own
     try:
-        inputs = make_inputs(case)  # made once for the target, the reference, the baselines and the floors
+        if run is None:
+            inputs = make_inputs(case)
         got = outputs(target, case, inputs) if run is None else run(case)
     except TargetCrashed as exc:
         return Outcome(case, (crash_verdict(exc),))
@@ -295,6 +297,7 @@ def evaluate(target: Target, case: HuntCase, rule: str = "peers", run=None) -> O
         return Outcome(case, error=(str(exc).splitlines() or [""])[0][:300])
     except Exception as exc:  # the target refused the case (an unsupported shape, dtype or mask)
         return Outcome(case, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+    inputs = make_inputs(case) if inputs is None else inputs  # not before a worker's refusal, crash or hang
     fp8 = case.dtype in FP8
     ref = representable(reference(case, inputs), torch.float16 if fp8 else case.torch_dtype)  # FP8: 16-bit out
     base = outputs(baseline_target(dtype=case.dtype), case, inputs)
