@@ -119,7 +119,7 @@ def test_semantics_table_names_what_the_target_returns():
 
 def test_cli_hunt_prints_findings_and_a_reproducer_that_reruns(tmp_path):
     runner = CliRunner()
-    args = ["hunt", "hunt_bugs:sink_ignored_above", "--budget", "1m", "--rounds", "2", "--seed", "0", "--forward-only"]
+    args = ["hunt", "hunt_bugs:sink_ignored_above", "--budget", "1m", "--rounds", "1", "--seed", "0", "--forward-only"]
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "h")])
     assert res.exit_code == 1, res.output
     assert "finding" in res.output and "sink 60" in res.output and "fully masked rows" in res.output
@@ -139,7 +139,7 @@ def test_cli_hunts_of_two_targets_need_no_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     for target in ("hunt_bugs:correct", "torch-cpu-flash"):
-        res = runner.invoke(app, ["hunt", target, "--budget", "1m", "--rounds", "1", "--seed", "0", "--forward-only"])
+        res = runner.invoke(app, ["hunt", target, "--budget", "1s", "--rounds", "1", "--seed", "0", "--forward-only"])
         assert res.exit_code in (0, 1) and "holds a hunt of" not in res.output, res.output
         assert (tmp_path / default_folder(target) / "summary.json").is_file()
     assert default_folder("hunt_bugs:correct") == "flashcheck-hunt-hunt_bugs-correct"
