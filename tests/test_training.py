@@ -228,6 +228,26 @@ def tiny_train_study(tiny_train_study_run):
     return tiny_train_study_run.folder, tiny_train_study_run, tiny_train_study_run.figures
 
 
+def _until_unlocked(runs, deadline: float) -> None:
+    """Wait until no process holds a run's lock: the killed study's worker, forked by its fork server, can die
+    after the study's own process that proc.wait() reaped (its lock goes with its files, after its memory; a rerun
+    at once was told "in use by another process" in a full suite run on 2 cores)."""
+    import fcntl
+
+    for lock in sorted(runs.glob("*/.lock")):
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.time() < deadline, f"{lock} still held after the study's process group was killed"
+                    time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+
 @pytest.fixture(scope="module")
 def killed_train_study(tmp_path_factory, forked_cli):
     """The module's second computation of the tiny study: `train-study --preset tiny --workers 1` in a real
@@ -243,6 +263,7 @@ def killed_train_study(tmp_path_factory, forked_cli):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    _until_unlocked(out / "runs", deadline=time.time() + 60)
     with audited_figures(save=False) as seen:  # its figures audited, not rendered: no test reads these PNGs
         res = runner.invoke(app, [*cmd, "--workers", "1", "--quiet"])
     return out, res, seen

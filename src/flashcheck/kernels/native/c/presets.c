@@ -301,9 +301,11 @@ static int ex2_span16(const float *x, float *out, int64_t rows, int64_t w, const
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 /* fp4_round on 16 lanes: the clamp at 6, then e = max(exponent, 0) and a = |y| scaled by 2^(1 - e), rounded to an
    integer (nearest even) and scaled back by 2^(e - 1), the sign put back: the scalar steps lane by lane (every
-   step exact, as there); a NaN lane is the caller's to report */
-static inline __m512 fp4_round16(__m512 y) {
-    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));
+   step exact, as there); a NaN lane stays that NaN, as in the scalar rounding (max_ps would turn it into -6: a
+   block holding inf has the quotient inf / inf) */
+static inline __m512 fp4_round16(__m512 y0) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(y0, y0, _CMP_UNORD_Q);
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(y0, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));
     const __m512i u = _mm512_castps_si512(y), sign = _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u));
     const __m512i a = _mm512_andnot_si512(sign, u);
     const __m512i e =
@@ -312,7 +314,8 @@ static inline __m512 fp4_round16(__m512 y) {
     const __m512 fd = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_set1_epi32(126), e), 23));
     const __m512 r =
         _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), fu), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(r, fd)), sign));
+    const __m512 out = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(r, fd)), sign));
+    return _mm512_mask_blend_ps(nan, out, y0);
 }
 
 /* sage3_p_scalar for w a multiple of 16, one block per vector: the same products, maximum, quotients and
