@@ -131,8 +131,23 @@ def save(path: str, threads: int = 2) -> None:
     print(f"{len(out)} tensors -> {path}")
 
 
+def _read(path: str) -> dict[str, torch.Tensor]:
+    """A file `save` wrote (tensors only: weights_only), or exit 2 with one line naming it and why not."""
+    try:
+        out = torch.load(path, weights_only=True)
+    except Exception as err:  # a missing file, a folder, not a torch file: all one line
+        why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"  # its first line
+    else:
+        if isinstance(out, dict) and all(isinstance(v, torch.Tensor) for v in out.values()):
+            return out
+        why = "not a dict of tensors"
+    print(f"error: {path!r} is not a file `bit_identity.py save` wrote: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
 def compare(a: str, b: str) -> int:
-    before, after = torch.load(a), torch.load(b)
+    """0 when both files hold the same names and every tensor's bits are equal, else 1 (each difference named)."""
+    before, after = _read(a), _read(b)
     bad = sorted(set(before) ^ set(after))
     for key in sorted(set(before) & set(after)):
         x, y = before[key], after[key]
