@@ -114,7 +114,7 @@ def _print(result, out: str) -> None:
         table.add_row(*row)
     c.print(table)
     for cmp in result.comparisons:
-        for line in cmp.failures():
+        for line in [*cmp.failures(), *cmp.notes()]:
             c.print(f"{cmp.a}: {line}")
     for s in result.skipped:
         c.print(f"skipped {s.impl}:{s.dtype}: {s.reason}")

@@ -41,6 +41,11 @@ def conclusion(result: ValidationResult) -> str:
     return text
 
 
+def _bullet(c: Comparison) -> str:
+    """A comparison's line in the report: its failures, or its k and what was noted beside the verdict."""
+    return "; ".join(c.failures() or [f"k = {c.k:.3g}, all checks within bounds", *c.notes()])
+
+
 def _why(c: Comparison) -> str:
     at = f"; {where_text(c.where)}" if c.where else ""
     return _why_failed(c) + at
@@ -178,10 +183,7 @@ def build_page(result: ValidationResult, folder: Path) -> Page:
         page.add(Heading("Answer"), Bullets([("", None, line) for line in lines], False), kernel_table(result))
         page.add(*layer_figures(result, folder) if matplotlib_available() else [])
     page.add(Text(conclusion(result)), Heading("Comparisons"), comparison_table(result))
-    items = [
-        (f"{c.a} vs {c.b}", c.passed, "; ".join(c.failures()) or f"k = {c.k:.3g}, all checks within bounds")
-        for c in result.comparisons
-    ]
+    items = [(f"{c.a} vs {c.b}", c.passed, _bullet(c)) for c in result.comparisons]
     page.add(Bullets(items))
     if result.skipped:
         page.add(Heading("Skipped"), Bullets([(f"{s.impl}:{s.dtype}", None, s.reason) for s in result.skipped], False))

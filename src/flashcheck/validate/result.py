@@ -155,9 +155,16 @@ class Comparison:
             for c in self.checks
             if not c.passed
         ]
-        if self.where:
+        if self.where and not self.passed:
             out.append(f"where: {where_text(self.where)}")
         return out
+
+    def notes(self) -> list[str]:
+        """What was found but is not part of the verdict: on a comparison that passed, where attention's backward
+        first leaves its per-call budget (finite gradients; a NaN / Inf one fails the comparison instead)."""
+        if not (self.where and self.passed):
+            return []
+        return [f"note, not part of the verdict (finite gradients, per call): {where_text(self.where)}"]
 
     def to_dict(self) -> dict:
         bad = self.first_bad_layer
@@ -196,6 +203,7 @@ class Comparison:
                 "seconds": self.seconds,
                 "kernels": list(self.kernels),
                 "failures": self.failures(),
+                "notes": self.notes(),
             }
         )
 

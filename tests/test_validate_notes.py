@@ -1,0 +1,40 @@
+"""A validate comparison that passes but whose attention backward leaves its per-call budget (finite gradients) says
+so as a note beside PASS, not as a `where:` failure line (users read that as the reason for a FAIL); a NaN gradient
+still fails the comparison and says where."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashcheck.validate.report import _bullet
+from flashcheck.validate.result import Comparison
+
+
+def _where(nonfinite: bool) -> dict:
+    what = "dQ NaN" if nonfinite else "dQ max |diff| 9.06e-06 > bound 5.15e-06"
+    back = {"layer": 2, "head": 1, "tokens": [0, 3], "what": what}
+    return {"layer": 2, "head": 1, "tokens": [0, 3], "what": what, "text": f"layer 2, head 1, tokens 0-3, {what} "
+            "(backward)", "forward": None, "backward": back, "backward_nonfinite": nonfinite}  # fmt: skip
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_a_finite_backward_finding_is_a_note_a_nan_one_a_failure(nonfinite: bool) -> None:
+    cmp = Comparison("sdpa:fp32", "eager:fp64", "sdpa", "fp32", 2.0, where=_where(nonfinite))
+    if nonfinite:
+        assert not cmp.passed and cmp.notes() == []
+        (line,) = cmp.failures()
+        assert line.startswith("where: attention first leaves its budget at layer 2") and "NaN" in line
+        assert _bullet(cmp) == line
+    else:
+        assert cmp.passed and cmp.failures() == []
+        (note,) = cmp.notes()
+        assert note.startswith("note, not part of the verdict") and "9.06e-06 > bound 5.15e-06" in note
+        assert _bullet(cmp) == f"k = 2, all checks within bounds; {note}"
+    d = cmp.to_dict()
+    assert (d["failures"], d["notes"]) == (cmp.failures(), cmp.notes()) and d["pass"] is cmp.passed
+
+
+def test_no_where_no_note() -> None:
+    cmp = Comparison("sdpa:fp32", "eager:fp64", "sdpa", "fp32", 2.0)
+    assert cmp.passed and cmp.failures() == [] and cmp.notes() == []
+    assert _bullet(cmp) == "k = 2, all checks within bounds"
