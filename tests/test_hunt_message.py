@@ -22,3 +22,12 @@ def test_a_budget_failure_says_which_error_exceeds_which_budget():
     assert got, over.message
     for (value, bound), (v, b) in zip((want["max"], want["mean"]), (got.groups()[:2], got.groups()[2:]), strict=True):
         assert float(v) == float(f"{value:.3g}") and float(b) == float(f"{bound:.3g}")
+
+
+def test_the_console_and_report_say_a_budget_findings_numbers_beside_its_ratio():
+    """The findings table gives a budget finding's worst error / bound; its note line gives the checks behind it."""
+    from flashcheck.hunt.report import finding_notes
+
+    budget = {"kind": "budget", "tensor": "dk", "message": "max |error| 1.67e-06 > budget 8.68e-07"}
+    assert finding_notes(budget) == ["budget, dk: max |error| 1.67e-06 > budget 8.68e-07"]
+    assert finding_notes({"kind": "nan", "tensor": "out", "message": "NaN at head 0, token 3"}) == []  # row says it

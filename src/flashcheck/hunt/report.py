@@ -102,6 +102,8 @@ def finding_notes(f: dict) -> list[str]:
         notes.append(f"crash: {crash_text(f)}")
     elif f["kind"] in ("failed", "output"):
         notes.append(f"{f['kind']}: {f['message']}")
+    elif f["kind"] == "budget" and f.get("message"):  # the row's ratio, with the numbers behind it
+        notes.append(f"budget, {f['tensor']}: {f['message']}")
     if str(f.get("api", "public")).startswith("private"):
         notes.append(f"api: {f['api']}")
     if f.get("known"):
