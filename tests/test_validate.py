@@ -278,13 +278,14 @@ def test_library_call_returns_a_result(tiny_bert: Path) -> None:
 
     @contextmanager
     def progress(total: int, label: str):
-        seen["total"] = total
+        seen["total"], seen["label"] = total, label
         yield lambda n=1, note="": seen.__setitem__("done", seen["done"] + n)
 
     texts = list(builtin_corpus()[:40])
     result = validate_model(tiny_bert, texts, impls=["eager", "sdpa"], dtypes=["fp32"], samples=None, max_length=32,
                             progress=progress)  # fmt: skip
     assert seen["total"] > 0 and seen["done"] == seen["total"]  # every batch of every run reported
+    assert seen["label"] == "validate, batches run"  # the count's unit, in the progress line
     assert result.passed and bool(result)
     assert [c.a for c in result.comparisons] == ["eager:fp32", "sdpa:fp32"]
     assert result.settings["texts"] == 40

@@ -408,7 +408,7 @@ def validate_model(
     schedule = _schedule(s)
     sess = _Session(plan, s, source, Path(out) if out else None, key, advance=lambda n=1, note="": None)
     total = sum(sess.steps(d) for d, impls_d in schedule for _ in impls_d)
-    with (progress or _silent)(total, "validate") as advance:
+    with (progress or _silent)(total, "validate, batches run") as advance:  # a unit: not texts, not comparisons
         sess.advance = advance
         for dtype, impls_d in schedule:
             _run_dtype(sess, dtype, impls_d)
