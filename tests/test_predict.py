@@ -387,3 +387,11 @@ def test_an_inconclusive_within_2x_says_why():
     )
     ev = {"verdict": compare(share_interval(99, 100), threshold=TARGET), "held_out": {"n": 100}}
     assert _why_inconclusive(ev) == ""
+
+
+def test_no_held_out_case_is_said_not_as_a_nan_share():
+    """A custom sweep with 2 cases and none held out read 'nan% of 0 held-out cases within 2x' (new-user trial)."""
+    from flashcheck.questions.variants.errormodel import held_text
+
+    assert held_text({"n": 0, "within_2x": float("nan")}) == "no held-out case"
+    assert held_text({"n": 19, "within_2x": 18 / 19}) == "95% of 19 held-out cases within 2x"

@@ -183,14 +183,19 @@ def outside(ev: dict) -> str:
 
 def measured_text(ev: dict) -> str:
     """The finding's measured line: held-out and overall shares, median, 90th percentile, where it fails."""
-    h = ev["held_out"]
     return (
-        f"{h['within_2x']:.0%} of {h['n']} held-out cases within 2x (all {ev['n']} cases, simulated and real "
+        f"{held_text(ev['held_out'])} (all {ev['n']} cases, simulated and real "
         f"backends: {ev['within_2x']:.0%}); prediction/measured median {ev['median_ratio']:.2f}, 90th percentile of "
         f"the fold error {ev['p90_fold']:.2f}; outside 2x by kind: {outside(ev)}"
         + (f"; not modelled: {', '.join(ev['not_modelled'])}" if ev["not_modelled"] else "")
         + _why_inconclusive(ev)
     )
+
+
+def held_text(h: dict) -> str:
+    """'87% of 120 held-out cases within 2x', or 'no held-out case' where the study had none (a share of 0 cases
+    is no number: it read 'nan% of 0')."""
+    return f"{h['within_2x']:.0%} of {h['n']} held-out cases within 2x" if h["n"] else "no held-out case"
 
 
 def _why_inconclusive(ev: dict) -> str:
@@ -283,7 +288,7 @@ def draw(ev: dict, folder: Path) -> Path | None:
         ax.legend(fontsize=7, loc="upper left")
         label_axes(ax, x="measured rel-L2 (kernel's own)", y="predicted rel-L2")
         held = ev["held_out"]
-        ax.set_title(f"{held['within_2x']:.0%} of {held['n']} held-out cases within 2x (dashed)", fontsize=9)
+        ax.set_title(f"{held_text(held)} (dashed: 2x)", fontsize=9)
         _draw_kinds(kx, rows)
     return path
 
