@@ -38,3 +38,18 @@ def test_no_where_no_note() -> None:
     cmp = Comparison("sdpa:fp32", "eager:fp64", "sdpa", "fp32", 2.0)
     assert cmp.passed and cmp.failures() == [] and cmp.notes() == []
     assert _bullet(cmp) == "k = 2, all checks within bounds"
+
+
+def test_the_pass_line_names_the_factor_k_it_allows_over_the_format_alone() -> None:
+    """PASS said 'within the deviation its number format causes on its own' while the table showed max abs 0.084
+    against format-only 0.061 (new-user trial): the rule allows k times the format's own deviation; say k."""
+    from flashcheck.validate.report import conclusion
+    from flashcheck.validate.result import ValidationResult
+
+    rows = [Comparison(f"{i}:{d}", "eager:fp32", i, d, k) for i, d, k in
+            (("eager", "bf16", 2.0), ("sdpa", "fp32", 2.0), ("sdpa", "bf16", 2.0))]  # fmt: skip
+    result = ValidationResult("m", tuple(rows), (), {}, {}, {"bf16": 2.0})
+    assert "stays within k = 2 times the deviation its number format causes on its own" in conclusion(result)
+    rows[2] = Comparison("sdpa:bf16", "eager:fp32", "sdpa", "bf16", 3.14159)
+    result = ValidationResult("m", tuple(rows), (), {}, {}, {"bf16": 3.14})
+    assert "within k = 2 to 3.14 times" in conclusion(result)

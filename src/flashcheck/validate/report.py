@@ -30,8 +30,8 @@ def conclusion(result: ValidationResult) -> str:
     if result.passed:
         text = (
             f"PASS: every implementation that ran ({', '.join(c.a for c in ran) or 'none besides eager'}) stays "
-            "within the deviation its number format causes on its own, on every layer, the embeddings and the "
-            "retrieval rankings; no NaN/Inf appeared."
+            f"within {_k_text(ran)} the deviation its number format causes on its own (the format-only column), on "
+            "every layer, the embeddings and the retrieval rankings; no NaN/Inf appeared."
         )
     else:
         bad = [c for c in result.comparisons if not c.passed]
@@ -39,6 +39,14 @@ def conclusion(result: ValidationResult) -> str:
     if result.skipped:
         text += " Skipped, with the reasons listed: " + ", ".join(f"{s.impl}:{s.dtype}" for s in result.skipped) + "."
     return text
+
+
+def _k_text(ran: list[Comparison]) -> str:
+    """'k = 2 times' (one k for every comparison) or 'k = 2 to 3.1 times' (each its own, from its texts' spread)."""
+    ks = sorted({float(f"{c.k:.3g}") for c in ran if c.k == c.k})
+    if not ks:
+        return "k times"
+    return f"k = {ks[0]:g} times" if len(ks) == 1 else f"k = {ks[0]:g} to {ks[-1]:g} times"
 
 
 def _bullet(c: Comparison) -> str:
