@@ -146,7 +146,9 @@ def validate(
     dtypes: str = typer.Option("fp32,bf16", help="Formats: fp32, bf16, fp16."),
     texts: str = typer.Option(None, help="UTF-8 file, one text per line (default: the built-in corpus)."),
     samples: int = typer.Option(1000, help="Texts drawn from the corpus."),
-    max_length: int = typer.Option(None, help="Tokens per text (default: the model's maximum)."),
+    max_length: int = typer.Option(
+        None, help="Tokens per text (default: the model's own: sentence-transformers' max_seq_length, else its limit)."
+    ),
     batch_size: int = typer.Option(32),
     tolerance: str = typer.Option("default", help="strict | default | loose, or k (a number >= 1)."),
     out: str = typer.Option("flashcheck-validate", help="Folder for the report, figures and the cached reference."),
