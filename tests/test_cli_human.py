@@ -695,3 +695,10 @@ def test_compare_explain_and_predict_describe_a_preset_alike(preset, tmp_path):
         assert f"sim-flash[{preset}@fp16, alias of {alias}]" in compared
         said = f"(--preset {preset}, an alias of {alias})"
         assert said in one_line(predicted, f"flash:{alias}@fp16") and said in one_line(explained, "dominant stage")
+
+
+def test_train_study_cpu_seconds_keep_two_digits_below_ten():
+    """The tiny train-study printed 'on 2 idle cores about 0 s' (0.4 s rounded to whole seconds: new-user trial)."""
+    from flashcheck.cli.training import seconds_text
+
+    assert [seconds_text(x) for x in (263.4, 10.0, 4.21, 0.412, 0.0)] == ["263 s", "10 s", "4.2 s", "0.41 s", "0 s"]

@@ -187,8 +187,8 @@ def _print_train_study(summary: dict, out: str) -> None:
     if cpu and cpu["runs_timed"]:
         cores = os.cpu_count() or 1
         c.print(
-            f"training CPU time: {cpu['seconds']:.0f} s over {cpu['runs_timed']} timed runs of {cpu['runs']}; "
-            f"on {cores} idle cores about {cpu['seconds'] / cores:.0f} s",
+            f"training CPU time: {seconds_text(cpu['seconds'])} over {cpu['runs_timed']} timed runs of {cpu['runs']}; "
+            f"on {cores} idle cores about {seconds_text(cpu['seconds'] / cores)}",
             markup=False,
         )
     c.print(f"report: {out}/report.html, report.md, summary.json", markup=False)
@@ -306,3 +306,9 @@ def _print_drift(pairs: list) -> None:
     for key, items in pairs[-1].mismatches.items():
         for item in items[:10]:
             c.print(f"mismatch ({key}): {item}", markup=False)
+
+
+def seconds_text(s: float) -> str:
+    """'263 s', '4.2 s', '0.41 s': whole seconds from 10 s, two significant digits below (a tiny study's 0.4 s of
+    training read 'about 0 s')."""
+    return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s"
