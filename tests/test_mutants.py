@@ -136,7 +136,7 @@ def test_cli_json_and_files(monkeypatch, tmp_path):
     assert data["cases_caught"]["flashcheck"] == {"failed": failed, "active": active}
     assert data["false_failures"]["runs"] == 4 and data["false_failures"]["failed"] == {"peers": 0, "flashcheck": 0}
     assert json.loads((tmp_path / "summary.json").read_text())["caught"] == {"peers": 2, "flashcheck": 3}
-    assert "| scale-1% | bf16 | 2 | missed 0/2 | caught 2/2" in (tmp_path / "report.md").read_text()
+    assert "| scale-1% | bf16 | 2 | missed: 0/2 failed | caught: 2/2 failed" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "report.html").stat().st_size > 0
 
 
@@ -144,7 +144,7 @@ def test_cli_human_output_and_one_rule(monkeypatch, tmp_path):
     _tiny(monkeypatch)
     res = runner.invoke(app, ["mutants", "--size", "tiny", "--rule", "peers", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert "scale-1%" in res.output and "missed 0/2" in res.output and "total caught" in res.output
+    assert "scale-1%" in res.output and "missed: 0/2 failed" in res.output and "total caught" in res.output
     assert "2/3 = 66.7%" in res.output and "flashcheck" not in res.output.split("total caught")[0]
     assert "mutant cases caught (a case: one mutant on one grid point where its bug shows): peers " in res.output
     assert "false failures over 4 correct-kernel runs: peers 0/4 (0.0%)" in res.output  # 2 cases x 2 kernels

@@ -424,8 +424,9 @@ def _round_up(x: float, digits: int = 2) -> float:
 
 
 def table_rows(score: Score) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the mutant x rule table: caught or not, failed/active cases, the checks that fired
-    (most often first); the last row holds the totals."""
+    """Header and rows of the mutant x rule table: caught or not, then how many of its active cases failed ('missed:
+    0/8 failed'; 'missed 0/8' read as nothing missed), the checks that fired (most often first); the last row holds
+    the totals."""
     header = ["mutant", "dtype", "active", *score.rules]
     rows = []
     for r in score.rows:
@@ -433,7 +434,7 @@ def table_rows(score: Score) -> tuple[list[str], list[list[str]]]:
         for rule in score.rules:
             fired = sorted(r.checks[rule], key=lambda c: -r.checks[rule][c])
             word = "caught" if r.caught(rule) else "missed"
-            cells.append(f"{word} {r.failed[rule]}/{r.active}" + (f" ({', '.join(fired)})" if fired else ""))
+            cells.append(f"{word}: {r.failed[rule]}/{r.active} failed" + (f" ({', '.join(fired)})" if fired else ""))
         rows.append(cells)
     totals = [f"{score.caught(rule)}/{len(score.rows)} = {100 * score.catch_rate(rule):.1f}%" for rule in score.rules]
     rows.append(["total caught", "", "", *totals])
