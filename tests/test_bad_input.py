@@ -395,6 +395,7 @@ CONSISTENCY = [
     r("validate-kv-cache-bad-no-model", "validate --kv-cache fp9", "--kv-cache 'fp9'", "fp8"),
     r("validate-kv-cache-bad-missing-model", "validate {missing} --kv-cache fp9", "--kv-cache 'fp9'"),
     r("validate-model-missing", "validate {missing}", "{missing}", "does not exist"),
+    r("validate-check-pin-not-json", "validate --check-pin {file}", "{file}' (pin file) is not JSON (Expecting"),
     r("validate-kv-new-tokens-zero", "validate {dir} --kv-cache fp8 --new-tokens 0", "--new-tokens 0"),
 ]
 
