@@ -395,6 +395,7 @@ CONSISTENCY = [
     r("validate-kv-cache-bad-no-model", "validate --kv-cache fp9", "--kv-cache 'fp9'", "fp8"),
     r("validate-kv-cache-bad-missing-model", "validate {missing} --kv-cache fp9", "--kv-cache 'fp9'"),
     r("validate-model-missing", "validate {missing}", "{missing}", "does not exist"),
+    r("validate-check-pin-not-json", "validate --check-pin {file}", "{file}' (pin file) is not JSON (Expecting"),
     r("validate-kv-new-tokens-zero", "validate {dir} --kv-cache fp8 --new-tokens 0", "--new-tokens 0"),
 ]
 
@@ -405,10 +406,10 @@ JUDGE = [
     r("judge-dir", "judge {dir}", "{dir}", "is not a file"),
     r("judge-text-file", "judge {file}", ".txt", "expected .safetensors or .npz"),
     r("judge-pickle", "judge {pt_garbage}", ".pt", "expected .safetensors or .npz"),
-    r("judge-garbage", "judge {st_garbage}", "shorter than the 8-byte"),
+    r("judge-garbage", "judge {st_garbage}", "is not a valid safetensors file: 5 bytes, shorter than the 8-byte"),
     r("judge-header-huge", "judge {st_header_huge}", "header length"),
     r("judge-header-list", "judge {st_header_list}", "not a JSON object"),
-    r("judge-header-not-utf8", "judge {st_header_not_utf8}", "not JSON"),
+    r("judge-header-not-utf8", "judge {st_header_not_utf8}", "is not a valid safetensors file: the header is not JSON"),
     r("judge-entry-int", "judge {st_entry_int}", "'w'", "dtype, shape and data_offsets"),
     r("judge-reversed", "judge {st_reversed}", "'w'", "[8, 0]"),
     r("judge-shape-mismatch", "judge {st_shape_mismatch}", "'w'", "[3, 3]"),

@@ -89,6 +89,7 @@ def test_sage_rows_put_ours_beside_the_published_figure_and_the_verdict_follows_
     (g,) = published_finding({r.case_id: r for r in fa3})
     assert g["id"] == "modern_fa3-fp8_published" and g["status"] == "unlike conditions" and "2407.08608" in g["paper"]
     assert "head dim not stated" in g["claim"]  # FA3 states no L or D for Table 3: an absolute RMSE is unlike
+    assert "ours: outlier inputs, seq len" in g["claim"] and "outliers inputs" not in g["claim"]
     assert "also not stated: number of heads, batch size, causal mask" in g["claim"] and "section 4.3" in g["claim"]
 
 

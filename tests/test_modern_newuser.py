@@ -73,8 +73,8 @@ def test_a_sweep_without_baseline_draws_one_panel_with_knob_labels_and_every_dis
     # the sink question draws its own figure (questions.modern.figures): each fix's MSE gain per sink score
     assert sink.axes[0].get_legend_handles_labels()[1] == ["reverse KV order, one sink key", "S = 2^8, one sink key"]
     assert sink.axes[0].get_xlabel() == "sink score Delta"
-    assert "normal, outliers inputs" in lowp._suptitle.get_text()
-    assert sorted(lowp.axes[0].get_legend_handles_labels()[1]) == ["flash (normal inputs)", "flash (outliers inputs)"]
+    assert "normal, outlier inputs" in lowp._suptitle.get_text()  # not "outliers inputs"
+    assert sorted(lowp.axes[0].get_legend_handles_labels()[1]) == ["flash (normal inputs)", "flash (outlier inputs)"]
 
 
 def test_policy_labels_keep_short_policies_and_shorten_knob_lists():

@@ -70,10 +70,10 @@ def read_pin(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"pin file {str(path)!r} does not exist; write one with --pin FILE")
-    try:
-        doc = read_json(path, "a pin file")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"pin file {str(path)!r} is not valid JSON: {e}") from None
+    try:  # read_json's ValueError names the file and the problem: "'FILE' (pin file) is not JSON (...)"
+        doc = read_json(path, "pin file")
+    except OSError as e:  # removed after the check above
+        raise ValueError(f"pin file {str(path)!r} cannot be read: {e.strerror or e}") from None
     if (
         not isinstance(doc, dict)
         or doc.get("flashcheck_pin") != PIN_VERSION

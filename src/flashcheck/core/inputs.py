@@ -15,6 +15,11 @@ CAPTURED = "captured"  # "captured:MODEL": Q, K, V recorded from a real model (c
 PADDING_SIDES = ("none", "left", "right")
 
 
+def as_adjective(distribution: str) -> str:
+    """A distribution's name as it reads before "inputs": "outlier inputs", not "outliers inputs"."""
+    return "outlier" if distribution == "outliers" else distribution
+
+
 def is_captured(distribution: str) -> bool:
     return isinstance(distribution, str) and distribution.startswith(CAPTURED + ":")
 

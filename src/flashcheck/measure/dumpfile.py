@@ -104,7 +104,7 @@ def _read_safetensors(
         try:
             header, n = read_safetensors_header(f, size)
         except ValueError as exc:
-            raise DumpError(f"{str(p)!r}: safetensors {exc}") from None
+            raise DumpError(f"{str(p)!r} is not a valid safetensors file: {exc}") from None
         if not isinstance(header, dict):
             raise DumpError(f"{str(p)!r}: the safetensors header is not a JSON object")
         meta = header.pop("__metadata__", None) or {}

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from flashcheck.core.fileio import make_folder
+from flashcheck.core.inputs import as_adjective
 from flashcheck.reporting import Styler, figure, matplotlib_available
 from flashcheck.reporting.verdicts import Estimate, mean_interval
 from flashcheck.study.cases import CaseRecord
@@ -42,7 +43,8 @@ def draw_figures(
 def draw_question(sw: Sweep, points: list[Point], path: Path, study: str = "") -> None:
     """The figure of one question into `path`."""
     seeds = len(sw.seeds)
-    inputs = ", ".join(dict.fromkeys(p.distribution for p in points)) or sw.distributions[0]
+    dists = dict.fromkeys(p.distribution for p in points) or sw.distributions[:1]
+    inputs = ", ".join(map(as_adjective, dists))
     title = f"{sw.question} ({study} study): {inputs} inputs, {seeds} seed(s); mean and 95% interval"
     own = drawer(sw.question)
     if own is not None:  # a question set's own figure of this question (study.registry.QuestionSet.draw)
@@ -75,7 +77,7 @@ def _draw_without_baseline(sw: Sweep, points: list[Point], path: Path, title: st
     with figure(path, ncols=ncols, nrows=-(-len(dists) // ncols), size=(5.0, 5.0)) as (fig, axes):
         for ax, dist in zip(axes, dists, strict=False):
             _draw_errors(ax, [p for p in points if p.distribution == dist], sw, x)
-            ax.set_title(f"{dist} inputs", fontsize=9)
+            ax.set_title(f"{as_adjective(dist)} inputs", fontsize=9)
         for ax in axes[len(dists) :]:
             ax.set_axis_off()
         fig.suptitle(title, fontsize=10)
@@ -168,7 +170,7 @@ def _series(points: list[Point], x: str) -> dict[str, list[Point]]:
     several = len({p.distribution for p in points}) > 1  # one series per input distribution as well
     for p in points:
         name = p.method.partition(":")[0] if x == "policy" else p.method
-        out.setdefault(f"{name} ({p.distribution} inputs)" if several else name, []).append(p)
+        out.setdefault(f"{name} ({as_adjective(p.distribution)} inputs)" if several else name, []).append(p)
     return out
 
 

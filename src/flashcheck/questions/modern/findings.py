@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from flashcheck.core.inputs import as_adjective
 from flashcheck.questions.modern.presets import (
     FA2,
     FA3_FP8,
@@ -225,7 +226,8 @@ def _published(fid: str, method: str, dist: str, vals: list[float], theirs: floa
 
     cond = PUBLISHED_CONDITIONS[method]
     lens, dims = _sizes(records, method, dist)
-    ours = f"{dist} inputs, seq len {'/'.join(map(str, sorted(lens)))}, head dim {'/'.join(map(str, sorted(dims)))}"
+    sizes = f"seq len {'/'.join(map(str, sorted(lens)))}, head dim {'/'.join(map(str, sorted(dims)))}"
+    ours = f"{as_adjective(dist)} inputs, {sizes}"
     est = ratio_interval(vals, [theirs] * len(vals))
     measured = f"our {what} {_l1_text(_geo(vals))}; ours / the published: {ratio_text(est)}"
     claim = (
