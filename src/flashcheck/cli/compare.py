@@ -198,7 +198,12 @@ def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
 
 def _finish_backends(results: list, as_json: bool) -> None:
     """Print the backends' results; exit 1 when a budget failed, 2 when no case could run here (each skipped,
-    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve)."""
+    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve; printed as the one
+    `error: ...` line of every exit 2, except with --json)."""
+    from flashcheck.cli.show import not_run_line
+
+    if results and all(r.get("status") == "skipped" for r in results) and not as_json:
+        _fail_usage("; ".join(" ".join(not_run_line(r).split()) for r in results))
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
     else:
