@@ -290,10 +290,24 @@ def test_compare_where_every_case_is_skipped_prints_the_reasons_alone_and_exits_
     res = runner.invoke(app, ["compare", "--backend", "sdpa-cudnn", "--seq-len", "32", "--heads", "1"])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sdpa-cudnn bf16 L=32 on ") and "skipped" in lines[0], res.output
+    assert len(lines) == 1 and lines[0].startswith("error: sdpa-cudnn bf16 L=32 on ") and "skipped" in lines[0], (
+        res.output
+    )
     both = runner.invoke(app, ["compare", "--backend", "sdpa-math,sdpa-cudnn", "--seq-len", "32", "--heads", "1"])
     assert both.exit_code == 0 and "sdpa-math" in both.output, both.output
     assert both.output.strip().splitlines()[-1].startswith("sdpa-cudnn bf16 L=32"), both.output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU here: sdpa-efficient may run")
+def test_a_backend_that_cannot_run_here_is_an_error_line_like_every_exit_2():
+    """Every case skipped: the reason is the one `error: ...` line on stderr (it was a bare line), nothing on stdout;
+    with --json the result stays JSON on stdout."""
+    res = runner.invoke(app, ["compare", "--backend", "sdpa-efficient", "--seq-len", "64"])
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr.startswith("error: sdpa-efficient bf16 L=64 on cpu: skipped, runs on a CUDA GPU only"), res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    as_json = runner.invoke(app, ["compare", "--backend", "sdpa-efficient", "--seq-len", "64", "--json"])
+    assert as_json.exit_code == 2 and json.loads(as_json.stdout)["status"] == "skipped", as_json.output
 
 
 def test_a_preset_that_fails_says_why_and_prints_every_metric():

@@ -39,7 +39,7 @@ def test_refusal_names_the_sizes_the_estimate_and_the_largest_length_that_fits()
     budget = int(memory.HEADROOM * avail)
     assert estimate_bytes(fp(err.largest_seq_len)) <= budget < estimate_bytes(fp(err.largest_seq_len + 1))
     msg = str(err)
-    assert "seq_len=10000000" in msg and "8.0 GiB is available" in msg
+    assert "seq_len=10000000" in msg and "8.0 GiB is available now and a run may plan on 90% of it (7.2 GiB)" in msg
     assert f"the largest seq_len that fits is {err.largest_seq_len}" in msg
     assert isinstance(err, ValueError)  # so the CLI exits 2 and a study records the case as skipped
 

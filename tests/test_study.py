@@ -338,6 +338,46 @@ def test_report_of_a_half_written_study_covers_the_records_so_far(tiny_study_run
     assert "not measured yet" in (folder / "report.md").read_text()
 
 
+def test_ctrl_c_while_the_report_is_written_says_the_cases_are_stored_and_how_to_finish_it(tmp_path, monkeypatch):
+    """After every case ran, a Ctrl-C in the report stage is one 'interrupted:' line and exit 130, not silence."""
+    import flashcheck.study.report as study_report
+
+    def stopped(folder):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_report, "build_report", stopped)
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text('name = "rep"\n[[sweeps]]\nquestion = "q"\nmethods = ["flash:bf16"]\nseq_lens = [32]\nheads = 1\n')
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["study", "--config", str(cfg), "--out", str(out), "--workers", "1", "--quiet"])
+    total = len(expand(load_config(cfg)))
+    assert res.exit_code == 130 and "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("interrupted:")]
+    assert lines == [
+        f"interrupted: {total} of {total} cases stored in {out}; the report was not finished: run "
+        f"`flashcheck report {out}` (or the same command again) to finish it"
+    ], res.stderr
+
+
+def test_ctrl_c_before_a_sets_own_tasks_finished_says_they_and_the_report_are_not(tmp_path, monkeypatch):
+    """A Ctrl-C in the guide's cases or timing tasks: the line says the guide tasks and the report are unfinished
+    (it said only 'N of N cases stored')."""
+    import flashcheck.study.runner as study_runner
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_runner, "_run_in", stopped)
+    out = tmp_path / "guide"
+    res = runner.invoke(app, ["study", "--preset", "guide-tiny", "--out", str(out), "--quiet"])
+    total = len(expand(preset("guide-tiny")))
+    assert res.exit_code == 130, res.output
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"interrupted: 0 of {total} cases stored in {out}, the guide tasks not finished; run the same command "
+        "again to resume (the report was not written)"
+    ), res.stderr
+
+
 def test_ctrl_c_says_what_is_stored_and_releases_the_lock(tmp_path, forked_cli):
     """Ctrl-C (SIGINT to the process group) mid-sweep: exit 130, one line naming the cases stored and how to
     resume, no traceback, no lock file left behind (fixa2-2)."""

@@ -365,7 +365,10 @@ def test_a_case_too_big_for_memory_is_skipped_with_the_numbers(tmp_path):
     recs = ResultStore(tmp_path).load().values()
     skipped = [r for r in recs if r.status == "skipped"]
     assert {r.case.seq_len for r in skipped} == {40_000_000} and len(skipped) == 2
-    numbers = r"needs about [\d.e+]+ [GTP]iB; [\d.]+ [GT]iB available; the largest seq_len that fits is (\d+)"
+    numbers = (
+        r"needs about [\d.e+]+ [GTP]iB; [\d.]+ [GT]iB available now, a worker may plan on [\d.]+ [MGT]iB "
+        r"\(90% of it\); the largest seq_len that fits is (\d+)"
+    )
     m = re.search(numbers, skipped[0].error)
     assert m and 32 < int(m.group(1)) < 40_000_000, skipped[0].error
     assert run_study(huge, tmp_path, workers=1, quiet=True)["cases_computed"] == 0

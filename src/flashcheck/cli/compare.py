@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import typer
 
@@ -197,7 +198,12 @@ def _finish_sims(cfgs: list, records: list, as_json: bool) -> None:
 
 def _finish_backends(results: list, as_json: bool) -> None:
     """Print the backends' results; exit 1 when a budget failed, 2 when no case could run here (each skipped,
-    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve)."""
+    with its reason: a GPU-only backend on the CPU is a request this machine cannot serve; printed as the one
+    `error: ...` line of every exit 2, except with --json)."""
+    from flashcheck.cli.show import not_run_line
+
+    if results and all(r.get("status") == "skipped" for r in results) and not as_json:
+        _fail_usage("; ".join(" ".join(not_run_line(r).split()) for r in results))
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else {"backends": results}, indent=2))
     else:
@@ -306,10 +312,29 @@ def _are(flags: list[str]) -> str:
 def _run_sims(cfgs: list, as_json: bool) -> list:
     """The Records of the simulator comparisons (inputs and FP64 references drawn once), with progress on
     stderr when there are several."""
+    from flashcheck.kernels.sim.memory import check_all_fit
     from flashcheck.measure.compare import run_compares
 
+    check_all_fit(c.footprint() for c in cfgs)  # a refusal stays the one line, before the announcement
+    _announce([c.footprint() for c in cfgs], "the FP64 reference, then the candidate and the baseline", as_json)
     with _progress(len(cfgs), "compare", as_json) as advance:
         return run_compares(cfgs, done=lambda c: advance(note=sim_name(c)))
+
+
+# Score elements (batch x heads x Lq x Lk) of the largest comparison from which compare says, before it starts,
+# what it computes: the kernels print nothing until they end (L=16384, 8 heads: 2.1e9, 141 s on 2 shared cores).
+LONG_SCORES = 2**28
+
+
+def _announce(footprints: list, what: str, as_json: bool) -> None:
+    """One line on stderr before a long comparison (LONG_SCORES or more), as progress lines go: not with --json
+    unless stderr is a terminal."""
+    big = max(footprints, key=lambda f: f.batch * f.heads * f.seq_len * (f.seq_len_k or f.seq_len), default=None)
+    if big is None or big.batch * big.heads * big.seq_len * (big.seq_len_k or big.seq_len) < LONG_SCORES:
+        return
+    if as_json and not sys.stderr.isatty():
+        return
+    typer.echo(f"compare: computing {big.describe()} ({what}); a comparison this large can take minutes", err=True)
 
 
 def _backend_cases(backend: str, numerics: str | None, lengths: list[int], fields: tuple[dict, dict]) -> list:
@@ -368,8 +393,9 @@ def _device(device: str | None, backend: str | None, preset: str | None) -> str:
 def _run_all(cases: list, device: str, as_json: bool) -> list[dict]:
     """Every backend case's result on `device`, with progress on stderr when there are several: the case
     running now (a bar's note; a plain line when the last line is older than the interval) and each done."""
-    from flashcheck.measure.compare import run_backend_case
+    from flashcheck.measure.compare import backend_footprint, run_backend_case
 
+    _announce([backend_footprint(c) for c in cases], "the FP64 reference, then each backend and its baseline", as_json)
     results = []
     with _progress(len(cases), "compare", as_json) as advance:
         for c in cases:

@@ -22,6 +22,13 @@ def _rule_line(results: list[dict]) -> str:
     return "flashcheck's rule" if rules == {"flashcheck"} else "the peers' rule"
 
 
+def not_run_line(r: dict) -> str:
+    """'sdpa-cudnn bf16 L=32 on cpu: skipped, REASON' for a backend result that did not run (skipped or failed)."""
+    c = r["config"]
+    why = r["reason"] if r["status"] == "skipped" else r["reason"].splitlines()[0]
+    return f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}"
+
+
 def print_backends(results: list[dict]) -> None:
     """The results' table (none when every case was skipped or failed), then one line per case not run."""
     from rich.markup import escape
@@ -32,8 +39,7 @@ def print_backends(results: list[dict]) -> None:
     for r in results:
         c = r["config"]
         if r["status"] != "ok":
-            why = r["reason"] if r["status"] == "skipped" else r["reason"].splitlines()[0]
-            skipped.append(f"{c['label']} {c['numerics']} L={c['seq_len']} on {c['device']}: {r['status']}, {why}")
+            skipped.append(not_run_line(r))
             continue
         # public op names only (aten::...), not an autograd Function's class name (_FlashFunction, _JaxAttention)
         ops = [o for o in r["kernel_ops"] if "::" in o and o != "aten::scaled_dot_product_attention"]

@@ -77,10 +77,10 @@ def study(
         if owner is not None and owner.own_report is not None:  # a preset with a report of its own (the guide's)
             if executor != Executor.local:
                 raise ValueError(f"--preset {preset} runs locally (its timings need one machine); drop --executor")
-            return run_study(cfg, out, workers=workers, quiet=quiet), _report(owner.own_report, out, quiet)
+            return run_study(cfg, out, workers=workers, quiet=quiet), _report(owner.own_report, out, quiet, cfg)
         kw = {"workers": workers, "executor": executor.value, "ray_address": ray_address, "device": device}
         stats = run_study(cfg, out, quiet=quiet, **kw)
-        return stats, _report(build_report, out, quiet)
+        return stats, _report(build_report, out, quiet, cfg)
 
     from flashcheck.study.runner import StudyInterrupted
 
@@ -168,11 +168,17 @@ def report(
     _print_findings(summary, None, folder)
 
 
-def _report(build: Callable[[str], dict], folder: str, quiet: bool) -> dict:
-    """_room(build, folder), said first on stderr (the figures take seconds after the last case's progress line)."""
+def _report(build: Callable[[str], dict], folder: str, quiet: bool, config: Any) -> dict:
+    """_room(build, folder), said first on stderr (the figures take seconds after the last case's progress line);
+    a Ctrl-C meanwhile is runner.StudyInterrupted, its line saying what is stored and how to finish the report."""
+    from flashcheck.study.runner import StudyInterrupted, interrupted_line
+
     if not quiet:
         typer.echo("report: drawing the figures, writing report.html and report.md", err=True)
-    return _room(build, folder)
+    try:
+        return _room(build, folder)
+    except KeyboardInterrupt:
+        raise StudyInterrupted(interrupted_line(config, Path(folder), in_report=True)) from None
 
 
 def _room(build: Callable[[str], dict], folder: str) -> dict:

@@ -11,6 +11,7 @@ from flashcheck.kernels.sim.memory import (
     HEADROOM,
     Footprint,
     available_bytes,
+    distinct_bytes,
     estimate_bytes,
     human_bytes,
     largest_fitting,
@@ -77,11 +78,12 @@ def too_big(c: Case, available: int | None, workers: int) -> str | None:
     if need <= budget:
         return None
     largest = largest_fitting(lambda n: _case_bytes(c, n), budget, c.seq_len) if budget > 0 else 0
-    share = f", {human_bytes(max(budget, 0))} for each of {workers} workers" if workers > 1 else ""
+    split = f", split among {workers} workers" if workers > 1 else ""
+    need_s, budget_s = distinct_bytes(need + PROCESS_BYTES, budget + PROCESS_BYTES)
     fits = f"the largest seq_len that fits is {largest}" if largest else "no seq_len fits"
     return (
-        f"{MEMORY_SKIP}: needs about {human_bytes(need + PROCESS_BYTES)}; "
-        f"{human_bytes(available)} available{share}; {fits}"
+        f"{MEMORY_SKIP}: needs about {need_s}; {human_bytes(available)} available now, a worker may plan on "
+        f"{budget_s} ({HEADROOM:.0%} of it{split}); {fits} (in the memory available now)"
     )
 
 

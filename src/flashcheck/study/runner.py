@@ -137,12 +137,29 @@ def run_study(
     try:
         return _run_in(config, path, workers, executor, ray_address, quiet, device)
     except KeyboardInterrupt:  # Ctrl-C: every line written stays whole; the lock is released (folder_lock)
-        cases = expand(config)
-        stored = ResultStore(path, study_needs(config)).load() if (path / "records.jsonl").is_file() else {}
-        n = sum(_done(stored.get(c.case_id)) for c in cases)
-        raise StudyInterrupted(
-            f"interrupted: {n} of {len(cases)} cases stored in {path}; run the same command again to resume"
-        ) from None
+        raise StudyInterrupted(interrupted_line(config, path)) from None
+
+
+def interrupted_line(config: StudyConfig, path: Path, *, in_report: bool = False) -> str:
+    """The line a Ctrl-C prints: the cases stored in `path`, whether a set's own tasks (the guide's timings) and
+    the report were finished, and how to finish them. `in_report`: stopped while the report was being written."""
+    cases = expand(config)
+    stored = ResultStore(path, study_needs(config)).load() if (path / "records.jsonl").is_file() else {}
+    n = sum(_done(stored.get(c.case_id)) for c in cases)
+    tasks = [
+        qs.settings[0]
+        for qs in sets()
+        if qs.tasks is not None and qs.settings is not None and config.settings.get(qs.settings[0]) is not None
+    ]
+    head = f"interrupted: {n} of {len(cases)} cases stored in {path}"
+    if in_report:
+        done = f" and the {', '.join(tasks)} tasks done" if tasks else ""
+        return (
+            f"{head}{done}; the report was not finished: run `flashcheck report {path}` "
+            "(or the same command again) to finish it"
+        )
+    left = f", the {', '.join(tasks)} tasks not finished" if tasks else ""
+    return f"{head}{left}; run the same command again to resume (the report was not written)"
 
 
 class StudyInterrupted(KeyboardInterrupt):

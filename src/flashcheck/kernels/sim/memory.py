@@ -163,11 +163,26 @@ def largest_fitting(need: Callable[[int], int], budget: int, upper: int) -> int:
     return lo
 
 
-def human_bytes(n: float) -> str:
+def distinct_bytes(need: int, budget: int) -> tuple[str, str]:
+    """human_bytes of `need` and `budget`, with as many decimals as it takes for a need above the budget
+    not to print as equal to it (20.5 GiB > 20.5 GiB would contradict the refusal)."""
+    a, b = human_bytes(need), human_bytes(budget)
+    for decimals in (2, 3, 4):
+        if a != b or need <= budget:
+            break
+        a, b = human_bytes(need, decimals), human_bytes(budget, decimals)
+    return a, b
+
+
+def human_bytes(n: float, decimals: int = 1) -> str:
     """1.5 GiB, 12.0 PiB, 1.5e+09 PiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{1 if n < 1e4 else 2}{'f' if n < 1e4 else 'e'}} {unit}"
+            return (
+                f"{n:.0f} {unit}"
+                if unit == "B"
+                else f"{n:.{decimals if n < 1e4 else 2}{'f' if n < 1e4 else 'e'}} {unit}"
+            )
         n /= 1024
     raise AssertionError("unreachable")
 
@@ -181,9 +196,11 @@ def check_fits(fp: Footprint, available: int | None = None) -> int:
         return need
     budget = int(HEADROOM * avail)
     largest = largest_fitting(lambda n: estimate_bytes(_with_len(fp, n)), budget, fp.seq_len)
+    need_s, budget_s = distinct_bytes(need, budget)
     raise InsufficientMemory(
-        f"{fp.describe()} needs about {human_bytes(need)} ({_parts(fp)}); {human_bytes(avail)} is available "
-        f"here; {_hint(fp, budget, largest)}",
+        f"{fp.describe()} needs about {need_s} ({_parts(fp)}); {human_bytes(avail)} is available now and a run "
+        f"may plan on {HEADROOM:.0%} of it ({budget_s}); "
+        f"{_hint(fp, budget, largest)} (in the memory available now, which changes from run to run)",
         needed=need,
         available=avail,
         largest_seq_len=largest,
