@@ -151,6 +151,33 @@ def test_ctrl_c_anywhere_in_a_command_is_one_line_exit_130(monkeypatch, capsys):
     assert done.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def test_ctrl_c_inside_a_command_through_typer_is_the_same_one_line(monkeypatch, capsys):
+    """typer turns a command's KeyboardInterrupt into a silent Exit(130): compare ran minutes and exited 130 without a
+    word (a new-user trial). Through the real app: one line; a command that said its own line says no second."""
+    import typer
+
+    import flashcheck.backends
+    import flashcheck.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(flashcheck.backends, "all_backends", interrupted)
+    monkeypatch.setattr(sys, "argv", ["flashcheck", "backends"])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+
+    def says_its_own(*args, **kwargs):
+        typer.echo("interrupted: what is stored", err=True)
+        raise typer.Exit(130) from None  # as study and hunt do
+
+    monkeypatch.setattr(flashcheck.backends, "all_backends", says_its_own)
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == 130 and capsys.readouterr().err.strip() == "interrupted: what is stored"
+
+
 def _sigint_ignored(pid: int) -> bool:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("SigIgn:"):

@@ -29,6 +29,18 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C anywhere a command does not say more itself: one line, never a traceback
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as done:
+        if _bare_interrupt(done):
+            print("interrupted", file=sys.stderr)
+        raise
+
+
+def _bare_interrupt(done: SystemExit) -> bool:
+    """typer turns a Ctrl-C in a command into Exit(130) raised from the KeyboardInterrupt, silently (compare ran
+    minutes, then exited 130 without a word); a command that said more itself (study, hunt) raised its own Exit(130)
+    from None."""
+    exit_ = done.__context__
+    return done.code == 130 and isinstance(getattr(exit_, "__cause__", None), KeyboardInterrupt)
 
 
 if __name__ == "__main__":
