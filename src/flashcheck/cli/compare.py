@@ -329,10 +329,12 @@ LONG_SCORES = 2**28
 def _announce(footprints: list, what: str, as_json: bool) -> None:
     """One line on stderr before a long comparison (LONG_SCORES or more), as progress lines go: not with --json
     unless stderr is a terminal."""
-    big = max(footprints, key=lambda f: f.batch * f.heads * f.seq_len * (f.seq_len_k or f.seq_len), default=None)
-    if big is None or big.batch * big.heads * big.seq_len * (big.seq_len_k or big.seq_len) < LONG_SCORES:
-        return
-    if as_json and not sys.stderr.isatty():
+
+    def scores(f) -> int:
+        return f.batch * f.heads * f.seq_len * (f.seq_len_k or f.seq_len)
+
+    big = max(footprints, key=scores, default=None)
+    if big is None or scores(big) < LONG_SCORES or (as_json and not sys.stderr.isatty()):
         return
     typer.echo(f"compare: computing {big.describe()} ({what}); a comparison this large can take minutes", err=True)
 

@@ -673,3 +673,11 @@ def _named_policy(name: str) -> Policy:
             f"unknown numerics policy {name!r}; expected one of {', '.join(policy_names())} or KEY=VALUE terms"
         ) from None
     return mixed_policy(fmt) if mixed else uniform_policy(fmt)
+
+
+def batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    """The broadcast batch shape of matmul operands a [..., M, K] and b [..., K, N]. torch.broadcast_shapes only
+    where they differ: its first call imports sympy (0.4 s of CPU in every process that runs a kernel), and it
+    costs more than a small product chain."""
+    ba, bb = a.shape[:-2], b.shape[:-2]
+    return tuple(ba) if ba == bb else tuple(torch.broadcast_shapes(ba, bb))

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from flashcheck.core.numerics import batch_shape
+
 # FA4's degree-3 coefficients of 2^f on [0, 1) (flash_attn/cute/utils.py POLY_EX2[3]), Horner order c0..c3
 POLY_EX2_3 = (1.0, 0.695146143436431884765625, 0.227564394474029541015625, 0.077119089663028717041015625)
 ROUND_INT = float(2**23 + 2**22)  # adding it rounds a float32 in [-127, 127] to an integer (in the low bits)
@@ -129,9 +131,7 @@ def mm_accumulate(
     truncating (the FP22 accumulator of FP8 MMA on Ada/Hopper: bits 13). Returns the float32 total."""
     k, dtype = a.shape[-1], a.dtype
     a, b = a.to(torch.float64), b.to(torch.float64)
-    ba, bb = a.shape[:-2], b.shape[:-2]
-    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)  # (torch's first call imports sympy: 0.4 s)
-    shape = (*batch, a.shape[-2], b.shape[-1])
+    shape = (*batch_shape(a, b), a.shape[-2], b.shape[-1])
     acc = torch.zeros(shape, dtype=torch.float64, device=a.device)  # updated in place below (a fresh buffer)
     outer = torch.zeros_like(acc)
     if init is not None:  # two-level: the float32 O is the outer sum; one level: the MMA accumulates into O

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from flashcheck.core.numerics import Policy
+from flashcheck.core.numerics import Policy, batch_shape
 from flashcheck.kernels.sim.ops import mm
 
 MIN_ROWS = 8
@@ -149,7 +149,7 @@ def mm_blocks(
         raise ValueError(f"rows {row0}:{row0 + m} lie outside an operand of rows_total={rows_total} rows")
     blocks = range(row0 // size, -(-(row0 + m) // size))
     if out is not None:  # one contiguous operand block and one product block, reused (fresh ones fault pages in)
-        batch = _batch(a, b)
+        batch = batch_shape(a, b)
         blk = a.new_zeros((*a.shape[:-2], size, a.shape[-1]))
         prod = out.new_empty((*batch, size, n))
     pieces = []
@@ -168,15 +168,8 @@ def mm_blocks(
     if out is not None:
         return out
     if not pieces:
-        return a.new_zeros((*_batch(a, b), m, n))
+        return a.new_zeros((*batch_shape(a, b), m, n))
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
-
-
-def _batch(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
-    """The broadcast batch shape of a [..., M, K] and b [..., K, N]; torch.broadcast_shapes only where they differ:
-    its first call imports sympy (0.4 s of CPU, in every process: each study worker, each CLI run)."""
-    ba, bb = a.shape[:-2], b.shape[:-2]
-    return tuple(ba) if ba == bb else tuple(torch.broadcast_shapes(ba, bb))
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, policy: Policy | None, out: torch.Tensor | None = None) -> torch.Tensor:

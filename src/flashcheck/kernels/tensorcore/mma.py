@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashcheck.core.numerics import batch_shape
+
 # exponent of the smallest normal value of each operand format (subnormals share it); "fp32": operands that are
 # not format codes (dequantised values), their own exponents down to fp32's; "e2m1s": block-scaled FP4 values
 # e2m1 x e4m3 (NVFP4's and SageAttention3's operands, no tensor scale), |x| in {0} u [2^-10, 2688] with at most
@@ -240,8 +242,7 @@ def mma_into(a: torch.Tensor, b: torch.Tensor, model: MMAModel, acc: torch.Tenso
     from flashcheck.kernels.native.mma import chain, work_dtype
 
     fmts = _checked_formats(a, b, fmt, "fp32", None)
-    ba, bb = a.shape[:-2], b.shape[:-2]
-    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)
+    batch = batch_shape(a, b)
     if work_dtype(model, fmts) != torch.float32 or acc.shape != (*batch, a.shape[-2], b.shape[-1]):
         return False
     if a.shape[-1]:
@@ -252,8 +253,7 @@ def mma_into(a: torch.Tensor, b: torch.Tensor, model: MMAModel, acc: torch.Tenso
 def _matmul(a, b, model: MMAModel, c, promote_every: int | None, fmts: tuple[str, str], fp16: bool, lib):
     """mma_matmul with its arguments checked; lib: kernels.native.mma's library, or None for the torch chain."""
     k = a.shape[-1]
-    ba, bb = a.shape[:-2], b.shape[:-2]
-    batch = ba if ba == bb else torch.broadcast_shapes(ba, bb)  # (torch's costs more than a small chain)
+    batch = batch_shape(a, b)
     native = lib is not None and a.device.type == "cpu"
     start = _start(c, (*batch, a.shape[-2], b.shape[-1]), model, fmts, fp16, native, a.device)
     if native:
